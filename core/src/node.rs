@@ -1,0 +1,60 @@
+//! Existing capacity: nodes (and in-flight NodeClaims) the scheduler can place pods on.
+
+use crate::labels::Labels;
+use crate::requirements::{Requirement, Requirements};
+use crate::resources::ResourceList;
+use crate::taints::Taint;
+
+/// A node that exists (or is being launched) when the scheduler runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub labels: Labels,
+    pub taints: Vec<Taint>,
+    pub capacity: ResourceList,
+    pub allocatable: ResourceList,
+    /// Karpenter's `Initialized`: ready, startup taints gone. Initialized nodes are tried
+    /// first, and ephemeral boot taints are ignored on the others.
+    pub initialized: bool,
+    /// Extra requirements for capacity that has no labels yet (an in-flight NodeClaim
+    /// whose instance type is still open); intersected with the labels.
+    pub requirements: Option<Requirements>,
+    /// `spec.unschedulable` (cordoned).
+    pub unschedulable: bool,
+}
+
+impl Node {
+    /// The NodePool that owns the node, from its `karpenter.sh/nodepool` label.
+    pub fn nodepool(&self) -> Option<&str> {
+        self.labels.get(crate::labels::NODEPOOL).map(String::as_str)
+    }
+
+    /// The hostname domain of the node for topology: its hostname label, else its name.
+    pub fn hostname(&self) -> &str {
+        self.labels.get(crate::labels::HOSTNAME).map(String::as_str).unwrap_or(&self.name)
+    }
+
+    /// The node's requirements: its labels (plus hostname), narrowed by `requirements`.
+    pub fn node_requirements(&self) -> Requirements {
+        let mut r = Requirements::from_labels(&self.labels);
+        if let Some(extra) = &self.requirements {
+            r.add_all(extra);
+        }
+        r.add(crate::labels::HOSTNAME, Requirement::is_in([self.hostname()]));
+        r
+    }
+
+    /// The taints that apply when simulating pods onto the node.
+    pub fn effective_taints(&self) -> Vec<Taint> {
+        let mut t: Vec<Taint> = self
+            .taints
+            .iter()
+            .filter(|t| self.initialized || !crate::taints::is_known_ephemeral(t))
+            .cloned()
+            .collect();
+        if self.unschedulable && !t.contains(&Taint::unschedulable()) {
+            t.push(Taint::unschedulable());
+        }
+        t
+    }
+}

@@ -1,0 +1,289 @@
+//! Pods as the scheduler sees them: identity, requests, and every scheduling constraint.
+
+use std::fmt;
+
+use crate::labels::{LabelSelector, Labels};
+use crate::requirements::{Requirement, Requirements};
+use crate::resources::{ResourceList, ResourceName};
+use crate::taints::Toleration;
+
+/// `namespace/name`, the identity users see.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodKey {
+    /// A key from its parts.
+    pub fn new(namespace: &str, name: &str) -> Self {
+        PodKey { namespace: namespace.to_string(), name: name.to_string() }
+    }
+}
+
+impl fmt::Display for PodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Required and preferred node affinity. Each term is the intersection of its
+/// `matchExpressions`; required terms are ORed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeAffinity {
+    pub required: Vec<Requirements>,
+    pub preferred: Vec<(i32, Requirements)>,
+}
+
+/// One pod (anti-)affinity term.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PodAffinityTerm {
+    /// `None` selects no pod (a term without a selector is a no-op, as in Kubernetes).
+    pub selector: Option<LabelSelector>,
+    /// Explicit namespaces; with neither these nor a selector, the pod's own namespace.
+    pub namespaces: Vec<String>,
+    pub namespace_selector: Option<LabelSelector>,
+    pub topology_key: String,
+}
+
+/// Required and preferred terms of pod affinity or of pod anti-affinity.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodAffinity {
+    pub required: Vec<PodAffinityTerm>,
+    pub preferred: Vec<(i32, PodAffinityTerm)>,
+}
+
+impl PodAffinity {
+    /// Whether there is any term.
+    pub fn is_empty(&self) -> bool {
+        self.required.is_empty() && self.preferred.is_empty()
+    }
+}
+
+/// `whenUnsatisfiable` of a topology spread constraint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WhenUnsatisfiable {
+    DoNotSchedule,
+    ScheduleAnyway,
+}
+
+/// `nodeAffinityPolicy` / `nodeTaintsPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum InclusionPolicy {
+    Honor,
+    Ignore,
+}
+
+/// A topology spread constraint.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TopologySpreadConstraint {
+    pub max_skew: i32,
+    pub topology_key: String,
+    pub when_unsatisfiable: WhenUnsatisfiable,
+    pub selector: Option<LabelSelector>,
+    pub min_domains: Option<i32>,
+    /// Default `Honor`.
+    pub node_affinity_policy: Option<InclusionPolicy>,
+    /// Default `Ignore`.
+    pub node_taints_policy: Option<InclusionPolicy>,
+    pub match_label_keys: Vec<String>,
+}
+
+/// A host port a container binds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostPort {
+    /// Empty means every address (`0.0.0.0`).
+    pub ip: String,
+    pub port: u16,
+    pub protocol: String,
+}
+
+impl HostPort {
+    /// Whether two host ports collide (same port and protocol, overlapping address).
+    pub fn conflicts(&self, other: &HostPort) -> bool {
+        let any = |ip: &str| ip.is_empty() || ip == "0.0.0.0";
+        self.port == other.port
+            && self.protocol == other.protocol
+            && (any(&self.ip) || any(&other.ip) || self.ip == other.ip)
+    }
+}
+
+/// A pod.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pod {
+    pub key: PodKey,
+    pub labels: Labels,
+    /// Effective requests (containers, init containers, overhead; limits where requests
+    /// are unset), without the implicit `pods: 1`.
+    pub requests: ResourceList,
+    pub node_selector: Labels,
+    pub node_affinity: NodeAffinity,
+    pub pod_affinity: PodAffinity,
+    pub pod_anti_affinity: PodAffinity,
+    pub tolerations: Vec<Toleration>,
+    pub topology_spread: Vec<TopologySpreadConstraint>,
+    pub host_ports: Vec<HostPort>,
+    /// Set when the pod is bound to a node.
+    pub node_name: Option<String>,
+    pub priority: i32,
+    /// Orders pods of equal size (creation time, or input order).
+    pub creation: i64,
+    /// Owned by a DaemonSet: never provisioned for.
+    pub daemon: bool,
+    /// A node selector term uses `matchFields`, which Karpenter does not support.
+    pub uses_match_fields: bool,
+    /// Phase `Succeeded`/`Failed`, or being deleted: ignored for topology.
+    pub terminal: bool,
+    /// Volume topology alternatives (PV node affinity / StorageClass allowed topologies);
+    /// the seam for volume topology, tried in order. Empty means no volume constraint.
+    pub volume_requirements: Vec<Requirements>,
+    /// Annotations the scheduler reads (`karpenter.sh/do-not-disrupt`, ...).
+    pub annotations: Labels,
+}
+
+impl Pod {
+    /// A pod with a name, namespace and requests, for tests and generators.
+    pub fn new(namespace: &str, name: &str, requests: ResourceList) -> Self {
+        Pod { key: PodKey::new(namespace, name), requests, ..Default::default() }
+    }
+
+    /// The pod's requests plus the `pods: 1` every pod consumes.
+    pub fn requests_with_pod_slot(&self) -> ResourceList {
+        let mut r = self.requests.clone();
+        r.add_amount(ResourceName::Pods, 1);
+        r
+    }
+
+    /// Whether the pod has any anti-affinity term.
+    pub fn has_pod_anti_affinity(&self) -> bool {
+        !self.pod_anti_affinity.is_empty()
+    }
+
+    /// Whether the pod has required anti-affinity terms.
+    pub fn has_required_pod_anti_affinity(&self) -> bool {
+        !self.pod_anti_affinity.required.is_empty()
+    }
+}
+
+/// The requests of one container.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ContainerResources {
+    pub requests: ResourceList,
+    pub limits: ResourceList,
+}
+
+impl ContainerResources {
+    /// Requests, with limits standing in for requests that are not set (API defaulting).
+    pub fn effective_requests(&self) -> ResourceList {
+        let mut r = self.requests.clone();
+        for (n, v) in self.limits.iter() {
+            if !r.contains(n) {
+                r.set(n.clone(), v);
+            }
+        }
+        r
+    }
+}
+
+/// Computes a pod's requests as Kubernetes' `PodRequests`: the sum of containers and
+/// sidecars (init containers with `restartPolicy: Always`), at least the largest init
+/// container step, plus pod overhead.
+pub fn pod_requests(
+    containers: &[ContainerResources],
+    init_containers: &[(ContainerResources, bool)],
+    overhead: &ResourceList,
+) -> ResourceList {
+    let mut reqs = ResourceList::new();
+    for c in containers {
+        reqs.add(&c.effective_requests());
+    }
+    let mut sidecars = ResourceList::new();
+    let mut init_max = ResourceList::new();
+    for (c, restart_always) in init_containers {
+        let cr = c.effective_requests();
+        let step = if *restart_always {
+            reqs.add(&cr);
+            sidecars.add(&cr);
+            sidecars.clone()
+        } else {
+            cr.merged(&sidecars)
+        };
+        init_max = init_max.max_with(&step);
+    }
+    let mut out = reqs.max_with(&init_max);
+    out.add(overhead);
+    out
+}
+
+/// The requirements a pod places on a node: `nodeSelector`, the first required node
+/// affinity term, and (when `with_preferred`) the heaviest preferred term, as Karpenter's
+/// `NewPodRequirements` / `NewStrictPodRequirements`.
+pub fn pod_requirements(
+    node_selector: &Labels,
+    affinity: &NodeAffinity,
+    with_preferred: bool,
+) -> Requirements {
+    let mut r = Requirements::new();
+    for (k, v) in node_selector {
+        r.add(k, Requirement::is_in([v.as_str()]));
+    }
+    if with_preferred
+        && let Some((_, heaviest)) = heaviest(&affinity.preferred)
+    {
+        r.add_all(heaviest);
+    }
+    if let Some(first) = affinity.required.first() {
+        r.add_all(first);
+    }
+    r
+}
+
+/// The heaviest weighted term (the first among equals).
+pub fn heaviest<T>(terms: &[(i32, T)]) -> Option<&(i32, T)> {
+    let mut best: Option<&(i32, T)> = None;
+    for t in terms {
+        if best.is_none_or(|b| t.0 > b.0) {
+            best = Some(t);
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(m: i64) -> ResourceList {
+        ResourceList::from_pairs([(ResourceName::Cpu, m)])
+    }
+
+    #[test]
+    fn limits_default_requests() {
+        let c = ContainerResources { requests: ResourceList::new(), limits: cpu(500) };
+        assert_eq!(pod_requests(&[c], &[], &ResourceList::new()), cpu(500));
+    }
+
+    #[test]
+    fn init_containers_and_sidecars() {
+        let main = ContainerResources { requests: cpu(100), limits: ResourceList::new() };
+        let init = ContainerResources { requests: cpu(1000), limits: ResourceList::new() };
+        let sidecar = ContainerResources { requests: cpu(50), limits: ResourceList::new() };
+        // A plain init container larger than the steady state dominates.
+        assert_eq!(pod_requests(&[main.clone()], &[(init.clone(), false)], &ResourceList::new()), cpu(1000));
+        // A sidecar adds to the steady state and to later init steps.
+        let r = pod_requests(&[main.clone()], &[(sidecar, true), (init, false)], &cpu(10));
+        assert_eq!(r, cpu(1050 + 10));
+    }
+
+    #[test]
+    fn heaviest_preferred_term_is_used() {
+        let mut a = Requirements::new();
+        a.add("zone", Requirement::is_in(["a"]));
+        let mut b = Requirements::new();
+        b.add("zone", Requirement::is_in(["b"]));
+        let aff = NodeAffinity { required: vec![], preferred: vec![(1, a), (5, b)] };
+        let r = pod_requirements(&Labels::new(), &aff, true);
+        assert!(r.get("zone").has("b") && !r.get("zone").has("a"));
+        assert!(!pod_requirements(&Labels::new(), &aff, false).has("zone"));
+    }
+}
