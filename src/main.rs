@@ -1,1 +1,29 @@
-fn main(){}
+//! The `dovetail` binary: the only composition root. It parses flags, reads files and the
+//! clock, and wires the library crates together.
+
+mod plan;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// dovetail: a Kubernetes node autoscaler that speaks Karpenter's API.
+#[derive(Parser)]
+#[command(name = "dovetail", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plans capacity for the pods in Kubernetes YAML (offline what-if).
+    Plan(plan::PlanArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Plan(args) => plan::run(&args),
+    }
+}

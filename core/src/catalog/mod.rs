@@ -7,7 +7,7 @@
 //! supply another region's catalog.
 
 mod instance_type;
-mod overhead;
+pub mod overhead;
 
 use serde::Deserialize;
 

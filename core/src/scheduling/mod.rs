@@ -1,1 +1,255 @@
-//! placeholder
+//! The provisioning simulation at Karpenter parity.
+//!
+//! [`solve`] takes a [`Snapshot`] of the cluster (NodePools with their instance types,
+//! existing nodes, running pods, DaemonSets, namespaces) and the pending pods to place, and
+//! returns [`Results`]: new NodeClaims with their pods, candidate instance types (cheapest
+//! first) and the launch they would get, pods placed on existing nodes, and a reason for
+//! every pod that could not be placed. It can run on any subset of pods and NodePools
+//! against any snapshot, which is how the per-NodePool actors will call it.
+//!
+//! The algorithm follows Karpenter v1.14's `Scheduler.Solve` (see
+//! `docs/scheduling.md`); where Karpenter is non-deterministic (Go map order, unstable sorts)
+//! dovetail breaks ties by name.
+
+mod filter;
+mod launch;
+mod nodes;
+mod scheduler;
+mod template;
+mod topology;
+mod view;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::catalog::{CapacityType, InstanceType};
+use crate::labels::{self, Labels};
+use crate::node::Node;
+use crate::nodepool::NodePool;
+use crate::pod::Pod;
+use crate::requirements::{Requirement, Requirements};
+use crate::resources::ResourceList;
+
+pub use filter::unmet_min_values;
+pub use topology::{TopologyError, TopologyType};
+
+/// Karpenter's `PREFERENCE_POLICY`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PreferencePolicy {
+    /// Treat preferences as requirements, relaxing them one at a time when a pod fails.
+    #[default]
+    Respect,
+    /// Ignore preferred affinities and ScheduleAnyway spread constraints.
+    Ignore,
+}
+
+/// Karpenter's `MIN_VALUES_POLICY`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MinValuesPolicy {
+    /// A NodeClaim that cannot cover `minValues` is not created.
+    #[default]
+    Strict,
+    /// `minValues` is lowered to what the types cover, and the claim is marked relaxed.
+    BestEffort,
+}
+
+/// Options of one solve.
+#[derive(Clone, Debug)]
+pub struct SolveOptions {
+    pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
+    /// Instance types kept per NodeClaim (Karpenter: 600).
+    pub max_instance_types: usize,
+    /// Instance types considered per launch (AWS provider: 60).
+    pub max_launch_types: usize,
+}
+
+impl Default for SolveOptions {
+    fn default() -> Self {
+        SolveOptions {
+            preference_policy: PreferencePolicy::Respect,
+            min_values_policy: MinValuesPolicy::Strict,
+            max_instance_types: 600,
+            max_launch_types: 60,
+        }
+    }
+}
+
+/// A NodePool with the instance types it can launch (shared between pools of one node
+/// class).
+#[derive(Clone, Debug)]
+pub struct PoolInput {
+    pub pool: NodePool,
+    pub instance_types: Arc<Vec<InstanceType>>,
+}
+
+/// What the cluster looks like when the solve runs.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub nodepools: Vec<PoolInput>,
+    /// Existing nodes and in-flight NodeClaims.
+    pub nodes: Vec<Node>,
+    /// Pods bound to nodes (for resources, host ports and topology counts).
+    pub bound_pods: Vec<Pod>,
+    /// One pod template per DaemonSet.
+    pub daemonsets: Vec<Pod>,
+    /// Namespace labels, for namespace selectors.
+    pub namespaces: BTreeMap<String, Labels>,
+}
+
+/// The cheapest launch of a NodeClaim, as the AWS provider would make it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    /// Index into the pool's instance types.
+    pub instance_type: usize,
+    pub zone: String,
+    pub capacity_type: CapacityType,
+    pub price: f64,
+}
+
+/// A NodeClaim the solve decided to create.
+#[derive(Clone, Debug)]
+pub struct NewClaim {
+    /// Index of the NodePool in the snapshot.
+    pub pool: usize,
+    /// Indices of the pending pods it hosts.
+    pub pods: Vec<usize>,
+    /// Indices into the pool's instance types, cheapest first, at most
+    /// `max_instance_types`.
+    pub instance_types: Vec<usize>,
+    /// Final requirements, with `instance-type In [...]` and `capacity-type In [...]`.
+    pub requirements: Requirements,
+    /// Pod requests plus the smallest DaemonSet overhead among its types.
+    pub requests: ResourceList,
+    pub min_values_relaxed: bool,
+    /// `None` when no type has an available offering (cannot happen for a claim the solve
+    /// made, kept for callers that re-check later).
+    pub launch: Option<Launch>,
+}
+
+/// Pods placed on an existing node.
+#[derive(Clone, Debug)]
+pub struct ExistingPlacement {
+    /// Index into the snapshot's nodes.
+    pub node: usize,
+    pub pods: Vec<usize>,
+}
+
+/// The outcome of a solve. Every pending pod is in exactly one of `claims`, `existing` or
+/// `errors`.
+#[derive(Clone, Debug, Default)]
+pub struct Results {
+    pub claims: Vec<NewClaim>,
+    pub existing: Vec<ExistingPlacement>,
+    /// `(pod index, reason)`, ordered by pod index.
+    pub errors: Vec<(usize, String)>,
+    /// NodePools that could not take part, and why.
+    pub warnings: Vec<String>,
+}
+
+impl Results {
+    /// The $/hour of every new claim's launch.
+    pub fn cost_per_hour(&self) -> f64 {
+        self.claims.iter().filter_map(|c| c.launch.as_ref()).map(|l| l.price).sum()
+    }
+
+    /// The number of pods placed (on new or existing capacity).
+    pub fn scheduled(&self) -> usize {
+        self.claims.iter().map(|c| c.pods.len()).sum::<usize>() + self.existing.iter().map(|e| e.pods.len()).sum::<usize>()
+    }
+}
+
+/// Runs the Karpenter-parity provisioning simulation of `pods` against `snapshot`.
+pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results {
+    let mut s = scheduler::Scheduler::new(snapshot, pods, opts);
+    let mut errors = s.solve();
+    let mut claims = Vec::new();
+    let mut zone_use: BTreeMap<String, usize> = BTreeMap::new();
+    for planned in &s.planned {
+        let template = &s.templates[planned.template];
+        match finalize(template, planned, opts) {
+            Ok(mut claim) => {
+                claim.launch = launch::choose(template.instance_types, &claim, opts, &mut zone_use);
+                claims.push(claim);
+            }
+            Err(e) => {
+                for &p in &planned.pods {
+                    errors.insert(p, e.clone());
+                }
+            }
+        }
+    }
+    let existing = s
+        .existing
+        .iter()
+        .filter(|n| !n.pods.is_empty())
+        .map(|n| ExistingPlacement { node: n.index, pods: n.pods.clone() })
+        .collect();
+    let mut errors: Vec<(usize, String)> = errors.into_iter().collect();
+    errors.sort_by_key(|(i, _)| *i);
+    Results { claims, existing, errors, warnings: std::mem::take(&mut s.warnings) }
+}
+
+/// Karpenter's `FinalizeScheduling` + `ToNodeClaim`: drop the placeholder hostname, add the
+/// smallest daemon overhead, order types by price, truncate, and pin the instance-type and
+/// capacity-type requirements.
+fn finalize(template: &template::Template<'_>, planned: &nodes::PlannedNode, opts: &SolveOptions) -> Result<NewClaim, String> {
+    let its = template.instance_types;
+    let mut reqs = planned.requirements.clone();
+    reqs.remove(labels::HOSTNAME);
+    let mut min_overhead: Option<ResourceList> = None;
+    for g in &template.daemon_groups {
+        if g.types.iter().any(|t| planned.types.contains(t)) && !g.overhead.is_empty() {
+            min_overhead = Some(match min_overhead {
+                None => g.overhead.clone(),
+                Some(m) => m.min_with(&g.overhead),
+            });
+        }
+    }
+    let mut requests = planned.requests.clone();
+    if let Some(m) = min_overhead {
+        requests.add(&m);
+    }
+    let mut types = planned.types.clone();
+    types.sort_by(|&a, &b| {
+        its[a].cheapest_price(&reqs).total_cmp(&its[b].cheapest_price(&reqs)).then_with(|| its[a].name.cmp(&its[b].name))
+    });
+    types.truncate(opts.max_instance_types);
+    if reqs.has_min_values() && opts.min_values_policy == MinValuesPolicy::Strict {
+        let unmet = unmet_min_values(its, &types, &reqs);
+        if !unmet.is_empty() {
+            let keys: Vec<&str> = unmet.iter().map(|(k, _)| k.as_str()).collect();
+            return Err(format!(
+                "pod didn't schedule because NodePool {:?} couldn't meet minValues requirements, validating minValues, \
+                 minValues requirement is not met for label(s) [{}]",
+                template.pool.name,
+                keys.join(" ")
+            ));
+        }
+    }
+    let it_min = reqs.get(labels::INSTANCE_TYPE).min_values;
+    reqs.add(
+        labels::INSTANCE_TYPE,
+        Requirement::is_in(types.iter().map(|&t| its[t].name.as_str())).with_min_values(it_min),
+    );
+    let mut cts: Vec<&str> = Vec::new();
+    for &t in &types {
+        for o in &its[t].offerings {
+            if o.available && o.compatible(&reqs) && !cts.contains(&o.capacity_type.as_str()) {
+                cts.push(o.capacity_type.as_str());
+            }
+        }
+    }
+    if !cts.is_empty() {
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(cts));
+    }
+    Ok(NewClaim {
+        pool: template.pool_index,
+        pods: planned.pods.clone(),
+        instance_types: types,
+        requirements: reqs,
+        requests,
+        min_values_relaxed: planned.min_values_relaxed,
+        launch: None,
+    })
+}

@@ -1,0 +1,256 @@
+//! Multi-document Kubernetes YAML, as `dovetail plan` reads it: Pods, workloads (expanded
+//! into their pods), DaemonSets, Nodes, Namespaces, NodePools and EC2NodeClasses.
+
+use std::collections::BTreeMap;
+
+use dovetail_core::catalog::NodeClassSettings;
+use dovetail_core::labels::Labels;
+use dovetail_core::node::Node;
+use dovetail_core::nodepool::NodePool;
+use dovetail_core::pod::Pod;
+use k8s_openapi::api::apps::v1 as apps;
+use k8s_openapi::api::batch::v1 as batch;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::DeserializeOwned;
+
+use crate::convert::{self, ConversionError, Ctx, PodMeta};
+use crate::crd;
+
+/// The largest number of pods one workload may expand into.
+pub const MAX_REPLICAS: i32 = 1_000_000;
+
+/// Why a manifest could not be read: the document (1-based) and what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("document {document}: {message}")]
+pub struct ManifestError {
+    pub document: usize,
+    pub message: String,
+}
+
+/// Everything a manifest holds, converted to domain types.
+#[derive(Clone, Debug, Default)]
+pub struct Manifest {
+    /// Pods without a node, to place.
+    pub pending: Vec<Pod>,
+    /// Pods bound to a node (`spec.nodeName`).
+    pub bound: Vec<Pod>,
+    pub nodes: Vec<Node>,
+    pub nodepools: Vec<NodePool>,
+    pub nodeclasses: BTreeMap<String, NodeClassSettings>,
+    pub daemonsets: Vec<Pod>,
+    pub namespaces: BTreeMap<String, Labels>,
+    /// Things that were skipped, for stderr.
+    pub warnings: Vec<String>,
+}
+
+fn typed<T: DeserializeOwned>(doc: usize, what: &str, v: serde_yaml::Value) -> Result<T, ManifestError> {
+    serde_path_to_error::deserialize(v).map_err(|e| ManifestError {
+        document: doc,
+        message: format!("{what}: {}: {}", e.path(), e.inner()),
+    })
+}
+
+fn conv(doc: usize) -> impl Fn(ConversionError) -> ManifestError {
+    move |e| ManifestError { document: doc, message: e.to_string() }
+}
+
+/// `Kind namespace/name` for namespaced kinds (namespace defaulting to `default`), else
+/// `Kind name`.
+fn object_name(kind: &str, meta: &ObjectMeta) -> String {
+    let name = meta.name.as_deref().unwrap_or("");
+    if matches!(kind, "Node" | "Namespace") {
+        return format!("{kind} {name}");
+    }
+    format!("{kind} {}/{name}", meta.namespace.as_deref().unwrap_or("default"))
+}
+
+impl Manifest {
+    /// Parses multi-document YAML.
+    pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        let mut m = Manifest::default();
+        let mut docs = Vec::new();
+        for (i, d) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(d).map_err(|e| ManifestError {
+                document: i + 1,
+                message: format!("invalid YAML: {e}"),
+            })?;
+            docs.push((i + 1, v));
+        }
+        for (doc, v) in docs {
+            m.add_document(doc, v)?;
+        }
+        m.finish();
+        Ok(m)
+    }
+
+    fn add_document(&mut self, doc: usize, v: serde_yaml::Value) -> Result<(), ManifestError> {
+        if v.is_null() {
+            return Ok(());
+        }
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+        let kind = field("kind").ok_or_else(|| ManifestError { document: doc, message: "kind: missing".into() })?;
+        let api_version = field("apiVersion").unwrap_or_default();
+        let creation = doc as i64 * 1_000_000;
+        match (api_version.as_str(), kind.as_str()) {
+            (_, "List") => {
+                let items = v.get("items").and_then(|i| i.as_sequence()).cloned().unwrap_or_default();
+                for item in items {
+                    self.add_document(doc, item)?;
+                }
+            }
+            ("v1", "Pod") => {
+                let p: core::Pod = typed(doc, "Pod", v)?;
+                let ctx = Ctx::new(object_name("Pod", &p.metadata));
+                let spec = p.spec.clone().ok_or_else(|| conv(doc)(ctx.err("spec", "a Pod needs a spec")))?;
+                let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                let daemon = p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet");
+                let meta = pod_meta(&p.metadata, creation, daemon);
+                let meta = PodMeta {
+                    terminal: matches!(phase.as_str(), "Succeeded" | "Failed") || p.metadata.deletion_timestamp.is_some(),
+                    ..meta
+                };
+                let pod = convert::pod_from_spec(&ctx, "spec", meta, &spec).map_err(conv(doc))?;
+                self.note_namespace(&pod.key.namespace);
+                if pod.node_name.is_some() {
+                    self.bound.push(pod);
+                } else if pod.daemon {
+                    self.warnings.push(format!("document {doc}: {}: DaemonSet pods are not provisioned for; skipped", ctx.object));
+                } else if !pod.terminal {
+                    self.pending.push(pod);
+                }
+            }
+            ("apps/v1", "Deployment") => {
+                let d: apps::Deployment = typed(doc, "Deployment", v)?;
+                let spec = d.spec;
+                self.expand(doc, "Deployment", &d.metadata, spec.replicas.unwrap_or(1), &spec.template, creation)?;
+            }
+            ("apps/v1", "ReplicaSet") => {
+                let d: apps::ReplicaSet = typed(doc, "ReplicaSet", v)?;
+                let spec = d.spec;
+                let template = spec.template.unwrap_or_default();
+                self.expand(doc, "ReplicaSet", &d.metadata, spec.replicas.unwrap_or(1), &template, creation)?;
+            }
+            ("apps/v1", "StatefulSet") => {
+                let d: apps::StatefulSet = typed(doc, "StatefulSet", v)?;
+                let spec = d.spec;
+                self.expand(doc, "StatefulSet", &d.metadata, spec.replicas.unwrap_or(1), &spec.template, creation)?;
+            }
+            ("batch/v1", "Job") => {
+                let d: batch::Job = typed(doc, "Job", v)?;
+                let spec = d.spec.unwrap_or_default();
+                let parallelism = spec.parallelism.unwrap_or(1);
+                let n = spec.completions.map_or(parallelism, |c| c.min(parallelism));
+                self.expand(doc, "Job", &d.metadata, n, &spec.template, creation)?;
+            }
+            ("apps/v1", "DaemonSet") => {
+                let d: apps::DaemonSet = typed(doc, "DaemonSet", v)?;
+                let ctx = Ctx::new(object_name("DaemonSet", &d.metadata));
+                let spec = d.spec;
+                let tspec = spec.template.spec.clone().ok_or_else(|| conv(doc)(ctx.err("spec.template.spec", "missing")))?;
+                let mut meta = pod_meta(&d.metadata, creation, true);
+                meta.labels = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+                let pod = convert::pod_from_spec(&ctx, "spec.template.spec", meta, &tspec).map_err(conv(doc))?;
+                self.daemonsets.push(pod);
+            }
+            ("v1", "Node") => {
+                let n: core::Node = typed(doc, "Node", v)?;
+                let ctx = Ctx::new(object_name("Node", &n.metadata));
+                self.nodes.push(convert::node(&ctx, &n).map_err(conv(doc))?);
+            }
+            ("v1", "Namespace") => {
+                let n: core::Namespace = typed(doc, "Namespace", v)?;
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let mut labels = n.metadata.labels.clone().unwrap_or_default();
+                labels.insert("kubernetes.io/metadata.name".into(), name.clone());
+                self.namespaces.insert(name, labels);
+            }
+            ("karpenter.sh/v1", "NodePool") => {
+                let np: crd::NodePool = typed(doc, "NodePool", v)?;
+                let pool = convert::nodepool(&np).map_err(conv(doc))?;
+                if self.nodepools.iter().any(|p| p.name == pool.name) {
+                    return Err(ManifestError { document: doc, message: format!("NodePool {:?}: metadata.name: defined twice", pool.name) });
+                }
+                self.nodepools.push(pool);
+            }
+            ("karpenter.k8s.aws/v1", "EC2NodeClass") => {
+                let nc: crd::EC2NodeClass = typed(doc, "EC2NodeClass", v)?;
+                let settings = convert::node_class_settings(&nc).map_err(conv(doc))?;
+                self.nodeclasses.insert(nc.metadata.name.clone().unwrap_or_default(), settings);
+            }
+            (av, k) => {
+                self.warnings.push(format!("document {doc}: {av} {k} is not used by plan; skipped"));
+            }
+        }
+        Ok(())
+    }
+
+    fn expand(
+        &mut self,
+        doc: usize,
+        kind: &str,
+        meta: &ObjectMeta,
+        replicas: i32,
+        template: &core::PodTemplateSpec,
+        creation: i64,
+    ) -> Result<(), ManifestError> {
+        let ctx = Ctx::new(object_name(kind, meta));
+        if !(0..=MAX_REPLICAS).contains(&replicas) {
+            return Err(conv(doc)(ctx.err("spec.replicas", format!("must be in 0..{MAX_REPLICAS}, got {replicas}"))));
+        }
+        let spec = template.spec.clone().ok_or_else(|| conv(doc)(ctx.err("spec.template.spec", "missing")))?;
+        let labels = template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+        let annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone()).unwrap_or_default();
+        let base = pod_meta(meta, creation, false);
+        let first = convert::pod_from_spec(
+            &ctx,
+            "spec.template.spec",
+            PodMeta { labels, annotations, ..base.clone() },
+            &spec,
+        )
+        .map_err(conv(doc))?;
+        self.note_namespace(&first.key.namespace);
+        for i in 0..replicas {
+            let mut p = first.clone();
+            p.key.name = format!("{}-{i}", base.name);
+            p.creation = creation + i as i64;
+            if p.node_name.is_some() {
+                self.bound.push(p);
+            } else {
+                self.pending.push(p);
+            }
+        }
+        Ok(())
+    }
+
+    fn note_namespace(&mut self, ns: &str) {
+        self.namespaces
+            .entry(ns.to_string())
+            .or_insert_with(|| Labels::from([("kubernetes.io/metadata.name".to_string(), ns.to_string())]));
+    }
+
+    fn finish(&mut self) {
+        let names: std::collections::BTreeSet<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        let mut unknown = Vec::new();
+        self.bound.retain(|p| {
+            let known = p.node_name.as_deref().is_some_and(|n| names.contains(n));
+            if !known {
+                unknown.push(format!("pod {} is bound to node {:?}, which is not in the input; skipped", p.key, p.node_name.as_deref().unwrap_or("")));
+            }
+            known
+        });
+        self.warnings.extend(unknown);
+    }
+}
+
+fn pod_meta(meta: &ObjectMeta, creation: i64, daemon: bool) -> PodMeta {
+    PodMeta {
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: meta.name.clone().unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        creation,
+        daemon,
+        terminal: false,
+    }
+}

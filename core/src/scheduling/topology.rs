@@ -1,0 +1,681 @@
+//! Topology bookkeeping for spread constraints, pod affinity and pod anti-affinity, as
+//! Karpenter's `topology.go` / `topologygroup.go`: one [`TopologyGroup`] per distinct
+//! (type, key, namespaces, selector, skew, node filter) counts matching pods per domain,
+//! and turns a pod's constraints into extra requirements on the node it may land on.
+//!
+//! Where Karpenter picks "a random" domain (Go map order), dovetail picks the first in name
+//! order, so every solve is deterministic.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use crate::labels::{self, LabelSelector, Labels, SelectorOp, SelectorRequirement};
+use crate::pod::{InclusionPolicy, Pod, PodAffinityTerm, WhenUnsatisfiable};
+use crate::requirements::{Requirement, Requirements};
+use crate::taints::{self, Taint, Toleration};
+
+use super::view::PodView;
+use super::{PreferencePolicy, Snapshot};
+
+/// What a topology group enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TopologyType {
+    Spread,
+    PodAffinity,
+    PodAntiAffinity,
+}
+
+impl fmt::Display for TopologyType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TopologyType::Spread => "topology spread",
+            TopologyType::PodAffinity => "pod affinity",
+            TopologyType::PodAntiAffinity => "pod anti-affinity",
+        })
+    }
+}
+
+/// Which nodes count for a spread constraint (`nodeAffinityPolicy`, `nodeTaintsPolicy`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeFilter {
+    /// The pod's node selector combined with each required node affinity term (ORed).
+    requirements: Vec<Requirements>,
+    taint_policy: InclusionPolicy,
+    affinity_policy: InclusionPolicy,
+    tolerations: Vec<Toleration>,
+}
+
+impl NodeFilter {
+    fn for_pod(view: &PodView, taint_policy: InclusionPolicy, affinity_policy: InclusionPolicy) -> Self {
+        let selector = Requirements::from_labels(&view.node_selector);
+        let requirements = if view.required_terms.is_empty() {
+            vec![selector]
+        } else {
+            view.required_terms
+                .iter()
+                .map(|t| {
+                    let mut r = selector.clone();
+                    r.add_all(t);
+                    r
+                })
+                .collect()
+        };
+        NodeFilter { requirements, taint_policy, affinity_policy, tolerations: view.tolerations.clone() }
+    }
+
+    /// Whether a node with these taints and requirements takes part in the topology.
+    pub fn matches(&self, taints: &[Taint], reqs: &Requirements) -> bool {
+        let affinity_ok = self.affinity_policy == InclusionPolicy::Ignore
+            || self.requirements.is_empty()
+            || self.requirements.iter().any(|r| reqs.is_compatible(r, false));
+        let taints_ok = self.taint_policy == InclusionPolicy::Ignore || taints::tolerates_all(taints, &self.tolerations);
+        affinity_ok && taints_ok
+    }
+}
+
+/// The identity of a topology group (Karpenter's `TopologyGroup.Hash`; `minDomains` is not
+/// part of it, as in Karpenter).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct GroupKey {
+    kind: TopologyType,
+    key: String,
+    namespaces: BTreeSet<String>,
+    max_skew: i32,
+    node_filter: Option<NodeFilter>,
+    selector: Option<LabelSelector>,
+}
+
+/// Pods matching a selector, counted per domain of one topology key.
+#[derive(Clone, Debug)]
+pub struct TopologyGroup {
+    id: GroupKey,
+    min_domains: Option<i32>,
+    owners: BTreeSet<usize>,
+    domains: BTreeMap<String, i32>,
+    empty_domains: BTreeSet<String>,
+}
+
+impl TopologyGroup {
+    fn new(id: GroupKey, min_domains: Option<i32>, seed: impl IntoIterator<Item = String>) -> Self {
+        let mut g = TopologyGroup {
+            id,
+            min_domains,
+            owners: BTreeSet::new(),
+            domains: BTreeMap::new(),
+            empty_domains: BTreeSet::new(),
+        };
+        for d in seed {
+            g.register(&d);
+        }
+        g
+    }
+
+    /// The topology key.
+    pub fn key(&self) -> &str {
+        &self.id.key
+    }
+
+    /// Whether the group selects `pod` (namespace and label selector).
+    pub fn selects(&self, pod: &Pod) -> bool {
+        self.id.namespaces.contains(&pod.key.namespace)
+            && self.id.selector.as_ref().is_some_and(|s| s.matches(&pod.labels))
+    }
+
+    /// Whether `pod`, placed on a node with these taints and requirements, counts.
+    fn counts(&self, pod: &Pod, taints: &[Taint], reqs: &Requirements) -> bool {
+        self.selects(pod) && self.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs))
+    }
+
+    fn register(&mut self, domain: &str) {
+        if !self.domains.contains_key(domain) {
+            self.domains.insert(domain.to_string(), 0);
+            self.empty_domains.insert(domain.to_string());
+        }
+    }
+
+    fn record(&mut self, domain: &str) {
+        *self.domains.entry(domain.to_string()).or_insert(0) += 1;
+        self.empty_domains.remove(domain);
+    }
+
+    fn count(&self, domain: &str) -> i64 {
+        self.domains.get(domain).copied().unwrap_or(0) as i64
+    }
+
+    /// The domains a pod may use under this group (Karpenter's `TopologyGroup.Get`).
+    fn next_domains(&self, self_selecting: bool, pod_domains: &Requirement, node_domains: &Requirement) -> Requirement {
+        match self.id.kind {
+            TopologyType::Spread => self.next_domain_spread(self_selecting, pod_domains, node_domains),
+            TopologyType::PodAffinity => self.next_domain_affinity(self_selecting, pod_domains, node_domains),
+            TopologyType::PodAntiAffinity => self.next_domain_anti_affinity(pod_domains, node_domains),
+        }
+    }
+
+    fn single_host<'r>(&self, node_domains: &'r Requirement) -> Option<&'r str> {
+        (self.id.key == labels::HOSTNAME && !node_domains.is_complement() && node_domains.values().len() == 1)
+            .then(|| node_domains.values()[0].as_str())
+    }
+
+    fn next_domain_spread<'g>(&'g self, self_selecting: bool, pod_domains: &Requirement, node_domains: &'g Requirement) -> Requirement {
+        let sel = self_selecting as i64;
+        let max_skew = self.id.max_skew as i64;
+        if let Some(host) = self.single_host(node_domains) {
+            // A new hostname domain can always be created, so the global minimum is zero.
+            return if self.count(host) + sel <= max_skew {
+                Requirement::is_in([host])
+            } else {
+                Requirement::does_not_exist()
+            };
+        }
+        let min = self.domain_min_count(pod_domains);
+        let mut best: Option<(&str, i64)> = None;
+        let mut consider = |d: &'g str, c: i64| {
+            let c = c + sel;
+            if c - min <= max_skew && best.is_none_or(|(_, bc)| c < bc) {
+                best = Some((d, c));
+            }
+        };
+        if !node_domains.is_complement() {
+            for d in node_domains.values() {
+                if let Some(c) = self.domains.get(d) {
+                    consider(d, *c as i64);
+                }
+            }
+        } else {
+            for (d, c) in &self.domains {
+                if node_domains.has(d) {
+                    consider(d, *c as i64);
+                }
+            }
+        }
+        match best {
+            Some((d, _)) => Requirement::is_in([d]),
+            None => Requirement::does_not_exist(),
+        }
+    }
+
+    fn domain_min_count(&self, pod_domains: &Requirement) -> i64 {
+        if self.id.key == labels::HOSTNAME {
+            return 0;
+        }
+        let mut min = i32::MAX as i64;
+        let mut supported = 0;
+        for (d, c) in &self.domains {
+            if pod_domains.has(d) {
+                supported += 1;
+                min = min.min(*c as i64);
+            }
+        }
+        if self.min_domains.is_some_and(|m| supported < m) {
+            min = 0;
+        }
+        min
+    }
+
+    fn any_compatible_pod_domain(&self, pod_domains: &Requirement) -> bool {
+        self.domains.iter().any(|(d, c)| pod_domains.has(d) && *c > 0)
+    }
+
+    fn next_domain_affinity(&self, self_selecting: bool, pod_domains: &Requirement, node_domains: &Requirement) -> Requirement {
+        let mut options = Requirement::does_not_exist();
+        let bootstrap = self_selecting
+            && (self.domains.len() == self.empty_domains.len() || !self.any_compatible_pod_domain(pod_domains));
+        if let Some(host) = self.single_host(node_domains) {
+            if pod_domains.has(host) && (self.count(host) > 0 || bootstrap) {
+                options.insert(host);
+            }
+            return options;
+        }
+        if !node_domains.is_complement() {
+            for d in node_domains.values() {
+                if pod_domains.has(d) && self.count(d) > 0 {
+                    options.insert(d.clone());
+                }
+            }
+        } else {
+            for (d, c) in &self.domains {
+                if pod_domains.has(d) && *c > 0 && node_domains.has(d) {
+                    options.insert(d.clone());
+                }
+            }
+        }
+        if !options.is_empty() {
+            return options;
+        }
+        if bootstrap {
+            // Prefer a domain the node can already be in, then any the pod allows.
+            let both = pod_domains.intersection(node_domains);
+            if let Some(d) = self.domains.keys().find(|d| both.has(d)) {
+                options.insert(d.clone());
+            }
+            if let Some(d) = self.domains.keys().find(|d| pod_domains.has(d)) {
+                options.insert(d.clone());
+            }
+        }
+        options
+    }
+
+    fn next_domain_anti_affinity(&self, pod_domains: &Requirement, node_domains: &Requirement) -> Requirement {
+        let mut options = Requirement::does_not_exist();
+        if let Some(host) = self.single_host(node_domains) {
+            if self.count(host) == 0 {
+                options.insert(host);
+            }
+            return options;
+        }
+        if !node_domains.is_complement() && node_domains.values().len() < self.empty_domains.len() {
+            for d in node_domains.values() {
+                if self.empty_domains.contains(d) && pod_domains.has(d) {
+                    options.insert(d.clone());
+                }
+            }
+        } else {
+            for d in &self.empty_domains {
+                if node_domains.has(d) && pod_domains.has(d) {
+                    options.insert(d.clone());
+                }
+            }
+        }
+        options
+    }
+
+    fn describe_counts(&self) -> String {
+        let mut s = String::from("{");
+        for (i, (d, c)) in self.domains.iter().take(25).enumerate() {
+            if i > 0 {
+                s.push_str(", ");
+            }
+            s.push_str(&format!("{d}: {c}"));
+        }
+        if self.domains.len() > 25 {
+            s.push_str(&format!(" and {} others", self.domains.len() - 25));
+        }
+        s.push('}');
+        s
+    }
+}
+
+/// A pod's topology constraint that no domain can satisfy.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unsatisfiable topology constraint for {kind}, key={key} (counts = {counts}, podDomains = {pod_domains}, nodeDomains = {node_domains})")]
+pub struct TopologyError {
+    pub kind: TopologyType,
+    pub key: String,
+    pub counts: String,
+    pub pod_domains: String,
+    pub node_domains: String,
+}
+
+/// The domains of one key known from NodePools and instance types, with the taints of the
+/// pools offering each domain.
+#[derive(Clone, Debug, Default)]
+struct DomainGroup {
+    domains: BTreeMap<String, Vec<Vec<Taint>>>,
+}
+
+impl DomainGroup {
+    fn insert(&mut self, domain: &str, taints: &[Taint]) {
+        match self.domains.get_mut(domain) {
+            None => {
+                self.domains.insert(domain.to_string(), vec![taints.to_vec()]);
+            }
+            Some(sets) => {
+                if taints.is_empty() {
+                    *sets = vec![Vec::new()];
+                } else if !sets[0].is_empty() {
+                    sets.push(taints.to_vec());
+                }
+            }
+        }
+    }
+
+    /// The domains a pod can reach: all, or (honouring taints) those of a pool whose taints
+    /// the pod tolerates.
+    fn domains_for(&self, tolerations: &[Toleration], honor_taints: bool) -> Vec<String> {
+        self.domains
+            .iter()
+            .filter(|(_, sets)| !honor_taints || sets.iter().any(|t| taints::tolerates_all(t, tolerations)))
+            .map(|(d, _)| d.clone())
+            .collect()
+    }
+}
+
+/// All topology groups of one solve.
+pub struct Topology<'a> {
+    snapshot: &'a Snapshot,
+    policy: PreferencePolicy,
+    groups: Vec<TopologyGroup>,
+    index: HashMap<GroupKey, usize>,
+    inverse: Vec<TopologyGroup>,
+    inverse_index: HashMap<GroupKey, usize>,
+    /// Groups each pending pod owns.
+    owned: HashMap<usize, Vec<usize>>,
+    domain_groups: HashMap<String, DomainGroup>,
+    /// Node name -> (taints, requirements) of existing nodes, for counting bound pods.
+    nodes: HashMap<&'a str, (Vec<Taint>, Requirements)>,
+}
+
+impl<'a> Topology<'a> {
+    /// Builds the topology of a snapshot: inverse anti-affinities of running pods now,
+    /// every other group as pods are updated.
+    pub fn new(snapshot: &'a Snapshot, policy: PreferencePolicy) -> Self {
+        let nodes = snapshot
+            .nodes
+            .iter()
+            .map(|n| (n.name.as_str(), (n.taints.clone(), Requirements::from_labels(&n.labels))))
+            .collect();
+        let mut t = Topology {
+            snapshot,
+            policy,
+            groups: Vec::new(),
+            index: HashMap::new(),
+            inverse: Vec::new(),
+            inverse_index: HashMap::new(),
+            owned: HashMap::new(),
+            domain_groups: HashMap::new(),
+            nodes,
+        };
+        for pod in &snapshot.bound_pods {
+            if !pod.has_required_pod_anti_affinity() || pod.terminal {
+                continue;
+            }
+            let Some(node) = pod.node_name.as_deref().and_then(|n| snapshot.nodes.iter().find(|x| x.name == n)) else {
+                continue;
+            };
+            let view = PodView::new(pod);
+            t.update_inverse_anti_affinity(usize::MAX, pod, &view, Some(&node.labels));
+        }
+        t
+    }
+
+    fn domain_group(&mut self, key: &str) -> &DomainGroup {
+        if !self.domain_groups.contains_key(key) {
+            let mut g = DomainGroup::default();
+            for p in &self.snapshot.nodepools {
+                // Only `key` matters: the pool's requirement on it (labels included)
+                // intersected with each instance type's.
+                let mut base = Requirements::new();
+                if let Some(r) = p.pool.requirements.get_defined(key) {
+                    base.add(key, r.clone());
+                }
+                if let Some(v) = p.pool.labels.get(key) {
+                    base.add(key, Requirement::is_in([v.as_str()]));
+                }
+                let pool_req = base.get_defined(key);
+                for it in p.instance_types.iter() {
+                    let req = match (pool_req, it.requirements.get_defined(key)) {
+                        (None, None) => continue,
+                        (Some(b), None) => b.clone(),
+                        (None, Some(t)) => t.clone(),
+                        (Some(b), Some(t)) => t.intersection(b),
+                    };
+                    if !req.is_complement() {
+                        for v in req.values() {
+                            g.insert(v, &p.pool.taints);
+                        }
+                    }
+                }
+                if let Some(req) = pool_req
+                    && !req.is_complement()
+                {
+                    for v in req.values() {
+                        g.insert(v, &p.pool.taints);
+                    }
+                }
+            }
+            self.domain_groups.insert(key.to_string(), g);
+        }
+        &self.domain_groups[key]
+    }
+
+    fn namespaces_for(&self, pod: &Pod, term: &PodAffinityTerm) -> BTreeSet<String> {
+        match (&term.namespace_selector, term.namespaces.is_empty()) {
+            (None, true) => BTreeSet::from([pod.key.namespace.clone()]),
+            (None, false) => term.namespaces.iter().cloned().collect(),
+            (Some(sel), _) => {
+                let mut out: BTreeSet<String> = self
+                    .snapshot
+                    .namespaces
+                    .iter()
+                    .filter(|(_, labels)| sel.matches(labels))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                out.extend(term.namespaces.iter().cloned());
+                out
+            }
+        }
+    }
+
+    /// Re-derives the groups `pod` owns from its current (possibly relaxed) constraints.
+    pub fn update(&mut self, idx: usize, pod: &Pod, view: &PodView) {
+        if let Some(old) = self.owned.remove(&idx) {
+            for g in old {
+                self.groups[g].owners.remove(&idx);
+            }
+        }
+        let anti = match self.policy {
+            PreferencePolicy::Ignore => !view.anti_affinity.required.is_empty(),
+            PreferencePolicy::Respect => !view.anti_affinity.is_empty(),
+        };
+        if anti {
+            self.update_inverse_anti_affinity(idx, pod, view, None);
+        }
+        let mut new_groups = self.spread_groups(pod, view);
+        new_groups.extend(self.affinity_groups(pod, view));
+        let mut owned = Vec::with_capacity(new_groups.len());
+        for g in new_groups {
+            let i = match self.index.get(&g.id) {
+                Some(i) => *i,
+                None => {
+                    let mut g = g;
+                    self.count_domains(&mut g);
+                    self.groups.push(g);
+                    let i = self.groups.len() - 1;
+                    self.index.insert(self.groups[i].id.clone(), i);
+                    i
+                }
+            };
+            self.groups[i].owners.insert(idx);
+            if !owned.contains(&i) {
+                owned.push(i);
+            }
+        }
+        self.owned.insert(idx, owned);
+    }
+
+    fn spread_groups(&mut self, pod: &Pod, view: &PodView) -> Vec<TopologyGroup> {
+        let mut out = Vec::new();
+        for tsc in &view.spread {
+            if self.policy == PreferencePolicy::Ignore && tsc.when_unsatisfiable != WhenUnsatisfiable::DoNotSchedule {
+                continue;
+            }
+            let mut selector = tsc.selector.clone();
+            for key in &tsc.match_label_keys {
+                if let (Some(sel), Some(v)) = (selector.as_mut(), pod.labels.get(key)) {
+                    *sel = std::mem::take(sel).with_expression(SelectorRequirement {
+                        key: key.clone(),
+                        op: SelectorOp::In,
+                        values: vec![v.clone()],
+                    });
+                }
+            }
+            let taint_policy = tsc.node_taints_policy.unwrap_or(InclusionPolicy::Ignore);
+            let affinity_policy = tsc.node_affinity_policy.unwrap_or(InclusionPolicy::Honor);
+            let filter = NodeFilter::for_pod(view, taint_policy, affinity_policy);
+            let seed = self
+                .domain_group(&tsc.topology_key)
+                .domains_for(&view.tolerations, taint_policy == InclusionPolicy::Honor);
+            out.push(TopologyGroup::new(
+                GroupKey {
+                    kind: TopologyType::Spread,
+                    key: tsc.topology_key.clone(),
+                    namespaces: BTreeSet::from([pod.key.namespace.clone()]),
+                    max_skew: tsc.max_skew,
+                    node_filter: Some(filter),
+                    selector,
+                },
+                tsc.min_domains,
+                seed,
+            ));
+        }
+        out
+    }
+
+    fn affinity_groups(&mut self, pod: &Pod, view: &PodView) -> Vec<TopologyGroup> {
+        let mut terms: Vec<(TopologyType, &PodAffinityTerm)> = Vec::new();
+        let respect = self.policy == PreferencePolicy::Respect;
+        for (kind, aff) in [(TopologyType::PodAffinity, &view.affinity), (TopologyType::PodAntiAffinity, &view.anti_affinity)] {
+            terms.extend(aff.required.iter().map(|t| (kind, t)));
+            if respect {
+                terms.extend(aff.preferred.iter().map(|(_, t)| (kind, t)));
+            }
+        }
+        let mut out = Vec::new();
+        for (kind, term) in terms {
+            let namespaces = self.namespaces_for(pod, term);
+            // Affinity groups see only domains of pools whose taints the pod tolerates.
+            let seed = self.domain_group(&term.topology_key).domains_for(&view.tolerations, true);
+            out.push(TopologyGroup::new(
+                GroupKey {
+                    kind,
+                    key: term.topology_key.clone(),
+                    namespaces,
+                    max_skew: i32::MAX,
+                    node_filter: None,
+                    selector: term.selector.clone(),
+                },
+                None,
+                seed,
+            ));
+        }
+        out
+    }
+
+    fn update_inverse_anti_affinity(&mut self, idx: usize, pod: &Pod, view: &PodView, node_labels: Option<&Labels>) {
+        for term in &view.anti_affinity.required {
+            let namespaces = self.namespaces_for(pod, term);
+            let id = GroupKey {
+                kind: TopologyType::PodAntiAffinity,
+                key: term.topology_key.clone(),
+                namespaces,
+                max_skew: i32::MAX,
+                node_filter: None,
+                selector: term.selector.clone(),
+            };
+            let i = match self.inverse_index.get(&id) {
+                Some(i) => *i,
+                None => {
+                    let seed = self.domain_group(&term.topology_key).domains_for(&view.tolerations, true);
+                    self.inverse.push(TopologyGroup::new(id.clone(), None, seed));
+                    self.inverse_index.insert(id, self.inverse.len() - 1);
+                    self.inverse.len() - 1
+                }
+            };
+            let g = &mut self.inverse[i];
+            if let Some(d) = node_labels.and_then(|l| l.get(&g.id.key)) {
+                g.record(d);
+            }
+            g.owners.insert(idx);
+        }
+    }
+
+    /// Registers existing nodes' domains and counts the running pods the group selects.
+    fn count_domains(&self, g: &mut TopologyGroup) {
+        for n in &self.snapshot.nodes {
+            let Some(d) = n.labels.get(&g.id.key) else { continue };
+            let (taints, reqs) = &self.nodes[n.name.as_str()];
+            if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs)) {
+                g.register(d);
+            }
+        }
+        for p in &self.snapshot.bound_pods {
+            if p.terminal || !g.selects(p) {
+                continue;
+            }
+            let Some(node_name) = p.node_name.as_deref() else { continue };
+            let Some((taints, reqs)) = self.nodes.get(node_name) else { continue };
+            let domain = match reqs.get_defined(&g.id.key) {
+                Some(r) if !r.is_complement() && r.values().len() == 1 => r.values()[0].clone(),
+                _ if g.id.key == labels::HOSTNAME => node_name.to_string(),
+                _ => continue,
+            };
+            if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs)) {
+                g.record(&domain);
+            }
+        }
+    }
+
+    /// Tightens `node_reqs` with every topology that constrains `pod` there (its own groups
+    /// and the inverse anti-affinities of pods it would join).
+    pub fn add_requirements(
+        &self,
+        idx: usize,
+        pod: &Pod,
+        taints: &[Taint],
+        pod_reqs: &Requirements,
+        node_reqs: &Requirements,
+    ) -> Result<Requirements, TopologyError> {
+        let mut out = node_reqs.clone();
+        let owned = self.owned.get(&idx).map(Vec::as_slice).unwrap_or(&[]);
+        let matching = owned
+            .iter()
+            .map(|i| &self.groups[*i])
+            .chain(self.inverse.iter().filter(|g| g.counts(pod, taints, node_reqs)));
+        for g in matching {
+            let key = g.key();
+            let pod_domains = pod_reqs.get(key);
+            let node_domains = node_reqs.get(key);
+            let domains = g.next_domains(g.selects(pod), pod_domains, node_domains);
+            if domains.len() == 0 {
+                return Err(TopologyError {
+                    kind: g.id.kind,
+                    key: key.to_string(),
+                    counts: g.describe_counts(),
+                    pod_domains: format!("{key} {pod_domains}"),
+                    node_domains: format!("{key} {node_domains}"),
+                });
+            }
+            out.add(key, domains);
+        }
+        Ok(out)
+    }
+
+    /// Records that `pod` was placed on a node with these taints and requirements.
+    pub fn record(&mut self, idx: usize, pod: &Pod, taints: &[Taint], reqs: &Requirements) {
+        for g in &mut self.groups {
+            if !g.counts(pod, taints, reqs) {
+                continue;
+            }
+            let domains = reqs.get(&g.id.key);
+            if domains.is_complement() {
+                continue;
+            }
+            if g.id.kind == TopologyType::PodAntiAffinity {
+                for d in domains.values() {
+                    g.record(d);
+                }
+            } else if domains.values().len() == 1 {
+                g.record(&domains.values()[0]);
+            }
+        }
+        for g in &mut self.inverse {
+            if g.owners.contains(&idx) {
+                let domains = reqs.get(&g.id.key);
+                if !domains.is_complement() {
+                    for d in domains.values() {
+                        g.record(d);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes a domain (a new hostname) known to every group of that key.
+    pub fn register(&mut self, key: &str, domain: &str) {
+        for g in self.groups.iter_mut().chain(self.inverse.iter_mut()) {
+            if g.id.key == key {
+                g.register(domain);
+            }
+        }
+    }
+}
