@@ -238,7 +238,8 @@ pub fn render(snap: &Snapshot, pods: &[Pod], results: &Results, solve_ms: f64) -
             pods: e.pods.iter().map(|&p| pods[p].key.to_string()).collect(),
         })
         .collect();
-    let scheduled = nodeclaims.iter().map(|c| c.pods.len()).sum::<usize>() + existing.iter().map(|e| e.pods.len()).sum::<usize>();
+    let scheduled =
+        nodeclaims.iter().map(|c| c.pods.len()).sum::<usize>() + existing.iter().map(|e| e.pods.len()).sum::<usize>();
     let cost = nodeclaims.iter().map(|c| c.price_per_hour).sum();
     PlanOut {
         summary: Summary {
@@ -260,7 +261,12 @@ fn claim_labels(c: &scheduling::NewClaim, it: &InstanceType, l: &scheduling::Lau
     let mut labels: BTreeMap<String, String> = c
         .requirements
         .iter()
-        .filter(|(k, r)| !r.is_complement() && r.values().len() == 1 && *k != dovetail_core::labels::INITIALIZED && *k != dovetail_core::labels::REGISTERED)
+        .filter(|(k, r)| {
+            !r.is_complement()
+                && r.values().len() == 1
+                && *k != dovetail_core::labels::INITIALIZED
+                && *k != dovetail_core::labels::REGISTERED
+        })
         .map(|(k, r)| (k.to_string(), r.values()[0].clone()))
         .collect();
     labels.insert(dovetail_core::labels::ZONE.into(), l.zone.clone());

@@ -120,7 +120,9 @@ impl Ctx<'_> {
 
     fn zone_of(&self, pod: &str) -> Option<String> {
         match self.host(pod)? {
-            (k, name) if k == "claim" => self.claim_of(pod).and_then(|c| c["zone"].as_str().map(String::from)).or(Some(name)),
+            (k, name) if k == "claim" => {
+                self.claim_of(pod).and_then(|c| c["zone"].as_str().map(String::from)).or(Some(name))
+            }
             (_, node) => self.node_zones.get(&node).cloned(),
         }
     }
@@ -219,7 +221,10 @@ impl Ctx<'_> {
             }
         }
         if let Some(min) = e.min_cpu {
-            let vcpu = self.types.get(&it).map(|t| t.capacity.get(&dovetail_core::resources::ResourceName::Cpu) as f64 / 1000.0);
+            let vcpu = self
+                .types
+                .get(&it)
+                .map(|t| t.capacity.get(&dovetail_core::resources::ResourceName::Cpu) as f64 / 1000.0);
             if vcpu.is_none_or(|v| v < min) {
                 self.fail(format!("{what}: launch type {it} has {vcpu:?} vCPU, expected at least {min}"));
             }
@@ -365,7 +370,13 @@ fn run_scenario(path: &Path, types: &BTreeMap<String, InstanceType>) -> Vec<Stri
             .claims()
             .iter()
             .flat_map(|c| c["pods"].as_array().into_iter().flatten())
-            .chain(json["existing"].as_array().into_iter().flatten().flat_map(|e| e["pods"].as_array().into_iter().flatten()))
+            .chain(
+                json["existing"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|e| e["pods"].as_array().into_iter().flatten()),
+            )
             .filter_map(|p| p.as_str().map(String::from))
             .filter(|p| p.starts_with(&zs.pod_prefix))
             .collect();
@@ -415,11 +426,8 @@ fn scenarios() -> Vec<PathBuf> {
 #[test]
 fn behaviour_suite() {
     let catalog = Catalog::embedded("us-east-1").expect("catalog");
-    let types: BTreeMap<String, InstanceType> = catalog
-        .instance_types(&NodeClassSettings::default(), None)
-        .into_iter()
-        .map(|t| (t.name.clone(), t))
-        .collect();
+    let types: BTreeMap<String, InstanceType> =
+        catalog.instance_types(&NodeClassSettings::default(), None).into_iter().map(|t| (t.name.clone(), t)).collect();
     let files = scenarios();
     assert!(files.len() >= 40, "the suite needs at least 40 scenarios, has {}", files.len());
     let negative = files

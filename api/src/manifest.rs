@@ -45,10 +45,8 @@ pub struct Manifest {
 }
 
 fn typed<T: DeserializeOwned>(doc: usize, what: &str, v: serde_yaml::Value) -> Result<T, ManifestError> {
-    serde_path_to_error::deserialize(v).map_err(|e| ManifestError {
-        document: doc,
-        message: format!("{what}: {}: {}", e.path(), e.inner()),
-    })
+    serde_path_to_error::deserialize(v)
+        .map_err(|e| ManifestError { document: doc, message: format!("{what}: {}: {}", e.path(), e.inner()) })
 }
 
 fn conv(doc: usize) -> impl Fn(ConversionError) -> ManifestError {
@@ -71,10 +69,8 @@ impl Manifest {
         let mut m = Manifest::default();
         let mut docs = Vec::new();
         for (i, d) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(d).map_err(|e| ManifestError {
-                document: i + 1,
-                message: format!("invalid YAML: {e}"),
-            })?;
+            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(d)
+                .map_err(|e| ManifestError { document: i + 1, message: format!("invalid YAML: {e}") })?;
             docs.push((i + 1, v));
         }
         for (doc, v) in docs {
@@ -107,7 +103,8 @@ impl Manifest {
                 let daemon = p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet");
                 let meta = pod_meta(&p.metadata, creation, daemon);
                 let meta = PodMeta {
-                    terminal: matches!(phase.as_str(), "Succeeded" | "Failed") || p.metadata.deletion_timestamp.is_some(),
+                    terminal: matches!(phase.as_str(), "Succeeded" | "Failed")
+                        || p.metadata.deletion_timestamp.is_some(),
                     ..meta
                 };
                 let pod = convert::pod_from_spec(&ctx, "spec", meta, &spec).map_err(conv(doc))?;
@@ -115,7 +112,10 @@ impl Manifest {
                 if pod.node_name.is_some() {
                     self.bound.push(pod);
                 } else if pod.daemon {
-                    self.warnings.push(format!("document {doc}: {}: DaemonSet pods are not provisioned for; skipped", ctx.object));
+                    self.warnings.push(format!(
+                        "document {doc}: {}: DaemonSet pods are not provisioned for; skipped",
+                        ctx.object
+                    ));
                 } else if !pod.terminal {
                     self.pending.push(pod);
                 }
@@ -147,7 +147,8 @@ impl Manifest {
                 let d: apps::DaemonSet = typed(doc, "DaemonSet", v)?;
                 let ctx = Ctx::new(object_name("DaemonSet", &d.metadata));
                 let spec = d.spec;
-                let tspec = spec.template.spec.clone().ok_or_else(|| conv(doc)(ctx.err("spec.template.spec", "missing")))?;
+                let tspec =
+                    spec.template.spec.clone().ok_or_else(|| conv(doc)(ctx.err("spec.template.spec", "missing")))?;
                 let mut meta = pod_meta(&d.metadata, creation, true);
                 meta.labels = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
                 let pod = convert::pod_from_spec(&ctx, "spec.template.spec", meta, &tspec).map_err(conv(doc))?;
@@ -169,7 +170,10 @@ impl Manifest {
                 let np: crd::NodePool = typed(doc, "NodePool", v)?;
                 let pool = convert::nodepool(&np).map_err(conv(doc))?;
                 if self.nodepools.iter().any(|p| p.name == pool.name) {
-                    return Err(ManifestError { document: doc, message: format!("NodePool {:?}: metadata.name: defined twice", pool.name) });
+                    return Err(ManifestError {
+                        document: doc,
+                        message: format!("NodePool {:?}: metadata.name: defined twice", pool.name),
+                    });
                 }
                 self.nodepools.push(pool);
             }
@@ -202,13 +206,9 @@ impl Manifest {
         let labels = template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
         let annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone()).unwrap_or_default();
         let base = pod_meta(meta, creation, false);
-        let first = convert::pod_from_spec(
-            &ctx,
-            "spec.template.spec",
-            PodMeta { labels, annotations, ..base.clone() },
-            &spec,
-        )
-        .map_err(conv(doc))?;
+        let first =
+            convert::pod_from_spec(&ctx, "spec.template.spec", PodMeta { labels, annotations, ..base.clone() }, &spec)
+                .map_err(conv(doc))?;
         self.note_namespace(&first.key.namespace);
         for i in 0..replicas {
             let mut p = first.clone();
@@ -235,7 +235,11 @@ impl Manifest {
         self.bound.retain(|p| {
             let known = p.node_name.as_deref().is_some_and(|n| names.contains(n));
             if !known {
-                unknown.push(format!("pod {} is bound to node {:?}, which is not in the input; skipped", p.key, p.node_name.as_deref().unwrap_or("")));
+                unknown.push(format!(
+                    "pod {} is bound to node {:?}, which is not in the input; skipped",
+                    p.key,
+                    p.node_name.as_deref().unwrap_or("")
+                ));
             }
             known
         });
@@ -252,5 +256,123 @@ fn pod_meta(meta: &ObjectMeta, creation: i64, daemon: bool) -> PodMeta {
         creation,
         daemon,
         terminal: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dovetail_core::resources::ResourceName;
+
+    #[test]
+    fn workloads_expand_into_named_pods() {
+        let m = Manifest::parse(
+            r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: c, image: x, resources: {requests: {cpu: 250m, memory: 1Gi}}}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: batch, namespace: jobs}
+spec:
+  parallelism: 5
+  completions: 2
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: x}]
+"#,
+        )
+        .expect("valid manifest");
+        let names: Vec<String> = m.pending.iter().map(|p| p.key.to_string()).collect();
+        assert_eq!(names, ["default/web-0", "default/web-1", "default/web-2", "jobs/batch-0", "jobs/batch-1"]);
+        assert_eq!(m.pending[0].requests.get(&ResourceName::Cpu), 250);
+        assert_eq!(m.pending[0].labels.get("app").map(String::as_str), Some("web"));
+        assert!(m.namespaces.contains_key("jobs"));
+    }
+
+    #[test]
+    fn errors_name_the_document_object_and_field() {
+        let err = Manifest::parse(
+            r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: a}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec:
+  replicas: many
+  selector: {}
+  template: {spec: {containers: []}}
+"#,
+        )
+        .expect_err("replicas is not an integer");
+        assert_eq!(err.document, 2);
+        assert!(err.message.contains("spec.replicas"), "{}", err.message);
+
+        let err = Manifest::parse(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  topologySpreadConstraints: [{maxSkew: 0, topologyKey: zone, whenUnsatisfiable: DoNotSchedule}]
+  containers: [{name: c, image: x}]
+"#,
+        )
+        .expect_err("maxSkew 0 is invalid");
+        assert!(err.message.contains("Pod default/p: spec.topologySpreadConstraints[0].maxSkew"), "{}", err.message);
+    }
+
+    #[test]
+    fn bound_pods_need_a_known_node_and_unknown_kinds_warn() {
+        let m = Manifest::parse(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: orphan}
+spec:
+  nodeName: gone
+  containers: [{name: c, image: x}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: s}
+"#,
+        )
+        .expect("valid manifest");
+        assert!(m.bound.is_empty() && m.pending.is_empty());
+        assert_eq!(m.warnings.len(), 2, "{:?}", m.warnings);
+    }
+
+    #[test]
+    fn node_class_kubelet_settings_are_read() {
+        let m = Manifest::parse(
+            r#"
+apiVersion: karpenter.k8s.aws/v1
+kind: EC2NodeClass
+metadata: {name: dense}
+spec:
+  kubelet: {maxPods: 110, evictionHard: {memory.available: 5%}}
+  blockDeviceMappings: [{deviceName: /dev/xvda, rootVolume: true, ebs: {volumeSize: 100Gi}}]
+"#,
+        )
+        .expect("valid manifest");
+        let s = &m.nodeclasses["dense"];
+        assert_eq!(s.kubelet.max_pods, Some(110));
+        assert_eq!(s.root_volume_bytes, 100 << 30);
+        assert!(
+            matches!(s.kubelet.eviction_memory, Some(dovetail_core::catalog::overhead::EvictionThreshold::Percent(p)) if p == 5.0)
+        );
     }
 }

@@ -119,9 +119,7 @@ pub fn restricted_label_reason(key: &str) -> Option<String> {
         return None;
     }
     let domain = key.split_once('/').map(|(d, _)| d).unwrap_or("");
-    let restricted = RESTRICTED_DOMAINS
-        .iter()
-        .any(|r| domain == *r || domain.ends_with(&format!(".{r}")));
+    let restricted = RESTRICTED_DOMAINS.iter().any(|r| domain == *r || domain.ends_with(&format!(".{r}")));
     if restricted || key == HOSTNAME {
         return Some(format!(
             "using label {key} is not allowed as it might interfere with the internal provisioning logic; \
@@ -213,10 +211,7 @@ pub struct LabelSelector {
 
 impl LabelSelector {
     /// A selector from `matchLabels` and `matchExpressions`, canonicalised.
-    pub fn new(
-        match_labels: BTreeMap<String, String>,
-        mut match_expressions: Vec<SelectorRequirement>,
-    ) -> Self {
+    pub fn new(match_labels: BTreeMap<String, String>, mut match_expressions: Vec<SelectorRequirement>) -> Self {
         for e in &mut match_expressions {
             e.values.sort();
             e.values.dedup();
@@ -228,10 +223,7 @@ impl LabelSelector {
 
     /// A selector matching exactly these labels.
     pub fn from_labels<'a>(labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        LabelSelector::new(
-            labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            Vec::new(),
-        )
+        LabelSelector::new(labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), Vec::new())
     }
 
     /// Adds an `In [value]` expression (used for `matchLabelKeys`).
@@ -279,10 +271,7 @@ mod tests {
 
     #[test]
     fn selectors_match() {
-        let labels: Labels = [("app", "web"), ("tier", "1")]
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
+        let labels: Labels = [("app", "web"), ("tier", "1")].into_iter().map(|(k, v)| (k.into(), v.into())).collect();
         assert!(LabelSelector::default().matches(&labels));
         assert!(LabelSelector::from_labels([("app", "web")]).matches(&labels));
         let s = LabelSelector::new(

@@ -46,12 +46,8 @@ impl Node {
 
     /// The taints that apply when simulating pods onto the node.
     pub fn effective_taints(&self) -> Vec<Taint> {
-        let mut t: Vec<Taint> = self
-            .taints
-            .iter()
-            .filter(|t| self.initialized || !crate::taints::is_known_ephemeral(t))
-            .cloned()
-            .collect();
+        let mut t: Vec<Taint> =
+            self.taints.iter().filter(|t| self.initialized || !crate::taints::is_known_ephemeral(t)).cloned().collect();
         if self.unschedulable && !t.contains(&Taint::unschedulable()) {
             t.push(Taint::unschedulable());
         }

@@ -218,18 +218,12 @@ pub fn pod_requests(
 /// The requirements a pod places on a node: `nodeSelector`, the first required node
 /// affinity term, and (when `with_preferred`) the heaviest preferred term, as Karpenter's
 /// `NewPodRequirements` / `NewStrictPodRequirements`.
-pub fn pod_requirements(
-    node_selector: &Labels,
-    affinity: &NodeAffinity,
-    with_preferred: bool,
-) -> Requirements {
+pub fn pod_requirements(node_selector: &Labels, affinity: &NodeAffinity, with_preferred: bool) -> Requirements {
     let mut r = Requirements::new();
     for (k, v) in node_selector {
         r.add(k, Requirement::is_in([v.as_str()]));
     }
-    if with_preferred
-        && let Some((_, heaviest)) = heaviest(&affinity.preferred)
-    {
+    if with_preferred && let Some((_, heaviest)) = heaviest(&affinity.preferred) {
         r.add_all(heaviest);
     }
     if let Some(first) = affinity.required.first() {
@@ -269,9 +263,12 @@ mod tests {
         let init = ContainerResources { requests: cpu(1000), limits: ResourceList::new() };
         let sidecar = ContainerResources { requests: cpu(50), limits: ResourceList::new() };
         // A plain init container larger than the steady state dominates.
-        assert_eq!(pod_requests(&[main.clone()], &[(init.clone(), false)], &ResourceList::new()), cpu(1000));
+        assert_eq!(
+            pod_requests(std::slice::from_ref(&main), &[(init.clone(), false)], &ResourceList::new()),
+            cpu(1000)
+        );
         // A sidecar adds to the steady state and to later init steps.
-        let r = pod_requests(&[main.clone()], &[(sidecar, true), (init, false)], &cpu(10));
+        let r = pod_requests(std::slice::from_ref(&main), &[(sidecar, true), (init, false)], &cpu(10));
         assert_eq!(r, cpu(1050 + 10));
     }
 

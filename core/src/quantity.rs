@@ -303,13 +303,13 @@ impl fmt::Display for Quantity {
         }
         let sign = if n < 0 { "-" } else { "" };
         let a = n.unsigned_abs();
-        if self.format == Format::BinarySi && a % (NANO as u128) == 0 {
+        if self.format == Format::BinarySi && a.is_multiple_of(NANO as u128) {
             let units = a / NANO as u128;
             if units >= 1024 {
                 let suffixes = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
                 let mut m = units;
                 let mut i = 0;
-                while i < 6 && m % 1024 == 0 {
+                while i < 6 && m.is_multiple_of(1024) {
                     m /= 1024;
                     i += 1;
                 }
@@ -319,7 +319,7 @@ impl fmt::Display for Quantity {
         // Decimal: the largest exponent that is a multiple of 3 and keeps the mantissa whole.
         let mut m = a;
         let mut exp: i32 = -9;
-        while m % 1000 == 0 && exp < 18 {
+        while m.is_multiple_of(1000) && exp < 18 {
             m /= 1000;
             exp += 3;
         }

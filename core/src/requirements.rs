@@ -185,14 +185,8 @@ impl Requirement {
         }
         match (self.complement, other.complement) {
             (true, true) => true,
-            (true, false) => other
-                .values
-                .iter()
-                .any(|v| !contains(&self.values, v) && within_bounds(v, gte, lte)),
-            (false, true) => self
-                .values
-                .iter()
-                .any(|v| !contains(&other.values, v) && within_bounds(v, gte, lte)),
+            (true, false) => other.values.iter().any(|v| !contains(&self.values, v) && within_bounds(v, gte, lte)),
+            (false, true) => self.values.iter().any(|v| !contains(&other.values, v) && within_bounds(v, gte, lte)),
             (false, false) => {
                 let (small, large) = if self.values.len() <= other.values.len() {
                     (&self.values, &other.values)
@@ -550,11 +544,8 @@ impl Requirements {
 
     /// Whether [`Requirements::intersects`] holds, without building messages.
     pub fn intersects_ok(&self, incoming: &Requirements) -> bool {
-        let (small, large) = if self.map.len() <= incoming.map.len() {
-            (&self.map, &incoming.map)
-        } else {
-            (&incoming.map, &self.map)
-        };
+        let (small, large) =
+            if self.map.len() <= incoming.map.len() { (&self.map, &incoming.map) } else { (&incoming.map, &self.map) };
         small.iter().all(|(key, a)| {
             let Some(b) = large.get(key) else { return true };
             if a.has_intersection(b) {

@@ -94,9 +94,7 @@ impl ResourceName {
     pub fn quantity_of(&self, amount: i64) -> Quantity {
         match self {
             ResourceName::Cpu => Quantity::from_milli(amount),
-            ResourceName::Memory | ResourceName::EphemeralStorage => {
-                Quantity::from_units_binary(amount)
-            }
+            ResourceName::Memory | ResourceName::EphemeralStorage => Quantity::from_units_binary(amount),
             _ => Quantity::from_units(amount),
         }
     }
@@ -131,10 +129,7 @@ impl ResourceList {
 
     /// `cpu` in millicores and `memory` in bytes, the common case in tests and examples.
     pub fn cpu_mem(cpu_milli: i64, memory_bytes: i64) -> Self {
-        ResourceList::from_pairs([
-            (ResourceName::Cpu, cpu_milli),
-            (ResourceName::Memory, memory_bytes),
-        ])
+        ResourceList::from_pairs([(ResourceName::Cpu, cpu_milli), (ResourceName::Memory, memory_bytes)])
     }
 
     /// The amount of `name`, 0 when absent.
@@ -201,11 +196,7 @@ impl ResourceList {
     /// `self - other` over the names of `self` only (Karpenter's `Subtract`).
     pub fn subtracted(&self, other: &ResourceList) -> ResourceList {
         ResourceList {
-            entries: self
-                .entries
-                .iter()
-                .map(|(n, v)| (n.clone(), v.saturating_sub(other.get(n))))
-                .collect(),
+            entries: self.entries.iter().map(|(n, v)| (n.clone(), v.saturating_sub(other.get(n)))).collect(),
         }
     }
 
@@ -256,9 +247,7 @@ impl ResourceList {
 
     /// Every amount multiplied by `k`.
     pub fn scaled(&self, k: i64) -> ResourceList {
-        ResourceList {
-            entries: self.entries.iter().map(|(n, v)| (n.clone(), v.saturating_mul(k))).collect(),
-        }
+        ResourceList { entries: self.entries.iter().map(|(n, v)| (n.clone(), v.saturating_mul(k))).collect() }
     }
 }
 
@@ -268,11 +257,8 @@ impl fmt::Display for ResourceList {
         if self.entries.is_empty() {
             return f.write_str("{}");
         }
-        let mut items: Vec<(String, String)> = self
-            .entries
-            .iter()
-            .map(|(n, v)| (n.as_str().to_string(), n.quantity_of(*v).to_string()))
-            .collect();
+        let mut items: Vec<(String, String)> =
+            self.entries.iter().map(|(n, v)| (n.as_str().to_string(), n.quantity_of(*v).to_string())).collect();
         items.sort();
         f.write_str("{")?;
         for (i, (k, v)) in items.iter().enumerate() {

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
 pub use nodeclass::node_class_settings;
 pub use nodepool::{default_nodepool, nodepool};
-pub use pod::{node, pod_from_spec, PodMeta};
+pub use pod::{PodMeta, node, pod_from_spec};
 
 /// A field of an object that could not be converted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,8 +84,10 @@ pub fn requirements(
             .ok_or_else(|| {
                 ctx.err(
                     format!("{f}.operator"),
-                    format!("unsupported operator {op:?}; expected one of In, NotIn, Exists, DoesNotExist, Gt, Lt{}",
-                        if allow_bounds { ", Gte, Lte" } else { "" }),
+                    format!(
+                        "unsupported operator {op:?}; expected one of In, NotIn, Exists, DoesNotExist, Gt, Lt{}",
+                        if allow_bounds { ", Gte, Lte" } else { "" }
+                    ),
                 )
             })?;
         if key.is_empty() {
@@ -100,12 +102,16 @@ pub fn requirements(
             }
             _ => {}
         }
-        let mut req = Requirement::new(key, operator, values).map_err(|e| ctx.err(format!("{f}.values"), e.to_string()))?;
+        let mut req =
+            Requirement::new(key, operator, values).map_err(|e| ctx.err(format!("{f}.values"), e.to_string()))?;
         if allow_bounds
             && matches!(operator, Operator::Gt | Operator::Lt | Operator::Gte | Operator::Lte)
             && values.first().and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < 0)
         {
-            return Err(ctx.err(format!("{f}.values"), format!("key {key} with operator {op} must have a single positive integer value")));
+            return Err(ctx.err(
+                format!("{f}.values"),
+                format!("key {key} with operator {op} must have a single positive integer value"),
+            ));
         }
         if let Some(m) = min_values {
             if !(1..=50).contains(m) {
@@ -114,7 +120,10 @@ pub fn requirements(
             if operator == Operator::In && (*m as usize) > values.len() {
                 return Err(ctx.err(
                     format!("{f}.minValues"),
-                    format!("key {key} with operator In must have at least minValues ({m}) values, has {}", values.len()),
+                    format!(
+                        "key {key} with operator In must have at least minValues ({m}) values, has {}",
+                        values.len()
+                    ),
                 ));
             }
             req = req.with_min_values(Some(*m as u32));
@@ -125,7 +134,11 @@ pub fn requirements(
 }
 
 /// Converts a label selector; `None` stays `None` (selects nothing).
-pub fn label_selector(ctx: &Ctx, field: &str, s: Option<&meta::LabelSelector>) -> Result<Option<LabelSelector>, ConversionError> {
+pub fn label_selector(
+    ctx: &Ctx,
+    field: &str,
+    s: Option<&meta::LabelSelector>,
+) -> Result<Option<LabelSelector>, ConversionError> {
     let Some(s) = s else { return Ok(None) };
     let mut exprs = Vec::new();
     for (i, e) in s.match_expressions.iter().flatten().enumerate() {
@@ -143,7 +156,10 @@ pub fn label_selector(ctx: &Ctx, field: &str, s: Option<&meta::LabelSelector>) -
         };
         let values = e.values.clone().unwrap_or_default();
         if matches!(op, SelectorOp::In | SelectorOp::NotIn) && values.is_empty() {
-            return Err(ctx.err(format!("{field}.matchExpressions[{i}].values"), format!("operator {} needs values", e.operator)));
+            return Err(ctx.err(
+                format!("{field}.matchExpressions[{i}].values"),
+                format!("operator {} needs values", e.operator),
+            ));
         }
         exprs.push(SelectorRequirement { key: e.key.clone(), op, values });
     }
@@ -156,7 +172,10 @@ pub fn taint(ctx: &Ctx, field: &str, t: &k8s_openapi::api::core::v1::Taint) -> R
         return Err(ctx.err(format!("{field}.key"), "taint key must not be empty"));
     }
     let effect = Effect::parse(&t.effect).ok_or_else(|| {
-        ctx.err(format!("{field}.effect"), format!("unknown effect {:?}; expected NoSchedule, PreferNoSchedule or NoExecute", t.effect))
+        ctx.err(
+            format!("{field}.effect"),
+            format!("unknown effect {:?}; expected NoSchedule, PreferNoSchedule or NoExecute", t.effect),
+        )
     })?;
     Ok(Taint { key: t.key.clone(), value: t.value.clone().unwrap_or_default(), effect })
 }

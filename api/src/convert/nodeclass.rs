@@ -1,13 +1,17 @@
 //! EC2NodeClass settings that shape instance types (kubelet, root volume).
 
-use dovetail_core::catalog::{KubeletConfig, NodeClassSettings};
 use dovetail_core::catalog::overhead::EvictionThreshold;
+use dovetail_core::catalog::{KubeletConfig, NodeClassSettings};
 use dovetail_core::resources::{ResourceList, ResourceName};
 
-use super::{quantity, ConversionError, Ctx};
+use super::{ConversionError, Ctx, quantity};
 use crate::crd::EC2NodeClass;
 
-fn reserved(ctx: &Ctx, field: &str, m: Option<&std::collections::BTreeMap<String, String>>) -> Result<ResourceList, ConversionError> {
+fn reserved(
+    ctx: &Ctx,
+    field: &str,
+    m: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<ResourceList, ConversionError> {
     let mut out = ResourceList::new();
     for (k, v) in m.into_iter().flatten() {
         if !matches!(k.as_str(), "cpu" | "memory" | "ephemeral-storage" | "pid") {
@@ -42,8 +46,10 @@ pub fn node_class_settings(nc: &EC2NodeClass) -> Result<NodeClassSettings, Conve
     if let Some(k) = &nc.spec.kubelet {
         let f = "spec.kubelet";
         let non_negative = |field: &str, v: Option<i32>| -> Result<Option<u32>, ConversionError> {
-            v.map(|v| u32::try_from(v).map_err(|_| ctx.err(format!("{f}.{field}"), format!("must not be negative, got {v}"))))
-                .transpose()
+            v.map(|v| {
+                u32::try_from(v).map_err(|_| ctx.err(format!("{f}.{field}"), format!("must not be negative, got {v}")))
+            })
+            .transpose()
         };
         s.kubelet = KubeletConfig {
             max_pods: non_negative("maxPods", k.max_pods)?,
@@ -67,13 +73,16 @@ pub fn node_class_settings(nc: &EC2NodeClass) -> Result<NodeClassSettings, Conve
         if b.root_volume
             && let Some(size) = b.ebs.as_ref().and_then(|e| e.volume_size.as_ref())
         {
-            s.root_volume_bytes = quantity(&ctx, &format!("spec.blockDeviceMappings[{i}].ebs.volumeSize"), size)?.value();
+            s.root_volume_bytes =
+                quantity(&ctx, &format!("spec.blockDeviceMappings[{i}].ebs.volumeSize"), size)?.value();
         }
     }
     if let Some(f) = &nc.spec.ami_family
         && !matches!(f.as_str(), "AL2023" | "AL2" | "Custom")
     {
-        return Err(ctx.err("spec.amiFamily", format!("AMI family {f:?} is not supported yet (AL2023, AL2 and Custom are)")));
+        return Err(
+            ctx.err("spec.amiFamily", format!("AMI family {f:?} is not supported yet (AL2023, AL2 and Custom are)"))
+        );
     }
     Ok(s)
 }

@@ -7,10 +7,15 @@ use dovetail_core::nodepool::{
 use dovetail_core::requirements::Operator;
 use dovetail_core::resources::ResourceList;
 
-use super::{requirements, resource_list, taint, ConversionError, Ctx};
+use super::{ConversionError, Ctx, requirements, resource_list, taint};
 use crate::crd;
 
-fn duration(ctx: &Ctx, field: &str, v: Option<&String>, default: Option<std::time::Duration>) -> Result<Option<std::time::Duration>, ConversionError> {
+fn duration(
+    ctx: &Ctx,
+    field: &str,
+    v: Option<&String>,
+    default: Option<std::time::Duration>,
+) -> Result<Option<std::time::Duration>, ConversionError> {
     match v {
         None => Ok(default),
         Some(s) => nodepool::parse_duration(s).map_err(|e| ctx.err(field, e)),
@@ -59,7 +64,10 @@ pub fn nodepool(np: &crd::NodePool) -> Result<NodePool, ConversionError> {
                 return Err(ctx.err(format!("{field}[{i}].values"), format!("invalid value {v} for key {key}, {e}")));
             }
         }
-        if key == labels::CAPACITY_TYPE && op == "In" && !values.iter().any(|v| matches!(v.as_str(), "spot" | "on-demand" | "reserved")) {
+        if key == labels::CAPACITY_TYPE
+            && op == "In"
+            && !values.iter().any(|v| matches!(v.as_str(), "spot" | "on-demand" | "reserved"))
+        {
             return Err(ctx.err(
                 format!("{field}[{i}].values"),
                 format!("no valid values found in {values:?} for {key}, expected one of: [on-demand spot reserved]"),
@@ -88,7 +96,10 @@ pub fn nodepool(np: &crd::NodePool) -> Result<NodePool, ConversionError> {
             let f = format!("spec.template.spec.{fname}[{i}]");
             let core_taint = taint(&ctx, &f, t)?;
             if !seen.insert((core_taint.key.clone(), core_taint.effect)) {
-                return Err(ctx.err(f, format!("duplicate taint Key/Effect pair {}={}", core_taint.key, core_taint.effect.as_str())));
+                return Err(ctx.err(
+                    f,
+                    format!("duplicate taint Key/Effect pair {}={}", core_taint.key, core_taint.effect.as_str()),
+                ));
             }
             if fname == "taints" { taints.push(core_taint) } else { startup_taints.push(core_taint) }
         }
@@ -99,7 +110,12 @@ pub fn nodepool(np: &crd::NodePool) -> Result<NodePool, ConversionError> {
             return Err(ctx.err(format!("spec.limits.{n}"), "limits must not be negative"));
         }
     }
-    let expire_after = duration(&ctx, "spec.template.spec.expireAfter", tspec.expire_after.as_ref(), Some(nodepool::DEFAULT_EXPIRE_AFTER))?;
+    let expire_after = duration(
+        &ctx,
+        "spec.template.spec.expireAfter",
+        tspec.expire_after.as_ref(),
+        Some(nodepool::DEFAULT_EXPIRE_AFTER),
+    )?;
     let termination_grace_period = match &tspec.termination_grace_period {
         None => None,
         Some(s) => nodepool::parse_duration(s)
@@ -140,7 +156,12 @@ fn disruption(ctx: &Ctx, d: Option<&crd::nodepool::Disruption>) -> Result<Disrup
             }
         };
     }
-    out.consolidate_after = duration(ctx, "spec.disruption.consolidateAfter", d.consolidate_after.as_ref(), Some(std::time::Duration::ZERO))?;
+    out.consolidate_after = duration(
+        ctx,
+        "spec.disruption.consolidateAfter",
+        d.consolidate_after.as_ref(),
+        Some(std::time::Duration::ZERO),
+    )?;
     if let Some(budgets) = &d.budgets {
         if budgets.len() > 50 {
             return Err(ctx.err("spec.disruption.budgets", "at most 50 budgets"));
@@ -155,9 +176,9 @@ fn disruption(ctx: &Ctx, d: Option<&crd::nodepool::Disruption>) -> Result<Disrup
                     _ => return Err(ctx.err(format!("{f}.nodes"), format!("{nodes_s:?} is not a percentage 0%..100%"))),
                 }
             } else {
-                BudgetNodes::Count(
-                    nodes_s.parse().map_err(|_| ctx.err(format!("{f}.nodes"), format!("{nodes_s:?} is neither a count nor a percentage")))?,
-                )
+                BudgetNodes::Count(nodes_s.parse().map_err(|_| {
+                    ctx.err(format!("{f}.nodes"), format!("{nodes_s:?} is neither a count nor a percentage"))
+                })?)
             };
             if b.schedule.is_some() != b.duration.is_some() {
                 return Err(ctx.err(f.clone(), "schedule and duration must be set together"));
@@ -195,6 +216,10 @@ pub fn default_nodepool() -> NodePool {
     r.add(labels::OS, Requirement::is_in(["linux"]));
     r.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
     r.add(labels::INSTANCE_CATEGORY, Requirement::is_in(["c", "m", "r"]));
-    r.add(labels::INSTANCE_GENERATION, Requirement::new(labels::INSTANCE_GENERATION, Operator::Gt, &["2".to_string()]).expect("invariant: 2 is an integer"));
+    r.add(
+        labels::INSTANCE_GENERATION,
+        Requirement::new(labels::INSTANCE_GENERATION, Operator::Gt, &["2".to_string()])
+            .expect("invariant: 2 is an integer"),
+    );
     NodePool::new("default", r)
 }

@@ -12,7 +12,7 @@ use dovetail_core::requirements::Requirements;
 use dovetail_core::taints::{Effect, Toleration, TolerationOp};
 use k8s_openapi::api::core::v1 as core;
 
-use super::{label_selector, requirements, resource_list, taint, ConversionError, Ctx};
+use super::{ConversionError, Ctx, label_selector, requirements, resource_list, taint};
 
 /// The identity and metadata a pod gets (from its own metadata or a workload's).
 #[derive(Clone, Debug, Default)]
@@ -27,7 +27,11 @@ pub struct PodMeta {
     pub terminal: bool,
 }
 
-fn node_selector_term(ctx: &Ctx, field: &str, t: &core::NodeSelectorTerm) -> Result<(Requirements, bool), ConversionError> {
+fn node_selector_term(
+    ctx: &Ctx,
+    field: &str,
+    t: &core::NodeSelectorTerm,
+) -> Result<(Requirements, bool), ConversionError> {
     let exprs: Vec<_> = t
         .match_expressions
         .iter()
@@ -58,7 +62,11 @@ fn pod_affinity(
 ) -> Result<PodAffinity, ConversionError> {
     let mut out = PodAffinity::default();
     for (i, t) in required.into_iter().flatten().enumerate() {
-        out.required.push(affinity_term(ctx, &format!("{field}.requiredDuringSchedulingIgnoredDuringExecution[{i}]"), t)?);
+        out.required.push(affinity_term(
+            ctx,
+            &format!("{field}.requiredDuringSchedulingIgnoredDuringExecution[{i}]"),
+            t,
+        )?);
     }
     for (i, t) in preferred.into_iter().flatten().enumerate() {
         let f = format!("{field}.preferredDuringSchedulingIgnoredDuringExecution[{i}]");
@@ -86,7 +94,10 @@ fn toleration(ctx: &Ctx, field: &str, t: &core::Toleration) -> Result<Toleration
     let effect = match t.effect.as_deref() {
         None | Some("") => None,
         Some(e) => Some(Effect::parse(e).ok_or_else(|| {
-            ctx.err(format!("{field}.effect"), format!("unknown effect {e:?}; expected NoSchedule, PreferNoSchedule or NoExecute"))
+            ctx.err(
+                format!("{field}.effect"),
+                format!("unknown effect {e:?}; expected NoSchedule, PreferNoSchedule or NoExecute"),
+            )
         })?),
     };
     Ok(Toleration { key, op, value, effect })
@@ -101,7 +112,11 @@ fn policy(ctx: &Ctx, field: &str, v: Option<&String>) -> Result<Option<Inclusion
     }
 }
 
-fn spread(ctx: &Ctx, field: &str, t: &core::TopologySpreadConstraint) -> Result<TopologySpreadConstraint, ConversionError> {
+fn spread(
+    ctx: &Ctx,
+    field: &str,
+    t: &core::TopologySpreadConstraint,
+) -> Result<TopologySpreadConstraint, ConversionError> {
     if t.max_skew < 1 {
         return Err(ctx.err(format!("{field}.maxSkew"), format!("maxSkew must be at least 1, got {}", t.max_skew)));
     }
@@ -121,7 +136,10 @@ fn spread(ctx: &Ctx, field: &str, t: &core::TopologySpreadConstraint) -> Result<
     if let Some(m) = t.min_domains
         && (m < 1 || when != WhenUnsatisfiable::DoNotSchedule)
     {
-        return Err(ctx.err(format!("{field}.minDomains"), "minDomains must be at least 1 and needs whenUnsatisfiable: DoNotSchedule"));
+        return Err(ctx.err(
+            format!("{field}.minDomains"),
+            "minDomains must be at least 1 and needs whenUnsatisfiable: DoNotSchedule",
+        ));
     }
     Ok(TopologySpreadConstraint {
         max_skew: t.max_skew,
@@ -146,10 +164,9 @@ fn container_resources(ctx: &Ctx, field: &str, c: &core::Container) -> Result<Co
 fn host_ports(ctx: &Ctx, field: &str, c: &core::Container, out: &mut Vec<HostPort>) -> Result<(), ConversionError> {
     for (i, p) in c.ports.iter().flatten().enumerate() {
         let Some(hp) = p.host_port.filter(|hp| *hp != 0) else { continue };
-        let port = u16::try_from(hp)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| ctx.err(format!("{field}.ports[{i}].hostPort"), format!("hostPort must be in 1..65535, got {hp}")))?;
+        let port = u16::try_from(hp).ok().filter(|p| *p > 0).ok_or_else(|| {
+            ctx.err(format!("{field}.ports[{i}].hostPort"), format!("hostPort must be in 1..65535, got {hp}"))
+        })?;
         out.push(HostPort {
             ip: p.host_ip.clone().unwrap_or_default(),
             port,
@@ -272,11 +289,8 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
     if allocatable.is_empty() {
         return Err(ctx.err("status.allocatable", "a Node needs status.allocatable (cpu, memory, pods) to take pods"));
     }
-    let ready = status
-        .conditions
-        .as_ref()
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.status == "True");
+    let ready =
+        status.conditions.as_ref().and_then(|cs| cs.iter().find(|c| c.type_ == "Ready")).map(|c| c.status == "True");
     let labels: BTreeMap<String, String> = n.metadata.labels.clone().unwrap_or_default();
     let initialized = ready.unwrap_or(true) && labels.get("karpenter.sh/initialized").is_none_or(|v| v == "true");
     Ok(Node {

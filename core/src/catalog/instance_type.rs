@@ -125,11 +125,8 @@ impl InstanceType {
         settings: &NodeClassSettings,
         zones: Option<&[String]>,
     ) -> InstanceType {
-        let available_zones: Vec<&String> = info
-            .zones
-            .iter()
-            .filter(|z| zones.is_none_or(|allowed| allowed.contains(z)))
-            .collect();
+        let available_zones: Vec<&String> =
+            info.zones.iter().filter(|z| zones.is_none_or(|allowed| allowed.contains(z))).collect();
         let mut offerings = Vec::new();
         for z in &available_zones {
             let zone_id = catalog.zone_id(z).unwrap_or_default().to_string();
@@ -166,9 +163,7 @@ impl InstanceType {
         );
         r.add(
             labels::INSTANCE_CPU_SUSTAINED_CLOCK,
-            info.sustained_clock_ghz
-                .map(|g| is(&((g * 1000.0).round() as i64).to_string()))
-                .unwrap_or_else(none),
+            info.sustained_clock_ghz.map(|g| is(&((g * 1000.0).round() as i64).to_string())).unwrap_or_else(none),
         );
         r.add(labels::INSTANCE_MEMORY, is(&info.memory_mib.to_string()));
         r.add(labels::INSTANCE_EBS_BANDWIDTH, none());
@@ -187,10 +182,7 @@ impl InstanceType {
         r.add(labels::INSTANCE_FAMILY, is(family));
         r.add(labels::INSTANCE_SIZE, is(size));
         r.add(labels::INSTANCE_CAPABILITY_FLEX, is(if family.contains("-flex") { "true" } else { "false" }));
-        r.add(
-            labels::INSTANCE_LOCAL_NVME,
-            info.local_nvme_gb.map(|g| is(&g.to_string())).unwrap_or_else(none),
-        );
+        r.add(labels::INSTANCE_LOCAL_NVME, info.local_nvme_gb.map(|g| is(&g.to_string())).unwrap_or_else(none));
         match &info.gpu {
             Some(g) => {
                 r.add(labels::INSTANCE_GPU_NAME, is(&kebab(&g.name)));
@@ -225,10 +217,7 @@ impl InstanceType {
                 }
             }
         }
-        r.add(
-            labels::INSTANCE_HYPERVISOR,
-            info.hypervisor.as_deref().map(is).unwrap_or_else(none),
-        );
+        r.add(labels::INSTANCE_HYPERVISOR, info.hypervisor.as_deref().map(is).unwrap_or_else(none));
         r.add(labels::INSTANCE_ENCRYPTION_IN_TRANSIT, none());
         r.add(labels::NITRO_SANDBOX, none());
         r.add(labels::INSTANCE_TENANCY, Requirement::is_in(["default", "dedicated"]));
@@ -282,10 +271,7 @@ impl InstanceType {
 
     /// The cheapest available offering compatible with `reqs`.
     pub fn cheapest_offering(&self, reqs: &Requirements) -> Option<&Offering> {
-        self.offerings
-            .iter()
-            .filter(|o| o.available && o.compatible(reqs))
-            .min_by(|a, b| a.price.total_cmp(&b.price))
+        self.offerings.iter().filter(|o| o.available && o.compatible(reqs)).min_by(|a, b| a.price.total_cmp(&b.price))
     }
 
     /// The price of the cheapest compatible available offering, `f64::MAX` if none

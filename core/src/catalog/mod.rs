@@ -12,7 +12,7 @@ pub mod overhead;
 use serde::Deserialize;
 
 pub use instance_type::{CapacityType, InstanceType, Offering};
-pub use overhead::{KubeletConfig, NodeClassSettings, DEFAULT_VM_MEMORY_OVERHEAD_PERCENT};
+pub use overhead::{DEFAULT_VM_MEMORY_OVERHEAD_PERCENT, KubeletConfig, NodeClassSettings};
 
 /// The format tag every catalog file carries.
 pub const FORMAT: &str = "dovetail-catalog/v1";
@@ -26,7 +26,9 @@ pub enum CatalogError {
     Json(#[from] serde_json::Error),
     #[error("catalog format is {found:?}, expected {FORMAT:?}")]
     Format { found: String },
-    #[error("no catalog is built in for region {region:?} (only us-east-1); pass --catalog with a catalog for that region")]
+    #[error(
+        "no catalog is built in for region {region:?} (only us-east-1); pass --catalog with a catalog for that region"
+    )]
     UnknownRegion { region: String },
     #[error("instance type {name:?}: {reason}")]
     InstanceType { name: String, reason: String },
@@ -141,10 +143,7 @@ impl Catalog {
     /// capacity type) the type is sold in. `zones` limits the zones (a node class's subnet
     /// zones); `None` means every zone of the region.
     pub fn instance_types(&self, settings: &NodeClassSettings, zones: Option<&[String]>) -> Vec<InstanceType> {
-        self.instance_types
-            .iter()
-            .map(|info| InstanceType::resolve(info, self, settings, zones))
-            .collect()
+        self.instance_types.iter().map(|info| InstanceType::resolve(info, self, settings, zones)).collect()
     }
 }
 

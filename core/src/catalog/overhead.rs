@@ -171,7 +171,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(max_pods(&info("m5.large"), &s), 8);
-        let s = NodeClassSettings { kubelet: KubeletConfig { max_pods: Some(110), ..Default::default() }, ..Default::default() };
+        let s = NodeClassSettings {
+            kubelet: KubeletConfig { max_pods: Some(110), ..Default::default() },
+            ..Default::default()
+        };
         assert_eq!(max_pods(&info("m5.large"), &s), 110);
     }
 

@@ -106,7 +106,7 @@ fn ports_conflict(a: &[HostPort], b: &[HostPort]) -> bool {
 }
 
 /// Filters the candidates.
-pub fn filter_instance_types(input: &FilterInput<'_>) -> Result<Filtered, FilterError> {
+pub fn filter_instance_types(input: &FilterInput<'_>) -> Result<Filtered, Box<FilterError>> {
     let mut err = FilterError {
         requirements: input.requirements.to_string(),
         pod_requests: input.pod_requests.clone(),
@@ -165,7 +165,7 @@ pub fn filter_instance_types(input: &FilterInput<'_>) -> Result<Filtered, Filter
         }
     }
     if remaining.is_empty() {
-        return Err(err);
+        return Err(Box::new(err));
     }
     Ok(Filtered { types: remaining, relaxed_min_values: relaxed })
 }

@@ -155,7 +155,8 @@ impl Results {
 
     /// The number of pods placed (on new or existing capacity).
     pub fn scheduled(&self) -> usize {
-        self.claims.iter().map(|c| c.pods.len()).sum::<usize>() + self.existing.iter().map(|e| e.pods.len()).sum::<usize>()
+        self.claims.iter().map(|c| c.pods.len()).sum::<usize>()
+            + self.existing.iter().map(|e| e.pods.len()).sum::<usize>()
     }
 }
 
@@ -193,7 +194,11 @@ pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results 
 /// Karpenter's `FinalizeScheduling` + `ToNodeClaim`: drop the placeholder hostname, add the
 /// smallest daemon overhead, order types by price, truncate, and pin the instance-type and
 /// capacity-type requirements.
-fn finalize(template: &template::Template<'_>, planned: &nodes::PlannedNode, opts: &SolveOptions) -> Result<NewClaim, String> {
+fn finalize(
+    template: &template::Template<'_>,
+    planned: &nodes::PlannedNode,
+    opts: &SolveOptions,
+) -> Result<NewClaim, String> {
     let its = template.instance_types;
     let mut reqs = planned.requirements.clone();
     reqs.remove(labels::HOSTNAME);
@@ -212,7 +217,10 @@ fn finalize(template: &template::Template<'_>, planned: &nodes::PlannedNode, opt
     }
     let mut types = planned.types.clone();
     types.sort_by(|&a, &b| {
-        its[a].cheapest_price(&reqs).total_cmp(&its[b].cheapest_price(&reqs)).then_with(|| its[a].name.cmp(&its[b].name))
+        its[a]
+            .cheapest_price(&reqs)
+            .total_cmp(&its[b].cheapest_price(&reqs))
+            .then_with(|| its[a].name.cmp(&its[b].name))
     });
     types.truncate(opts.max_instance_types);
     if reqs.has_min_values() && opts.min_values_policy == MinValuesPolicy::Strict {
@@ -253,3 +261,6 @@ fn finalize(template: &template::Template<'_>, planned: &nodes::PlannedNode, opt
         launch: None,
     })
 }
+
+#[cfg(test)]
+mod tests;

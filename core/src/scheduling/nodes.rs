@@ -9,7 +9,7 @@ use crate::resources::ResourceList;
 use crate::taints::{self, Taint};
 
 use super::filter::{self, FilterInput};
-use super::template::{daemon_fits_node, Template};
+use super::template::{Template, daemon_fits_node};
 use super::topology::Topology;
 use super::view::PodData;
 
@@ -228,7 +228,15 @@ impl PlannedNode {
     }
 
     /// Places the pod (Karpenter's `NodeClaim.Add`).
-    pub fn add(&mut self, template: &Template<'_>, topo: &mut Topology<'_>, idx: usize, pod: &Pod, data: &PodData, add: Addition) {
+    pub fn add(
+        &mut self,
+        template: &Template<'_>,
+        topo: &mut Topology<'_>,
+        idx: usize,
+        pod: &Pod,
+        data: &PodData,
+        add: Addition,
+    ) {
         self.pods.push(idx);
         if add.types.len() != self.types.len() {
             self.envelope = envelope(template, &add.types);

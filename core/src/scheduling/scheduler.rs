@@ -64,10 +64,16 @@ impl<'a> Scheduler<'a> {
             .iter()
             .enumerate()
             .map(|(i, n)| {
-                ExistingNode::new(n, i, bound.get(n.name.as_str()).map(Vec::as_slice).unwrap_or(&[]), &snapshot.daemonsets)
+                ExistingNode::new(
+                    n,
+                    i,
+                    bound.get(n.name.as_str()).map(Vec::as_slice).unwrap_or(&[]),
+                    &snapshot.daemonsets,
+                )
             })
             .collect();
-        existing.sort_by(|a, b| b.node.initialized.cmp(&a.node.initialized).then_with(|| a.node.name.cmp(&b.node.name)));
+        existing
+            .sort_by(|a, b| b.node.initialized.cmp(&a.node.initialized).then_with(|| a.node.name.cmp(&b.node.name)));
 
         let remaining = templates
             .iter()
@@ -238,7 +244,16 @@ impl<'a> Scheduler<'a> {
         }
         let hostname = format!("hostname-placeholder-{:04}", self.next_hostname + 1);
         let claim = PlannedNode::new(t, template, types, hostname);
-        let add = claim.can_add(template, &self.topology, idx, &self.pods[idx], data, &view.tolerations, relax_min_values, false)?;
+        let add = claim.can_add(
+            template,
+            &self.topology,
+            idx,
+            &self.pods[idx],
+            data,
+            &view.tolerations,
+            relax_min_values,
+            false,
+        )?;
         Ok((claim, add))
     }
 

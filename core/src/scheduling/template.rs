@@ -121,7 +121,12 @@ impl<'a> Template<'a> {
 }
 
 fn prefer_no_schedule_toleration() -> Toleration {
-    Toleration { key: String::new(), op: TolerationOp::Exists, value: String::new(), effect: Some(Effect::PreferNoSchedule) }
+    Toleration {
+        key: String::new(),
+        op: TolerationOp::Exists,
+        value: String::new(),
+        effect: Some(Effect::PreferNoSchedule),
+    }
 }
 
 /// Whether a DaemonSet would run on this pool's nodes of this instance type (Karpenter's

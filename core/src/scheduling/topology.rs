@@ -68,7 +68,8 @@ impl NodeFilter {
         let affinity_ok = self.affinity_policy == InclusionPolicy::Ignore
             || self.requirements.is_empty()
             || self.requirements.iter().any(|r| reqs.is_compatible(r, false));
-        let taints_ok = self.taint_policy == InclusionPolicy::Ignore || taints::tolerates_all(taints, &self.tolerations);
+        let taints_ok =
+            self.taint_policy == InclusionPolicy::Ignore || taints::tolerates_all(taints, &self.tolerations);
         affinity_ok && taints_ok
     }
 }
@@ -156,7 +157,12 @@ impl TopologyGroup {
             .then(|| node_domains.values()[0].as_str())
     }
 
-    fn next_domain_spread<'g>(&'g self, self_selecting: bool, pod_domains: &Requirement, node_domains: &'g Requirement) -> Requirement {
+    fn next_domain_spread<'g>(
+        &'g self,
+        self_selecting: bool,
+        pod_domains: &Requirement,
+        node_domains: &'g Requirement,
+    ) -> Requirement {
         let sel = self_selecting as i64;
         let max_skew = self.id.max_skew as i64;
         if let Some(host) = self.single_host(node_domains) {
@@ -216,7 +222,12 @@ impl TopologyGroup {
         self.domains.iter().any(|(d, c)| pod_domains.has(d) && *c > 0)
     }
 
-    fn next_domain_affinity(&self, self_selecting: bool, pod_domains: &Requirement, node_domains: &Requirement) -> Requirement {
+    fn next_domain_affinity(
+        &self,
+        self_selecting: bool,
+        pod_domains: &Requirement,
+        node_domains: &Requirement,
+    ) -> Requirement {
         let mut options = Requirement::does_not_exist();
         let bootstrap = self_selecting
             && (self.domains.len() == self.empty_domains.len() || !self.any_compatible_pod_domain(pod_domains));
@@ -297,7 +308,9 @@ impl TopologyGroup {
 
 /// A pod's topology constraint that no domain can satisfy.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unsatisfiable topology constraint for {kind}, key={key} (counts = {counts}, podDomains = {pod_domains}, nodeDomains = {node_domains})")]
+#[error(
+    "unsatisfiable topology constraint for {kind}, key={key} (counts = {counts}, podDomains = {pod_domains}, nodeDomains = {node_domains})"
+)]
 pub struct TopologyError {
     pub kind: TopologyType,
     pub key: String,
@@ -524,7 +537,9 @@ impl<'a> Topology<'a> {
     fn affinity_groups(&mut self, pod: &Pod, view: &PodView) -> Vec<TopologyGroup> {
         let mut terms: Vec<(TopologyType, &PodAffinityTerm)> = Vec::new();
         let respect = self.policy == PreferencePolicy::Respect;
-        for (kind, aff) in [(TopologyType::PodAffinity, &view.affinity), (TopologyType::PodAntiAffinity, &view.anti_affinity)] {
+        for (kind, aff) in
+            [(TopologyType::PodAffinity, &view.affinity), (TopologyType::PodAntiAffinity, &view.anti_affinity)]
+        {
             terms.extend(aff.required.iter().map(|t| (kind, t)));
             if respect {
                 terms.extend(aff.preferred.iter().map(|(_, t)| (kind, t)));
@@ -626,7 +641,7 @@ impl<'a> Topology<'a> {
             let pod_domains = pod_reqs.get(key);
             let node_domains = node_reqs.get(key);
             let domains = g.next_domains(g.selects(pod), pod_domains, node_domains);
-            if domains.len() == 0 {
+            if domains.is_empty() {
                 return Err(TopologyError {
                     kind: g.id.kind,
                     key: key.to_string(),

@@ -39,7 +39,8 @@ impl PodView {
     /// Requirements on the node: selector, first required term and, unless preferences
     /// are ignored, the heaviest preferred term.
     pub fn requirements(&self, with_preferred: bool) -> Requirements {
-        let affinity = pod::NodeAffinity { required: self.required_terms.clone(), preferred: self.preferred_terms.clone() };
+        let affinity =
+            pod::NodeAffinity { required: self.required_terms.clone(), preferred: self.preferred_terms.clone() };
         pod::pod_requirements(&self.node_selector, &affinity, with_preferred)
     }
 
@@ -64,7 +65,12 @@ impl PodView {
             return Some("spec.topologySpreadConstraints (ScheduleAnyway)");
         }
         if tolerate_prefer_no_schedule {
-            let t = Toleration { key: String::new(), op: TolerationOp::Exists, value: String::new(), effect: Some(Effect::PreferNoSchedule) };
+            let t = Toleration {
+                key: String::new(),
+                op: TolerationOp::Exists,
+                value: String::new(),
+                effect: Some(Effect::PreferNoSchedule),
+            };
             if !self.tolerations.contains(&t) {
                 self.tolerations.push(t);
                 return Some("toleration for PreferNoSchedule taints");
@@ -79,7 +85,7 @@ fn remove_heaviest<T>(terms: &mut Vec<(i32, T)>) -> bool {
     if terms.is_empty() {
         return false;
     }
-    terms.sort_by(|a, b| b.0.cmp(&a.0));
+    terms.sort_by_key(|t| std::cmp::Reverse(t.0));
     terms.remove(0);
     true
 }

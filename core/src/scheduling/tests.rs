@@ -1,0 +1,165 @@
+//! Component tests of the solve through its public entry point.
+
+use std::sync::{Arc, OnceLock};
+
+use super::*;
+use crate::catalog::{Catalog, NodeClassSettings};
+use crate::labels;
+use crate::node::Node;
+use crate::pod::Pod;
+use crate::requirements::{Requirement, Requirements};
+use crate::resources::{ResourceList, ResourceName};
+
+fn m5() -> Arc<Vec<InstanceType>> {
+    static TYPES: OnceLock<Arc<Vec<InstanceType>>> = OnceLock::new();
+    TYPES
+        .get_or_init(|| {
+            let c = Catalog::embedded("us-east-1").expect("catalog");
+            Arc::new(
+                c.instance_types(&NodeClassSettings::default(), None)
+                    .into_iter()
+                    .filter(|t| t.name.starts_with("m5."))
+                    .collect(),
+            )
+        })
+        .clone()
+}
+
+fn snapshot(pools: Vec<NodePool>) -> Snapshot {
+    Snapshot {
+        nodepools: pools.into_iter().map(|pool| PoolInput { pool, instance_types: m5() }).collect(),
+        ..Default::default()
+    }
+}
+
+fn pod(name: &str, cpu: i64) -> Pod {
+    Pod::new("default", name, ResourceList::cpu_mem(cpu, 512 << 20))
+}
+
+fn zones(values: &[&str]) -> Requirements {
+    let mut r = Requirements::new();
+    r.add(labels::ZONE, Requirement::is_in(values.iter().copied()));
+    r
+}
+
+#[test]
+fn volume_topology_alternatives_are_tried_in_order() {
+    let snap = snapshot(vec![NodePool::new("default", zones(&["us-east-1a", "us-east-1b"]))]);
+    let mut p = pod("db", 500);
+    // The first alternative (a zone the pool cannot use) fails; the second is taken.
+    p.volume_requirements = vec![zones(&["us-east-1f"]), zones(&["us-east-1b"])];
+    let r = solve(&snap, &[p], &SolveOptions::default());
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.claims[0].launch.as_ref().map(|l| l.zone.as_str()), Some("us-east-1b"));
+}
+
+#[test]
+fn volume_topology_with_no_usable_alternative_is_an_error() {
+    let snap = snapshot(vec![NodePool::new("default", zones(&["us-east-1a"]))]);
+    let mut p = pod("db", 500);
+    p.volume_requirements = vec![zones(&["us-east-1f"])];
+    let r = solve(&snap, &[p], &SolveOptions::default());
+    assert_eq!(r.errors.len(), 1);
+    assert!(r.errors[0].1.contains("incompatible volume requirements"), "{}", r.errors[0].1);
+}
+
+#[test]
+fn in_flight_capacity_without_labels_is_used_through_its_requirements() {
+    let mut snap = snapshot(vec![NodePool::new("default", Requirements::new())]);
+    // A NodeClaim launched earlier: no zone label yet, but its requirements pin a zone.
+    snap.nodes.push(Node {
+        name: "default-abcde".into(),
+        labels: [(labels::NODEPOOL.to_string(), "default".to_string())].into(),
+        capacity: ResourceList::cpu_mem(4000, 16 << 30),
+        allocatable: ResourceList::from_pairs([
+            (ResourceName::Cpu, 3920),
+            (ResourceName::Memory, 14 << 30),
+            (ResourceName::Pods, 58),
+        ]),
+        initialized: false,
+        requirements: Some(zones(&["us-east-1c"])),
+        ..Default::default()
+    });
+    let mut fits = pod("fits", 1000);
+    fits.node_selector.insert(labels::ZONE.into(), "us-east-1c".into());
+    let mut elsewhere = pod("elsewhere", 1000);
+    elsewhere.node_selector.insert(labels::ZONE.into(), "us-east-1a".into());
+    let r = solve(&snap, &[fits, elsewhere], &SolveOptions::default());
+    assert_eq!(r.existing.len(), 1);
+    assert_eq!(r.existing[0].pods, vec![0]);
+    assert_eq!(r.claims.len(), 1);
+    assert_eq!(r.claims[0].pods, vec![1]);
+}
+
+#[test]
+fn a_subset_of_pools_and_pods_can_be_solved() {
+    let a = NodePool { weight: 10, ..NodePool::new("a", Requirements::new()) };
+    let b = NodePool::new("b", Requirements::new());
+    let full = snapshot(vec![a.clone(), b.clone()]);
+    let only_b = snapshot(vec![b]);
+    let pods = vec![pod("x", 500), pod("y", 500)];
+    let r = solve(&full, &pods, &SolveOptions::default());
+    assert_eq!(full.nodepools[r.claims[0].pool].pool.name, "a");
+    let r = solve(&only_b, &pods[1..], &SolveOptions::default());
+    assert_eq!(only_b.nodepools[r.claims[0].pool].pool.name, "b");
+    assert_eq!(r.claims[0].pods, vec![0]);
+}
+
+#[test]
+fn solves_are_deterministic() {
+    let snap = snapshot(vec![NodePool::new("default", Requirements::new())]);
+    let pods: Vec<Pod> = (0..50).map(|i| pod(&format!("p{i}"), 100 + (i % 7) * 150)).collect();
+    let a = solve(&snap, &pods, &SolveOptions::default());
+    let b = solve(&snap, &pods, &SolveOptions::default());
+    let key = |r: &Results| {
+        r.claims
+            .iter()
+            .map(|c| (c.pods.clone(), c.instance_types.clone(), c.launch.clone().map(|l| (l.zone, l.instance_type))))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(key(&a), key(&b));
+}
+
+#[test]
+fn claims_carry_price_ordered_candidates_and_capacity_types() {
+    let snap = snapshot(vec![NodePool::new("default", Requirements::new())]);
+    let r = solve(&snap, &[pod("p", 500)], &SolveOptions { max_instance_types: 5, ..Default::default() });
+    let c = &r.claims[0];
+    assert_eq!(c.instance_types.len(), 5);
+    let its = &snap.nodepools[0].instance_types;
+    let prices: Vec<f64> = c.instance_types.iter().map(|&t| its[t].cheapest_price(&c.requirements)).collect();
+    assert!(prices.windows(2).all(|w| w[0] <= w[1]), "{prices:?}");
+    let ct = c.requirements.get(labels::CAPACITY_TYPE);
+    assert!(ct.has("spot") && ct.has("on-demand"));
+    assert!(c.requirements.get(labels::INSTANCE_TYPE).values().len() == 5);
+    assert!(!c.requirements.has(labels::HOSTNAME), "the placeholder hostname is removed");
+}
+
+#[test]
+fn ignore_preference_policy_drops_preferred_affinity() {
+    let snap = snapshot(vec![NodePool::new("default", zones(&["us-east-1a", "us-east-1b"]))]);
+    let mut p = pod("p", 500);
+    p.node_affinity.preferred.push((50, zones(&["us-east-1b"])));
+    let respect = solve(&snap, std::slice::from_ref(&p), &SolveOptions::default());
+    assert_eq!(respect.claims[0].launch.as_ref().map(|l| l.zone.as_str()), Some("us-east-1b"));
+    let ignore =
+        solve(&snap, &[p], &SolveOptions { preference_policy: PreferencePolicy::Ignore, ..Default::default() });
+    assert!(ignore.claims[0].requirements.get(labels::ZONE).has("us-east-1a"));
+}
+
+#[test]
+fn best_effort_min_values_relaxes_and_marks_the_claim() {
+    let mut reqs = Requirements::new();
+    reqs.add(labels::INSTANCE_FAMILY, Requirement::is_in(["m5", "c5"]).with_min_values(Some(2)));
+    let snap = snapshot(vec![NodePool::new("default", reqs)]);
+    let strict = solve(&snap, &[pod("p", 500)], &SolveOptions::default());
+    assert_eq!(strict.errors.len(), 1, "only m5 types exist in this catalog slice");
+    let relaxed = solve(
+        &snap,
+        &[pod("p", 500)],
+        &SolveOptions { min_values_policy: MinValuesPolicy::BestEffort, ..Default::default() },
+    );
+    assert!(relaxed.errors.is_empty());
+    assert!(relaxed.claims[0].min_values_relaxed);
+    assert_eq!(relaxed.claims[0].requirements.get(labels::INSTANCE_FAMILY).min_values, Some(1));
+}
