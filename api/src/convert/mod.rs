@@ -1,6 +1,7 @@
 //! Conversion of Kubernetes-facing types into `dovetail-core` domain types, with errors
 //! that name the object and the field.
 
+mod nodeclaim;
 mod nodeclass;
 mod nodepool;
 mod pod;
@@ -15,6 +16,7 @@ use dovetail_core::taints::{Effect, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
+pub use nodeclaim::{node_selector_requirements, nodeclaim};
 pub use nodeclass::node_class_settings;
 pub use nodepool::{default_nodepool, nodepool};
 pub use pod::{PodMeta, node, pod_from_spec};

@@ -47,12 +47,13 @@ pub fn choose(
         .map(|o| o.price)
         .fold(f64::MAX, f64::min);
     let keep = |o: &Offering| !(mixed && !min_values && o.capacity_type == CapacityType::Spot && o.price > cheapest_od);
-    types.sort_by(|&a, &b| {
-        let pa = offerings(a).filter(|o| keep(o)).map(|o| o.price).fold(f64::MAX, f64::min);
-        let pb = offerings(b).filter(|o| keep(o)).map(|o| o.price).fold(f64::MAX, f64::min);
-        pa.total_cmp(&pb).then_with(|| its[a].name.cmp(&its[b].name))
-    });
-    types.truncate(opts.max_launch_types);
+    let mut keyed: Vec<(f64, &str, usize)> = types
+        .iter()
+        .map(|&t| (offerings(t).filter(|o| keep(o)).map(|o| o.price).fold(f64::MAX, f64::min), its[t].name.as_str(), t))
+        .collect();
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    keyed.truncate(opts.max_launch_types);
+    let types: Vec<usize> = keyed.into_iter().map(|(_, _, t)| t).collect();
     let capacity_type = if ct_req.has("spot")
         && types.iter().any(|&t| offerings(t).any(|o| o.capacity_type == CapacityType::Spot && keep(o)))
     {

@@ -127,6 +127,34 @@ pub struct NewClaim {
     pub launch: Option<Launch>,
 }
 
+impl NewClaim {
+    /// The NodeClaim spec to create for this claim (Karpenter's `ToNodeClaim`): the pool's
+    /// template with the solved requirements and requests.
+    pub fn to_spec(&self, pool: &NodePool) -> crate::nodepool::NodeClaimSpec {
+        let mut labels = pool.labels.clone();
+        labels.insert(labels::NODEPOOL.to_string(), pool.name.clone());
+        labels.insert(labels::EC2NODECLASS.to_string(), pool.node_class.name.clone());
+        let mut requirements = self.requirements.clone();
+        requirements.remove(labels::REGISTERED);
+        requirements.remove(labels::INITIALIZED);
+        let mut annotations = pool.annotations.clone();
+        annotations
+            .insert("karpenter.sh/nodeclaim-min-values-relaxed".to_string(), self.min_values_relaxed.to_string());
+        crate::nodepool::NodeClaimSpec {
+            nodepool: pool.name.clone(),
+            labels,
+            annotations,
+            taints: pool.taints.clone(),
+            startup_taints: pool.startup_taints.clone(),
+            requirements,
+            requests: self.requests.clone(),
+            node_class: pool.node_class.clone(),
+            expire_after: pool.expire_after,
+            termination_grace_period: pool.termination_grace_period,
+        }
+    }
+}
+
 /// Pods placed on an existing node.
 #[derive(Clone, Debug)]
 pub struct ExistingPlacement {
@@ -215,13 +243,10 @@ fn finalize(
     if let Some(m) = min_overhead {
         requests.add(&m);
     }
-    let mut types = planned.types.clone();
-    types.sort_by(|&a, &b| {
-        its[a]
-            .cheapest_price(&reqs)
-            .total_cmp(&its[b].cheapest_price(&reqs))
-            .then_with(|| its[a].name.cmp(&its[b].name))
-    });
+    let mut keyed: Vec<(f64, &str, usize)> =
+        planned.types.iter().map(|&t| (its[t].cheapest_price(&reqs), its[t].name.as_str(), t)).collect();
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    let mut types: Vec<usize> = keyed.into_iter().map(|(_, _, t)| t).collect();
     types.truncate(opts.max_instance_types);
     if reqs.has_min_values() && opts.min_values_policy == MinValuesPolicy::Strict {
         let unmet = unmet_min_values(its, &types, &reqs);

@@ -1,0 +1,106 @@
+//! `dovetail plan` as a user runs it: flags, stdin, catalogs and errors.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn dovetail(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dovetail");
+    if let Some(s) = stdin {
+        child.stdin.take().expect("stdin").write_all(s.as_bytes()).expect("write stdin");
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().expect("wait for dovetail")
+}
+
+const POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: default}
+spec:
+  containers: [{name: c, image: x, resources: {requests: {cpu: 500m, memory: 1Gi}}}]
+"#;
+
+#[test]
+fn plan_reads_stdin_and_prints_a_table() {
+    let out = dovetail(&["plan", "-f", "-"], Some(POD));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("NODECLAIM") && table.contains("default-00001"), "{table}");
+    assert!(table.contains("1 pending pods: 1 scheduled"), "{table}");
+}
+
+#[test]
+fn plan_json_has_the_documented_shape() {
+    let out = dovetail(&["plan", "-f", "-", "-o", "json"], Some(POD));
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let c = &v["nodeclaims"][0];
+    for k in ["name", "nodepool", "instance_type", "instance_types", "zone", "capacity_type", "price_per_hour", "pods"]
+    {
+        assert!(!c[k].is_null(), "nodeclaims[0].{k} missing: {c}");
+    }
+    for k in ["pods", "scheduled", "new_nodes", "cost_per_hour", "solve_ms"] {
+        assert!(v["summary"][k].is_number(), "summary.{k} missing");
+    }
+    assert!(v["summary"]["lower_bound_per_hour"].is_null() && v["summary"]["ratio"].is_null());
+    assert!(v["existing"].is_array() && v["unschedulable"].is_array());
+}
+
+#[test]
+fn another_region_needs_a_catalog() {
+    let out = dovetail(&["plan", "-f", "-", "--region", "eu-west-1"], Some(POD));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no catalog is built in for region \"eu-west-1\"") && err.contains("--catalog"), "{err}");
+}
+
+#[test]
+fn a_catalog_file_replaces_the_built_in_one() {
+    let catalog = r#"{"format":"dovetail-catalog/v1","region":"eu-west-1",
+      "zones":[{"name":"eu-west-1a","id":"euw1-az1"},{"name":"eu-west-1b","id":"euw1-az2"}],
+      "instance_types":[
+        {"name":"m5.large","vcpu":2,"memory_mib":8192,"arch":"amd64","enis":3,"ipv4_per_eni":10,
+         "usage_classes":["on-demand"],"zones":["eu-west-1b"],"on_demand_price":0.107},
+        {"name":"m5.xlarge","vcpu":4,"memory_mib":16384,"arch":"amd64","enis":4,"ipv4_per_eni":15,
+         "usage_classes":["on-demand"],"zones":["eu-west-1a","eu-west-1b"],"on_demand_price":0.214}]}"#;
+    let path = std::env::temp_dir().join("dovetail-cli-eu-west-1.json");
+    std::fs::write(&path, catalog).expect("write catalog");
+    let out = dovetail(
+        &["plan", "-f", "-", "-o", "json", "--region", "eu-west-1", "--catalog", path.to_str().expect("utf-8 path")],
+        Some(POD),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["nodeclaims"][0]["instance_type"], "m5.large");
+    assert_eq!(v["nodeclaims"][0]["zone"], "eu-west-1b");
+
+    std::fs::write(&path, "{not json").expect("write catalog");
+    let out = dovetail(&["plan", "-f", "-", "--catalog", path.to_str().expect("utf-8 path")], Some(POD));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("parsing catalog JSON"));
+}
+
+#[test]
+fn a_missing_file_is_an_error_not_a_panic() {
+    let out = dovetail(&["plan", "-f", "/nonexistent/cluster.yaml"], None);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: reading /nonexistent/cluster.yaml"), "{err}");
+}
+
+#[test]
+fn the_shipped_example_plans_cleanly() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/web.yaml");
+    let out = dovetail(&["plan", "-f", example, "-o", "json"], None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "no warnings: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["summary"]["pods"], 17);
+    assert_eq!(v["summary"]["scheduled"], 17);
+}
