@@ -1,6 +1,7 @@
 //! The `dovetail` binary: the only composition root. It parses flags, reads files and the
 //! clock, and wires the library crates together.
 
+mod bench_input;
 mod plan;
 
 use std::process::ExitCode;
@@ -19,11 +20,14 @@ struct Cli {
 enum Command {
     /// Plans capacity for the pods in Kubernetes YAML (offline what-if).
     Plan(plan::PlanArgs),
+    /// Writes a benchmark workload (or a trace) as plan YAML.
+    BenchInput(bench_input::BenchInputArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Plan(args) => plan::run(&args),
+        Command::BenchInput(args) => bench_input::run(&args),
     }
 }

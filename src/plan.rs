@@ -21,6 +21,15 @@ pub enum Output {
     Json,
 }
 
+/// Placement policies.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum PackerArg {
+    /// Equivalence classes, LP-guided instance types, right-sizing (the default).
+    Dovetail,
+    /// Karpenter's per-pod greedy, for comparison.
+    Karpenter,
+}
+
 /// Flags of `dovetail plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
@@ -36,6 +45,9 @@ pub struct PlanArgs {
     /// A catalog file (docs/catalog.md) to use instead of the built-in one.
     #[arg(long)]
     pub catalog: Option<String>,
+    /// The placement policy.
+    #[arg(long, value_enum, default_value = "dovetail")]
+    pub packer: PackerArg,
 }
 
 /// One planned NodeClaim, as `--output json` prints it.
@@ -80,6 +92,8 @@ pub struct Summary {
     pub lower_bound_per_hour: Option<f64>,
     pub ratio: Option<f64>,
     pub solve_ms: f64,
+    /// Time to compute the lower bound.
+    pub lb_ms: f64,
 }
 
 /// The whole plan.
@@ -188,10 +202,27 @@ fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>)> {
     let mut warnings = manifest.warnings.clone();
     let snap = snapshot(&manifest, &catalog, &mut warnings);
     let start = Instant::now();
-    let results = scheduling::solve(&snap, &manifest.pending, &SolveOptions::default());
+    let opts = SolveOptions {
+        packer: match args.packer {
+            PackerArg::Dovetail => scheduling::Packer::Dovetail,
+            PackerArg::Karpenter => scheduling::Packer::Karpenter,
+        },
+        ..SolveOptions::default()
+    };
+    let results = scheduling::solve(&snap, &manifest.pending, &opts);
     let solve_ms = start.elapsed().as_secs_f64() * 1000.0;
     warnings.extend(results.warnings.iter().cloned());
-    Ok((render(&snap, &manifest.pending, &results, solve_ms), warnings))
+    let mut out = render(&snap, &manifest.pending, &results, solve_ms);
+    let start = Instant::now();
+    let on_new: Vec<usize> = results.claims.iter().flat_map(|c| c.pods.iter().copied()).collect();
+    let lb = scheduling::lower_bound(&snap, &manifest.pending, &on_new);
+    out.summary.lb_ms = start.elapsed().as_secs_f64() * 1000.0;
+    out.summary.lower_bound_per_hour = Some(lb.value);
+    let cheapest_used = out.nodeclaims.iter().map(|c| c.price_per_hour).fold(f64::INFINITY, f64::min);
+    if lb.value > 0.0 && cheapest_used.is_finite() && lb.value >= 10.0 * cheapest_used {
+        out.summary.ratio = Some(out.summary.cost_per_hour / lb.value);
+    }
+    Ok((out, warnings))
 }
 
 /// Turns results into the output shape.
@@ -250,6 +281,7 @@ pub fn render(snap: &Snapshot, pods: &[Pod], results: &Results, solve_ms: f64) -
             lower_bound_per_hour: None,
             ratio: None,
             solve_ms,
+            lb_ms: 0.0,
         },
         nodeclaims,
         existing,
@@ -322,6 +354,13 @@ pub fn table(out: &PlanOut) -> String {
         s.push('\n');
     }
     let sm = &out.summary;
+    if let Some(lb) = sm.lower_bound_per_hour {
+        s.push_str(&format!(
+            "lower bound ${lb:.4}/hour ({:.1} ms); cost/bound {}\n",
+            sm.lb_ms,
+            sm.ratio.map_or("n/a (bound below 10 cheapest nodes)".to_string(), |r| format!("{r:.3}"))
+        ));
+    }
     s.push_str(&format!(
         "{} pending pods: {} scheduled ({} on {} new nodes, {} on existing nodes), {} unschedulable; ${:.4}/hour; solve {:.1} ms\n",
         sm.pods,

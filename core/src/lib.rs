@@ -8,7 +8,8 @@
 //! - [`labels`], [`requirements`], [`taints`]: the label and requirement algebra.
 //! - [`pod`], [`node`], [`nodepool`]: the objects the scheduler reasons about.
 //! - [`catalog`]: EC2 instance types, offerings, prices and Karpenter's overhead model.
-//! - [`scheduling`]: the provisioning simulation at Karpenter parity.
+//! - [`scheduling`]: the provisioning simulation at Karpenter parity, and the cost lower bound.
+//! - [`workload`]: the benchmark workloads, generated from a seed.
 
 pub mod catalog;
 pub mod labels;
@@ -20,3 +21,4 @@ pub mod requirements;
 pub mod resources;
 pub mod scheduling;
 pub mod taints;
+pub mod workload;

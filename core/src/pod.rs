@@ -29,7 +29,7 @@ impl fmt::Display for PodKey {
 
 /// Required and preferred node affinity. Each term is the intersection of its
 /// `matchExpressions`; required terms are ORed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct NodeAffinity {
     pub required: Vec<Requirements>,
     pub preferred: Vec<(i32, Requirements)>,
@@ -47,7 +47,7 @@ pub struct PodAffinityTerm {
 }
 
 /// Required and preferred terms of pod affinity or of pod anti-affinity.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PodAffinity {
     pub required: Vec<PodAffinityTerm>,
     pub preferred: Vec<(i32, PodAffinityTerm)>,

@@ -217,6 +217,15 @@ impl ResourceList {
         self.entries.iter().all(|(n, v)| *v <= total.get(n))
     }
 
+    /// Whether `self + extra` fits into `total`, without building the sum.
+    pub fn fits_in_with(&self, extra: &ResourceList, total: &ResourceList) -> bool {
+        if total.entries.iter().any(|(_, v)| *v < 0) {
+            return false;
+        }
+        self.entries.iter().all(|(n, v)| v.saturating_add(extra.get(n)) <= total.get(n))
+            && extra.entries.iter().all(|(n, v)| self.contains(n) || *v <= total.get(n))
+    }
+
     /// The names whose request exceeds `total`, for error messages.
     pub fn exceeding(&self, total: &ResourceList) -> Vec<ResourceName> {
         self.entries.iter().filter(|(n, v)| *v > total.get(n)).map(|(n, _)| n.clone()).collect()

@@ -50,6 +50,8 @@ impl fmt::Display for CapacityType {
 pub struct Offering {
     pub zone: String,
     pub zone_id: String,
+    /// The zone's position in the catalog (for fast filtering).
+    pub zone_index: u8,
     pub capacity_type: CapacityType,
     /// $/hour.
     pub price: f64,
@@ -64,6 +66,56 @@ impl Offering {
         reqs.get(labels::ZONE).has(&self.zone)
             && reqs.get(labels::CAPACITY_TYPE).has(self.capacity_type.as_str())
             && reqs.get(labels::ZONE_ID).has(&self.zone_id)
+    }
+}
+
+/// The offering-relevant part of some requirements (zone, zone id, capacity type),
+/// extracted once so that checking many offerings does not look the keys up each time.
+#[derive(Clone, Debug)]
+pub struct OfferingFilter<'r> {
+    zone: &'r Requirement,
+    zone_id: &'r Requirement,
+    /// Accepted capacity types: spot, on-demand, reserved.
+    capacity_types: [bool; 3],
+    /// Per zone index, two bits: known, accepted.
+    zones: std::cell::Cell<u64>,
+}
+
+impl<'r> OfferingFilter<'r> {
+    /// The filter of `reqs`.
+    pub fn new(reqs: &'r Requirements) -> Self {
+        let ct = reqs.get(labels::CAPACITY_TYPE);
+        OfferingFilter {
+            zone: reqs.get(labels::ZONE),
+            zone_id: reqs.get(labels::ZONE_ID),
+            capacity_types: [ct.has("spot"), ct.has("on-demand"), ct.has("reserved")],
+            zones: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Whether the offering is available and compatible.
+    pub fn accepts(&self, o: &Offering) -> bool {
+        if !o.available {
+            return false;
+        }
+        let ct = match o.capacity_type {
+            CapacityType::Spot => 0,
+            CapacityType::OnDemand => 1,
+            CapacityType::Reserved => 2,
+        };
+        if !self.capacity_types[ct] {
+            return false;
+        }
+        let i = u64::from(o.zone_index.min(31)) * 2;
+        let bits = self.zones.get();
+        if bits >> i & 1 == 1 {
+            return bits >> (i + 1) & 1 == 1;
+        }
+        let ok = self.zone.has(&o.zone) && self.zone_id.has(&o.zone_id);
+        if o.zone_index < 32 {
+            self.zones.set(bits | 1 << i | u64::from(ok) << (i + 1));
+        }
+        ok
     }
 }
 
@@ -130,6 +182,7 @@ impl InstanceType {
         let mut offerings = Vec::new();
         for z in &available_zones {
             let zone_id = catalog.zone_id(z).unwrap_or_default().to_string();
+            let zone_index = catalog.zones.iter().position(|c| &c.name == *z).unwrap_or(u8::MAX as usize).min(u8::MAX as usize) as u8;
             for (ct, price) in [(CapacityType::Spot, info.spot_price), (CapacityType::OnDemand, info.on_demand_price)] {
                 if !info.usage_classes.iter().any(|u| u == ct.as_str()) {
                     continue;
@@ -137,6 +190,7 @@ impl InstanceType {
                 offerings.push(Offering {
                     zone: (*z).clone(),
                     zone_id: zone_id.clone(),
+                    zone_index,
                     capacity_type: ct,
                     price: price.unwrap_or(f64::MAX),
                     available: price.is_some(),
@@ -266,7 +320,13 @@ impl InstanceType {
 
     /// Whether any offering is available and compatible with `reqs`.
     pub fn has_compatible_offering(&self, reqs: &Requirements) -> bool {
-        self.offerings.iter().any(|o| o.available && o.compatible(reqs))
+        let f = OfferingFilter::new(reqs);
+        self.offerings.iter().any(|o| f.accepts(o))
+    }
+
+    /// The price of the cheapest offering the filter accepts, `f64::MAX` if none.
+    pub fn cheapest_price_with(&self, f: &OfferingFilter<'_>) -> f64 {
+        self.offerings.iter().filter(|o| f.accepts(o)).map(|o| o.price).fold(f64::MAX, f64::min)
     }
 
     /// The cheapest available offering compatible with `reqs`.

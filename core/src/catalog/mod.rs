@@ -11,7 +11,7 @@ pub mod overhead;
 
 use serde::Deserialize;
 
-pub use instance_type::{CapacityType, InstanceType, Offering};
+pub use instance_type::{CapacityType, InstanceType, Offering, OfferingFilter};
 pub use overhead::{DEFAULT_VM_MEMORY_OVERHEAD_PERCENT, KubeletConfig, NodeClassSettings};
 
 /// The format tag every catalog file carries.

@@ -134,12 +134,13 @@ pub fn filter_instance_types(input: &FilterInput<'_>) -> Result<Filtered, Box<Fi
         }
     }
     let mut remaining = Vec::new();
+    let offering_filter = crate::catalog::OfferingFilter::new(input.requirements);
     for &t in input.candidates {
         let Some(g) = input.group_of.get(t).copied().flatten() else { continue };
         let Some(total) = &group_totals[g] else { continue };
         let it = &input.instance_types[t];
         let compat = it.requirements.intersects_ok(input.requirements);
-        let has_offering = it.has_compatible_offering(input.requirements);
+        let has_offering = it.offerings.iter().any(|o| offering_filter.accepts(o));
         let fits = has_offering && total.fits_in(&it.allocatable);
         err.requirements_met |= compat;
         err.fits |= fits;

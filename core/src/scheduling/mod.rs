@@ -11,9 +11,12 @@
 //! `docs/scheduling.md`); where Karpenter is non-deterministic (Go map order, unstable sorts)
 //! dovetail breaks ties by name.
 
+mod bound;
 mod filter;
 mod launch;
+mod classes;
 mod nodes;
+mod packer;
 mod scheduler;
 mod template;
 mod topology;
@@ -30,7 +33,9 @@ use crate::pod::Pod;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::ResourceList;
 
+pub use bound::{lower_bound, LowerBound};
 pub use filter::unmet_min_values;
+pub use scheduler::{Placement, Target};
 pub use topology::{TopologyError, TopologyType};
 
 /// Karpenter's `PREFERENCE_POLICY`.
@@ -53,9 +58,20 @@ pub enum MinValuesPolicy {
     BestEffort,
 }
 
+/// Which placement policy a solve uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Packer {
+    /// Karpenter's per-pod greedy, for parity and comparison.
+    Karpenter,
+    /// Equivalence classes, LP-guided instance types, right-sizing.
+    #[default]
+    Dovetail,
+}
+
 /// Options of one solve.
 #[derive(Clone, Debug)]
 pub struct SolveOptions {
+    pub packer: Packer,
     pub preference_policy: PreferencePolicy,
     pub min_values_policy: MinValuesPolicy,
     /// Instance types kept per NodeClaim (Karpenter: 600).
@@ -67,6 +83,7 @@ pub struct SolveOptions {
 impl Default for SolveOptions {
     fn default() -> Self {
         SolveOptions {
+            packer: Packer::default(),
             preference_policy: PreferencePolicy::Respect,
             min_values_policy: MinValuesPolicy::Strict,
             max_instance_types: 600,
@@ -117,7 +134,9 @@ pub struct NewClaim {
     /// Indices into the pool's instance types, cheapest first, at most
     /// `max_instance_types`.
     pub instance_types: Vec<usize>,
-    /// Final requirements, with `instance-type In [...]` and `capacity-type In [...]`.
+    /// Final requirements, with `capacity-type In [...]`; the `instance-type In [...]`
+    /// requirement is `instance_types` (see [`NewClaim::full_requirements`]), kept apart so
+    /// thousands of claims do not each hold hundreds of type names.
     pub requirements: Requirements,
     /// Pod requests plus the smallest DaemonSet overhead among its types.
     pub requests: ResourceList,
@@ -128,13 +147,26 @@ pub struct NewClaim {
 }
 
 impl NewClaim {
+    /// The requirements with `node.kubernetes.io/instance-type In [candidates]`, as the
+    /// NodeClaim carries them. `its` are the pool's instance types.
+    pub fn full_requirements(&self, its: &[InstanceType]) -> Requirements {
+        let mut reqs = self.requirements.clone();
+        let min_values = reqs.get(labels::INSTANCE_TYPE).min_values;
+        reqs.add(
+            labels::INSTANCE_TYPE,
+            Requirement::is_in(self.instance_types.iter().map(|&t| its[t].name.as_str())).with_min_values(min_values),
+        );
+        reqs
+    }
+
     /// The NodeClaim spec to create for this claim (Karpenter's `ToNodeClaim`): the pool's
     /// template with the solved requirements and requests.
-    pub fn to_spec(&self, pool: &NodePool) -> crate::nodepool::NodeClaimSpec {
+    pub fn to_spec(&self, input: &PoolInput) -> crate::nodepool::NodeClaimSpec {
+        let pool = &input.pool;
         let mut labels = pool.labels.clone();
         labels.insert(labels::NODEPOOL.to_string(), pool.name.clone());
         labels.insert(labels::EC2NODECLASS.to_string(), pool.node_class.name.clone());
-        let mut requirements = self.requirements.clone();
+        let mut requirements = self.full_requirements(&input.instance_types);
         requirements.remove(labels::REGISTERED);
         requirements.remove(labels::INITIALIZED);
         let mut annotations = pool.annotations.clone();
@@ -173,6 +205,9 @@ pub struct Results {
     pub errors: Vec<(usize, String)>,
     /// NodePools that could not take part, and why.
     pub warnings: Vec<String>,
+    /// Every placement in the order the solve made it; `Target::Planned` holds an index into
+    /// `claims`.
+    pub order: Vec<Placement>,
 }
 
 impl Results {
@@ -191,14 +226,29 @@ impl Results {
 /// Runs the Karpenter-parity provisioning simulation of `pods` against `snapshot`.
 pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results {
     let mut s = scheduler::Scheduler::new(snapshot, pods, opts);
-    let mut errors = s.solve();
+    let mut errors = match opts.packer {
+        Packer::Karpenter => s.solve(),
+        Packer::Dovetail => s.solve_dovetail(),
+    };
     let mut claims = Vec::new();
+    let mut claim_of: BTreeMap<usize, usize> = BTreeMap::new();
     let mut zone_use: BTreeMap<String, usize> = BTreeMap::new();
+    let mut cache = launch::Cache::default();
     for planned in &s.planned {
+        if planned.pods.is_empty() {
+            continue;
+        }
         let template = &s.templates[planned.template];
-        match finalize(template, planned, opts) {
+        let finalized = if planned.right_size {
+            right_size(template, planned, s.remaining_limit_types(planned), opts.max_instance_types, &mut cache)
+                .and_then(|types| finalize(template, planned, types, true, opts))
+        } else {
+            finalize(template, planned, planned.types.clone(), false, opts)
+        };
+        match finalized {
             Ok(mut claim) => {
-                claim.launch = launch::choose(template.instance_types, &claim, opts, &mut zone_use);
+                claim.launch = cache.choose(template.instance_types, &claim, opts, &mut zone_use);
+                claim_of.insert(planned.id, claims.len());
                 claims.push(claim);
             }
             Err(e) => {
@@ -216,7 +266,53 @@ pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results 
         .collect();
     let mut errors: Vec<(usize, String)> = errors.into_iter().collect();
     errors.sort_by_key(|(i, _)| *i);
-    Results { claims, existing, errors, warnings: std::mem::take(&mut s.warnings) }
+    let order = s
+        .order
+        .iter()
+        .filter_map(|p| match p.target {
+            Target::Existing(_) => Some(p.clone()),
+            Target::Planned(id) => claim_of.get(&id).map(|&c| Placement { target: Target::Planned(c), ..p.clone() }),
+        })
+        .collect();
+    Results { claims, existing, errors, warnings: std::mem::take(&mut s.warnings), order }
+}
+
+/// The candidate types of a right-sized claim, cheapest first: every type of the pool
+/// that meets its final requirements, has an offering they allow, and fits its pods with
+/// its DaemonSets (no host port conflict), within what the claim reserved of the pool's
+/// limits; at most `max` of them.
+fn right_size(
+    template: &template::Template<'_>,
+    planned: &nodes::PlannedNode,
+    limit_cap: Option<ResourceList>,
+    max: usize,
+    cache: &mut launch::Cache,
+) -> Result<Vec<usize>, String> {
+    let its = template.instance_types;
+    let mut reqs = planned.requirements.clone();
+    reqs.remove(labels::HOSTNAME);
+    let by_price = cache.by_price(template, planned.template, reqs);
+    let ports_ok: Vec<bool> = template
+        .daemon_groups
+        .iter()
+        .map(|g| !planned.pod_ports.iter().any(|p| g.host_ports.iter().any(|q| p.conflicts(q))))
+        .collect();
+    let mut types: Vec<usize> = by_price
+        .iter()
+        .copied()
+        .filter(|&t| {
+            let it = &its[t];
+            let Some(g) = template.group_of[t] else { return false };
+            ports_ok[g]
+                && planned.requests.fits_in_with(&template.daemon_groups[g].overhead, &it.allocatable)
+                && limit_cap.as_ref().is_none_or(|cap| cap.iter().all(|(n, v)| it.capacity.get(n) <= v))
+        })
+        .take(max)
+        .collect();
+    if types.is_empty() {
+        types = planned.types.clone();
+    }
+    Ok(types)
 }
 
 /// Karpenter's `FinalizeScheduling` + `ToNodeClaim`: drop the placeholder hostname, add the
@@ -225,6 +321,8 @@ pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results 
 fn finalize(
     template: &template::Template<'_>,
     planned: &nodes::PlannedNode,
+    types: Vec<usize>,
+    presorted: bool,
     opts: &SolveOptions,
 ) -> Result<NewClaim, String> {
     let its = template.instance_types;
@@ -232,7 +330,7 @@ fn finalize(
     reqs.remove(labels::HOSTNAME);
     let mut min_overhead: Option<ResourceList> = None;
     for g in &template.daemon_groups {
-        if g.types.iter().any(|t| planned.types.contains(t)) && !g.overhead.is_empty() {
+        if g.types.iter().any(|t| types.contains(t)) && !g.overhead.is_empty() {
             min_overhead = Some(match min_overhead {
                 None => g.overhead.clone(),
                 Some(m) => m.min_with(&g.overhead),
@@ -243,10 +341,14 @@ fn finalize(
     if let Some(m) = min_overhead {
         requests.add(&m);
     }
-    let mut keyed: Vec<(f64, &str, usize)> =
-        planned.types.iter().map(|&t| (its[t].cheapest_price(&reqs), its[t].name.as_str(), t)).collect();
-    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-    let mut types: Vec<usize> = keyed.into_iter().map(|(_, _, t)| t).collect();
+    let mut types = types;
+    if !presorted {
+        let offering_filter = crate::catalog::OfferingFilter::new(&reqs);
+        let mut keyed: Vec<(f64, &str, usize)> =
+            types.iter().map(|&t| (its[t].cheapest_price_with(&offering_filter), its[t].name.as_str(), t)).collect();
+        keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        types = keyed.into_iter().map(|(_, _, t)| t).collect();
+    }
     types.truncate(opts.max_instance_types);
     if reqs.has_min_values() && opts.min_values_policy == MinValuesPolicy::Strict {
         let unmet = unmet_min_values(its, &types, &reqs);
@@ -260,15 +362,11 @@ fn finalize(
             ));
         }
     }
-    let it_min = reqs.get(labels::INSTANCE_TYPE).min_values;
-    reqs.add(
-        labels::INSTANCE_TYPE,
-        Requirement::is_in(types.iter().map(|&t| its[t].name.as_str())).with_min_values(it_min),
-    );
     let mut cts: Vec<&str> = Vec::new();
+    let offering_filter = crate::catalog::OfferingFilter::new(&reqs);
     for &t in &types {
         for o in &its[t].offerings {
-            if o.available && o.compatible(&reqs) && !cts.contains(&o.capacity_type.as_str()) {
+            if offering_filter.accepts(o) && !cts.contains(&o.capacity_type.as_str()) {
                 cts.push(o.capacity_type.as_str());
             }
         }

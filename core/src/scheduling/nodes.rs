@@ -131,6 +131,8 @@ pub fn try_volume_alternatives(
 /// A NodeClaim planned in this solve.
 #[derive(Clone, Debug)]
 pub struct PlannedNode {
+    /// Unique within a solve.
+    pub id: usize,
     /// Index of its template.
     pub template: usize,
     /// `hostname-placeholder-NNNN`: its hostname domain for topology.
@@ -143,6 +145,9 @@ pub struct PlannedNode {
     pub pods: Vec<usize>,
     pub pod_ports: Vec<HostPort>,
     pub min_values_relaxed: bool,
+    /// Candidate types are re-derived from the final contents (the dovetail packer opens
+    /// claims for one type and lets them launch as the cheapest type that fits).
+    pub right_size: bool,
     /// Largest allocatable per resource over `types` minus the smallest daemon overhead:
     /// a quick necessary condition before the exact per-type check.
     envelope: ResourceList,
@@ -156,12 +161,15 @@ pub struct Addition {
 }
 
 impl PlannedNode {
-    /// An empty claim of a template, limited to `types`.
-    pub fn new(template_index: usize, template: &Template<'_>, types: Vec<usize>, hostname: String) -> Self {
+    /// An empty claim of a template, limited to `types`; its placeholder hostname derives
+    /// from `id`.
+    pub fn new(template_index: usize, template: &Template<'_>, types: Vec<usize>, id: usize) -> Self {
+        let hostname = format!("hostname-placeholder-{id:04}");
         let mut requirements = template.requirements.clone();
         requirements.add(labels::HOSTNAME, Requirement::is_in([hostname.as_str()]));
         let envelope = envelope(template, &types);
         PlannedNode {
+            id,
             template: template_index,
             hostname,
             requirements,
@@ -170,6 +178,7 @@ impl PlannedNode {
             pods: Vec::new(),
             pod_ports: Vec::new(),
             min_values_relaxed: false,
+            right_size: false,
             envelope,
         }
     }

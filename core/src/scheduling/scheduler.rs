@@ -15,6 +15,30 @@ use super::topology::Topology;
 use super::view::{PodData, PodView};
 use super::{MinValuesPolicy, PreferencePolicy, Snapshot, SolveOptions};
 
+/// Where a pod was placed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Index into the snapshot's nodes.
+    Existing(usize),
+    /// A planned NodeClaim, by its id.
+    Planned(usize),
+}
+
+/// One placement, in the order the solve made it, with the zone the node was known to be in
+/// at that moment (`None` when its zone was still open).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub pod: usize,
+    pub target: Target,
+    pub zone: Option<String>,
+}
+
+/// The single zone a set of requirements pins, if any.
+pub fn pinned_zone(reqs: &crate::requirements::Requirements) -> Option<String> {
+    let z = reqs.get(labels::ZONE);
+    (reqs.has(labels::ZONE) && !z.is_complement() && z.values().len() == 1).then(|| z.values()[0].clone())
+}
+
 /// The state of one solve.
 pub struct Scheduler<'a> {
     pub pods: &'a [Pod],
@@ -26,8 +50,10 @@ pub struct Scheduler<'a> {
     pub remaining: Vec<Option<ResourceList>>,
     pub topology: Topology<'a>,
     pub warnings: Vec<String>,
-    tolerate_prefer_no_schedule: bool,
-    next_hostname: usize,
+    /// Every placement, in order.
+    pub order: Vec<Placement>,
+    pub(super) tolerate_prefer_no_schedule: bool,
+    pub(super) next_hostname: usize,
 }
 
 impl<'a> Scheduler<'a> {
@@ -109,13 +135,22 @@ impl<'a> Scheduler<'a> {
             remaining,
             topology,
             warnings,
+            order: Vec::new(),
             tolerate_prefer_no_schedule,
             next_hostname: 0,
         }
     }
 
-    /// Runs the solve; returns the error of every pod that could not be placed.
+    /// Runs the parity solve; returns the error of every pod that could not be placed.
     pub fn solve(&mut self) -> HashMap<usize, String> {
+        let (mut errors, queue) = self.validate_pods();
+        errors.extend(self.run_queue(queue));
+        errors
+    }
+
+    /// Splits the pods into those Karpenter ignores (with the reason) and the rest, in
+    /// Karpenter's queue order: CPU, then memory descending, then creation, then name.
+    pub fn validate_pods(&self) -> (HashMap<usize, String>, Vec<usize>) {
         let mut errors: HashMap<usize, String> = HashMap::new();
         let mut queue: Vec<usize> = Vec::new();
         for (i, p) in self.pods.iter().enumerate() {
@@ -126,16 +161,22 @@ impl<'a> Scheduler<'a> {
                 }
             }
         }
-        let data: Vec<PodData> =
-            self.pods.iter().map(|p| PodData::new(p, &PodView::new(p), self.opts.preference_policy)).collect();
+        let pods = self.pods;
         queue.sort_by(|&a, &b| {
-            let (ra, rb) = (&data[a].requests, &data[b].requests);
+            let (ra, rb) = (&pods[a].requests, &pods[b].requests);
             rb.get(&ResourceName::Cpu)
                 .cmp(&ra.get(&ResourceName::Cpu))
                 .then_with(|| rb.get(&ResourceName::Memory).cmp(&ra.get(&ResourceName::Memory)))
-                .then_with(|| self.pods[a].creation.cmp(&self.pods[b].creation))
-                .then_with(|| self.pods[a].key.cmp(&self.pods[b].key))
+                .then_with(|| pods[a].creation.cmp(&pods[b].creation))
+                .then_with(|| pods[a].key.cmp(&pods[b].key))
         });
+        (errors, queue)
+    }
+
+    /// Karpenter's loop over a queue: each pod is tried (relaxing preferences on failure)
+    /// and requeued until a whole pass makes no progress.
+    pub fn run_queue(&mut self, queue: Vec<usize>) -> HashMap<usize, String> {
+        let mut errors: HashMap<usize, String> = HashMap::new();
         let mut queue: VecDeque<usize> = queue.into();
         let mut last_len: HashMap<usize, usize> = HashMap::new();
         while let Some(&idx) = queue.front() {
@@ -159,7 +200,7 @@ impl<'a> Scheduler<'a> {
         errors
     }
 
-    fn try_schedule(&mut self, idx: usize) -> Result<(), String> {
+    pub(super) fn try_schedule(&mut self, idx: usize) -> Result<(), String> {
         let pod = &self.pods[idx];
         let mut view = PodView::new(pod);
         loop {
@@ -181,7 +222,7 @@ impl<'a> Scheduler<'a> {
         // (a) existing nodes, in order.
         for n in 0..self.existing.len() {
             if let Ok(reqs) = self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations) {
-                self.existing[n].add(&mut self.topology, idx, pod, data, reqs);
+                self.place_existing(n, idx, data, reqs);
                 return Ok(());
             }
         }
@@ -194,8 +235,7 @@ impl<'a> Scheduler<'a> {
             if let Ok(add) =
                 claim.can_add(template, &self.topology, idx, pod, data, &view.tolerations, relax_min_values, true)
             {
-                let claim = &mut self.planned[c];
-                claim.add(&self.templates[claim.template], &mut self.topology, idx, pod, data, add);
+                self.place_planned(c, idx, data, add);
                 return Ok(());
             }
         }
@@ -207,17 +247,32 @@ impl<'a> Scheduler<'a> {
         for t in 0..self.templates.len() {
             match self.try_new_claim(t, idx, view, data, relax_min_values) {
                 Ok((claim, add)) => {
-                    let mut claim = claim;
-                    claim.add(&self.templates[t], &mut self.topology, idx, pod, data, add);
-                    self.subtract_limits(t, &claim);
                     self.planned.push(claim);
                     self.next_hostname += 1;
+                    let c = self.planned.len() - 1;
+                    self.place_planned(c, idx, data, add);
+                    let claim = self.planned[c].clone();
+                    self.subtract_limits(t, &claim);
                     return Ok(());
                 }
                 Err(e) => errs.push(format!("nodepool {:?}: {e}", self.templates[t].pool.name)),
             }
         }
         Err(errs.join("; "))
+    }
+
+    /// Places a pod on an existing node and records it.
+    pub(super) fn place_existing(&mut self, n: usize, idx: usize, data: &PodData, reqs: crate::requirements::Requirements) {
+        let zone = pinned_zone(&reqs);
+        self.existing[n].add(&mut self.topology, idx, &self.pods[idx], data, reqs);
+        self.order.push(Placement { pod: idx, target: Target::Existing(self.existing[n].index), zone });
+    }
+
+    /// Places a pod on a planned NodeClaim and records it.
+    pub(super) fn place_planned(&mut self, c: usize, idx: usize, data: &PodData, add: Addition) {
+        let claim = &mut self.planned[c];
+        claim.add(&self.templates[claim.template], &mut self.topology, idx, &self.pods[idx], data, add);
+        self.order.push(Placement { pod: idx, target: Target::Planned(claim.id), zone: pinned_zone(&claim.requirements) });
     }
 
     fn try_new_claim(
@@ -242,8 +297,7 @@ impl<'a> Scheduler<'a> {
                 return Err("all available instance types exceed limits for nodepool".into());
             }
         }
-        let hostname = format!("hostname-placeholder-{:04}", self.next_hostname + 1);
-        let claim = PlannedNode::new(t, template, types, hostname);
+        let claim = self.new_planned(t, types);
         let add = claim.can_add(
             template,
             &self.topology,
@@ -257,10 +311,32 @@ impl<'a> Scheduler<'a> {
         Ok((claim, add))
     }
 
+    /// For a pool with limits, the capacity a planned claim reserved (of the resources the
+    /// limits name): its candidates may not exceed it.
+    pub fn remaining_limit_types(&self, planned: &PlannedNode) -> Option<ResourceList> {
+        let template = &self.templates[planned.template];
+        if template.pool.limits.is_empty() {
+            return None;
+        }
+        let mut cap = ResourceList::new();
+        for &t in &planned.types {
+            cap = cap.max_with(&template.instance_types[t].capacity);
+        }
+        Some(ResourceList::from_pairs(
+            template.pool.limits.iter().filter(|(n, _)| **n != ResourceName::Nodes).map(|(n, _)| (n.clone(), cap.get(n))),
+        ))
+    }
+
+    /// An empty NodeClaim of template `t` limited to `types`, with the next id.
+    pub(super) fn new_planned(&self, t: usize, types: Vec<usize>) -> PlannedNode {
+        let id = self.next_hostname + 1;
+        PlannedNode::new(t, &self.templates[t], types, id)
+    }
+
     /// Karpenter's `subtractMax`: a new claim consumes, from the pool's remaining limits, the
     /// largest capacity among its candidate types (it may launch as any of them); and one
     /// node.
-    fn subtract_limits(&mut self, t: usize, claim: &PlannedNode) {
+    pub(super) fn subtract_limits(&mut self, t: usize, claim: &PlannedNode) {
         let Some(remaining) = &mut self.remaining[t] else { return };
         let mut max = ResourceList::new();
         for &i in &claim.types {

@@ -131,7 +131,7 @@ fn claims_carry_price_ordered_candidates_and_capacity_types() {
     assert!(prices.windows(2).all(|w| w[0] <= w[1]), "{prices:?}");
     let ct = c.requirements.get(labels::CAPACITY_TYPE);
     assert!(ct.has("spot") && ct.has("on-demand"));
-    assert!(c.requirements.get(labels::INSTANCE_TYPE).values().len() == 5);
+    assert!(c.full_requirements(its).get(labels::INSTANCE_TYPE).values().len() == 5);
     assert!(!c.requirements.has(labels::HOSTNAME), "the placeholder hostname is removed");
 }
 

@@ -1,0 +1,209 @@
+//! Benchmark workloads, defined exactly (`../shared/design/goals.md`), generated from a seed.
+//!
+//! Pod `i` has kind `i % 5`: 0 generic, 1 zone topology spread, 2 hostname topology spread,
+//! 3 zone pod affinity, 4 hostname pod anti-affinity. Kind-4 pods carry `app: nginx` and are
+//! anti-affine to `app: nginx`; every other pod carries `my-label: v<k>` (k uniform in 0..7)
+//! and its spread/affinity selector matches its own value. Spread: maxSkew 1,
+//! DoNotSchedule. CPU uniform from {100m, 250m, 500m, 1, 1500m}, memory from {100Mi, 256Mi,
+//! 512Mi, 1Gi, 2Gi, 4Gi}. Identical pods are grouped (as one Deployment each in YAML).
+
+use crate::labels::{self, LabelSelector};
+use crate::nodepool::NodePool;
+use crate::pod::{Pod, PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable};
+use crate::requirements::{Operator, Requirement, Requirements};
+use crate::resources::ResourceList;
+
+/// A small deterministic generator (SplitMix64): the same seed gives the same workload on
+/// every platform.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform index below `n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        ((self.next_u64() as u128 * n as u128) >> 64) as usize
+    }
+}
+
+/// Which pods the workload has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mix {
+    /// The five kinds of the benchmark.
+    Diverse,
+    /// Kind 0 only (resource-only pods).
+    Generic,
+}
+
+/// Which instance types the NodePool allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Families {
+    /// instance-category c, m, r; generation > 4; amd64.
+    Cmr,
+    /// Every category, generation >= 5, amd64, no burstable (t*) types, metal allowed.
+    All,
+}
+
+/// The NodePool's capacity types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capacity {
+    OnDemand,
+    /// No capacity-type requirement: spot and on-demand.
+    Any,
+}
+
+pub const CPU_MILLI: [i64; 5] = [100, 250, 500, 1000, 1500];
+pub const MEMORY_MIB: [i64; 6] = [100, 256, 512, 1024, 2048, 4096];
+pub const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+
+/// Identical pods of the workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodGroup {
+    pub kind: u8,
+    pub cpu_milli: i64,
+    pub memory_mib: i64,
+    /// `k` of `my-label: v<k>`; unused for kind 4.
+    pub label: u8,
+    pub count: usize,
+}
+
+impl PodGroup {
+    /// The Deployment name of the group.
+    pub fn name(&self) -> String {
+        if self.kind == 4 {
+            format!("k4-c{}-m{}", self.cpu_milli, self.memory_mib)
+        } else {
+            format!("k{}-c{}-m{}-v{}", self.kind, self.cpu_milli, self.memory_mib, self.label)
+        }
+    }
+}
+
+/// The groups of an `n`-pod workload.
+pub fn groups(n: usize, seed: u64, mix: Mix) -> Vec<PodGroup> {
+    let mut rng = SplitMix64::new(seed);
+    let mut out: Vec<PodGroup> = Vec::new();
+    for i in 0..n {
+        let kind = match mix {
+            Mix::Diverse => (i % 5) as u8,
+            Mix::Generic => 0,
+        };
+        let cpu_milli = CPU_MILLI[rng.below(CPU_MILLI.len())];
+        let memory_mib = MEMORY_MIB[rng.below(MEMORY_MIB.len())];
+        let label = if kind == 4 { 0 } else { rng.below(7) as u8 };
+        match out
+            .iter_mut()
+            .find(|g| g.kind == kind && g.cpu_milli == cpu_milli && g.memory_mib == memory_mib && g.label == label)
+        {
+            Some(g) => g.count += 1,
+            None => out.push(PodGroup { kind, cpu_milli, memory_mib, label, count: 1 }),
+        }
+    }
+    out.sort_by_key(|g| (g.kind, g.cpu_milli, g.memory_mib, g.label));
+    out
+}
+
+/// The pods of the workload, named `default/<group>-<i>` as `dovetail plan` names the
+/// Deployments' pods.
+pub fn pods(groups: &[PodGroup]) -> Vec<Pod> {
+    let mut out = Vec::new();
+    for (gi, g) in groups.iter().enumerate() {
+        let template = template_pod(g);
+        for i in 0..g.count {
+            let mut p = template.clone();
+            p.key.name = format!("{}-{i}", g.name());
+            p.creation = (gi * 1_000_000 + i) as i64;
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn template_pod(g: &PodGroup) -> Pod {
+    let mut p = Pod::new("default", &g.name(), ResourceList::cpu_mem(g.cpu_milli, g.memory_mib << 20));
+    let (key, value) = if g.kind == 4 { ("app", "nginx".to_string()) } else { ("my-label", format!("v{}", g.label)) };
+    p.labels.insert(key.to_string(), value.clone());
+    let selector = Some(LabelSelector::from_labels([(key, value.as_str())]));
+    let spread = |topology_key: &str| TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: topology_key.to_string(),
+        when_unsatisfiable: WhenUnsatisfiable::DoNotSchedule,
+        selector: selector.clone(),
+        min_domains: None,
+        node_affinity_policy: None,
+        node_taints_policy: None,
+        match_label_keys: Vec::new(),
+    };
+    let term = |topology_key: &str| PodAffinityTerm {
+        selector: selector.clone(),
+        namespaces: Vec::new(),
+        namespace_selector: None,
+        topology_key: topology_key.to_string(),
+    };
+    match g.kind {
+        1 => p.topology_spread.push(spread(labels::ZONE)),
+        2 => p.topology_spread.push(spread(labels::HOSTNAME)),
+        3 => p.pod_affinity.required.push(term(labels::ZONE)),
+        4 => p.pod_anti_affinity.required.push(term(labels::HOSTNAME)),
+        _ => {}
+    }
+    p
+}
+
+/// The benchmark NodePool.
+pub fn nodepool(families: Families, capacity: Capacity) -> NodePool {
+    let mut r = Requirements::new();
+    r.add(labels::ARCH, Requirement::is_in(["amd64"]));
+    r.add(labels::ZONE, Requirement::is_in(ZONES));
+    match families {
+        Families::Cmr => {
+            r.add(labels::INSTANCE_CATEGORY, Requirement::is_in(["c", "m", "r"]));
+            r.add(labels::INSTANCE_GENERATION, int_req(Operator::Gt, 4));
+        }
+        Families::All => {
+            r.add(labels::INSTANCE_GENERATION, int_req(Operator::Gte, 5));
+            r.add(labels::INSTANCE_CATEGORY, Requirement::not_in(["t"]));
+        }
+    }
+    if capacity == Capacity::OnDemand {
+        r.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+    }
+    NodePool::new("bench", r)
+}
+
+fn int_req(op: Operator, v: i64) -> Requirement {
+    Requirement::new("", op, &[v.to_string()]).expect("invariant: an integer bound")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_is_deterministic_and_complete() {
+        let a = groups(1000, 7, Mix::Diverse);
+        assert_eq!(a, groups(1000, 7, Mix::Diverse));
+        assert_ne!(a, groups(1000, 8, Mix::Diverse));
+        assert_eq!(a.iter().map(|g| g.count).sum::<usize>(), 1000);
+        for kind in 0..5u8 {
+            assert_eq!(a.iter().filter(|g| g.kind == kind).map(|g| g.count).sum::<usize>(), 200);
+        }
+        let p = pods(&a);
+        assert_eq!(p.len(), 1000);
+        let nginx = p.iter().filter(|p| p.labels.get("app").is_some_and(|v| v == "nginx")).count();
+        assert_eq!(nginx, 200);
+        assert!(groups(500, 1, Mix::Generic).iter().all(|g| g.kind == 0));
+    }
+}
