@@ -78,8 +78,11 @@ fn render(args: &BenchInputArgs) -> anyhow::Result<String> {
         FamiliesArg::Cmr => Families::Cmr,
         FamiliesArg::All => Families::All,
     };
-    let default_capacity =
-        if args.trace.is_none() && matches!(args.mix, MixArg::Diverse) { CapacityArg::Any } else { CapacityArg::OnDemand };
+    let default_capacity = if args.trace.is_none() && matches!(args.mix, MixArg::Diverse) {
+        CapacityArg::Any
+    } else {
+        CapacityArg::OnDemand
+    };
     let capacity = match args.capacity.unwrap_or(default_capacity) {
         CapacityArg::OnDemand => Capacity::OnDemand,
         CapacityArg::Any => Capacity::Any,
@@ -191,8 +194,5 @@ pub fn trace_groups(text: &str) -> anyhow::Result<Vec<(String, (i64, i64, i64), 
         };
         *groups.entry((num(ci)?, num(mi)?, num(gi)?)).or_insert(0) += 1;
     }
-    Ok(groups
-        .into_iter()
-        .map(|((c, m, g), count)| (format!("trace-c{c}-m{m}-g{g}"), (c, m, g), count))
-        .collect())
+    Ok(groups.into_iter().map(|((c, m, g), count)| (format!("trace-c{c}-m{m}-g{g}"), (c, m, g), count)).collect())
 }

@@ -78,6 +78,8 @@ struct Expect {
     /// Number of new NodeClaims per value of a label.
     #[serde(default)]
     label_counts: BTreeMap<String, BTreeMap<String, usize>>,
+    /// The packers the scenario holds for (`karpenter`, `dovetail`); both when absent.
+    packers: Option<Vec<String>>,
     max_cost: Option<f64>,
 }
 
@@ -249,13 +251,34 @@ fn run_scenario(path: &Path, types: &BTreeMap<String, InstanceType>) -> Vec<Stri
     if expect.cites.trim().is_empty() {
         return vec![format!("{name}: Expect.cites must name the Karpenter behaviour")];
     }
-    let dir = std::env::temp_dir().join("dovetail-behaviour");
+    let dir = std::env::temp_dir().join(format!("dovetail-behaviour-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let input_path = dir.join(&name);
     std::fs::write(&input_path, &input).expect("write input");
+    let packers = expect.packers.clone().unwrap_or_else(|| vec!["karpenter".into(), "dovetail".into()]);
+    let mut failures = Vec::new();
+    for packer in packers {
+        if !["karpenter", "dovetail"].contains(&packer.as_str()) {
+            failures.push(format!("{name}: unknown packer {packer:?}"));
+            continue;
+        }
+        failures.extend(check_run(&format!("{name} [{packer}]"), &packer, &input_path, &input, &expect, types));
+    }
+    failures
+}
+
+fn check_run(
+    name: &str,
+    packer: &str,
+    input_path: &Path,
+    input: &str,
+    expect: &Expect,
+    types: &BTreeMap<String, InstanceType>,
+) -> Vec<String> {
+    let name = name.to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_dovetail"))
-        .args(["plan", "-o", "json", "-f"])
-        .arg(&input_path)
+        .args(["plan", "-o", "json", "--packer", packer, "-f"])
+        .arg(input_path)
         .output()
         .expect("run dovetail");
     let code = out.status.code().unwrap_or(-1);

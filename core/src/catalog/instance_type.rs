@@ -182,7 +182,9 @@ impl InstanceType {
         let mut offerings = Vec::new();
         for z in &available_zones {
             let zone_id = catalog.zone_id(z).unwrap_or_default().to_string();
-            let zone_index = catalog.zones.iter().position(|c| &c.name == *z).unwrap_or(u8::MAX as usize).min(u8::MAX as usize) as u8;
+            let zone_index =
+                catalog.zones.iter().position(|c| &c.name == *z).unwrap_or(u8::MAX as usize).min(u8::MAX as usize)
+                    as u8;
             for (ct, price) in [(CapacityType::Spot, info.spot_price), (CapacityType::OnDemand, info.on_demand_price)] {
                 if !info.usage_classes.iter().any(|u| u == ct.as_str()) {
                     continue;

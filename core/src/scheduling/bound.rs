@@ -230,7 +230,8 @@ pub fn lower_bound(snapshot: &Snapshot, pods: &[Pod], which: &[usize]) -> LowerB
         .map(|(_, c)| *c)
         .collect();
 
-    let pi = solve_dual(&groups, &kept, resources.len()).unwrap_or_else(|| per_resource_prices(&groups, &all_cols, resources.len()));
+    let pi = solve_dual(&groups, &kept, resources.len())
+        .unwrap_or_else(|| per_resource_prices(&groups, &all_cols, resources.len()));
     let fluid = certify(&groups, &all_cols, &pi, resources.len());
     LowerBound {
         fluid,
@@ -246,10 +247,8 @@ pub fn lower_bound(snapshot: &Snapshot, pods: &[Pod], which: &[usize]) -> LowerB
 fn solve_dual(groups: &[(Vec<bool>, Vec<f64>)], cols: &[&Column], nres: usize) -> Option<Vec<Vec<f64>>> {
     use microlp::{ComparisonOp, OptimizationDirection, Problem};
     let mut p = Problem::new(OptimizationDirection::Maximize);
-    let pi: Vec<Vec<microlp::Variable>> = groups
-        .iter()
-        .map(|(_, d)| d.iter().map(|&dr| p.add_var(dr, (0.0, f64::INFINITY))).collect())
-        .collect();
+    let pi: Vec<Vec<microlp::Variable>> =
+        groups.iter().map(|(_, d)| d.iter().map(|&dr| p.add_var(dr, (0.0, f64::INFINITY))).collect()).collect();
     for c in cols {
         let member_groups: Vec<usize> = (0..groups.len()).filter(|g| c.members[*g]).collect();
         if member_groups.len() == 1 {
@@ -332,7 +331,9 @@ fn count_bound(
     // The cheapest offering that fits a pod of each class.
     let class_min: Vec<f64> = classes
         .iter()
-        .map(|(c, _)| c.columns.iter().zip(prices).filter(|(ok, _)| **ok).map(|(_, p)| *p).fold(f64::INFINITY, f64::min))
+        .map(|(c, _)| {
+            c.columns.iter().zip(prices).filter(|(ok, _)| **ok).map(|(_, p)| *p).fold(f64::INFINITY, f64::min)
+        })
         .collect();
     // Self-exclusive groups, keyed by kind, namespace and selector.
     let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -362,11 +363,7 @@ fn count_bound(
     groups
         .values()
         .map(|members| {
-            members
-                .iter()
-                .filter_map(|p| class_of.get(p).map(|&c| class_min[c]))
-                .filter(|v| v.is_finite())
-                .sum::<f64>()
+            members.iter().filter_map(|p| class_of.get(p).map(|&c| class_min[c])).filter(|v| v.is_finite()).sum::<f64>()
         })
         .fold(0.0, f64::max)
 }

@@ -50,7 +50,8 @@ impl Cache {
         zone_use: &mut BTreeMap<String, usize>,
     ) -> Option<Launch> {
         let key = (claim.requirements.clone(), claim.requests.clone(), claim.instance_types.clone());
-        let (capacity_type, offers) = self.launches.entry(key).or_insert_with(|| offerings(its, claim, opts)).as_ref()?;
+        let (capacity_type, offers) =
+            self.launches.entry(key).or_insert_with(|| offerings(its, claim, opts)).as_ref()?;
         let cheapest = offers.first()?.0;
         let (_, t, zone) = offers
             .iter()

@@ -12,9 +12,9 @@
 //! dovetail breaks ties by name.
 
 mod bound;
+mod classes;
 mod filter;
 mod launch;
-mod classes;
 mod nodes;
 mod packer;
 mod scheduler;
@@ -33,7 +33,7 @@ use crate::pod::Pod;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::ResourceList;
 
-pub use bound::{lower_bound, LowerBound};
+pub use bound::{LowerBound, lower_bound};
 pub use filter::unmet_min_values;
 pub use scheduler::{Placement, Target};
 pub use topology::{TopologyError, TopologyType};

@@ -183,6 +183,12 @@ impl PlannedNode {
         }
     }
 
+    /// Replaces the claim's candidate types.
+    pub fn set_types(&mut self, template: &Template<'_>, types: Vec<usize>) {
+        self.envelope = envelope(template, &types);
+        self.types = types;
+    }
+
     /// Karpenter's `NodeClaim.CanAdd`.
     #[allow(clippy::too_many_arguments)]
     pub fn can_add(

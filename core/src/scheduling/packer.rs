@@ -103,21 +103,42 @@ impl<'a> Scheduler<'a> {
         for (c, class) in classes.iter().enumerate() {
             route[c] = self.next_template(0, &data[c], &views[c], &class.requests);
         }
+        // Templates are packed from the lowest weight up, so that a class that several pools
+        // can take first fills room already open on claims of lower-weight pools (Karpenter
+        // tries in-flight claims before opening one) and only then opens claims of its own,
+        // highest-weight, pool. A pool that reaches its limits hands the rest of its classes
+        // to the next pool by weight, which is then packed (again) in the next pass.
         let mut deferred = vec![false; classes.len()];
-        for t in 0..self.templates.len() {
-            let members: Vec<usize> =
-                by_size.iter().copied().filter(|&c| route[c] == Some(t) && classes[c].remaining() > 0).collect();
-            if members.is_empty() {
-                continue;
-            }
-            let exhausted = self.pack_template(t, &members, &mut classes, &caps, &data, &views, &mut deferred);
-            if exhausted {
-                // Limits reached: the rest goes to the next pool that can take it.
-                for &c in &members {
-                    if classes[c].remaining() > 0 && !deferred[c] {
-                        route[c] = self.next_template(t + 1, &data[c], &views[c], &classes[c].requests);
+        for _pass in 0..=self.templates.len() {
+            let mut spilled = false;
+            for t in (0..self.templates.len()).rev() {
+                let members: Vec<usize> =
+                    by_size.iter().copied().filter(|&c| route[c] == Some(t) && classes[c].remaining() > 0).collect();
+                if members.is_empty() {
+                    continue;
+                }
+                if self.templates.len() > 1 && !self.planned.is_empty() {
+                    for &c in &members {
+                        self.fill_planned(&mut classes[c], &data[c], &views[c]);
                     }
                 }
+                let members: Vec<usize> = members.into_iter().filter(|&c| classes[c].remaining() > 0).collect();
+                if members.is_empty() {
+                    continue;
+                }
+                let exhausted = self.pack_template(t, &members, &mut classes, &caps, &data, &views, &mut deferred);
+                if exhausted {
+                    // Limits reached: the rest goes to the next pool that can take it.
+                    for &c in &members {
+                        if classes[c].remaining() > 0 && !deferred[c] {
+                            route[c] = self.next_template(t + 1, &data[c], &views[c], &classes[c].requests);
+                            spilled |= route[c].is_some();
+                        }
+                    }
+                }
+            }
+            if !spilled {
+                break;
             }
         }
 
@@ -154,8 +175,9 @@ impl<'a> Scheduler<'a> {
         while class.remaining() > 0 {
             let idx = class.pods[class.next];
             let pod = &self.pods[idx];
-            let found = (start..self.existing.len())
-                .find_map(|n| self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations).ok().map(|r| (n, r)));
+            let found = (start..self.existing.len()).find_map(|n| {
+                self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations).ok().map(|r| (n, r))
+            });
             match found {
                 Some((n, reqs)) => {
                     self.place_existing(n, idx, data, reqs);
@@ -166,6 +188,81 @@ impl<'a> Scheduler<'a> {
                 None => break,
             }
         }
+    }
+
+    /// Places pods of a class on claims already planned (by other pools) until one does not
+    /// fit on any of them.
+    fn fill_planned(&mut self, class: &mut Class, data: &PodData, view: &PodView) {
+        let mut start = 0;
+        while class.remaining() > 0 {
+            let idx = class.pods[class.next];
+            let pod = &self.pods[idx];
+            let found = (start..self.planned.len()).find_map(|n| {
+                let claim = &self.planned[n];
+                let template = &self.templates[claim.template];
+                if let Ok(a) = claim.can_add(template, &self.topology, idx, pod, data, &view.tolerations, false, true) {
+                    return Some((n, a, None));
+                }
+                // A claim the packer opened for one type may grow into any type of its pool
+                // that the pool's limits still allow (Karpenter's in-flight claims keep every
+                // candidate type).
+                if !claim.right_size {
+                    return None;
+                }
+                let wider = self.widened_types(claim);
+                if wider.len() <= claim.types.len() {
+                    return None;
+                }
+                let mut trial = claim.clone();
+                trial.set_types(template, wider);
+                trial
+                    .can_add(template, &self.topology, idx, pod, data, &view.tolerations, false, true)
+                    .ok()
+                    .map(|a| (n, a, Some(trial.types)))
+            });
+            match found {
+                Some((n, add, wider)) => {
+                    let t = self.planned[n].template;
+                    let widened = wider.is_some();
+                    if let Some(wider) = wider {
+                        // Swap the claim's reservation against the pool's limits for one over
+                        // its new candidates.
+                        let old = self.planned[n].clone();
+                        self.release_limits(t, &old);
+                        self.planned[n].set_types(&self.templates[t], wider);
+                    }
+                    self.place_planned(n, idx, data, add);
+                    if widened {
+                        let claim = self.planned[n].clone();
+                        self.subtract_limits(t, &claim);
+                    }
+                    class.next += 1;
+                    start = n;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Every type of a claim's pool that the pool's limits allow it to grow into, given back
+    /// what the claim holds now.
+    fn widened_types(&self, claim: &super::nodes::PlannedNode) -> Vec<usize> {
+        let t = claim.template;
+        let template = &self.templates[t];
+        let Some(remaining) = &self.remaining[t] else { return template.types.clone() };
+        let mut held = ResourceList::new();
+        for &i in &claim.types {
+            held = held.max_with(&template.instance_types[i].capacity);
+        }
+        template
+            .types
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let cap = &template.instance_types[i].capacity;
+                remaining.iter().all(|(n, left)| *n == ResourceName::Nodes || cap.get(n) <= left + held.get(n))
+            })
+            .collect()
     }
 
     /// Packs a template's classes into new NodeClaims. Returns true when the pool's limits
@@ -209,7 +306,9 @@ impl<'a> Scheduler<'a> {
                                 let it = &template.instance_types[col.it];
                                 it.requirements.intersects_ok(&data[c].requirements)
                                     && it.offerings.iter().any(|o| {
-                                        o.available && o.compatible(&template.requirements) && o.compatible(&data[c].requirements)
+                                        o.available
+                                            && o.compatible(&template.requirements)
+                                            && o.compatible(&data[c].requirements)
                                     })
                             })
                             .collect()
@@ -230,19 +329,15 @@ impl<'a> Scheduler<'a> {
                     .collect()
             })
             .collect();
-        let mut packing = Packing {
-            dims: &dims,
-            caps,
-            demand: demand_vectors,
-            value: vec![0.0; members.len()],
-            prices: Vec::new(),
-        };
+        let mut packing =
+            Packing { dims: &dims, caps, demand: demand_vectors, value: vec![0.0; members.len()], prices: Vec::new() };
         self.reprice(&mut packing, members, classes, &columns);
 
         // Phase 1: rounds of the assignment LP (see `pack_round`).
         const ROUNDS: usize = 6;
         for round in 0..ROUNDS {
-            let go = self.pack_round(t, round + 1 == ROUNDS, members, classes, data, views, &packing, &columns, &compat);
+            let go =
+                self.pack_round(t, round + 1 == ROUNDS, members, classes, data, views, &packing, &columns, &compat);
             if !go {
                 break;
             }
@@ -267,7 +362,8 @@ impl<'a> Scheduler<'a> {
             if rounds % 64 == 0 {
                 self.reprice(&mut packing, members, classes, &columns);
             }
-            let Some((col, estimate, order)) = best_column(&columns, &allowed, &live, &packing, classes, members, &compat)
+            let Some((col, estimate, order)) =
+                best_column(&columns, &allowed, &live, &packing, classes, members, &compat)
             else {
                 // No class can use any allowed type: leave them to the per-pod loop.
                 for &m in &live {
@@ -284,7 +380,9 @@ impl<'a> Scheduler<'a> {
                     self.fill_bin(&mut bin, &mut left, &order, members, classes, data, views, &packing, &mut allowance);
                 if bin.pods.is_empty() {
                     // Its first class cannot start a claim of this type: give it to the loop.
-                    if let Some(&m) = order.iter().find(|&&m| classes[members[m]].remaining() > 0 && !deferred[members[m]]) {
+                    if let Some(&m) =
+                        order.iter().find(|&&m| classes[members[m]].remaining() > 0 && !deferred[members[m]])
+                    {
                         deferred[members[m]] = true;
                     }
                     break;
@@ -336,12 +434,13 @@ impl<'a> Scheduler<'a> {
                 c.price - worth <= 0.05 * c.price
             })
             .collect();
-        let mut kept: Vec<usize> = (0..columns.len()).filter(|&i| keep[i]).collect();
+        let allowed: Vec<bool> = columns.iter().map(|c| self.within_limits(t, c.it)).collect();
+        let mut kept: Vec<usize> = (0..columns.len()).filter(|&i| keep[i] && allowed[i]).collect();
         for m in 0..members.len() {
             if classes[members[m]].remaining() == 0 || kept.iter().any(|&i| compat[m][i]) {
                 continue;
             }
-            let best = (0..columns.len()).filter(|&i| compat[m][i]).min_by(|&a, &b| {
+            let best = (0..columns.len()).filter(|&i| compat[m][i] && allowed[i]).min_by(|&a, &b| {
                 let eff = |i: usize| -> f64 {
                     let worth: f64 = columns[i].alloc.iter().zip(&packing.prices).map(|(a, p)| a * p).sum();
                     columns[i].price / worth.max(1e-12)
@@ -360,7 +459,6 @@ impl<'a> Scheduler<'a> {
         let Some((mut quota, y)) = quotas(&sub_columns, members, classes, packing, &sub_compat) else { return false };
         let whole: f64 = y.iter().map(|v| (v + 1e-6).floor()).sum();
         let last = force_last || whole < 1.0;
-        let template = &self.templates[t];
 
         // The claims of this round: (column, zone to pin if needed).
         struct Bin {
@@ -371,23 +469,12 @@ impl<'a> Scheduler<'a> {
             share: Vec<usize>,
         }
         let mut bins: Vec<Bin> = Vec::new();
-        for (k, col) in sub_columns.iter().enumerate() {
-            let count = if last {
-                (0..col.alloc.len())
-                    .filter(|&r| col.alloc[r] > 0.0)
-                    .map(|r| {
-                        (0..members.len()).map(|m| quota[m][k] as f64 * packing.demand[m][r]).sum::<f64>() / col.alloc[r]
-                    })
-                    .fold(0.0_f64, f64::max)
-                    .ceil()
-            } else {
-                (y[k] + 1e-6).floor()
-            } as usize;
-            if count == 0 || quota.iter().all(|q| q[k] == 0) {
-                continue;
-            }
-            let it = &template.instance_types[col.it];
-            let zones: Vec<String> = {
+        // The zones each type is offered in (within the pool's requirements).
+        let column_zones: Vec<Vec<String>> = sub_columns
+            .iter()
+            .map(|col| {
+                let template = &self.templates[t];
+                let it = &template.instance_types[col.it];
                 let mut z: Vec<String> = it
                     .offerings
                     .iter()
@@ -397,7 +484,25 @@ impl<'a> Scheduler<'a> {
                 z.sort();
                 z.dedup();
                 z
-            };
+            })
+            .collect();
+        for (k, col) in sub_columns.iter().enumerate() {
+            let count = if last {
+                (0..col.alloc.len())
+                    .filter(|&r| col.alloc[r] > 0.0)
+                    .map(|r| {
+                        (0..members.len()).map(|m| quota[m][k] as f64 * packing.demand[m][r]).sum::<f64>()
+                            / col.alloc[r]
+                    })
+                    .fold(0.0_f64, f64::max)
+                    .ceil()
+            } else {
+                (y[k] + 1e-6).floor()
+            } as usize;
+            if count == 0 || quota.iter().all(|q| q[k] == 0) {
+                continue;
+            }
+            let zones = &column_zones[k];
             // Each class's share of every claim: zone-keyed classes spread over zones first
             // (so zone counts stay even), then over the zone's claims; the rest over claims.
             let zone_count = zones.len().max(1);
@@ -450,8 +555,13 @@ impl<'a> Scheduler<'a> {
                     })
                     .collect();
                 let zone = (!zones.is_empty()).then(|| zones[z].clone());
+                if !self.within_limits(t, col.it) {
+                    break;
+                }
                 let node = self.new_planned(t, vec![col.it]);
                 self.next_hostname += 1;
+                // Reserve the pool's limits now; given back if the claim stays empty.
+                self.subtract_limits(t, &node);
                 bins.push(Bin { col: k, zone, node, left: col.alloc.clone(), share });
             }
         }
@@ -498,8 +608,11 @@ impl<'a> Scheduler<'a> {
                 Some(&g) => group_total[&g] as f64 / (bins.len() * packing.caps[g].cap).max(1) as f64,
             })
             .collect();
+        // Every zone a claim of this round could be pinned to, so that zone-keyed pods can
+        // reach zones no claim was planned in yet.
         let zone_names: Vec<Option<String>> = {
             let mut z: Vec<Option<String>> = bins.iter().map(|b| b.zone.clone()).collect();
+            z.extend(column_zones.iter().flatten().map(|z| Some(z.clone())));
             z.sort();
             z.dedup();
             z
@@ -511,7 +624,15 @@ impl<'a> Scheduler<'a> {
                 // in a zone its spread or affinity allows and zone counts stay even.
                 let ms: Vec<usize> = (0..members.len()).filter(|&m| pass_of[m] == pass).collect();
                 for m in ms {
-                    let mut to_place: usize = bins.iter().map(|b| b.share[m]).sum();
+                    // The class's shares, plus its part of the quota for every zone no claim
+                    // of this round was planned in.
+                    let q: usize = quota[m].iter().sum();
+                    let zn = zone_names.len().max(1);
+                    let mut to_place: usize = bins.iter().map(|b| b.share[m]).sum::<usize>()
+                        + (0..zone_names.len())
+                            .filter(|&zi| !bins.iter().any(|b| b.zone == zone_names[zi]))
+                            .map(|zi| (zi + 1) * q / zn - zi * q / zn)
+                            .sum::<usize>();
                     let mut start = 0usize;
                     while to_place > 0 && classes[members[m]].remaining() > 0 {
                         let mut placed = false;
@@ -522,10 +643,38 @@ impl<'a> Scheduler<'a> {
                                     && sub_compat[m][b.col]
                                     && packing.demand[m].iter().zip(&b.left).all(|(need, have)| *need <= *have + 1e-9)
                             };
-                            let candidate = bins
+                            let mut candidate = bins
                                 .iter()
                                 .position(|b| b.share[m] > 0 && fits(b))
                                 .or_else(|| bins.iter().position(|b| !b.node.pods.is_empty() && fits(b)));
+                            if candidate.is_none()
+                                && z.is_some()
+                                && !bins.iter().any(|b| &b.zone == z)
+                                && let Some(k) = (0..sub_columns.len())
+                                    .filter(|&k| {
+                                        sub_compat[m][k]
+                                            && z.as_ref().is_some_and(|z| column_zones[k].contains(z))
+                                            && packing.demand[m]
+                                                .iter()
+                                                .zip(&sub_columns[k].alloc)
+                                                .all(|(d, a)| *d <= *a)
+                                            && self.within_limits(t, sub_columns[k].it)
+                                    })
+                                    .min_by(|&a, &b| sub_columns[a].price.total_cmp(&sub_columns[b].price))
+                            {
+                                // No claim in this zone yet: open one, so the zone can be used.
+                                let node = self.new_planned(t, vec![sub_columns[k].it]);
+                                self.next_hostname += 1;
+                                self.subtract_limits(t, &node);
+                                bins.push(Bin {
+                                    col: k,
+                                    zone: z.clone(),
+                                    node,
+                                    left: sub_columns[k].alloc.clone(),
+                                    share: vec![0; members.len()],
+                                });
+                                candidate = Some(bins.len() - 1);
+                            }
                             let Some(b) = candidate else { continue };
                             let bin = &mut bins[b];
                             if super::scheduler::pinned_zone(&bin.node.requirements).is_none()
@@ -540,7 +689,17 @@ impl<'a> Scheduler<'a> {
                             }
                             let mut one = vec![0usize; members.len()];
                             one[m] = 1;
-                            self.fill_bin(&mut bin.node, &mut bin.left, &[m], members, classes, data, views, packing, &mut one);
+                            self.fill_bin(
+                                &mut bin.node,
+                                &mut bin.left,
+                                &[m],
+                                members,
+                                classes,
+                                data,
+                                views,
+                                packing,
+                                &mut one,
+                            );
                             if one[m] == 0 {
                                 if bin.share[m] > 0 {
                                     bin.share[m] -= 1;
@@ -569,9 +728,6 @@ impl<'a> Scheduler<'a> {
                 progress = false;
                 for &b in &order {
                     let bin = &mut bins[b];
-                    if !self.within_limits_after(t, sub_columns[bin.col].it, bin.node.pods.is_empty()) {
-                        continue;
-                    }
                     let mut ms: Vec<usize> =
                         (0..members.len()).filter(|&m| bin.share[m] > 0 && pass_of[m] == pass).collect();
                     // Capped pods of the most crowded group first (it decides how many claims
@@ -587,7 +743,17 @@ impl<'a> Scheduler<'a> {
                         // One pod per class per claim per cycle: spread evenly.
                         let mut one = vec![0usize; members.len()];
                         one[m] = 1;
-                        self.fill_bin(&mut bin.node, &mut bin.left, &[m], members, classes, data, views, packing, &mut one);
+                        self.fill_bin(
+                            &mut bin.node,
+                            &mut bin.left,
+                            &[m],
+                            members,
+                            classes,
+                            data,
+                            views,
+                            packing,
+                            &mut one,
+                        );
                         if one[m] == 0 {
                             bin.share[m] -= 1;
                             quota[m][bin.col] -= 1;
@@ -624,20 +790,15 @@ impl<'a> Scheduler<'a> {
         let mut placed_any = false;
         for bin in bins {
             if bin.node.pods.is_empty() {
+                self.release_limits(t, &bin.node);
                 continue;
             }
             placed_any = true;
             let mut node = bin.node;
-            self.subtract_limits(t, &node);
             node.right_size = true;
             self.planned.push(node);
         }
         placed_any && !last
-    }
-
-    /// Whether opening (when `new`) a claim of type `it` stays within template `t`'s limits.
-    fn within_limits_after(&self, t: usize, it: usize, new: bool) -> bool {
-        !new || self.within_limits(t, it)
     }
 
     /// The template's types as columns (price of the cheapest offering, allocatable after
@@ -887,7 +1048,8 @@ fn quotas(
         // Largest remainder rounding of the class's split over types.
         let frac: Vec<(usize, f64)> =
             (0..columns.len()).filter_map(|t| x[k][t].map(|v| (t, sol.var_value(v).max(0.0)))).collect();
-        let mut counts: Vec<(usize, usize, f64)> = frac.iter().map(|&(t, v)| (t, v.floor() as usize, v - v.floor())).collect();
+        let mut counts: Vec<(usize, usize, f64)> =
+            frac.iter().map(|&(t, v)| (t, v.floor() as usize, v - v.floor())).collect();
         let mut assigned: usize = counts.iter().map(|c| c.1).sum();
         counts.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
         let len = counts.len();
@@ -973,7 +1135,11 @@ fn best_column(
             }
         }
         let efficiency = value / col.price;
-        if value > 0.0 && best.as_ref().is_none_or(|(e, _, v, _)| efficiency > *e * (1.0 + 1e-9) || (efficiency >= *e * (1.0 - 1e-9) && value > *v)) {
+        if value > 0.0
+            && best.as_ref().is_none_or(|(e, _, v, _)| {
+                efficiency > *e * (1.0 + 1e-9) || (efficiency >= *e * (1.0 - 1e-9) && value > *v)
+            })
+        {
             best = Some((efficiency, ci, value, order.into_iter().map(|(_, _, m)| m).collect()));
         }
     }

@@ -262,7 +262,13 @@ impl<'a> Scheduler<'a> {
     }
 
     /// Places a pod on an existing node and records it.
-    pub(super) fn place_existing(&mut self, n: usize, idx: usize, data: &PodData, reqs: crate::requirements::Requirements) {
+    pub(super) fn place_existing(
+        &mut self,
+        n: usize,
+        idx: usize,
+        data: &PodData,
+        reqs: crate::requirements::Requirements,
+    ) {
         let zone = pinned_zone(&reqs);
         self.existing[n].add(&mut self.topology, idx, &self.pods[idx], data, reqs);
         self.order.push(Placement { pod: idx, target: Target::Existing(self.existing[n].index), zone });
@@ -272,7 +278,11 @@ impl<'a> Scheduler<'a> {
     pub(super) fn place_planned(&mut self, c: usize, idx: usize, data: &PodData, add: Addition) {
         let claim = &mut self.planned[c];
         claim.add(&self.templates[claim.template], &mut self.topology, idx, &self.pods[idx], data, add);
-        self.order.push(Placement { pod: idx, target: Target::Planned(claim.id), zone: pinned_zone(&claim.requirements) });
+        self.order.push(Placement {
+            pod: idx,
+            target: Target::Planned(claim.id),
+            zone: pinned_zone(&claim.requirements),
+        });
     }
 
     fn try_new_claim(
@@ -323,7 +333,12 @@ impl<'a> Scheduler<'a> {
             cap = cap.max_with(&template.instance_types[t].capacity);
         }
         Some(ResourceList::from_pairs(
-            template.pool.limits.iter().filter(|(n, _)| **n != ResourceName::Nodes).map(|(n, _)| (n.clone(), cap.get(n))),
+            template
+                .pool
+                .limits
+                .iter()
+                .filter(|(n, _)| **n != ResourceName::Nodes)
+                .map(|(n, _)| (n.clone(), cap.get(n))),
         ))
     }
 
@@ -344,6 +359,21 @@ impl<'a> Scheduler<'a> {
         }
         max.set(ResourceName::Nodes, 1);
         *remaining = remaining.subtracted(&max);
+    }
+
+    /// Gives back what `subtract_limits` took for a claim that ended up unused.
+    pub(super) fn release_limits(&mut self, t: usize, claim: &PlannedNode) {
+        let Some(remaining) = &mut self.remaining[t] else { return };
+        let mut max = ResourceList::new();
+        for &i in &claim.types {
+            max = max.max_with(&self.templates[t].instance_types[i].capacity);
+        }
+        max.set(ResourceName::Nodes, 1);
+        for (n, v) in max.iter() {
+            if remaining.contains(n) {
+                remaining.add_amount(n.clone(), v);
+            }
+        }
     }
 }
 
