@@ -1,7 +1,7 @@
 //! `dovetail plan`: Kubernetes YAML in, a provisioning plan out.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -50,13 +50,39 @@ pub struct PlanArgs {
     pub packer: PackerArg,
 }
 
+/// A claim's candidate instance types: indices into its pool's types, written out as names
+/// only when serialized (a claim may carry 600 of them; copying every name for thousands of
+/// claims would dominate the plan's memory).
+#[derive(Debug)]
+pub struct TypeNames {
+    types: Arc<Vec<InstanceType>>,
+    indices: Vec<usize>,
+}
+
+impl TypeNames {
+    /// The names, cheapest first.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.indices.iter().map(|&i| self.types[i].name.as_str())
+    }
+
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+}
+
+impl Serialize for TypeNames {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.names())
+    }
+}
+
 /// One planned NodeClaim, as `--output json` prints it.
 #[derive(Serialize, Debug)]
 pub struct ClaimOut {
     pub name: String,
     pub nodepool: String,
     pub instance_type: String,
-    pub instance_types: Vec<String>,
+    pub instance_types: TypeNames,
     pub zone: String,
     pub capacity_type: String,
     pub price_per_hour: f64,
@@ -113,13 +139,18 @@ pub fn run(args: &PlanArgs) -> ExitCode {
                 eprintln!("warning: {w}");
             }
             match args.output {
-                Output::Json => match serde_json::to_string_pretty(&out) {
-                    Ok(s) => println!("{s}"),
-                    Err(e) => {
+                Output::Json => {
+                    // Streamed: a 50,000-pod plan is tens of megabytes of JSON.
+                    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+                    let written = serde_json::to_writer_pretty(&mut w, &out)
+                        .map_err(std::io::Error::from)
+                        .and_then(|()| writeln!(w))
+                        .and_then(|()| w.flush());
+                    if let Err(e) = written {
                         eprintln!("error: writing JSON: {e}");
                         return ExitCode::from(1);
                     }
-                },
+                }
                 Output::Table => print!("{}", table(&out)),
             }
             ExitCode::SUCCESS
@@ -195,12 +226,23 @@ pub fn snapshot(manifest: &Manifest, catalog: &Catalog, warnings: &mut Vec<Strin
     }
 }
 
+fn rss(what: &str) {
+    if std::env::var("DT_PHASES").is_ok() {
+        let st = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let v: Vec<&str> = st.lines().filter(|l| l.starts_with("VmRSS") || l.starts_with("VmHWM")).collect();
+        eprintln!("MEM {what}: {v:?}");
+    }
+}
+
 fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>)> {
     let text = read_input(&args.file)?;
+    rss("read");
     let manifest = Manifest::parse(&text)?;
+    rss("parsed");
     let catalog = load_catalog(&args.region, args.catalog.as_deref())?;
     let mut warnings = manifest.warnings.clone();
     let snap = snapshot(&manifest, &catalog, &mut warnings);
+    rss("snapshot");
     let start = Instant::now();
     let opts = SolveOptions {
         packer: match args.packer {
@@ -211,12 +253,14 @@ fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>)> {
     };
     let results = scheduling::solve(&snap, &manifest.pending, &opts);
     let solve_ms = start.elapsed().as_secs_f64() * 1000.0;
+    rss("solved");
     warnings.extend(results.warnings.iter().cloned());
-    let mut out = render(&snap, &manifest.pending, &results, solve_ms);
-    let start = Instant::now();
     let on_new: Vec<usize> = results.claims.iter().flat_map(|c| c.pods.iter().copied()).collect();
+    let mut out = render(&snap, &manifest.pending, results, solve_ms);
+    let start = Instant::now();
     let lb = scheduling::lower_bound(&snap, &manifest.pending, &on_new);
     out.summary.lb_ms = start.elapsed().as_secs_f64() * 1000.0;
+    rss("lb");
     out.summary.lower_bound_per_hour = Some(lb.value);
     let cheapest_used = out.nodeclaims.iter().map(|c| c.price_per_hour).fold(f64::INFINITY, f64::min);
     if lb.value > 0.0 && cheapest_used.is_finite() && lb.value >= 10.0 * cheapest_used {
@@ -226,7 +270,7 @@ fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>)> {
 }
 
 /// Turns results into the output shape.
-pub fn render(snap: &Snapshot, pods: &[Pod], results: &Results, solve_ms: f64) -> PlanOut {
+pub fn render(snap: &Snapshot, pods: &[Pod], mut results: Results, solve_ms: f64) -> PlanOut {
     let mut per_pool: BTreeMap<&str, usize> = BTreeMap::new();
     let mut unschedulable: Vec<UnschedulableOut> = results
         .errors
@@ -234,7 +278,7 @@ pub fn render(snap: &Snapshot, pods: &[Pod], results: &Results, solve_ms: f64) -
         .map(|(i, r)| UnschedulableOut { pod: pods[*i].key.to_string(), reason: r.clone() })
         .collect();
     let mut nodeclaims = Vec::new();
-    for c in &results.claims {
+    for c in &mut results.claims {
         let input = &snap.nodepools[c.pool];
         let its = &input.instance_types;
         let Some(l) = &c.launch else {
@@ -252,7 +296,7 @@ pub fn render(snap: &Snapshot, pods: &[Pod], results: &Results, solve_ms: f64) -
             name: format!("{}-{:05}", input.pool.name, n),
             nodepool: input.pool.name.clone(),
             instance_type: its[l.instance_type].name.clone(),
-            instance_types: c.instance_types.iter().map(|&t| its[t].name.clone()).collect(),
+            instance_types: TypeNames { types: its.clone(), indices: std::mem::take(&mut c.instance_types) },
             zone: l.zone.clone(),
             capacity_type: l.capacity_type.as_str().to_string(),
             price_per_hour: l.price,
@@ -307,8 +351,8 @@ fn claim_labels(c: &scheduling::NewClaim, it: &InstanceType, l: &scheduling::Lau
     labels
 }
 
-fn candidates(types: &[String]) -> String {
-    let shown: Vec<&str> = types.iter().take(3).map(String::as_str).collect();
+fn candidates(types: &TypeNames) -> String {
+    let shown: Vec<&str> = types.names().take(3).collect();
     let mut s = shown.join(", ");
     if types.len() > 3 {
         s.push_str(&format!(" and {} other(s)", types.len() - 3));

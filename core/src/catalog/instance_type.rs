@@ -19,6 +19,9 @@ pub enum CapacityType {
 }
 
 impl CapacityType {
+    /// Every capacity type.
+    pub const ALL: [CapacityType; 3] = [CapacityType::Spot, CapacityType::OnDemand, CapacityType::Reserved];
+
     /// The label value.
     pub fn as_str(&self) -> &'static str {
         match self {

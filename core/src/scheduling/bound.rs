@@ -17,15 +17,15 @@
 //! the reported figure is certified by re-checking every offering's constraint, whatever
 //! the solver's precision.
 //!
-//! LB_count: pods that must sit on distinct nodes (a group that is mutually exclusive by
-//! required hostname anti-affinity, or by a hostname spread with `maxSkew: 1`) each need a
-//! node that fits them; the bound sums, over the largest such group, the cheapest offering
-//! that fits each member (at least the goals' "group size × cheapest fitting offering").
+//! LB_count, exactly as goals.md defines it: the largest group of pods that must sit on
+//! distinct nodes (self-selecting required hostname anti-affinity) × the cheapest offering
+//! that fits one of them. (Summing each member's cheapest fitting offering would also be a
+//! valid bound, and a tighter one; the goals' figure is kept so that R compares.)
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::labels;
-use crate::pod::{Pod, WhenUnsatisfiable};
+use crate::pod::Pod;
 use crate::requirements::Requirements;
 use crate::resources::{ResourceList, ResourceName};
 use crate::taints::{self, Effect, Taint};
@@ -349,21 +349,16 @@ fn count_bound(
                 groups.entry(format!("anti/{}/{:?}", pod.key.namespace, sel)).or_default().push(p);
             }
         }
-        for t in &pod.topology_spread {
-            if t.topology_key == labels::HOSTNAME
-                && t.max_skew == 1
-                && t.when_unsatisfiable == WhenUnsatisfiable::DoNotSchedule
-                && let Some(sel) = &t.selector
-                && sel.matches(&pod.labels)
-            {
-                groups.entry(format!("spread/{}/{:?}", pod.key.namespace, sel)).or_default().push(p);
-            }
-        }
     }
     groups
         .values()
         .map(|members| {
-            members.iter().filter_map(|p| class_of.get(p).map(|&c| class_min[c])).filter(|v| v.is_finite()).sum::<f64>()
+            let fits: Vec<f64> = members
+                .iter()
+                .filter_map(|p| class_of.get(p).map(|&c| class_min[c]))
+                .filter(|v| v.is_finite())
+                .collect();
+            if fits.is_empty() { 0.0 } else { fits.len() as f64 * fits.iter().copied().fold(f64::INFINITY, f64::min) }
         })
         .fold(0.0, f64::max)
 }

@@ -225,29 +225,39 @@ impl Results {
 
 /// Runs the Karpenter-parity provisioning simulation of `pods` against `snapshot`.
 pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results {
+    let t0 = std::time::Instant::now();
     let mut s = scheduler::Scheduler::new(snapshot, pods, opts);
+    let t1 = std::time::Instant::now();
     let mut errors = match opts.packer {
         Packer::Karpenter => s.solve(),
         Packer::Dovetail => s.solve_dovetail(),
     };
+    let t2 = std::time::Instant::now();
     let mut claims = Vec::new();
     let mut claim_of: BTreeMap<usize, usize> = BTreeMap::new();
     let mut zone_use: BTreeMap<String, usize> = BTreeMap::new();
     let mut cache = launch::Cache::default();
+    let (mut tr, mut tf, mut tc) = (std::time::Duration::ZERO, std::time::Duration::ZERO, std::time::Duration::ZERO);
     for planned in &s.planned {
         if planned.pods.is_empty() {
             continue;
         }
         let template = &s.templates[planned.template];
+        let ta = std::time::Instant::now();
         let finalized = if planned.right_size {
-            right_size(template, planned, s.remaining_limit_types(planned), opts.max_instance_types, &mut cache)
-                .and_then(|types| finalize(template, planned, types, true, opts))
+            let r =
+                right_size(template, planned, s.remaining_limit_types(planned), opts.max_instance_types, &mut cache);
+            tr += ta.elapsed();
+            r.and_then(|types| finalize(template, planned, types, true, opts))
         } else {
             finalize(template, planned, planned.types.clone(), false, opts)
         };
+        tf += ta.elapsed();
         match finalized {
             Ok(mut claim) => {
-                claim.launch = cache.choose(template.instance_types, &claim, opts, &mut zone_use);
+                let tb = std::time::Instant::now();
+                claim.launch = cache.choose(template, planned.template, &claim, opts, &mut zone_use);
+                tc += tb.elapsed();
                 claim_of.insert(planned.id, claims.len());
                 claims.push(claim);
             }
@@ -257,6 +267,14 @@ pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results 
                 }
             }
         }
+    }
+    if std::env::var("DT_PHASES").is_ok() {
+        eprintln!(
+            "PHASE new {:?} solve {:?} finalize {:?} (right_size {tr:?} +finalize {tf:?} choose {tc:?})",
+            t1 - t0,
+            t2 - t1,
+            t2.elapsed()
+        );
     }
     let existing = s
         .existing
@@ -297,18 +315,19 @@ fn right_size(
         .iter()
         .map(|g| !planned.pod_ports.iter().any(|p| g.host_ports.iter().any(|q| p.conflicts(q))))
         .collect();
+    let need = template.need(&planned.requests);
     let mut types: Vec<usize> = by_price
         .iter()
         .copied()
         .filter(|&t| {
-            let it = &its[t];
             let Some(g) = template.group_of[t] else { return false };
             ports_ok[g]
-                && planned.requests.fits_in_with(&template.daemon_groups[g].overhead, &it.allocatable)
-                && limit_cap.as_ref().is_none_or(|cap| cap.iter().all(|(n, v)| it.capacity.get(n) <= v))
+                && template.fits(&need, t)
+                && limit_cap.as_ref().is_none_or(|cap| cap.iter().all(|(n, v)| its[t].capacity.get(n) <= v))
         })
         .take(max)
         .collect();
+    types.shrink_to_fit();
     if types.is_empty() {
         types = planned.types.clone();
     }
@@ -328,12 +347,19 @@ fn finalize(
     let its = template.instance_types;
     let mut reqs = planned.requirements.clone();
     reqs.remove(labels::HOSTNAME);
+    let mut used = vec![false; template.daemon_groups.len()];
+    for &t in &types {
+        if let Some(g) = template.group_of[t] {
+            used[g] = true;
+        }
+    }
     let mut min_overhead: Option<ResourceList> = None;
-    for g in &template.daemon_groups {
-        if g.types.iter().any(|t| types.contains(t)) && !g.overhead.is_empty() {
+    for (g, _) in used.iter().enumerate().filter(|(_, u)| **u) {
+        let o = &template.daemon_groups[g].overhead;
+        if !o.is_empty() {
             min_overhead = Some(match min_overhead {
-                None => g.overhead.clone(),
-                Some(m) => m.min_with(&g.overhead),
+                None => o.clone(),
+                Some(m) => m.min_with(o),
             });
         }
     }
@@ -362,12 +388,18 @@ fn finalize(
             ));
         }
     }
+    // The capacity types the candidates offer (stopping once every type the pool's
+    // offerings could have is seen).
     let mut cts: Vec<&str> = Vec::new();
     let offering_filter = crate::catalog::OfferingFilter::new(&reqs);
-    for &t in &types {
+    let possible = template.capacity_types.iter().filter(|c| reqs.get(labels::CAPACITY_TYPE).has(c.as_str())).count();
+    'types: for &t in &types {
         for o in &its[t].offerings {
             if offering_filter.accepts(o) && !cts.contains(&o.capacity_type.as_str()) {
                 cts.push(o.capacity_type.as_str());
+                if cts.len() >= possible {
+                    break 'types;
+                }
             }
         }
     }

@@ -63,6 +63,41 @@ impl Packing<'_> {
     }
 }
 
+/// A claim opened in a round of phase 1.
+struct Bin {
+    /// Its column among the round's columns.
+    col: usize,
+    /// Index into the round's zones, when its type is offered in some zone.
+    zone: Option<usize>,
+    node: super::nodes::PlannedNode,
+    left: Vec<f64>,
+    /// Planned pods per class of the round (member, count), sparse.
+    share: Vec<(usize, usize)>,
+}
+
+fn add_share(share: &mut Vec<(usize, usize)>, m: usize) {
+    match share.iter_mut().rev().find(|(x, _)| *x == m) {
+        Some((_, n)) => *n += 1,
+        None => share.push((m, 1)),
+    }
+}
+
+fn share_of(share: &[(usize, usize)], m: usize) -> usize {
+    share.iter().find(|(x, _)| *x == m).map_or(0, |(_, n)| *n)
+}
+
+fn take_share(share: &mut [(usize, usize)], m: usize) {
+    if let Some((_, n)) = share.iter_mut().find(|(x, _)| *x == m) {
+        *n = n.saturating_sub(1);
+    }
+}
+
+fn clear_share(share: &mut [(usize, usize)], m: usize) {
+    if let Some((_, n)) = share.iter_mut().find(|(x, _)| *x == m) {
+        *n = 0;
+    }
+}
+
 fn tolerates_hard(pool_taints: &[Taint], tolerations: &[taints::Toleration]) -> bool {
     let hard: Vec<Taint> = pool_taints.iter().filter(|t| t.effect != Effect::PreferNoSchedule).cloned().collect();
     taints::tolerates_all(&hard, tolerations)
@@ -71,6 +106,7 @@ fn tolerates_hard(pool_taints: &[Taint], tolerations: &[taints::Toleration]) -> 
 impl<'a> Scheduler<'a> {
     /// Runs the dovetail packer; returns the error of every pod that could not be placed.
     pub fn solve_dovetail(&mut self) -> HashMap<usize, String> {
+        let t0 = std::time::Instant::now();
         let (mut errors, queue) = self.validate_pods();
         let (mut classes, caps) = classes::build(self.pods, &queue);
         let data: Vec<PodData> = classes
@@ -142,12 +178,17 @@ impl<'a> Scheduler<'a> {
             }
         }
 
+        let t1 = std::time::Instant::now();
         // Everything left goes through Karpenter's per-pod loop, in its queue order.
         let mut leftover: Vec<usize> =
             classes.iter().flat_map(|c| c.pods[c.next..].iter().copied()).collect::<Vec<_>>();
         let position: HashMap<usize, usize> = queue.iter().enumerate().map(|(i, p)| (*p, i)).collect();
         leftover.sort_by_key(|p| position.get(p).copied().unwrap_or(usize::MAX));
+        let nleft = leftover.len();
         errors.extend(self.run_queue(leftover));
+        if std::env::var("DT_PHASES").is_ok() {
+            eprintln!("PHASE pack {:?} leftover {} {:?}", t1 - t0, nleft, t1.elapsed());
+        }
         errors
     }
 
@@ -278,6 +319,7 @@ impl<'a> Scheduler<'a> {
         views: &[PodView],
         deferred: &mut [bool],
     ) -> bool {
+        let t_start = std::time::Instant::now();
         let template = &self.templates[t];
         // Dimensions: every resource the classes request.
         let mut dims: Vec<ResourceName> = Vec::new();
@@ -329,20 +371,26 @@ impl<'a> Scheduler<'a> {
                     .collect()
             })
             .collect();
+        let tp = std::time::Instant::now();
         let mut packing =
             Packing { dims: &dims, caps, demand: demand_vectors, value: vec![0.0; members.len()], prices: Vec::new() };
         self.reprice(&mut packing, members, classes, &columns);
 
         // Phase 1: rounds of the assignment LP (see `pack_round`).
-        const ROUNDS: usize = 6;
+        const ROUNDS: usize = 1;
         for round in 0..ROUNDS {
+            let tr = std::time::Instant::now();
             let go =
                 self.pack_round(t, round + 1 == ROUNDS, members, classes, data, views, &packing, &columns, &compat);
+            if std::env::var("DT_PHASES").is_ok() {
+                eprintln!("PHASE round {round} {:?} claims {}", tr.elapsed(), self.planned.len());
+            }
             if !go {
                 break;
             }
         }
 
+        let tq = std::time::Instant::now();
         // Phase 2: whatever is left, type by type, by estimated value per dollar.
         let mut exhausted = false;
         let mut rounds = 0usize;
@@ -396,6 +444,16 @@ impl<'a> Scheduler<'a> {
                 }
             }
         }
+        if std::env::var("DT_PHASES").is_ok() {
+            eprintln!(
+                "PHASE columns+compat {:?} rounds {:?} phase2 {:?} cols {} members {}",
+                tp - t_start,
+                tq - tp,
+                tq.elapsed(),
+                columns.len(),
+                members.len()
+            );
+        }
         exhausted
     }
 
@@ -431,7 +489,7 @@ impl<'a> Scheduler<'a> {
             .iter()
             .map(|c| {
                 let worth: f64 = c.alloc.iter().zip(&packing.prices).map(|(a, p)| a * p).sum();
-                c.price - worth <= 0.05 * c.price
+                c.price - worth <= 0.01 * c.price
             })
             .collect();
         let allowed: Vec<bool> = columns.iter().map(|c| self.within_limits(t, c.it)).collect();
@@ -456,36 +514,57 @@ impl<'a> Scheduler<'a> {
         kept.sort_unstable();
         let sub_columns: Vec<&TypeColumn> = kept.iter().map(|&i| &columns[i]).collect();
         let sub_compat: Vec<Vec<bool>> = compat.iter().map(|row| kept.iter().map(|&i| row[i]).collect()).collect();
+        let tl = std::time::Instant::now();
         let Some((mut quota, y)) = quotas(&sub_columns, members, classes, packing, &sub_compat) else { return false };
+        let tl2 = std::time::Instant::now();
         let whole: f64 = y.iter().map(|v| (v + 1e-6).floor()).sum();
         let last = force_last || whole < 1.0;
 
-        // The claims of this round: (column, zone to pin if needed).
-        struct Bin {
-            col: usize,
-            zone: Option<String>,
-            node: super::nodes::PlannedNode,
-            left: Vec<f64>,
-            share: Vec<usize>,
-        }
-        let mut bins: Vec<Bin> = Vec::new();
-        // The zones each type is offered in (within the pool's requirements).
-        let column_zones: Vec<Vec<String>> = sub_columns
+        // The zones each type is offered in (within the pool's requirements), as indices into
+        // every zone a claim of this round could be pinned to.
+        let template = &self.templates[t];
+        let mut zone_names: Vec<String> = Vec::new();
+        let column_zones: Vec<Vec<usize>> = sub_columns
             .iter()
             .map(|col| {
-                let template = &self.templates[t];
                 let it = &template.instance_types[col.it];
-                let mut z: Vec<String> = it
-                    .offerings
-                    .iter()
-                    .filter(|o| o.available && o.compatible(&template.requirements))
-                    .map(|o| o.zone.clone())
-                    .collect();
-                z.sort();
-                z.dedup();
+                let mut z: Vec<usize> = Vec::new();
+                for o in it.offerings.iter().filter(|o| o.available && o.compatible(&template.requirements)) {
+                    let i = match zone_names.iter().position(|n| *n == o.zone) {
+                        Some(i) => i,
+                        None => {
+                            zone_names.push(o.zone.clone());
+                            zone_names.len() - 1
+                        }
+                    };
+                    if !z.contains(&i) {
+                        z.push(i);
+                    }
+                }
                 z
             })
             .collect();
+        // Zones in name order, so that zone rotation is stable.
+        let mut rename: Vec<usize> = (0..zone_names.len()).collect();
+        rename.sort_by(|&a, &b| zone_names[a].cmp(&zone_names[b]));
+        let mut rank_of = vec![0usize; zone_names.len()];
+        for (r, &z) in rename.iter().enumerate() {
+            rank_of[z] = r;
+        }
+        let column_zones: Vec<Vec<usize>> = column_zones
+            .into_iter()
+            .map(|zs| {
+                let mut zs: Vec<usize> = zs.into_iter().map(|z| rank_of[z]).collect();
+                zs.sort_unstable();
+                zs
+            })
+            .collect();
+        zone_names.sort();
+        // Pseudo-zone 0 stands for "no zone" when no type names one.
+        let zone_slots = zone_names.len().max(1);
+
+        // The claims of this round, each with its planned pods per class.
+        let mut bins: Vec<Bin> = Vec::new();
         for (k, col) in sub_columns.iter().enumerate() {
             let count = if last {
                 (0..col.alloc.len())
@@ -503,13 +582,26 @@ impl<'a> Scheduler<'a> {
                 continue;
             }
             let zones = &column_zones[k];
-            // Each class's share of every claim: zone-keyed classes spread over zones first
-            // (so zone counts stay even), then over the zone's claims; the rest over claims.
             let zone_count = zones.len().max(1);
-            let zone_bins = |z: usize| -> usize { (count + zone_count - 1 - z) / zone_count };
+            let first = bins.len();
+            for b in 0..count {
+                if !self.within_limits(t, col.it) {
+                    break;
+                }
+                let node = self.new_planned(t, vec![col.it]);
+                self.next_hostname += 1;
+                // Reserve the pool's limits now; given back if the claim stays empty.
+                self.subtract_limits(t, &node);
+                let zone = (!zones.is_empty()).then(|| zones[b % zone_count]);
+                bins.push(Bin { col: k, zone, node, left: col.alloc.clone(), share: Vec::new() });
+            }
+            let count = bins.len() - first;
+            if count == 0 {
+                continue;
+            }
             // Pods capped per node go round-robin over the claims, never more than the cap
-            // of their group on one claim.
-            let mut capped: Vec<Vec<usize>> = vec![vec![0; members.len()]; count];
+            // of their group on one claim; one cursor across groups, so different groups
+            // start on different claims.
             let mut groups: Vec<usize> = Vec::new();
             for m in 0..members.len() {
                 if let Some(&g) = classes[members[m]].caps.first()
@@ -519,11 +611,11 @@ impl<'a> Scheduler<'a> {
                     groups.push(g);
                 }
             }
-            // One cursor across groups, so different groups start on different claims.
             let mut next = 0usize;
+            let mut used = vec![0usize; count];
             for g in groups {
                 let cap = packing.caps[g].cap;
-                let mut used = vec![0usize; count];
+                used.iter_mut().for_each(|u| *u = 0);
                 for m in 0..members.len() {
                     if classes[members[m]].caps.first() != Some(&g) {
                         continue;
@@ -532,37 +624,32 @@ impl<'a> Scheduler<'a> {
                         let Some(step) = (0..count).find(|s| used[(next + s) % count] < cap) else { break };
                         let b = (next + step) % count;
                         used[b] += 1;
-                        capped[b][m] += 1;
+                        add_share(&mut bins[first + b].share, m);
                         next = (b + 1) % count;
                     }
                 }
             }
-            for b in 0..count {
-                let z = b % zone_count;
-                let (bz, nz) = (b / zone_count, zone_bins(z));
-                let share: Vec<usize> = (0..members.len())
-                    .map(|m| {
-                        let q = quota[m][k];
-                        let c = &classes[members[m]];
-                        if !c.caps.is_empty() {
-                            capped[b][m]
-                        } else if c.zonal_spread || c.zonal_affinity {
-                            let qz = (z + 1) * q / zone_count - z * q / zone_count;
-                            (bz + 1) * qz / nz.max(1) - bz * qz / nz.max(1)
-                        } else {
-                            (b + 1) * q / count - b * q / count
-                        }
-                    })
-                    .collect();
-                let zone = (!zones.is_empty()).then(|| zones[z].clone());
-                if !self.within_limits(t, col.it) {
-                    break;
+            // Zone-keyed classes spread over zones first (so zone counts stay even), then
+            // over the zone's claims; the rest evenly over all claims.
+            for m in 0..members.len() {
+                let q = quota[m][k];
+                let c = &classes[members[m]];
+                if q == 0 || !c.caps.is_empty() {
+                    continue;
                 }
-                let node = self.new_planned(t, vec![col.it]);
-                self.next_hostname += 1;
-                // Reserve the pool's limits now; given back if the claim stays empty.
-                self.subtract_limits(t, &node);
-                bins.push(Bin { col: k, zone, node, left: col.alloc.clone(), share });
+                if c.zonal_spread || c.zonal_affinity {
+                    for z in 0..zone_count.min(count) {
+                        let qz = (z + 1) * q / zone_count - z * q / zone_count;
+                        let nz = (count + zone_count - 1 - z) / zone_count;
+                        for j in 0..qz {
+                            add_share(&mut bins[first + (j * nz / qz) * zone_count + z].share, m);
+                        }
+                    }
+                } else {
+                    for j in 0..q {
+                        add_share(&mut bins[first + j * count / q].share, m);
+                    }
+                }
             }
         }
         if bins.is_empty() {
@@ -597,63 +684,98 @@ impl<'a> Scheduler<'a> {
         };
         // How crowded each class's cap group is: its pods per claim slot this round.
         let mut group_total: HashMap<usize, usize> = HashMap::new();
-        for m in 0..members.len() {
-            if let Some(&g) = classes[members[m]].caps.first() {
-                *group_total.entry(g).or_insert(0) += bins.iter().map(|b| b.share[m]).sum::<usize>();
+        for bin in &bins {
+            for &(m, n) in &bin.share {
+                if let Some(&g) = classes[members[m]].caps.first() {
+                    *group_total.entry(g).or_insert(0) += n;
+                }
             }
         }
         let pressure: Vec<f64> = (0..members.len())
             .map(|m| match classes[members[m]].caps.first() {
                 None => 0.0,
-                Some(&g) => group_total[&g] as f64 / (bins.len() * packing.caps[g].cap).max(1) as f64,
+                Some(&g) => {
+                    group_total.get(&g).copied().unwrap_or(0) as f64 / (bins.len() * packing.caps[g].cap).max(1) as f64
+                }
             })
             .collect();
-        // Every zone a claim of this round could be pinned to, so that zone-keyed pods can
-        // reach zones no claim was planned in yet.
-        let zone_names: Vec<Option<String>> = {
-            let mut z: Vec<Option<String>> = bins.iter().map(|b| b.zone.clone()).collect();
-            z.extend(column_zones.iter().flatten().map(|z| Some(z.clone())));
-            z.sort();
-            z.dedup();
-            z
+        // The claims of each zone, and of each class in each zone (with a cursor: claims a
+        // class's pods no longer fit on are never looked at again this round).
+        let mut zone_bins: Vec<Vec<usize>> = vec![Vec::new(); zone_slots];
+        for (b, bin) in bins.iter().enumerate() {
+            zone_bins[bin.zone.unwrap_or(0)].push(b);
+        }
+        let fits = |m: usize, bin: &Bin| -> bool {
+            sub_compat[m][bin.col] && packing.demand[m].iter().zip(&bin.left).all(|(need, have)| *need <= *have + 1e-9)
         };
+        let mut tpass = vec![std::time::Instant::now()];
         for pass in 0..4 {
+            tpass.push(std::time::Instant::now());
             if pass == 1 || pass == 2 {
                 // Zone-keyed pods: each pod tries the zones in turn (starting where the last
-                // one of its class went), preferring claims that planned for it, so it lands
-                // in a zone its spread or affinity allows and zone counts stay even.
+                // one of its class went), preferring claims that planned for it, then any
+                // claim of the zone it fits, so it lands in a zone its spread or affinity
+                // allows and zone counts stay even.
                 let ms: Vec<usize> = (0..members.len()).filter(|&m| pass_of[m] == pass).collect();
                 for m in ms {
-                    // The class's shares, plus its part of the quota for every zone no claim
-                    // of this round was planned in.
+                    let mut planned_in: Vec<Vec<usize>> = vec![Vec::new(); zone_slots];
+                    let mut shares = 0usize;
+                    for (b, bin) in bins.iter().enumerate() {
+                        if let Some(&(_, n)) = bin.share.iter().find(|(x, _)| *x == m) {
+                            planned_in[bin.zone.unwrap_or(0)].push(b);
+                            shares += n;
+                        }
+                    }
+                    // The class's shares, plus its part of the quota for every zone no
+                    // claim of this round was planned in.
                     let q: usize = quota[m].iter().sum();
-                    let zn = zone_names.len().max(1);
-                    let mut to_place: usize = bins.iter().map(|b| b.share[m]).sum::<usize>()
+                    let mut to_place = shares
                         + (0..zone_names.len())
-                            .filter(|&zi| !bins.iter().any(|b| b.zone == zone_names[zi]))
-                            .map(|zi| (zi + 1) * q / zn - zi * q / zn)
+                            .filter(|&z| zone_bins[z].is_empty())
+                            .map(|z| (z + 1) * q / zone_slots - z * q / zone_slots)
                             .sum::<usize>();
+                    let mut planned_cursor = vec![0usize; zone_slots];
+                    let mut any_cursor = vec![0usize; zone_slots];
                     let mut start = 0usize;
                     while to_place > 0 && classes[members[m]].remaining() > 0 {
                         let mut placed = false;
-                        for step in 0..zone_names.len() {
-                            let z = &zone_names[(start + step) % zone_names.len()];
-                            let fits = |b: &Bin| {
-                                &b.zone == z
-                                    && sub_compat[m][b.col]
-                                    && packing.demand[m].iter().zip(&b.left).all(|(need, have)| *need <= *have + 1e-9)
-                            };
-                            let mut candidate = bins
-                                .iter()
-                                .position(|b| b.share[m] > 0 && fits(b))
-                                .or_else(|| bins.iter().position(|b| !b.node.pods.is_empty() && fits(b)));
+                        for step in 0..zone_slots {
+                            let z = (start + step) % zone_slots;
+                            // A claim that planned pods of this class in this zone.
+                            let mut candidate = None;
+                            while let Some(&b) = planned_in[z].get(planned_cursor[z]) {
+                                if share_of(&bins[b].share, m) > 0 && fits(m, &bins[b]) {
+                                    candidate = Some(b);
+                                    break;
+                                }
+                                planned_cursor[z] += 1;
+                            }
+                            // Else a claim of the zone that already has pods and room.
+                            if candidate.is_none() {
+                                let mut i = any_cursor[z];
+                                while let Some(&b) = zone_bins[z].get(i) {
+                                    if fits(m, &bins[b]) {
+                                        if !bins[b].node.pods.is_empty() {
+                                            candidate = Some(b);
+                                            break;
+                                        }
+                                    } else if i == any_cursor[z] {
+                                        any_cursor[z] += 1;
+                                    }
+                                    i += 1;
+                                    if i - any_cursor[z] > 64 {
+                                        break;
+                                    }
+                                }
+                            }
+                            // No claim in this zone at all yet: open one, so the zone can be used.
                             if candidate.is_none()
-                                && z.is_some()
-                                && !bins.iter().any(|b| &b.zone == z)
+                                && z < zone_names.len()
+                                && zone_bins[z].is_empty()
                                 && let Some(k) = (0..sub_columns.len())
                                     .filter(|&k| {
                                         sub_compat[m][k]
-                                            && z.as_ref().is_some_and(|z| column_zones[k].contains(z))
+                                            && column_zones[k].contains(&z)
                                             && packing.demand[m]
                                                 .iter()
                                                 .zip(&sub_columns[k].alloc)
@@ -662,52 +784,40 @@ impl<'a> Scheduler<'a> {
                                     })
                                     .min_by(|&a, &b| sub_columns[a].price.total_cmp(&sub_columns[b].price))
                             {
-                                // No claim in this zone yet: open one, so the zone can be used.
                                 let node = self.new_planned(t, vec![sub_columns[k].it]);
                                 self.next_hostname += 1;
                                 self.subtract_limits(t, &node);
                                 bins.push(Bin {
                                     col: k,
-                                    zone: z.clone(),
+                                    zone: Some(z),
                                     node,
                                     left: sub_columns[k].alloc.clone(),
-                                    share: vec![0; members.len()],
+                                    share: Vec::new(),
                                 });
+                                zone_bins[z].push(bins.len() - 1);
                                 candidate = Some(bins.len() - 1);
                             }
                             let Some(b) = candidate else { continue };
                             let bin = &mut bins[b];
                             if super::scheduler::pinned_zone(&bin.node.requirements).is_none()
-                                && let Some(z) = &bin.zone
+                                && let Some(z) = bin.zone
                             {
                                 let mut pinned = bin.node.requirements.clone();
-                                pinned.add(crate::labels::ZONE, crate::requirements::Requirement::is_in([z.as_str()]));
+                                pinned.add(
+                                    crate::labels::ZONE,
+                                    crate::requirements::Requirement::is_in([zone_names[z].as_str()]),
+                                );
                                 if pinned.get(crate::labels::ZONE).is_empty() {
                                     continue;
                                 }
                                 bin.node.requirements = pinned;
                             }
-                            let mut one = vec![0usize; members.len()];
-                            one[m] = 1;
-                            self.fill_bin(
-                                &mut bin.node,
-                                &mut bin.left,
-                                &[m],
-                                members,
-                                classes,
-                                data,
-                                views,
-                                packing,
-                                &mut one,
-                            );
-                            if one[m] == 0 {
-                                if bin.share[m] > 0 {
-                                    bin.share[m] -= 1;
-                                }
+                            if self.try_one(&mut bin.node, &mut bin.left, m, members, classes, data, views, packing) {
+                                take_share(&mut bin.share, m);
                                 if quota[m][bin.col] > 0 {
                                     quota[m][bin.col] -= 1;
                                 }
-                                start = (start + step + 1) % zone_names.len();
+                                start = (z + 1) % zone_slots;
                                 placed = true;
                                 break;
                             }
@@ -717,75 +827,106 @@ impl<'a> Scheduler<'a> {
                         }
                         to_place -= 1;
                     }
-                    for b in bins.iter_mut() {
-                        b.share[m] = 0;
+                    for bin in bins.iter_mut() {
+                        bin.share.retain(|(x, _)| *x != m);
                     }
                 }
                 continue;
             }
-            let mut progress = true;
-            while progress {
-                progress = false;
-                for &b in &order {
+            // The other passes cycle over the claims that still have planned pods of the
+            // pass, one pod per class per claim per cycle, so claims fill evenly.
+            let mut active: Vec<usize> = order
+                .iter()
+                .copied()
+                .filter(|&b| bins[b].share.iter().any(|&(m, n)| n > 0 && pass_of[m] == pass))
+                .collect();
+            let mut ms: Vec<usize> = Vec::new();
+            while !active.is_empty() {
+                let mut still: Vec<usize> = Vec::with_capacity(active.len());
+                for &b in &active {
                     let bin = &mut bins[b];
-                    let mut ms: Vec<usize> =
-                        (0..members.len()).filter(|&m| bin.share[m] > 0 && pass_of[m] == pass).collect();
+                    ms.clear();
+                    ms.extend(bin.share.iter().filter(|&&(m, n)| n > 0 && pass_of[m] == pass).map(|&(m, _)| m));
                     // Capped pods of the most crowded group first (it decides how many claims
                     // are needed), then larger pods first.
                     ms.sort_by(|&x, &y| {
                         pressure[y].total_cmp(&pressure[x]).then(by_size(y, bin.col).total_cmp(&by_size(x, bin.col)))
                     });
-                    for m in ms {
-                        if classes[members[m]].remaining() == 0 {
-                            bin.share[m] = 0;
-                            continue;
-                        }
-                        // One pod per class per claim per cycle: spread evenly.
-                        let mut one = vec![0usize; members.len()];
-                        one[m] = 1;
-                        self.fill_bin(
-                            &mut bin.node,
-                            &mut bin.left,
-                            &[m],
-                            members,
-                            classes,
-                            data,
-                            views,
-                            packing,
-                            &mut one,
-                        );
-                        if one[m] == 0 {
-                            bin.share[m] -= 1;
+                    let mut progress = false;
+                    for &m in &ms {
+                        if classes[members[m]].remaining() > 0
+                            && self.try_one(&mut bin.node, &mut bin.left, m, members, classes, data, views, packing)
+                        {
+                            take_share(&mut bin.share, m);
                             quota[m][bin.col] -= 1;
                             progress = true;
                         } else {
                             // Blocked here (topology, capacity): its share moves to the top-up.
-                            bin.share[m] = 0;
+                            clear_share(&mut bin.share, m);
                         }
                     }
+                    if progress && bin.share.iter().any(|&(m, n)| n > 0 && pass_of[m] == pass) {
+                        still.push(b);
+                    }
+                }
+                active = still;
+            }
+        }
+        tpass.push(std::time::Instant::now());
+        // Top-up: each claim takes, by balance, pods of classes that still have quota on its
+        // type.
+        let mut wanting: Vec<Vec<usize>> =
+            (0..sub_columns.len()).map(|k| (0..members.len()).filter(|&m| quota[m][k] > 0).collect()).collect();
+        let mut blocked = vec![usize::MAX; members.len()];
+        for b in 0..bins.len() {
+            let k = bins[b].col;
+            wanting[k].retain(|&m| quota[m][k] > 0 && classes[members[m]].remaining() > 0);
+            if wanting[k].is_empty() {
+                continue;
+            }
+            let bin = &mut bins[b];
+            let alloc = &sub_columns[k].alloc;
+            loop {
+                let mut best: Option<(f64, usize)> = None;
+                for &m in &wanting[k] {
+                    if blocked[m] == b || quota[m][k] == 0 || classes[members[m]].remaining() == 0 {
+                        continue;
+                    }
+                    let d = &packing.demand[m];
+                    if !d.iter().zip(bin.left.iter()).all(|(need, have)| *need <= *have + 1e-9) {
+                        continue;
+                    }
+                    let score: f64 = d
+                        .iter()
+                        .zip(bin.left.iter())
+                        .zip(alloc)
+                        .filter(|(_, a)| **a > 0.0)
+                        .map(|((need, have), a)| (need / a) * (have / a))
+                        .sum();
+                    if best.is_none_or(|(s, _)| score > s) {
+                        best = Some((score, m));
+                    }
+                }
+                let Some((_, m)) = best else { break };
+                if self.try_one(&mut bin.node, &mut bin.left, m, members, classes, data, views, packing) {
+                    quota[m][k] -= 1;
+                } else {
+                    blocked[m] = b;
                 }
             }
         }
-        for bin in bins.iter_mut() {
-            let k = bin.col;
-            let mut rest: Vec<usize> = (0..members.len()).map(|m| quota[m][k]).collect();
-            let before = rest.clone();
-            let candidates: Vec<usize> = (0..members.len()).filter(|&m| rest[m] > 0).collect();
-            self.fill_balanced(
-                &mut bin.node,
-                &mut bin.left,
-                &sub_columns[k].alloc,
-                &candidates,
-                members,
-                classes,
-                data,
-                views,
-                packing,
-                &mut rest,
+        if std::env::var("DT_PHASES").is_ok() {
+            eprintln!(
+                "PHASE lp {:?} setup {:?} p0 {:?} p1 {:?} p2 {:?} p3 {:?} topup {:?} bins {}",
+                tl2 - tl,
+                tpass[1] - tl2,
+                tpass[2] - tpass[1],
+                tpass[3] - tpass[2],
+                tpass[4] - tpass[3],
+                tpass[5] - tpass[4],
+                tpass[5].elapsed(),
+                bins.len()
             );
-            for m in 0..members.len() {
-                quota[m][k] -= before[m] - rest[m];
-            }
         }
         let mut placed_any = false;
         for bin in bins {
@@ -876,57 +1017,6 @@ impl<'a> Scheduler<'a> {
         packing.prices = prices;
     }
 
-    /// Tops a claim up one pod at a time, each time with the class whose demand best matches
-    /// what is left (the largest dot product of its share of the type with the share still
-    /// free), up to `allowance[m]` pods per class.
-    #[allow(clippy::too_many_arguments)]
-    fn fill_balanced(
-        &mut self,
-        bin: &mut super::nodes::PlannedNode,
-        left: &mut [f64],
-        alloc: &[f64],
-        candidates: &[usize],
-        members: &[usize],
-        classes: &mut [Class],
-        data: &[PodData],
-        views: &[PodView],
-        packing: &Packing<'_>,
-        allowance: &mut [usize],
-    ) {
-        let mut blocked = vec![false; members.len()];
-        loop {
-            let mut best: Option<(f64, usize)> = None;
-            for &m in candidates {
-                if blocked[m] || allowance[m] == 0 || classes[members[m]].remaining() == 0 {
-                    continue;
-                }
-                let d = &packing.demand[m];
-                if !d.iter().zip(left.iter()).all(|(need, have)| *need <= *have + 1e-9) {
-                    continue;
-                }
-                let score: f64 = d
-                    .iter()
-                    .zip(left.iter())
-                    .zip(alloc)
-                    .filter(|(_, a)| **a > 0.0)
-                    .map(|((need, have), a)| (need / a) * (have / a))
-                    .sum();
-                if best.is_none_or(|(b, _)| score > b) {
-                    best = Some((score, m));
-                }
-            }
-            let Some((_, m)) = best else { break };
-            let mut one = vec![0usize; members.len()];
-            one[m] = 1;
-            let placed = self.fill_bin(bin, left, &[m], members, classes, data, views, packing, &mut one);
-            if placed > 0.0 || one[m] == 0 {
-                allowance[m] -= 1;
-            } else {
-                blocked[m] = true;
-            }
-        }
-    }
-
     /// Adds pods to a claim in `order`, each class up to `allowance[m]` pods, while its
     /// vector fits in `left`. Returns the value placed.
     #[allow(clippy::too_many_arguments)]
@@ -942,37 +1032,57 @@ impl<'a> Scheduler<'a> {
         packing: &Packing<'_>,
         allowance: &mut [usize],
     ) -> f64 {
-        let template = &self.templates[bin.template];
         let mut value = 0.0;
         for &m in order {
-            let c = members[m];
-            let d = &packing.demand[m];
             while allowance[m] > 0
-                && classes[c].remaining() > 0
-                && d.iter().zip(left.iter()).all(|(need, have)| *need <= *have + 1e-9)
+                && classes[members[m]].remaining() > 0
+                && self.try_one(bin, left, m, members, classes, data, views, packing)
             {
-                let idx = classes[c].pods[classes[c].next];
-                let pod = &self.pods[idx];
-                match bin.can_add(template, &self.topology, idx, pod, &data[c], &views[c].tolerations, false, true) {
-                    Ok(add) => {
-                        bin.add(template, &mut self.topology, idx, pod, &data[c], add);
-                        self.order.push(super::scheduler::Placement {
-                            pod: idx,
-                            target: super::scheduler::Target::Planned(bin.id),
-                            zone: super::scheduler::pinned_zone(&bin.requirements),
-                        });
-                        classes[c].next += 1;
-                        allowance[m] -= 1;
-                        for (h, n) in left.iter_mut().zip(d) {
-                            *h -= n;
-                        }
-                        value += packing.value[m];
-                    }
-                    Err(_) => break,
-                }
+                allowance[m] -= 1;
+                value += packing.value[m];
             }
         }
         value
+    }
+
+    /// Adds the next pod of class `members[m]` to a claim if its vector fits in `left` and
+    /// Karpenter's checks (requirements, topology, types) allow it.
+    #[allow(clippy::too_many_arguments)]
+    fn try_one(
+        &mut self,
+        bin: &mut super::nodes::PlannedNode,
+        left: &mut [f64],
+        m: usize,
+        members: &[usize],
+        classes: &mut [Class],
+        data: &[PodData],
+        views: &[PodView],
+        packing: &Packing<'_>,
+    ) -> bool {
+        let c = members[m];
+        let d = &packing.demand[m];
+        if classes[c].remaining() == 0 || !d.iter().zip(left.iter()).all(|(need, have)| *need <= *have + 1e-9) {
+            return false;
+        }
+        let template = &self.templates[bin.template];
+        let idx = classes[c].pods[classes[c].next];
+        let pod = &self.pods[idx];
+        match bin.can_add(template, &self.topology, idx, pod, &data[c], &views[c].tolerations, false, true) {
+            Ok(add) => {
+                bin.add(template, &mut self.topology, idx, pod, &data[c], add);
+                self.order.push(super::scheduler::Placement {
+                    pod: idx,
+                    target: super::scheduler::Target::Planned(bin.id),
+                    zone: super::scheduler::pinned_zone(&bin.requirements),
+                });
+                classes[c].next += 1;
+                for (h, n) in left.iter_mut().zip(d) {
+                    *h -= n;
+                }
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -993,13 +1103,24 @@ fn quotas(
     compat: &[Vec<bool>],
 ) -> Option<(Vec<Vec<usize>>, Vec<f64>)> {
     use microlp::{ComparisonOp, OptimizationDirection, Problem};
-    // Merge classes with the same demand and usable types.
+    // Each LP dimension: a resource, or a cap group with pods here. (Merging cap groups,
+    // which would shrink the LP, was measured to cost 3-5% in R on the benchmark mix.)
+    let nres = packing.dims.len();
+    let mut lp_dims: Vec<Vec<usize>> = (0..nres).map(|r| vec![r]).collect();
+    for (g, _) in packing.caps.iter().enumerate() {
+        if members.iter().any(|&c| classes[c].remaining() > 0 && classes[c].caps.contains(&g)) {
+            lp_dims.push(vec![nres + g]);
+        }
+    }
+    let lp_demand =
+        |m: usize| -> Vec<f64> { lp_dims.iter().map(|set| set.iter().map(|&r| packing.demand[m][r]).sum()).collect() };
+    // Merge classes with the same LP demand and usable types.
     let mut lp_classes: Vec<(Vec<u64>, &Vec<bool>, Vec<usize>)> = Vec::new();
     for (m, &c) in members.iter().enumerate() {
         if classes[c].remaining() == 0 {
             continue;
         }
-        let key: Vec<u64> = packing.demand[m].iter().map(|v| v.to_bits()).collect();
+        let key: Vec<u64> = lp_demand(m).iter().map(|v| v.to_bits()).collect();
         match lp_classes.iter_mut().find(|(k, cp, _)| *k == key && **cp == compat[m]) {
             Some((_, _, ms)) => ms.push(m),
             None => lp_classes.push((key, &compat[m], vec![m])),
@@ -1008,7 +1129,6 @@ fn quotas(
     if lp_classes.is_empty() {
         return None;
     }
-    let nd = packing.dims.len() + packing.caps.len();
     let mut p = Problem::new(OptimizationDirection::Minimize);
     let y: Vec<microlp::Variable> = columns.iter().map(|c| p.add_var(c.price, (0.0, f64::INFINITY))).collect();
     let mut x: Vec<Vec<Option<microlp::Variable>>> = Vec::new();
@@ -1016,10 +1136,10 @@ fn quotas(
         x.push((0..columns.len()).map(|t| cp[t].then(|| p.add_var(0.0, (0.0, f64::INFINITY)))).collect());
     }
     for (t, col) in columns.iter().enumerate() {
-        for r in 0..nd {
+        for (j, set) in lp_dims.iter().enumerate() {
             let mut expr: Vec<(microlp::Variable, f64)> = Vec::new();
-            for (k, (_, _, ms)) in lp_classes.iter().enumerate() {
-                let d = packing.demand[ms[0]][r];
+            for (k, (key, _, _)) in lp_classes.iter().enumerate() {
+                let d = f64::from_bits(key[j]);
                 if let Some(v) = x[k][t]
                     && d > 0.0
                 {
@@ -1027,7 +1147,7 @@ fn quotas(
                 }
             }
             if !expr.is_empty() {
-                expr.push((y[t], -col.alloc[r]));
+                expr.push((y[t], -set.iter().map(|&r| col.alloc[r]).sum::<f64>()));
                 p.add_constraint(expr.as_slice(), ComparisonOp::Le, 0.0);
             }
         }
@@ -1038,7 +1158,10 @@ fn quotas(
         if expr.is_empty() {
             return None;
         }
-        p.add_constraint(expr.as_slice(), ComparisonOp::Eq, n as f64);
+        p.add_constraint(expr.as_slice(), ComparisonOp::Ge, n as f64);
+    }
+    if std::env::var("DT_PHASES").is_ok() {
+        eprintln!("PHASE lp size: classes {} columns {} dims {}", lp_classes.len(), columns.len(), lp_dims.len());
     }
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.solve())).ok()?.ok()?;
     let sol = outcome.solution()?;
@@ -1065,20 +1188,18 @@ fn quotas(
             }
             assigned -= 1;
         }
-        // Hand each member class its share, type by type.
+        // Hand each member class a share of every type in proportion to its size (member
+        // classes may be in different cap groups, which must spread alike): cumulative
+        // rounding keeps every type's total exact.
         let mut per_type: Vec<(usize, usize)> = counts.iter().map(|c| (c.0, c.1)).filter(|c| c.1 > 0).collect();
         per_type.sort();
+        let mut before = 0usize;
         for &m in ms {
-            let mut need = classes[members[m]].remaining();
-            for (t, left) in per_type.iter_mut() {
-                if need == 0 {
-                    break;
-                }
-                let take = need.min(*left);
-                quota[m][*t] += take;
-                *left -= take;
-                need -= take;
+            let after = before + classes[members[m]].remaining();
+            for &(t, cnt) in &per_type {
+                quota[m][t] += cnt * after / n.max(1) - cnt * before / n.max(1);
             }
+            before = after;
         }
     }
     let ys: Vec<f64> = y.iter().map(|v| sol.var_value(*v).max(0.0)).collect();

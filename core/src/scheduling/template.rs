@@ -5,7 +5,7 @@ use crate::labels;
 use crate::nodepool::NodePool;
 use crate::pod::{HostPort, Pod};
 use crate::requirements::{Requirement, Requirements};
-use crate::resources::ResourceList;
+use crate::resources::{ResourceList, ResourceName};
 use crate::taints::{self, Effect, Taint, Toleration, TolerationOp};
 
 use super::filter::{self, FilterInput};
@@ -36,6 +36,66 @@ pub struct Template<'a> {
     pub daemon_groups: Vec<DaemonGroup>,
     /// For each instance type index, its daemon group (if the type is in `types`).
     pub group_of: Vec<Option<usize>>,
+    /// For each instance type index, allocatable cpu (millicores), memory and pods, or
+    /// `None` when some allocatable amount is negative (nothing fits): the fast path of
+    /// the fit checks that run once per type per finished claim.
+    pub dense_alloc: Vec<Option<[i64; 3]>>,
+    /// The capacity types any offering of the pool's types has.
+    pub capacity_types: Vec<crate::catalog::CapacityType>,
+}
+
+/// The resources of [`Template::dense_alloc`].
+pub const DENSE: [ResourceName; 3] = [ResourceName::Cpu, ResourceName::Memory, ResourceName::Pods];
+
+impl Template<'_> {
+    /// Whether `requests` plus the daemon overhead of type `t`'s group fit on `t`; the same
+    /// answer as `ResourceList::fits_in_with`, from a precomputed [`Need`].
+    pub fn fits(&self, need: &Need, t: usize) -> bool {
+        let Some(g) = self.group_of[t] else { return false };
+        let Some(alloc) = &self.dense_alloc[t] else { return false };
+        let (dense, rest) = &need.per_group[g];
+        dense.iter().zip(alloc).all(|(n, a)| n <= a)
+            && rest.iter().all(|(name, v)| *v <= self.instance_types[t].allocatable.get(name))
+    }
+
+    /// Whether `requests` alone fit on type `t` (`ResourceList::fits_in`).
+    pub fn fits_plain(&self, need: &([i64; 3], Vec<(ResourceName, i64)>), t: usize) -> bool {
+        let Some(alloc) = &self.dense_alloc[t] else { return false };
+        need.0.iter().zip(alloc).all(|(n, a)| n <= a)
+            && need.1.iter().all(|(name, v)| *v <= self.instance_types[t].allocatable.get(name))
+    }
+
+    /// Splits `requests` for [`Template::fits_plain`].
+    pub fn need_plain(&self, requests: &ResourceList) -> ([i64; 3], Vec<(ResourceName, i64)>) {
+        let dense = DENSE.map(|r| requests.get(&r));
+        let rest = requests.iter().filter(|(n, v)| !DENSE.contains(n) && *v > 0).map(|(n, v)| (n.clone(), v)).collect();
+        (dense, rest)
+    }
+
+    /// Precomputes `requests` plus each daemon group's overhead for [`Template::fits`].
+    pub fn need(&self, requests: &ResourceList) -> Need {
+        Need {
+            per_group: self
+                .daemon_groups
+                .iter()
+                .map(|g| {
+                    let total = requests.merged(&g.overhead);
+                    let dense = DENSE.map(|r| total.get(&r));
+                    let rest = total
+                        .iter()
+                        .filter(|(n, v)| !DENSE.contains(n) && *v > 0)
+                        .map(|(n, v)| (n.clone(), v))
+                        .collect();
+                    (dense, rest)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Requests plus each daemon group's overhead, split into the dense resources and the rest.
+pub struct Need {
+    per_group: Vec<([i64; 3], Vec<(ResourceName, i64)>)>,
 }
 
 impl<'a> Template<'a> {
@@ -108,7 +168,21 @@ impl<'a> Template<'a> {
             daemon_groups[g].types.push(t);
             group_of[t] = Some(g);
         }
+        let dense_alloc = input
+            .instance_types
+            .iter()
+            .map(|it| (!it.allocatable.iter().any(|(_, v)| v < 0)).then(|| DENSE.map(|r| it.allocatable.get(&r))))
+            .collect();
+        let mut capacity_types = Vec::new();
+        for &t in &types {
+            for o in &input.instance_types[t].offerings {
+                if !capacity_types.contains(&o.capacity_type) {
+                    capacity_types.push(o.capacity_type);
+                }
+            }
+        }
         Ok(Template {
+            capacity_types,
             pool,
             pool_index,
             instance_types: &input.instance_types,
@@ -116,6 +190,7 @@ impl<'a> Template<'a> {
             types,
             daemon_groups,
             group_of,
+            dense_alloc,
         })
     }
 }
