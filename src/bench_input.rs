@@ -91,8 +91,9 @@ fn render(args: &BenchInputArgs) -> anyhow::Result<String> {
     match &args.trace {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-            for (name, (cpu, mem, gpu), count) in trace_groups(&text).with_context(|| format!("trace {path}"))? {
-                out.push_str(&deployment(&name, count, &BTreeMap::new(), cpu, mem, gpu, ""));
+            let groups = workload::trace_groups(&text).map_err(|e| anyhow::anyhow!("trace {path}: {e}"))?;
+            for g in groups {
+                out.push_str(&deployment(&g.name, g.count, &BTreeMap::new(), g.cpu_milli, g.memory_mib, g.gpus, ""));
             }
         }
         None => {
@@ -172,27 +173,4 @@ fn group_yaml(g: &PodGroup) -> String {
         _ => String::new(),
     };
     deployment(&g.name(), g.count, &labels, g.cpu_milli, g.memory_mib, 0, &extra)
-}
-
-/// Groups trace rows into identical pods: `(name, (cpu_milli, memory_mib, gpus), count)`.
-pub fn trace_groups(text: &str) -> anyhow::Result<Vec<(String, (i64, i64, i64), usize)>> {
-    let mut lines = text.lines();
-    let header = lines.next().context("empty trace")?;
-    let cols: Vec<&str> = header.split(',').collect();
-    let col = |name: &str| cols.iter().position(|c| *c == name).with_context(|| format!("no {name} column"));
-    let (ci, mi, gi) = (col("cpu_milli")?, col("memory_mib")?, col("gpu")?);
-    let mut groups: BTreeMap<(i64, i64, i64), usize> = BTreeMap::new();
-    for (n, line) in lines.enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let f: Vec<&str> = line.split(',').collect();
-        let num = |i: usize| -> anyhow::Result<i64> {
-            f.get(i)
-                .and_then(|v| v.trim().parse().ok())
-                .with_context(|| format!("line {}: column {} is not an integer", n + 2, cols[i]))
-        };
-        *groups.entry((num(ci)?, num(mi)?, num(gi)?)).or_insert(0) += 1;
-    }
-    Ok(groups.into_iter().map(|((c, m, g), count)| (format!("trace-c{c}-m{m}-g{g}"), (c, m, g), count)).collect())
 }

@@ -48,6 +48,10 @@ pub struct PlanArgs {
     /// The placement policy.
     #[arg(long, value_enum, default_value = "dovetail")]
     pub packer: PackerArg,
+    /// Recheck the plan independently (fit from the raw catalog and DaemonSets, every
+    /// constraint on the end state); violations go to stderr and the exit code is 3.
+    #[arg(long)]
+    pub validate: bool,
 }
 
 /// A claim's candidate instance types: indices into its pool's types, written out as names
@@ -134,7 +138,7 @@ pub struct PlanOut {
 /// Runs the command; exit 2 on any input error.
 pub fn run(args: &PlanArgs) -> ExitCode {
     match plan(args) {
-        Ok((out, warnings)) => {
+        Ok((out, warnings, violations)) => {
             for w in warnings {
                 eprintln!("warning: {w}");
             }
@@ -152,6 +156,13 @@ pub fn run(args: &PlanArgs) -> ExitCode {
                     }
                 }
                 Output::Table => print!("{}", table(&out)),
+            }
+            if !violations.is_empty() {
+                for v in &violations {
+                    eprintln!("violation: {v}");
+                }
+                eprintln!("error: the plan breaks {} rule(s) (see the violations above)", violations.len());
+                return ExitCode::from(3);
             }
             ExitCode::SUCCESS
         }
@@ -234,7 +245,7 @@ fn rss(what: &str) {
     }
 }
 
-fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>)> {
+fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>, Vec<String>)> {
     let text = read_input(&args.file)?;
     rss("read");
     let manifest = Manifest::parse(&text)?;
@@ -256,6 +267,12 @@ fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>)> {
     rss("solved");
     warnings.extend(results.warnings.iter().cloned());
     let on_new: Vec<usize> = results.claims.iter().flat_map(|c| c.pods.iter().copied()).collect();
+    let semantics = match args.packer {
+        PackerArg::Dovetail => scheduling::Semantics::Strict,
+        PackerArg::Karpenter => scheduling::Semantics::Karpenter,
+    };
+    let violations =
+        if args.validate { scheduling::validate(&snap, &manifest.pending, &results, semantics) } else { Vec::new() };
     let mut out = render(&snap, &manifest.pending, results, solve_ms);
     let start = Instant::now();
     let lb = scheduling::lower_bound(&snap, &manifest.pending, &on_new);
@@ -266,7 +283,7 @@ fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>)> {
     if lb.value > 0.0 && cheapest_used.is_finite() && lb.value >= 10.0 * cheapest_used {
         out.summary.ratio = Some(out.summary.cost_per_hour / lb.value);
     }
-    Ok((out, warnings))
+    Ok((out, warnings, violations))
 }
 
 /// Turns results into the output shape.

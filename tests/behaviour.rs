@@ -277,7 +277,7 @@ fn check_run(
 ) -> Vec<String> {
     let name = name.to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_dovetail"))
-        .args(["plan", "-o", "json", "--packer", packer, "-f"])
+        .args(["plan", "-o", "json", "--validate", "--packer", packer, "-f"])
         .arg(input_path)
         .output()
         .expect("run dovetail");

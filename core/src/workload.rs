@@ -7,11 +7,16 @@
 //! DoNotSchedule. CPU uniform from {100m, 250m, 500m, 1, 1500m}, memory from {100Mi, 256Mi,
 //! 512Mi, 1Gi, 2Gi, 4Gi}. Identical pods are grouped (as one Deployment each in YAML).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::catalog::{Catalog, NodeClassSettings};
 use crate::labels::{self, LabelSelector};
 use crate::nodepool::NodePool;
 use crate::pod::{Pod, PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable};
 use crate::requirements::{Operator, Requirement, Requirements};
-use crate::resources::ResourceList;
+use crate::resources::{ResourceList, ResourceName};
+use crate::scheduling::{PoolInput, Snapshot};
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same workload on
 /// every platform.
@@ -187,6 +192,139 @@ fn int_req(op: Operator, v: i64) -> Requirement {
     Requirement::new("", op, &[v.to_string()]).expect("invariant: an integer bound")
 }
 
+/// The openb trace shipped for tests and benchmarks (`core/data/traces/README.md`).
+pub const OPENB_DEFAULT: &str = include_str!("../data/traces/openb_default.csv");
+
+/// Identical pods of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceGroup {
+    /// `trace-c<cpu>-m<memory>-g<gpus>`.
+    pub name: String,
+    pub cpu_milli: i64,
+    pub memory_mib: i64,
+    /// Whole `nvidia.com/gpu` devices.
+    pub gpus: i64,
+    pub count: usize,
+}
+
+/// Groups the rows of a trace CSV (`pod_id,cpu_milli,memory_mib,gpu,...`, columns found by
+/// name) into identical pods. Errors name the line and column.
+pub fn trace_groups(text: &str) -> Result<Vec<TraceGroup>, String> {
+    let mut lines = text.lines();
+    let header = lines.next().ok_or("empty trace")?;
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    let col = |name: &str| cols.iter().position(|c| *c == name).ok_or(format!("no {name} column in the header"));
+    let (ci, mi, gi) = (col("cpu_milli")?, col("memory_mib")?, col("gpu")?);
+    let mut groups: BTreeMap<(i64, i64, i64), usize> = BTreeMap::new();
+    for (n, line) in lines.enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        let num = |i: usize| -> Result<i64, String> {
+            f.get(i).and_then(|v| v.trim().parse().ok()).filter(|v: &i64| *v >= 0).ok_or(format!(
+                "line {}: column {} is not a non-negative integer",
+                n + 2,
+                cols[i]
+            ))
+        };
+        *groups.entry((num(ci)?, num(mi)?, num(gi)?)).or_insert(0) += 1;
+    }
+    Ok(groups
+        .into_iter()
+        .map(|((c, m, g), count)| TraceGroup {
+            name: format!("trace-c{c}-m{m}-g{g}"),
+            cpu_milli: c,
+            memory_mib: m,
+            gpus: g,
+            count,
+        })
+        .collect())
+}
+
+/// The pods of a trace, named `default/<group>-<i>` as `dovetail plan` names them.
+pub fn trace_pods(groups: &[TraceGroup]) -> Vec<Pod> {
+    let mut out = Vec::new();
+    for (gi, g) in groups.iter().enumerate() {
+        let mut requests = ResourceList::cpu_mem(g.cpu_milli, g.memory_mib << 20);
+        if g.gpus > 0 {
+            requests.set(ResourceName::NvidiaGpu, g.gpus);
+        }
+        let mut template = Pod::new("default", &g.name, requests);
+        template.labels.insert("bench".to_string(), g.name.clone());
+        for i in 0..g.count {
+            let mut p = template.clone();
+            p.key.name = format!("{}-{i}", g.name);
+            p.creation = (gi * 1_000_000 + i) as i64;
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A benchmark input as the scheduler takes it: the snapshot (one NodePool with the
+/// built-in us-east-1 catalog's types) and the pending pods.
+pub struct BenchInput {
+    pub snapshot: Snapshot,
+    pub pods: Vec<Pod>,
+}
+
+/// The benchmark inputs of `docs/benchmarks.md`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bench {
+    /// The goals' benchmark mix of `n` pods (seed 1), c/m/r, any capacity type.
+    Mix(usize),
+    /// `n` resource-only pods (seed 1), c/m/r, on-demand.
+    Generic(usize),
+    /// `n` resource-only pods (seed 1), every family, on-demand.
+    GenericAll(usize),
+    /// The openb trace, every family, on-demand.
+    Openb,
+}
+
+impl Bench {
+    /// Every input the R table and the validator tests use.
+    pub const ALL: [Bench; 7] = [
+        Bench::Generic(1000),
+        Bench::Generic(10_000),
+        Bench::GenericAll(1000),
+        Bench::GenericAll(10_000),
+        Bench::Mix(1000),
+        Bench::Mix(10_000),
+        Bench::Openb,
+    ];
+
+    /// A short name (`mix-10k`).
+    pub fn name(&self) -> String {
+        let k = |n: usize| if n % 1000 == 0 { format!("{}k", n / 1000) } else { n.to_string() };
+        match self {
+            Bench::Mix(n) => format!("mix-{}", k(*n)),
+            Bench::Generic(n) => format!("generic-{}", k(*n)),
+            Bench::GenericAll(n) => format!("generic-all-{}", k(*n)),
+            Bench::Openb => "openb".to_string(),
+        }
+    }
+
+    /// Builds the input (the same as `dovetail bench-input` writes, parsed).
+    pub fn input(&self) -> BenchInput {
+        let (pool, pods) = match *self {
+            Bench::Mix(n) => (nodepool(Families::Cmr, Capacity::Any), pods(&groups(n, 1, Mix::Diverse))),
+            Bench::Generic(n) => (nodepool(Families::Cmr, Capacity::OnDemand), pods(&groups(n, 1, Mix::Generic))),
+            Bench::GenericAll(n) => (nodepool(Families::All, Capacity::OnDemand), pods(&groups(n, 1, Mix::Generic))),
+            Bench::Openb => (
+                nodepool(Families::All, Capacity::OnDemand),
+                trace_pods(&trace_groups(OPENB_DEFAULT).expect("invariant: the shipped trace parses")),
+            ),
+        };
+        let catalog = Catalog::embedded("us-east-1").expect("invariant: the built-in catalog loads");
+        let instance_types = Arc::new(catalog.instance_types(&NodeClassSettings::default(), None));
+        BenchInput {
+            snapshot: Snapshot { nodepools: vec![PoolInput { pool, instance_types }], ..Default::default() },
+            pods,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,5 +343,15 @@ mod tests {
         let nginx = p.iter().filter(|p| p.labels.get("app").is_some_and(|v| v == "nginx")).count();
         assert_eq!(nginx, 200);
         assert!(groups(500, 1, Mix::Generic).iter().all(|g| g.kind == 0));
+    }
+
+    #[test]
+    fn traces_parse_and_errors_name_the_line() {
+        let g = trace_groups(OPENB_DEFAULT).unwrap();
+        assert_eq!(g.iter().map(|g| g.count).sum::<usize>(), 8152);
+        assert!(g.iter().any(|g| g.gpus == 8));
+        let err = trace_groups("pod_id,cpu_milli,memory_mib,gpu\np,1,x,0\n").unwrap_err();
+        assert!(err.contains("line 2") && err.contains("memory_mib"), "{err}");
+        assert!(trace_groups("pod_id,cpu\n").unwrap_err().contains("cpu_milli"));
     }
 }

@@ -351,3 +351,35 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(120))]
+
+    /// Both packers' plans pass the independent validator, and the lower bound (over the
+    /// pods each plan puts on new claims) never exceeds the plan's cost.
+    #[test]
+    fn plans_validate_and_never_cost_less_than_the_lower_bound(
+        pods in proptest::collection::vec(pod_spec(), 1..40),
+        pools in proptest::collection::vec(pool_spec(), 1..3),
+    ) {
+        let its = types();
+        let snapshot = Snapshot {
+            nodepools: pools.iter().enumerate().map(|(i, s)| PoolInput { pool: make_pool(i, s), instance_types: its.clone() }).collect(),
+            ..Default::default()
+        };
+        let pods: Vec<Pod> = pods.iter().enumerate().map(|(i, s)| make_pod(i, s)).collect();
+        for (packer, semantics) in [
+            (scheduling::Packer::Dovetail, scheduling::Semantics::Strict),
+            (scheduling::Packer::Karpenter, scheduling::Semantics::Karpenter),
+        ] {
+            let opts = SolveOptions { packer, ..SolveOptions::default() };
+            let results = scheduling::solve(&snapshot, &pods, &opts);
+            let violations = scheduling::validate(&snapshot, &pods, &results, semantics);
+            prop_assert!(violations.is_empty(), "{:?}: {:#?}", packer, violations);
+            let on_new: Vec<usize> = results.claims.iter().flat_map(|c| c.pods.iter().copied()).collect();
+            let lb = scheduling::lower_bound(&snapshot, &pods, &on_new);
+            let cost = results.cost_per_hour();
+            prop_assert!(lb.value <= cost * (1.0 + 1e-9) + 1e-9, "{:?}: bound {} above cost {}", packer, lb.value, cost);
+        }
+    }
+}

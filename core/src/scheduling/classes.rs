@@ -69,8 +69,6 @@ pub struct Class {
     pub zonal_spread: bool,
     /// Whether the class has zone-keyed (non-hostname) pod affinity or anti-affinity.
     pub zonal_affinity: bool,
-    /// Whether the class has any preference (preferred affinity, ScheduleAnyway spread).
-    pub preferences: bool,
 }
 
 impl Class {
@@ -99,10 +97,6 @@ pub fn build(pods: &[Pod], which: &[usize]) -> (Vec<Class>, Vec<CapGroup>) {
                     .iter()
                     .chain(p.pod_anti_affinity.required.iter())
                     .any(|t| t.topology_key != labels::HOSTNAME),
-                preferences: !p.node_affinity.preferred.is_empty()
-                    || !p.pod_affinity.preferred.is_empty()
-                    || !p.pod_anti_affinity.preferred.is_empty()
-                    || p.topology_spread.iter().any(|t| t.when_unsatisfiable == WhenUnsatisfiable::ScheduleAnyway),
             });
             classes.len() - 1
         });

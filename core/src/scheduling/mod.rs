@@ -20,6 +20,7 @@ mod packer;
 mod scheduler;
 mod template;
 mod topology;
+mod validate;
 mod view;
 
 use std::collections::BTreeMap;
@@ -37,6 +38,7 @@ pub use bound::{LowerBound, lower_bound};
 pub use filter::unmet_min_values;
 pub use scheduler::{Placement, Target};
 pub use topology::{TopologyError, TopologyType};
+pub use validate::{Semantics, validate};
 
 /// Karpenter's `PREFERENCE_POLICY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -82,7 +82,7 @@ impl<'a> ExistingNode<'a> {
         base.add_all(&data.requirements);
         try_volume_alternatives(pod, &base, false, |reqs| {
             let topo_reqs = topo
-                .add_requirements(idx, pod, &self.taints, &data.strict_requirements, &reqs)
+                .add_requirements(idx, pod, &self.taints, &data.strict_requirements, &reqs, false)
                 .map_err(|e| e.to_string())?;
             reqs.compatible(&topo_reqs, false).map_err(|e| e.to_string())?;
             let mut reqs = reqs;
@@ -95,7 +95,7 @@ impl<'a> ExistingNode<'a> {
     pub fn add(&mut self, topo: &mut Topology<'_>, idx: usize, pod: &Pod, data: &PodData, reqs: Requirements) {
         self.pods.push(idx);
         self.remaining.subtract(&data.requests);
-        topo.record(idx, pod, &self.taints, &reqs);
+        topo.record(idx, pod, &self.taints, &reqs, false);
         self.requirements = reqs;
         self.host_ports.extend(pod.host_ports.iter().cloned());
     }
@@ -217,7 +217,7 @@ impl PlannedNode {
         let mut result = None;
         let reqs = try_volume_alternatives(pod, &base, true, |reqs| {
             let topo_reqs = topo
-                .add_requirements(idx, pod, &template.pool.taints, &data.strict_requirements, &reqs)
+                .add_requirements(idx, pod, &template.pool.taints, &data.strict_requirements, &reqs, true)
                 .map_err(|e| e.to_string())?;
             reqs.compatible(&topo_reqs, true).map_err(|e| e.to_string())?;
             let mut reqs = reqs;
@@ -264,7 +264,7 @@ impl PlannedNode {
             self.min_values_relaxed = true;
         }
         topo.register(labels::HOSTNAME, &self.hostname);
-        topo.record(idx, pod, &template.pool.taints, &reqs);
+        topo.record(idx, pod, &template.pool.taints, &reqs, true);
         self.requirements = reqs;
         self.pod_ports.extend(pod.host_ports.iter().cloned());
     }

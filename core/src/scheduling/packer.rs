@@ -98,6 +98,21 @@ fn clear_share(share: &mut [(usize, usize)], m: usize) {
     }
 }
 
+/// Narrows a claim to one zone, unless it is already pinned. False when the claim cannot be
+/// in that zone.
+fn pin_zone(node: &mut super::nodes::PlannedNode, zone: &str) -> bool {
+    if super::scheduler::pinned_zone(&node.requirements).is_some() {
+        return true;
+    }
+    let mut pinned = node.requirements.clone();
+    pinned.add(crate::labels::ZONE, crate::requirements::Requirement::is_in([zone]));
+    if pinned.get(crate::labels::ZONE).is_empty() {
+        return false;
+    }
+    node.requirements = pinned;
+    true
+}
+
 fn tolerates_hard(pool_taints: &[Taint], tolerations: &[taints::Toleration]) -> bool {
     let hard: Vec<Taint> = pool_taints.iter().filter(|t| t.effect != Effect::PreferNoSchedule).cloned().collect();
     taints::tolerates_all(&hard, tolerations)
@@ -107,6 +122,7 @@ impl<'a> Scheduler<'a> {
     /// Runs the dovetail packer; returns the error of every pod that could not be placed.
     pub fn solve_dovetail(&mut self) -> HashMap<usize, String> {
         let t0 = std::time::Instant::now();
+        self.pin_counted = true;
         let (mut errors, queue) = self.validate_pods();
         let (mut classes, caps) = classes::build(self.pods, &queue);
         let data: Vec<PodData> = classes
@@ -235,11 +251,17 @@ impl<'a> Scheduler<'a> {
     /// fit on any of them.
     fn fill_planned(&mut self, class: &mut Class, data: &PodData, view: &PodView) {
         let mut start = 0;
+        // A pod that zone-keyed topology counts only joins claims already pinned to a zone
+        // (on an open one its count would be lost).
+        let counted = self.topology.counted_beyond_hostname(&self.pods[class.pods[class.next]]);
         while class.remaining() > 0 {
             let idx = class.pods[class.next];
             let pod = &self.pods[idx];
             let found = (start..self.planned.len()).find_map(|n| {
                 let claim = &self.planned[n];
+                if counted && super::scheduler::pinned_zone(&claim.requirements).is_none() {
+                    return None;
+                }
                 let template = &self.templates[claim.template];
                 if let Ok(a) = claim.can_add(template, &self.topology, idx, pod, data, &view.tolerations, false, true) {
                     return Some((n, a, None));
@@ -392,6 +414,10 @@ impl<'a> Scheduler<'a> {
 
         let tq = std::time::Instant::now();
         // Phase 2: whatever is left, type by type, by estimated value per dollar.
+        let pin_all = members.iter().any(|&c| {
+            classes[c].remaining() > 0 && self.topology.counted_beyond_hostname(&self.pods[classes[c].pods[0]])
+        });
+        let mut zone_cursor = 0usize;
         let mut exhausted = false;
         let mut rounds = 0usize;
         loop {
@@ -413,15 +439,38 @@ impl<'a> Scheduler<'a> {
             let Some((col, estimate, order)) =
                 best_column(&columns, &allowed, &live, &packing, classes, members, &compat)
             else {
-                // No class can use any allowed type: leave them to the per-pod loop.
-                for &m in &live {
-                    deferred[members[m]] = true;
+                if allowed.len() < columns.len() {
+                    // The types the limits still allow fit none of them: the rest goes to
+                    // the next pool.
+                    exhausted = true;
+                } else {
+                    // No class can use any type: leave them to the per-pod loop.
+                    for &m in &live {
+                        deferred[members[m]] = true;
+                    }
                 }
                 break;
             };
             loop {
                 let mut bin = self.new_planned(t, vec![columns[col].it]);
                 self.next_hostname += 1;
+                if pin_all {
+                    // Zones in turn, as the claims of phase 1 do (see `pack_round`).
+                    let template = &self.templates[t];
+                    let mut zones: Vec<&str> = template.instance_types[columns[col].it]
+                        .offerings
+                        .iter()
+                        .filter(|o| o.available && o.compatible(&template.requirements))
+                        .map(|o| o.zone.as_str())
+                        .collect();
+                    zones.sort_unstable();
+                    zones.dedup();
+                    if !zones.is_empty() {
+                        let z = zones[zone_cursor % zones.len()].to_string();
+                        zone_cursor += 1;
+                        pin_zone(&mut bin, &z);
+                    }
+                }
                 let mut left = columns[col].alloc.clone();
                 let mut allowance = vec![usize::MAX; members.len()];
                 let realized =
@@ -563,6 +612,11 @@ impl<'a> Scheduler<'a> {
         // Pseudo-zone 0 stands for "no zone" when no type names one.
         let zone_slots = zone_names.len().max(1);
 
+        // When zone-keyed topology counts any of these pods, every claim is pinned to its
+        // zone from the start, so that each pod is counted where it will really run.
+        let pin_all = members.iter().any(|&c| {
+            classes[c].remaining() > 0 && self.topology.counted_beyond_hostname(&self.pods[classes[c].pods[0]])
+        });
         // The claims of this round, each with its planned pods per class.
         let mut bins: Vec<Bin> = Vec::new();
         for (k, col) in sub_columns.iter().enumerate() {
@@ -588,11 +642,14 @@ impl<'a> Scheduler<'a> {
                 if !self.within_limits(t, col.it) {
                     break;
                 }
-                let node = self.new_planned(t, vec![col.it]);
+                let mut node = self.new_planned(t, vec![col.it]);
                 self.next_hostname += 1;
                 // Reserve the pool's limits now; given back if the claim stays empty.
                 self.subtract_limits(t, &node);
                 let zone = (!zones.is_empty()).then(|| zones[b % zone_count]);
+                if pin_all && let Some(z) = zone {
+                    pin_zone(&mut node, &zone_names[z]);
+                }
                 bins.push(Bin { col: k, zone, node, left: col.alloc.clone(), share: Vec::new() });
             }
             let count = bins.len() - first;
@@ -799,18 +856,10 @@ impl<'a> Scheduler<'a> {
                             }
                             let Some(b) = candidate else { continue };
                             let bin = &mut bins[b];
-                            if super::scheduler::pinned_zone(&bin.node.requirements).is_none()
-                                && let Some(z) = bin.zone
+                            if let Some(z) = bin.zone
+                                && !pin_zone(&mut bin.node, &zone_names[z])
                             {
-                                let mut pinned = bin.node.requirements.clone();
-                                pinned.add(
-                                    crate::labels::ZONE,
-                                    crate::requirements::Requirement::is_in([zone_names[z].as_str()]),
-                                );
-                                if pinned.get(crate::labels::ZONE).is_empty() {
-                                    continue;
-                                }
-                                bin.node.requirements = pinned;
+                                continue;
                             }
                             if self.try_one(&mut bin.node, &mut bin.left, m, members, classes, data, views, packing) {
                                 take_share(&mut bin.share, m);

@@ -54,6 +54,12 @@ pub struct Scheduler<'a> {
     pub order: Vec<Placement>,
     pub(super) tolerate_prefer_no_schedule: bool,
     pub(super) next_hostname: usize,
+    /// Pin the claim of every pod that zone-keyed topology counts to one zone when it is
+    /// placed, so that its count is never lost (the dovetail packer sets this; Karpenter
+    /// leaves such claims open).
+    pub(super) pin_counted: bool,
+    /// Rotates the zone chosen when pinning.
+    pub(super) pin_cursor: usize,
 }
 
 impl<'a> Scheduler<'a> {
@@ -138,6 +144,8 @@ impl<'a> Scheduler<'a> {
             order: Vec::new(),
             tolerate_prefer_no_schedule,
             next_hostname: 0,
+            pin_counted: false,
+            pin_cursor: 0,
         }
     }
 
@@ -229,8 +237,12 @@ impl<'a> Scheduler<'a> {
         // (b) NodeClaims planned in this solve, least-full first.
         self.planned.sort_by_key(|p| p.pods.len());
         let relax_min_values = self.opts.min_values_policy == MinValuesPolicy::BestEffort;
+        let counted = self.pin_counted && self.topology.counted_beyond_hostname(pod);
         for c in 0..self.planned.len() {
             let claim = &self.planned[c];
+            if counted && pinned_zone(&claim.requirements).is_none() {
+                continue;
+            }
             let template = &self.templates[claim.template];
             if let Ok(add) =
                 claim.can_add(template, &self.topology, idx, pod, data, &view.tolerations, relax_min_values, true)
@@ -245,8 +257,14 @@ impl<'a> Scheduler<'a> {
         }
         let mut errs = Vec::new();
         for t in 0..self.templates.len() {
-            match self.try_new_claim(t, idx, view, data, relax_min_values) {
+            match self.try_new_claim(t, idx, view, data, relax_min_values, None) {
                 Ok((claim, add)) => {
+                    let (claim, add) = if counted && pinned_zone(&add.requirements).is_none() {
+                        self.pinned_new_claim(t, idx, view, data, relax_min_values, &add.requirements)
+                            .unwrap_or((claim, add))
+                    } else {
+                        (claim, add)
+                    };
                     self.planned.push(claim);
                     self.next_hostname += 1;
                     let c = self.planned.len() - 1;
@@ -285,6 +303,39 @@ impl<'a> Scheduler<'a> {
         });
     }
 
+    /// A new claim for the pod pinned to one of the zones `reqs` allow (taken in turn from
+    /// a rotating start), if any works.
+    fn pinned_new_claim(
+        &mut self,
+        t: usize,
+        idx: usize,
+        view: &PodView,
+        data: &PodData,
+        relax_min_values: bool,
+        reqs: &crate::requirements::Requirements,
+    ) -> Option<(PlannedNode, Addition)> {
+        let allowed = reqs.get(labels::ZONE);
+        let template = &self.templates[t];
+        let mut zones: Vec<&str> = template
+            .types
+            .iter()
+            .flat_map(|&i| template.instance_types[i].offerings.iter())
+            .filter(|o| o.available && allowed.has(&o.zone))
+            .map(|o| o.zone.as_str())
+            .collect();
+        zones.sort_unstable();
+        zones.dedup();
+        let zones: Vec<String> = zones.into_iter().map(str::to_string).collect();
+        for k in 0..zones.len() {
+            let z = &zones[(self.pin_cursor + k) % zones.len()];
+            if let Ok(found) = self.try_new_claim(t, idx, view, data, relax_min_values, Some(z)) {
+                self.pin_cursor += k + 1;
+                return Some(found);
+            }
+        }
+        None
+    }
+
     fn try_new_claim(
         &self,
         t: usize,
@@ -292,6 +343,7 @@ impl<'a> Scheduler<'a> {
         view: &PodView,
         data: &PodData,
         relax_min_values: bool,
+        zone: Option<&str>,
     ) -> Result<(PlannedNode, Addition), String> {
         let template = &self.templates[t];
         let mut types = template.types.clone();
@@ -307,7 +359,10 @@ impl<'a> Scheduler<'a> {
                 return Err("all available instance types exceed limits for nodepool".into());
             }
         }
-        let claim = self.new_planned(t, types);
+        let mut claim = self.new_planned(t, types);
+        if let Some(z) = zone {
+            claim.requirements.add(labels::ZONE, crate::requirements::Requirement::is_in([z]));
+        }
         let add = claim.can_add(
             template,
             &self.topology,

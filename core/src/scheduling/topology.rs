@@ -63,11 +63,13 @@ impl NodeFilter {
         NodeFilter { requirements, taint_policy, affinity_policy, tolerations: view.tolerations.clone() }
     }
 
-    /// Whether a node with these taints and requirements takes part in the topology.
-    pub fn matches(&self, taints: &[Taint], reqs: &Requirements) -> bool {
+    /// Whether a node with these taints and requirements takes part in the topology. For a
+    /// NodeClaim, well-known labels it leaves undefined count as compatible (Karpenter
+    /// passes `AllowUndefinedWellKnownLabels` there, and not for existing nodes).
+    pub fn matches(&self, taints: &[Taint], reqs: &Requirements, allow_undefined: bool) -> bool {
         let affinity_ok = self.affinity_policy == InclusionPolicy::Ignore
             || self.requirements.is_empty()
-            || self.requirements.iter().any(|r| reqs.is_compatible(r, false));
+            || self.requirements.iter().any(|r| reqs.is_compatible(r, allow_undefined));
         let taints_ok =
             self.taint_policy == InclusionPolicy::Ignore || taints::tolerates_all(taints, &self.tolerations);
         affinity_ok && taints_ok
@@ -123,8 +125,8 @@ impl TopologyGroup {
     }
 
     /// Whether `pod`, placed on a node with these taints and requirements, counts.
-    fn counts(&self, pod: &Pod, taints: &[Taint], reqs: &Requirements) -> bool {
-        self.selects(pod) && self.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs))
+    fn counts(&self, pod: &Pod, taints: &[Taint], reqs: &Requirements, allow_undefined: bool) -> bool {
+        self.selects(pod) && self.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, allow_undefined))
     }
 
     fn register(&mut self, domain: &str) {
@@ -599,7 +601,7 @@ impl<'a> Topology<'a> {
         for n in &self.snapshot.nodes {
             let Some(d) = n.labels.get(&g.id.key) else { continue };
             let (taints, reqs) = &self.nodes[n.name.as_str()];
-            if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs)) {
+            if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, false)) {
                 g.register(d);
             }
         }
@@ -614,7 +616,7 @@ impl<'a> Topology<'a> {
                 _ if g.id.key == labels::HOSTNAME => node_name.to_string(),
                 _ => continue,
             };
-            if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs)) {
+            if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, false)) {
                 g.record(&domain);
             }
         }
@@ -629,13 +631,14 @@ impl<'a> Topology<'a> {
         taints: &[Taint],
         pod_reqs: &Requirements,
         node_reqs: &Requirements,
+        allow_undefined: bool,
     ) -> Result<Requirements, TopologyError> {
         let mut out = node_reqs.clone();
         let owned = self.owned.get(&idx).map(Vec::as_slice).unwrap_or(&[]);
         let matching = owned
             .iter()
             .map(|i| &self.groups[*i])
-            .chain(self.inverse.iter().filter(|g| g.counts(pod, taints, node_reqs)));
+            .chain(self.inverse.iter().filter(|g| g.counts(pod, taints, node_reqs, allow_undefined)));
         for g in matching {
             let key = g.key();
             let pod_domains = pod_reqs.get(key);
@@ -656,9 +659,9 @@ impl<'a> Topology<'a> {
     }
 
     /// Records that `pod` was placed on a node with these taints and requirements.
-    pub fn record(&mut self, idx: usize, pod: &Pod, taints: &[Taint], reqs: &Requirements) {
+    pub fn record(&mut self, idx: usize, pod: &Pod, taints: &[Taint], reqs: &Requirements, allow_undefined: bool) {
         for g in &mut self.groups {
-            if !g.counts(pod, taints, reqs) {
+            if !g.counts(pod, taints, reqs, allow_undefined) {
                 continue;
             }
             let domains = reqs.get(&g.id.key);
@@ -683,6 +686,15 @@ impl<'a> Topology<'a> {
                 }
             }
         }
+    }
+
+    /// Whether some group keyed on anything but the hostname would count this pod: then the
+    /// pod's node must be pinned to one domain when it is placed, or the count is lost
+    /// (Karpenter skips pods on claims whose zone is still open).
+    pub fn counted_beyond_hostname(&self, pod: &Pod) -> bool {
+        self.groups
+            .iter()
+            .any(|g| g.id.key != labels::HOSTNAME && g.id.kind != TopologyType::PodAntiAffinity && g.selects(pod))
     }
 
     /// Makes a domain (a new hostname) known to every group of that key.

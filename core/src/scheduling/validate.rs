@@ -1,0 +1,660 @@
+//! An independent check of a plan: every claim and placement of [`Results`] is rechecked
+//! against the raw catalog (capacity minus the overhead model), the DaemonSets that would
+//! land on each node, and every constraint the pods and NodePools state, with the nodes'
+//! final labels. It shares no code with the solve beyond the model (requirements, label
+//! selectors, taints), so a packer bug cannot hide behind the code that made it.
+//!
+//! What "final" means: a new claim becomes a node of its launch type in its launch zone
+//! and capacity type, with every label its requirements pin to one value; topology rules
+//! are checked on that end state (for `maxSkew`, skew only grows by placement, so a plan
+//! whose every placement kept the skew also keeps it at the end).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::catalog::InstanceType;
+use crate::labels::{self, LabelSelector, Labels};
+use crate::pod::{Pod, PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable};
+use crate::requirements::{Operator, Requirement, Requirements};
+use crate::resources::{ResourceList, ResourceName};
+use crate::taints::{self, Effect, Taint};
+
+use super::{Results, Snapshot};
+
+/// A node of the plan's end state: an existing node, or a new claim as launched.
+struct EndNode {
+    name: String,
+    labels: Labels,
+    /// Taints pods must tolerate (NoSchedule, NoExecute).
+    taints: Vec<Taint>,
+}
+
+/// How zones count for topology spread and pod affinity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Semantics {
+    /// Every pod counts in the zone it will run in (what kube-scheduler sees when it binds
+    /// the pods in plan order). The dovetail packer is held to this.
+    Strict,
+    /// Karpenter's batch semantics: a pod counts in a zone only if its claim was pinned to
+    /// that zone when the pod was placed (pods on claims whose zone was still open are not
+    /// counted; `Placement::zone`). The parity packer is held to this.
+    Karpenter,
+}
+
+/// Checks a plan; returns one line per violation (empty when the plan holds).
+pub fn validate(snapshot: &Snapshot, pods: &[Pod], results: &Results, semantics: Semantics) -> Vec<String> {
+    let mut out = Vec::new();
+    check_accounting(pods, results, &mut out);
+
+    // The end state: existing nodes, then one node per claim.
+    let mut nodes: Vec<EndNode> = snapshot
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut l = n.labels.clone();
+            l.entry(labels::HOSTNAME.to_string()).or_insert_with(|| n.name.clone());
+            EndNode { name: n.name.clone(), labels: l, taints: n.effective_taints() }
+        })
+        .collect();
+    let mut node_of: HashMap<usize, usize> = HashMap::new();
+    let node_by_name: HashMap<&str, usize> =
+        snapshot.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+    for (ci, c) in results.claims.iter().enumerate() {
+        let input = &snapshot.nodepools[c.pool];
+        let its = &input.instance_types;
+        let name = format!("claim {ci} (nodepool {:?})", input.pool.name);
+        let Some(launch) = &c.launch else {
+            out.push(format!("{name}: no launch"));
+            continue;
+        };
+        check_claim(&name, snapshot, pods, c, &mut out);
+        let labels = claim_labels(c, its, launch.instance_type, &launch.zone, launch.capacity_type.as_str(), ci);
+        let taints = input.pool.taints.clone();
+        node_of.extend(c.pods.iter().map(|&p| (p, nodes.len())));
+        nodes.push(EndNode { name, labels, taints });
+    }
+    for e in &results.existing {
+        node_of.extend(e.pods.iter().map(|&p| (p, e.node)));
+        check_existing(snapshot, pods, e.node, &e.pods, &mut out);
+    }
+
+    // Every placed pod: its node requirements and taints.
+    for (&p, &n) in &node_of {
+        let pod = &pods[p];
+        let node = &nodes[n];
+        if !pod_fits_labels(pod, &node.labels) {
+            out.push(format!("pod {}: node selector or required node affinity not met on {}", pod.key, node.name));
+        }
+        let hard: Vec<Taint> = node.taints.iter().filter(|t| t.effect != Effect::PreferNoSchedule).cloned().collect();
+        if let Some(t) = taints::first_untolerated(&hard, &pod.tolerations) {
+            out.push(format!("pod {}: does not tolerate taint {t} of {}", pod.key, node.name));
+        }
+    }
+
+    // Topology, over bound and placed pods alike.
+    let mut members: Vec<(&Pod, usize, Option<usize>)> = Vec::new(); // (pod, node, pending index)
+    for bp in snapshot.bound_pods.iter().filter(|p| !p.terminal) {
+        if let Some(&n) = bp.node_name.as_deref().and_then(|n| node_by_name.get(n)) {
+            members.push((bp, n, None));
+        }
+    }
+    let position: HashMap<usize, usize> = results.order.iter().enumerate().map(|(i, pl)| (pl.pod, i)).collect();
+    let mut placed: Vec<usize> = node_of.keys().copied().collect();
+    placed.sort_by_key(|p| position.get(p).copied().unwrap_or(usize::MAX));
+    for &p in &placed {
+        members.push((&pods[p], node_of[&p], Some(p)));
+    }
+    check_limits(snapshot, results, &mut out);
+    let recorded: HashMap<usize, Option<&str>> = if semantics == Semantics::Karpenter {
+        results.order.iter().map(|pl| (pl.pod, pl.zone.as_deref())).collect()
+    } else {
+        HashMap::new()
+    };
+    let domain_of = |mi: usize, key: &str| -> Option<String> {
+        let (_, n, pending) = members[mi];
+        match pending {
+            Some(p) if semantics == Semantics::Karpenter && key == labels::ZONE => {
+                recorded.get(&p).copied().flatten().map(str::to_string)
+            }
+            _ => domain(&nodes, n, key).map(str::to_string),
+        }
+    };
+    check_spread_and_affinity(snapshot, &nodes, &members, &domain_of, &mut out);
+    check_anti_affinity(snapshot, &nodes, &members, &mut out);
+    out
+}
+
+/// Every pending pod is placed exactly once or has a reason.
+fn check_accounting(pods: &[Pod], results: &Results, out: &mut Vec<String>) {
+    let mut seen = vec![0u32; pods.len()];
+    for p in
+        results.claims.iter().flat_map(|c| c.pods.iter()).chain(results.existing.iter().flat_map(|e| e.pods.iter()))
+    {
+        if let Some(s) = seen.get_mut(*p) {
+            *s += 1;
+        }
+    }
+    for (p, _) in &results.errors {
+        if let Some(s) = seen.get_mut(*p) {
+            *s += 1;
+        }
+    }
+    for (i, s) in seen.iter().enumerate() {
+        if *s != 1 {
+            out.push(format!("pod {}: placed or rejected {s} times, expected once", pods[i].key));
+        }
+    }
+    for (p, reason) in &results.errors {
+        if reason.trim().is_empty() {
+            out.push(format!("pod {}: unschedulable without a reason", pods[*p].key));
+        }
+    }
+}
+
+/// The labels a claim's node has once launched as type `t` in `zone`.
+fn claim_labels(c: &super::NewClaim, its: &[InstanceType], t: usize, zone: &str, ct: &str, index: usize) -> Labels {
+    let mut l = Labels::new();
+    for (k, r) in c.requirements.iter() {
+        if r.operator() == Operator::In && r.values().len() == 1 {
+            l.insert(k.to_string(), r.values()[0].clone());
+        }
+    }
+    for (k, r) in its[t].requirements.iter() {
+        if r.operator() == Operator::In && r.values().len() == 1 {
+            l.insert(k.to_string(), r.values()[0].clone());
+        }
+    }
+    l.insert(labels::INSTANCE_TYPE.to_string(), its[t].name.clone());
+    l.insert(labels::ZONE.to_string(), zone.to_string());
+    if let Some(o) = its[t].offerings.iter().find(|o| o.zone == zone) {
+        l.insert(labels::ZONE_ID.to_string(), o.zone_id.clone());
+    }
+    l.insert(labels::CAPACITY_TYPE.to_string(), ct.to_string());
+    l.insert(labels::HOSTNAME.to_string(), format!("validate-claim-{index}"));
+    l
+}
+
+/// Whether a label value (or its absence) satisfies a requirement, as a node selector
+/// does: an absent label only satisfies `NotIn` and `DoesNotExist`.
+fn label_ok(r: &Requirement, value: Option<&str>) -> bool {
+    match value {
+        Some(v) => r.has(v),
+        None => {
+            matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist) && r.gte().is_none() && r.lte().is_none()
+        }
+    }
+}
+
+fn labels_satisfy(reqs: &Requirements, l: &Labels) -> bool {
+    reqs.iter().all(|(k, r)| label_ok(r, l.get(labels::normalize_key(k)).or_else(|| l.get(k)).map(String::as_str)))
+}
+
+/// A pod's node selector and (any one of) its required node affinity terms hold.
+fn pod_fits_labels(pod: &Pod, l: &Labels) -> bool {
+    let selector_ok = pod
+        .node_selector
+        .iter()
+        .all(|(k, v)| l.get(labels::normalize_key(k)).or_else(|| l.get(k.as_str())).is_some_and(|have| have == v));
+    selector_ok
+        && (pod.node_affinity.required.is_empty() || pod.node_affinity.required.iter().any(|t| labels_satisfy(t, l)))
+}
+
+/// The DaemonSets that would run on a node with these labels and taints, summed, with
+/// their host ports.
+fn daemon_load(snapshot: &Snapshot, l: &Labels, node_taints: &[Taint]) -> (ResourceList, Vec<crate::pod::HostPort>) {
+    let mut load = ResourceList::new();
+    let mut ports = Vec::new();
+    for ds in &snapshot.daemonsets {
+        let hard: Vec<Taint> = node_taints.iter().filter(|t| t.effect != Effect::PreferNoSchedule).cloned().collect();
+        if taints::tolerates_all(&hard, &ds.tolerations) && pod_fits_labels(ds, l) {
+            load.add(&ds.requests_with_pod_slot());
+            ports.extend(ds.host_ports.iter().cloned());
+        }
+    }
+    (load, ports)
+}
+
+fn check_claim(name: &str, snapshot: &Snapshot, pods: &[Pod], c: &super::NewClaim, out: &mut Vec<String>) {
+    let input = &snapshot.nodepools[c.pool];
+    let pool = &input.pool;
+    let its = &input.instance_types;
+    let Some(launch) = &c.launch else { return };
+    if c.pods.is_empty() {
+        out.push(format!("{name}: no pods"));
+    }
+    if c.instance_types.is_empty() || c.instance_types.len() > 600 {
+        out.push(format!("{name}: {} candidate types (1 to 600 expected)", c.instance_types.len()));
+    }
+    if !c.instance_types.contains(&launch.instance_type) {
+        out.push(format!("{name}: launches {} which is not a candidate", its[launch.instance_type].name));
+    }
+    // The launch offering.
+    let offering = its[launch.instance_type]
+        .offerings
+        .iter()
+        .find(|o| o.zone == launch.zone && o.capacity_type == launch.capacity_type);
+    match offering {
+        None => out.push(format!(
+            "{name}: {} has no {} offering in {}",
+            its[launch.instance_type].name,
+            launch.capacity_type.as_str(),
+            launch.zone
+        )),
+        Some(o) => {
+            if !o.available {
+                out.push(format!("{name}: launches an unavailable offering"));
+            }
+            if (o.price - launch.price).abs() > 1e-9 {
+                out.push(format!("{name}: launch price {} differs from the catalog's {}", launch.price, o.price));
+            }
+        }
+    }
+    let requests: ResourceList = c.pods.iter().fold(ResourceList::new(), |mut acc, &p| {
+        acc.add(&pods[p].requests_with_pod_slot());
+        acc
+    });
+    let ports: Vec<&crate::pod::HostPort> = c.pods.iter().flat_map(|&p| pods[p].host_ports.iter()).collect();
+    for (i, a) in ports.iter().enumerate() {
+        if ports[i + 1..].iter().any(|b| a.conflicts(b)) {
+            out.push(format!("{name}: host port {} used twice", a.port));
+        }
+    }
+    // Every candidate: meets the claim's and the pool's requirements, offers a compatible
+    // available offering, and fits the pods with the DaemonSets that land on it.
+    let ct_req = c.requirements.get(labels::CAPACITY_TYPE);
+    let zone_req = c.requirements.get(labels::ZONE);
+    for &t in &c.instance_types {
+        let it = &its[t];
+        let tname = &it.name;
+        if !it.requirements.intersects_ok(&c.requirements) || !it.requirements.intersects_ok(&pool.requirements) {
+            out.push(format!("{name}: candidate {tname} does not meet the claim's requirements"));
+        }
+        if !it.offerings.iter().any(|o| o.available && ct_req.has(o.capacity_type.as_str()) && zone_req.has(&o.zone)) {
+            out.push(format!("{name}: candidate {tname} has no available offering the claim allows"));
+        }
+        let (load, ds_ports) = if snapshot.daemonsets.is_empty() {
+            (ResourceList::new(), Vec::new())
+        } else {
+            let l = claim_labels(c, its, t, &launch.zone, launch.capacity_type.as_str(), 0);
+            daemon_load(snapshot, &l, &pool.taints)
+        };
+        let allocatable = it.capacity.subtracted(&it.overhead);
+        let need = requests.merged(&load);
+        if !need.fits_in(&allocatable) {
+            out.push(format!(
+                "{name}: pods and DaemonSets need {} but candidate {tname} allocates {}",
+                need, allocatable
+            ));
+        }
+        if ports.iter().any(|p| ds_ports.iter().any(|q| p.conflicts(q))) {
+            out.push(format!("{name}: a pod's host port collides with a DaemonSet's on {tname}"));
+        }
+    }
+    // The launch zone and capacity type are ones the claim allows.
+    if !zone_req.has(&launch.zone) || !ct_req.has(launch.capacity_type.as_str()) {
+        out.push(format!("{name}: launch {} {} outside its requirements", launch.zone, launch.capacity_type.as_str()));
+    }
+    // minValues, unless relaxed.
+    if !c.min_values_relaxed {
+        for (k, r) in pool.requirements.iter() {
+            if let Some(n) = r.min_values {
+                let mut values: Vec<&str> = Vec::new();
+                for &t in &c.instance_types {
+                    let v = if k == labels::INSTANCE_TYPE {
+                        Some(its[t].name.as_str())
+                    } else {
+                        its[t].requirements.get(k).values().first().map(String::as_str)
+                    };
+                    if let Some(v) = v
+                        && !values.contains(&v)
+                    {
+                        values.push(v);
+                    }
+                }
+                if values.len() < n as usize {
+                    out.push(format!(
+                        "{name}: {k} has {} distinct values over candidates, minValues {n}",
+                        values.len()
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Pods placed on an existing node fit next to what runs there, and their host ports too.
+fn check_existing(snapshot: &Snapshot, pods: &[Pod], n: usize, placed: &[usize], out: &mut Vec<String>) {
+    let node = &snapshot.nodes[n];
+    let mut used = ResourceList::new();
+    let mut ports: Vec<&crate::pod::HostPort> = Vec::new();
+    for bp in snapshot.bound_pods.iter().filter(|p| !p.terminal && p.node_name.as_deref() == Some(node.name.as_str())) {
+        used.add(&bp.requests_with_pod_slot());
+        ports.extend(bp.host_ports.iter());
+    }
+    for &p in placed {
+        used.add(&pods[p].requests_with_pod_slot());
+        for hp in &pods[p].host_ports {
+            if ports.iter().any(|q| hp.conflicts(q)) {
+                out.push(format!("pod {}: host port {} already used on node {}", pods[p].key, hp.port, node.name));
+            }
+            ports.push(hp);
+        }
+    }
+    if !used.fits_in(&node.allocatable) {
+        out.push(format!("node {}: pods need {used} but it allocates {}", node.name, node.allocatable));
+    }
+}
+
+/// NodePool limits hold over the pool's existing nodes and new claims (at launch capacity).
+fn check_limits(snapshot: &Snapshot, results: &Results, out: &mut Vec<String>) {
+    for (pi, input) in snapshot.nodepools.iter().enumerate() {
+        let limits = &input.pool.limits;
+        if limits.is_empty() {
+            continue;
+        }
+        let mut total = ResourceList::new();
+        let mut count = 0i64;
+        for node in snapshot.nodes.iter().filter(|n| n.nodepool() == Some(input.pool.name.as_str())) {
+            total.add(&node.capacity);
+            count += 1;
+        }
+        for c in results.claims.iter().filter(|c| c.pool == pi) {
+            if let Some(l) = &c.launch {
+                total.add(&input.instance_types[l.instance_type].capacity);
+                count += 1;
+            }
+        }
+        total.set(ResourceName::Nodes, count);
+        for (r, limit) in limits.iter() {
+            if total.get(r) > limit {
+                out.push(format!("nodepool {:?}: {r} {} exceeds its limit {limit}", input.pool.name, total.get(r)));
+            }
+        }
+    }
+}
+
+/// Whether `other` (a pod in `other_ns`) is one of the pods a term of a pod in `owner_ns`
+/// selects.
+fn term_selects(term: &PodAffinityTerm, owner_ns: &str, other: &Pod, snapshot: &Snapshot) -> bool {
+    let Some(sel) = &term.selector else { return false };
+    let ns = other.key.namespace.as_str();
+    let ns_ok = if term.namespaces.is_empty() && term.namespace_selector.is_none() {
+        ns == owner_ns
+    } else {
+        term.namespaces.iter().any(|n| n == ns)
+            || term
+                .namespace_selector
+                .as_ref()
+                .is_some_and(|s| s.matches(snapshot.namespaces.get(ns).unwrap_or(&Labels::new())))
+    };
+    ns_ok && sel.matches(&other.labels)
+}
+
+/// The domain of a node for a topology key (its label value).
+fn domain<'n>(nodes: &'n [EndNode], n: usize, key: &str) -> Option<&'n str> {
+    nodes[n].labels.get(key).map(String::as_str)
+}
+
+/// A spread constraint (with its namespace and its selector, `matchLabelKeys` included)
+/// shared by some placed pods.
+struct SpreadGroup<'a> {
+    constraint: &'a TopologySpreadConstraint,
+    owner: &'a Pod,
+    selector: LabelSelector,
+    /// Matching pods per domain so far.
+    counts: BTreeMap<String, i64>,
+}
+
+/// A required pod affinity term (with its owner's namespace) of some placed pods.
+struct AffinityGroup<'a> {
+    term: &'a PodAffinityTerm,
+    namespace: &'a str,
+    counts: HashMap<String, usize>,
+    total: usize,
+}
+
+/// Topology spread (DoNotSchedule) and required pod affinity, replayed in placement order:
+/// when a pod was placed, its domain's matching pods (bound, or placed before it) must have
+/// kept `maxSkew` against the least populated eligible domain, and a pod with required
+/// affinity must have found a matching pod in its domain (or been the first such pod
+/// anywhere, matching its own term). Domains are the end state's.
+fn check_spread_and_affinity(
+    snapshot: &Snapshot,
+    nodes: &[EndNode],
+    members: &[(&Pod, usize, Option<usize>)],
+    domain_of: &dyn Fn(usize, &str) -> Option<String>,
+    out: &mut Vec<String>,
+) {
+    let mut spread: Vec<SpreadGroup<'_>> = Vec::new();
+    let mut spread_index: HashMap<(String, String), usize> = HashMap::new();
+    let mut affinity: Vec<AffinityGroup<'_>> = Vec::new();
+    let mut affinity_index: HashMap<(&PodAffinityTerm, &str), usize> = HashMap::new();
+    // The groups each member holds.
+    let mut holds: Vec<(Vec<usize>, Vec<usize>)> = vec![(Vec::new(), Vec::new()); members.len()];
+    for (mi, (pod, _, pending)) in members.iter().enumerate() {
+        if pending.is_none() {
+            continue;
+        }
+        for c in pod.topology_spread.iter().filter(|c| c.when_unsatisfiable == WhenUnsatisfiable::DoNotSchedule) {
+            let Some(base) = &c.selector else { continue };
+            let mut sel = base.clone();
+            for k in &c.match_label_keys {
+                if let Some(v) = pod.labels.get(k) {
+                    sel = sel.with_expression(crate::labels::SelectorRequirement {
+                        key: k.clone(),
+                        op: crate::labels::SelectorOp::In,
+                        values: vec![v.clone()],
+                    });
+                }
+            }
+            // Pods whose node affinity (or, under a taints policy of Honor, tolerations)
+            // differ see different eligible domains: separate groups.
+            let affinity = if c.node_affinity_policy == Some(crate::pod::InclusionPolicy::Ignore) {
+                String::new()
+            } else {
+                format!("{:?}/{:?}", pod.node_selector, pod.node_affinity.required)
+            };
+            let tolerations = if c.node_taints_policy == Some(crate::pod::InclusionPolicy::Honor) {
+                format!("{:?}", pod.tolerations)
+            } else {
+                String::new()
+            };
+            let key = (pod.key.namespace.clone(), format!("{}/{sel:?}/{affinity}/{tolerations}", c_key(c)));
+            let g = *spread_index.entry(key).or_insert_with(|| {
+                spread.push(SpreadGroup { constraint: c, owner: pod, selector: sel, counts: BTreeMap::new() });
+                spread.len() - 1
+            });
+            holds[mi].0.push(g);
+        }
+        for t in &pod.pod_affinity.required {
+            let a = *affinity_index.entry((t, pod.key.namespace.as_str())).or_insert_with(|| {
+                affinity.push(AffinityGroup {
+                    term: t,
+                    namespace: pod.key.namespace.as_str(),
+                    counts: HashMap::new(),
+                    total: 0,
+                });
+                affinity.len() - 1
+            });
+            holds[mi].1.push(a);
+        }
+    }
+    // Eligible nodes and known domains of each spread group (zero counts included); the
+    // zones the claims' NodePools allow count as domains too, as Karpenter's do.
+    // (zone, pool taints) of every offering a pool may launch.
+    let pool_zones: Vec<(&str, &[Taint])> = {
+        let mut z: Vec<(&str, &[Taint])> = Vec::new();
+        for input in &snapshot.nodepools {
+            let r = input.pool.requirements.get(labels::ZONE);
+            for it in input.instance_types.iter() {
+                for o in &it.offerings {
+                    let entry = (o.zone.as_str(), input.pool.taints.as_slice());
+                    if r.has(&o.zone) && !z.contains(&entry) {
+                        z.push(entry);
+                    }
+                }
+            }
+        }
+        z
+    };
+    let mut eligible: Vec<Vec<bool>> = Vec::new();
+    for g in spread.iter_mut() {
+        let c = g.constraint;
+        let owner = g.owner;
+        let ok: Vec<bool> = (0..nodes.len())
+            .map(|n| {
+                let affinity_ok = c.node_affinity_policy == Some(crate::pod::InclusionPolicy::Ignore)
+                    || pod_fits_labels(owner, &nodes[n].labels);
+                let taints_ok = c.node_taints_policy != Some(crate::pod::InclusionPolicy::Honor) || {
+                    let hard: Vec<Taint> =
+                        nodes[n].taints.iter().filter(|t| t.effect != Effect::PreferNoSchedule).cloned().collect();
+                    taints::tolerates_all(&hard, &owner.tolerations)
+                };
+                affinity_ok && taints_ok
+            })
+            .collect();
+        for (n, node_ok) in ok.iter().enumerate() {
+            if *node_ok && let Some(d) = domain(nodes, n, &c.topology_key) {
+                g.counts.entry(d.to_string()).or_insert(0);
+            }
+        }
+        if c.topology_key == labels::ZONE {
+            for &(z, pool_taints) in &pool_zones {
+                let zone_ok = c.node_affinity_policy == Some(crate::pod::InclusionPolicy::Ignore)
+                    || (owner.node_selector.get(labels::ZONE).is_none_or(|v| v == z)
+                        && (owner.node_affinity.required.is_empty()
+                            || owner.node_affinity.required.iter().any(|t| label_ok(t.get(labels::ZONE), Some(z)))));
+                let taints_ok = c.node_taints_policy != Some(crate::pod::InclusionPolicy::Honor) || {
+                    let hard: Vec<Taint> =
+                        pool_taints.iter().filter(|t| t.effect != Effect::PreferNoSchedule).cloned().collect();
+                    taints::tolerates_all(&hard, &owner.tolerations)
+                };
+                if zone_ok && taints_ok {
+                    g.counts.entry(z.to_string()).or_insert(0);
+                }
+            }
+        }
+        eligible.push(ok);
+    }
+    for (mi, (pod, n, _)) in members.iter().enumerate() {
+        for &g in &holds[mi].0 {
+            let group = &spread[g];
+            let c = group.constraint;
+            let key = c.topology_key.as_str();
+            let Some(d) = domain_of(mi, key) else { continue };
+            let have = group.counts.get(&d).copied().unwrap_or(0);
+            let min = if key == labels::HOSTNAME || group.counts.len() < c.min_domains.unwrap_or(1).max(1) as usize {
+                0
+            } else {
+                group.counts.values().copied().min().unwrap_or(0)
+            };
+            if have + 1 - min > i64::from(c.max_skew) {
+                out.push(format!(
+                    "pod {}: placed in {key}={d} with {have} matching pods there against a minimum of {min}, \
+                     beyond maxSkew {}",
+                    pod.key, c.max_skew
+                ));
+            }
+        }
+        for &a in &holds[mi].1 {
+            let group = &affinity[a];
+            let key = group.term.topology_key.as_str();
+            let self_match = term_selects(group.term, group.namespace, pod, snapshot);
+            // An open zone (Karpenter semantics) was allowed by the domains that had matching
+            // pods then; the zone it launched in must have been one of them.
+            let Some(d) = domain_of(mi, key).or_else(|| domain(nodes, *n, key).map(str::to_string)) else {
+                out.push(format!("pod {}: its node has no {key} domain for its required pod affinity", pod.key));
+                continue;
+            };
+            if group.counts.get(&d).copied().unwrap_or(0) == 0 && !(self_match && group.total == 0) {
+                out.push(format!("pod {}: required pod affinity on {key} found no matching pod in {d}", pod.key));
+            }
+        }
+        // Count the pod where it landed.
+        for (g, group) in spread.iter_mut().enumerate() {
+            if pod.key.namespace == group.owner.key.namespace
+                && eligible[g][*n]
+                && group.selector.matches(&pod.labels)
+                && let Some(d) = domain_of(mi, &group.constraint.topology_key)
+            {
+                *group.counts.entry(d).or_insert(0) += 1;
+            }
+        }
+        for group in affinity.iter_mut() {
+            if term_selects(group.term, group.namespace, pod, snapshot)
+                && let Some(d) = domain_of(mi, &group.term.topology_key)
+            {
+                *group.counts.entry(d).or_insert(0) += 1;
+                group.total += 1;
+            }
+        }
+    }
+}
+
+fn c_key(c: &TopologySpreadConstraint) -> String {
+    format!(
+        "{}/{}/{:?}/{:?}/{:?}",
+        c.topology_key, c.max_skew, c.min_domains, c.node_affinity_policy, c.node_taints_policy
+    )
+}
+
+/// Required pod anti-affinity, both directions, on the end state (a clash at the end was a
+/// clash when the second pod of the pair was placed).
+fn check_anti_affinity(
+    snapshot: &Snapshot,
+    nodes: &[EndNode],
+    members: &[(&Pod, usize, Option<usize>)],
+    out: &mut Vec<String>,
+) {
+    let mut anti: HashMap<(&PodAffinityTerm, &str), Vec<usize>> = HashMap::new();
+    for (mi, (pod, _, _)) in members.iter().enumerate() {
+        for t in &pod.pod_anti_affinity.required {
+            anti.entry((t, pod.key.namespace.as_str())).or_default().push(mi);
+        }
+    }
+    let mut anti_terms: Vec<_> = anti.into_iter().collect();
+    anti_terms.sort_by_key(|(_, h)| h[0]);
+    for ((term, ns), holders) in anti_terms {
+        let key = term.topology_key.as_str();
+        let mut by_domain: HashMap<&str, (Vec<usize>, Vec<usize>)> = HashMap::new();
+        for &h in &holders {
+            if let Some(d) = domain(nodes, members[h].1, key) {
+                by_domain.entry(d).or_default().0.push(h);
+            }
+        }
+        for (mi, (pod, n, _)) in members.iter().enumerate() {
+            if let Some(d) = domain(nodes, *n, key)
+                && let Some(e) = by_domain.get_mut(d)
+                && term_selects(term, ns, pod, snapshot)
+            {
+                e.1.push(mi);
+            }
+        }
+        let mut doms: Vec<_> = by_domain.into_iter().collect();
+        doms.sort_by(|a, b| a.0.cmp(b.0));
+        for (d, (hs, ms)) in doms {
+            let new = |i: usize| members[i].2.is_some();
+            let clash = hs.iter().find_map(|&h| ms.iter().find(|&&m| m != h && (new(h) || new(m))).map(|&m| (h, m)));
+            if let Some((h, m)) = clash {
+                out.push(format!(
+                    "pod {}: required anti-affinity on {key} violated by pod {} in {d}",
+                    members[h].0.key, members[m].0.key
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_labels_satisfy_only_negative_operators() {
+        assert!(label_ok(&Requirement::not_in(["a"]), None));
+        assert!(label_ok(&Requirement::does_not_exist(), None));
+        assert!(!label_ok(&Requirement::exists(), None));
+        assert!(!label_ok(&Requirement::is_in(["a"]), None));
+        assert!(label_ok(&Requirement::is_in(["a"]), Some("a")));
+        assert!(!label_ok(&Requirement::not_in(["a"]), Some("a")));
+    }
+}
