@@ -148,6 +148,8 @@ pub struct PlannedNode {
     /// Candidate types are re-derived from the final contents (the dovetail packer opens
     /// claims for one type and lets them launch as the cheapest type that fits).
     pub right_size: bool,
+    /// Classes (the packer's) with a pod here that may take twins by `add_twin`.
+    pub twins: Vec<usize>,
     /// Largest allocatable per resource over `types` minus the smallest daemon overhead:
     /// a quick necessary condition before the exact per-type check.
     envelope: ResourceList,
@@ -179,6 +181,7 @@ impl PlannedNode {
             pod_ports: Vec::new(),
             min_values_relaxed: false,
             right_size: false,
+            twins: Vec::new(),
             envelope,
         }
     }
@@ -240,6 +243,27 @@ impl PlannedNode {
         })?;
         let filtered = result.expect("invariant: a successful attempt sets the filter result");
         Ok(Addition { requirements: reqs, types: filtered.types, relaxed_min_values: filtered.relaxed_min_values })
+    }
+
+    /// Adds a pod identical to one the claim already took through `can_add`/`add`, when only
+    /// its resources can make a difference: the caller vouches that no topology constrains
+    /// the pod and it binds no host port, so its requirements are already the claim's (the
+    /// intersection is idempotent). Every candidate type must still fit the pods with its
+    /// DaemonSets; otherwise nothing changes and false is returned (the full check decides).
+    pub fn add_twin(&mut self, template: &Template<'_>, topo: &mut Topology<'_>, idx: usize, pod: &Pod, data: &PodData) -> bool {
+        let total = self.requests.merged(&data.requests);
+        let fits = self.types.iter().all(|&t| {
+            template.group_of[t].is_some_and(|g| {
+                total.fits_in_with(&template.daemon_groups[g].overhead, &template.instance_types[t].allocatable)
+            })
+        });
+        if !fits {
+            return false;
+        }
+        self.pods.push(idx);
+        self.requests = total;
+        topo.record(idx, pod, &template.pool.taints, &self.requirements, true);
+        true
     }
 
     /// Places the pod (Karpenter's `NodeClaim.Add`).

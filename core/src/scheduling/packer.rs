@@ -543,17 +543,20 @@ impl<'a> Scheduler<'a> {
             .collect();
         let allowed: Vec<bool> = columns.iter().map(|c| self.within_limits(t, c.it)).collect();
         let mut kept: Vec<usize> = (0..columns.len()).filter(|&i| keep[i] && allowed[i]).collect();
+        // At most the six most efficient of them: a small LP solves fast, and with more
+        // columns the benchmark plans came out no cheaper (docs/benchmarks.md).
+        const MAX_COLUMNS: usize = 6;
+        let eff = |i: usize| -> f64 {
+            let worth: f64 = columns[i].alloc.iter().zip(&packing.prices).map(|(a, p)| a * p).sum();
+            columns[i].price / worth.max(1e-12)
+        };
+        kept.sort_by(|&a, &b| eff(a).total_cmp(&eff(b)).then(a.cmp(&b)));
+        kept.truncate(MAX_COLUMNS);
         for m in 0..members.len() {
             if classes[members[m]].remaining() == 0 || kept.iter().any(|&i| compat[m][i]) {
                 continue;
             }
-            let best = (0..columns.len()).filter(|&i| compat[m][i] && allowed[i]).min_by(|&a, &b| {
-                let eff = |i: usize| -> f64 {
-                    let worth: f64 = columns[i].alloc.iter().zip(&packing.prices).map(|(a, p)| a * p).sum();
-                    columns[i].price / worth.max(1e-12)
-                };
-                eff(a).total_cmp(&eff(b))
-            });
+            let best = (0..columns.len()).filter(|&i| compat[m][i] && allowed[i]).min_by(|&a, &b| eff(a).total_cmp(&eff(b)));
             if let Some(b) = best
                 && !kept.contains(&b)
             {
@@ -1116,9 +1119,24 @@ impl<'a> Scheduler<'a> {
         let template = &self.templates[bin.template];
         let idx = classes[c].pods[classes[c].next];
         let pod = &self.pods[idx];
-        match bin.can_add(template, &self.topology, idx, pod, &data[c], &views[c].tolerations, false, true) {
-            Ok(add) => {
-                bin.add(template, &mut self.topology, idx, pod, &data[c], add);
+        // A twin of a pod already here needs only its resources checked (see `add_twin`).
+        let twin_ok = pod.host_ports.is_empty() && pod.volume_requirements.is_empty() && !self.topology.constrains(idx, pod);
+        let placed = if twin_ok && bin.twins.contains(&c) && bin.add_twin(template, &mut self.topology, idx, pod, &data[c]) {
+            true
+        } else {
+            match bin.can_add(template, &self.topology, idx, pod, &data[c], &views[c].tolerations, false, true) {
+                Ok(add) => {
+                    bin.add(template, &mut self.topology, idx, pod, &data[c], add);
+                    if twin_ok && !bin.twins.contains(&c) {
+                        bin.twins.push(c);
+                    }
+                    true
+                }
+                Err(_) => false,
+            }
+        };
+        match placed {
+            true => {
                 self.order.push(super::scheduler::Placement {
                     pod: idx,
                     target: super::scheduler::Target::Planned(bin.id),
@@ -1130,7 +1148,7 @@ impl<'a> Scheduler<'a> {
                 }
                 true
             }
-            Err(_) => false,
+            false => false,
         }
     }
 }

@@ -697,6 +697,12 @@ impl<'a> Topology<'a> {
             .any(|g| g.id.key != labels::HOSTNAME && g.id.kind != TopologyType::PodAntiAffinity && g.selects(pod))
     }
 
+    /// Whether any topology constrains where this pod may go: groups it owns (its spread,
+    /// affinity and anti-affinity) or inverse anti-affinities of other pods that select it.
+    pub fn constrains(&self, idx: usize, pod: &Pod) -> bool {
+        self.owned.get(&idx).is_some_and(|g| !g.is_empty()) || self.inverse.iter().any(|g| g.selects(pod))
+    }
+
     /// Makes a domain (a new hostname) known to every group of that key.
     pub fn register(&mut self, key: &str, domain: &str) {
         for g in self.groups.iter_mut().chain(self.inverse.iter_mut()) {

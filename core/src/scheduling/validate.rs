@@ -262,7 +262,11 @@ fn check_claim(name: &str, snapshot: &Snapshot, pods: &[Pod], c: &super::NewClai
     // available offering, and fits the pods with the DaemonSets that land on it.
     let ct_req = c.requirements.get(labels::CAPACITY_TYPE);
     let zone_req = c.requirements.get(labels::ZONE);
-    for &t in &c.instance_types {
+    let mut checked: Vec<usize> = c.instance_types.clone();
+    if !checked.contains(&launch.instance_type) {
+        checked.push(launch.instance_type);
+    }
+    for &t in &checked {
         let it = &its[t];
         let tname = &it.name;
         if !it.requirements.intersects_ok(&c.requirements) || !it.requirements.intersects_ok(&pool.requirements) {
@@ -646,7 +650,172 @@ fn check_anti_affinity(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::catalog::{Catalog, NodeClassSettings};
+    use crate::nodepool::NodePool;
+    use crate::scheduling::{PoolInput, SolveOptions, solve};
+
+    fn snapshot(pool: NodePool) -> Snapshot {
+        let c = Catalog::embedded("us-east-1").expect("catalog");
+        let types: Vec<InstanceType> = c
+            .instance_types(&NodeClassSettings::default(), None)
+            .into_iter()
+            .filter(|t| t.name.starts_with("m5.") || t.name.starts_with("m6g."))
+            .collect();
+        Snapshot { nodepools: vec![PoolInput { pool, instance_types: Arc::new(types) }], ..Default::default() }
+    }
+
+    fn pod(name: &str, cpu: i64, app: &str) -> Pod {
+        let mut p = Pod::new("default", name, ResourceList::cpu_mem(cpu, 1 << 30));
+        p.labels.insert("app".into(), app.into());
+        p
+    }
+
+    fn term(app: &str, key: &str) -> PodAffinityTerm {
+        PodAffinityTerm {
+            selector: Some(LabelSelector::from_labels([("app", app)])),
+            namespaces: vec![],
+            namespace_selector: None,
+            topology_key: key.into(),
+        }
+    }
+
+    fn index_of(snap: &Snapshot, name: &str) -> usize {
+        snap.nodepools[0].instance_types.iter().position(|t| t.name == name).expect("type")
+    }
+
+    fn has(v: &[String], what: &str) -> bool {
+        v.iter().any(|l| l.contains(what))
+    }
+
+    #[test]
+    fn a_sound_plan_passes_and_a_crowded_launch_fails() {
+        let snap = snapshot(NodePool::new("default", Requirements::new()));
+        let pods: Vec<Pod> = (0..6).map(|i| pod(&format!("p{i}"), 1000, "web")).collect();
+        let mut r = solve(&snap, &pods, &SolveOptions::default());
+        assert!(validate(&snap, &pods, &r, Semantics::Strict).is_empty());
+        // Launch the six-core claim as a two-core type that is not among its candidates.
+        let small = index_of(&snap, "m5.large");
+        let c = &mut r.claims[0];
+        c.instance_types.retain(|&t| t != small);
+        c.launch.as_mut().expect("launch").instance_type = small;
+        let v = validate(&snap, &pods, &r, Semantics::Strict);
+        assert!(has(&v, "not a candidate"), "{v:#?}");
+        assert!(has(&v, "candidate m5.large allocates"), "{v:#?}");
+    }
+
+    #[test]
+    fn candidates_too_small_for_the_pods_are_reported() {
+        let snap = snapshot(NodePool::new("default", Requirements::new()));
+        let pods: Vec<Pod> = (0..6).map(|i| pod(&format!("p{i}"), 1000, "web")).collect();
+        let mut r = solve(&snap, &pods, &SolveOptions::default());
+        let small = index_of(&snap, "m5.large");
+        r.claims[0].instance_types.push(small);
+        let v = validate(&snap, &pods, &r, Semantics::Strict);
+        assert!(has(&v, "candidate m5.large allocates"), "{v:#?}");
+    }
+
+    #[test]
+    fn daemonsets_count_against_every_candidate() {
+        let mut snap = snapshot(NodePool::new("default", Requirements::new()));
+        let pods = vec![pod("a", 1000, "web")];
+        let r = solve(&snap, &pods, &SolveOptions::default());
+        assert!(validate(&snap, &pods, &r, Semantics::Strict).is_empty());
+        // A DaemonSet the solve did not know about now takes more than any candidate has.
+        let mut ds = Pod::new("kube-system", "hog", ResourceList::cpu_mem(1_000_000, 1 << 30));
+        ds.daemon = true;
+        snap.daemonsets.push(ds);
+        let v = validate(&snap, &pods, &r, Semantics::Strict);
+        assert!(has(&v, "pods and DaemonSets need"), "{v:#?}");
+    }
+
+    #[test]
+    fn node_selectors_hold_on_the_launched_type() {
+        let snap = snapshot(NodePool::new("default", Requirements::new()));
+        let mut p = pod("arm", 500, "web");
+        p.node_selector.insert(labels::ARCH.into(), "arm64".into());
+        let pods = vec![p];
+        let mut r = solve(&snap, &pods, &SolveOptions::default());
+        assert!(validate(&snap, &pods, &r, Semantics::Strict).is_empty());
+        let intel = index_of(&snap, "m5.xlarge");
+        r.claims[0].instance_types.push(intel);
+        r.claims[0].launch.as_mut().expect("launch").instance_type = intel;
+        let v = validate(&snap, &pods, &r, Semantics::Strict);
+        assert!(has(&v, "node selector or required node affinity not met"), "{v:#?}");
+        assert!(has(&v, "has no spot offering") || has(&v, "price"), "{v:#?}");
+    }
+
+    #[test]
+    fn anti_affinity_pairs_on_one_node_are_reported() {
+        let snap = snapshot(NodePool::new("default", Requirements::new()));
+        let pods: Vec<Pod> = (0..2)
+            .map(|i| {
+                let mut p = pod(&format!("zk{i}"), 500, "zk");
+                p.pod_anti_affinity.required.push(term("zk", labels::HOSTNAME));
+                p
+            })
+            .collect();
+        let mut r = solve(&snap, &pods, &SolveOptions::default());
+        assert_eq!(r.claims.len(), 2);
+        assert!(validate(&snap, &pods, &r, Semantics::Strict).is_empty());
+        let moved = r.claims[1].pods.pop().expect("pod");
+        r.claims[0].pods.push(moved);
+        r.claims.truncate(1);
+        let v = validate(&snap, &pods, &r, Semantics::Strict);
+        assert!(has(&v, "required anti-affinity"), "{v:#?}");
+    }
+
+    #[test]
+    fn zone_spread_is_replayed_against_the_launch_zones() {
+        let snap = snapshot(NodePool::new("default", Requirements::new()));
+        let pods: Vec<Pod> = (0..3)
+            .map(|i| {
+                let mut p = pod(&format!("s{i}"), 500, "s");
+                p.pod_anti_affinity.required.push(term("s", labels::HOSTNAME));
+                p.topology_spread.push(TopologySpreadConstraint {
+                    max_skew: 1,
+                    topology_key: labels::ZONE.into(),
+                    when_unsatisfiable: WhenUnsatisfiable::DoNotSchedule,
+                    selector: Some(LabelSelector::from_labels([("app", "s")])),
+                    min_domains: None,
+                    node_affinity_policy: None,
+                    node_taints_policy: None,
+                    match_label_keys: vec![],
+                });
+                p
+            })
+            .collect();
+        let mut r = solve(&snap, &pods, &SolveOptions::default());
+        assert_eq!(r.claims.len(), 3);
+        assert!(validate(&snap, &pods, &r, Semantics::Strict).is_empty());
+        let zone = r.claims[0].launch.as_ref().expect("launch").zone.clone();
+        for c in &mut r.claims {
+            c.launch.as_mut().expect("launch").zone = zone.clone();
+        }
+        let v = validate(&snap, &pods, &r, Semantics::Strict);
+        assert!(has(&v, "beyond maxSkew"), "{v:#?}");
+    }
+
+    #[test]
+    fn lost_pods_and_limits_are_reported() {
+        let mut pool = NodePool::new("default", Requirements::new());
+        pool.limits.set(ResourceName::Cpu, 8000);
+        let snap = snapshot(pool);
+        let pods: Vec<Pod> = (0..3).map(|i| pod(&format!("p{i}"), 1000, "web")).collect();
+        let mut r = solve(&snap, &pods, &SolveOptions::default());
+        assert!(validate(&snap, &pods, &r, Semantics::Strict).is_empty());
+        let extra = r.claims[0].clone();
+        r.claims.push(extra.clone());
+        r.claims.push(extra);
+        let v = validate(&snap, &pods, &r, Semantics::Strict);
+        assert!(has(&v, "exceeds its limit"), "{v:#?}");
+        assert!(has(&v, "placed or rejected 3 times"), "{v:#?}");
+        r.claims.clear();
+        let v = validate(&snap, &pods, &r, Semantics::Strict);
+        assert!(has(&v, "placed or rejected 0 times"), "{v:#?}");
+    }
 
     #[test]
     fn absent_labels_satisfy_only_negative_operators() {
