@@ -237,23 +237,12 @@ pub fn snapshot(manifest: &Manifest, catalog: &Catalog, warnings: &mut Vec<Strin
     }
 }
 
-fn rss(what: &str) {
-    if std::env::var("DT_PHASES").is_ok() {
-        let st = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let v: Vec<&str> = st.lines().filter(|l| l.starts_with("VmRSS") || l.starts_with("VmHWM")).collect();
-        eprintln!("MEM {what}: {v:?}");
-    }
-}
-
 fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>, Vec<String>)> {
     let text = read_input(&args.file)?;
-    rss("read");
     let manifest = Manifest::parse(&text)?;
-    rss("parsed");
     let catalog = load_catalog(&args.region, args.catalog.as_deref())?;
     let mut warnings = manifest.warnings.clone();
     let snap = snapshot(&manifest, &catalog, &mut warnings);
-    rss("snapshot");
     let start = Instant::now();
     let opts = SolveOptions {
         packer: match args.packer {
@@ -264,7 +253,6 @@ fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>, Vec<String>)> 
     };
     let results = scheduling::solve(&snap, &manifest.pending, &opts);
     let solve_ms = start.elapsed().as_secs_f64() * 1000.0;
-    rss("solved");
     warnings.extend(results.warnings.iter().cloned());
     let on_new: Vec<usize> = results.claims.iter().flat_map(|c| c.pods.iter().copied()).collect();
     let semantics = match args.packer {
@@ -277,7 +265,6 @@ fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>, Vec<String>)> 
     let start = Instant::now();
     let lb = scheduling::lower_bound(&snap, &manifest.pending, &on_new);
     out.summary.lb_ms = start.elapsed().as_secs_f64() * 1000.0;
-    rss("lb");
     out.summary.lower_bound_per_hour = Some(lb.value);
     let cheapest_used = out.nodeclaims.iter().map(|c| c.price_per_hour).fold(f64::INFINITY, f64::min);
     if lb.value > 0.0 && cheapest_used.is_finite() && lb.value >= 10.0 * cheapest_used {

@@ -296,7 +296,7 @@ impl Bench {
 
     /// A short name (`mix-10k`).
     pub fn name(&self) -> String {
-        let k = |n: usize| if n % 1000 == 0 { format!("{}k", n / 1000) } else { n.to_string() };
+        let k = |n: usize| if n.is_multiple_of(1000) { format!("{}k", n / 1000) } else { n.to_string() };
         match self {
             Bench::Mix(n) => format!("mix-{}", k(*n)),
             Bench::Generic(n) => format!("generic-{}", k(*n)),

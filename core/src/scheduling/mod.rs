@@ -227,39 +227,30 @@ impl Results {
 
 /// Runs the Karpenter-parity provisioning simulation of `pods` against `snapshot`.
 pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results {
-    let t0 = std::time::Instant::now();
     let mut s = scheduler::Scheduler::new(snapshot, pods, opts);
-    let t1 = std::time::Instant::now();
     let mut errors = match opts.packer {
         Packer::Karpenter => s.solve(),
         Packer::Dovetail => s.solve_dovetail(),
     };
-    let t2 = std::time::Instant::now();
     let mut claims = Vec::new();
     let mut claim_of: BTreeMap<usize, usize> = BTreeMap::new();
     let mut zone_use: BTreeMap<String, usize> = BTreeMap::new();
     let mut cache = launch::Cache::default();
-    let (mut tr, mut tf, mut tc) = (std::time::Duration::ZERO, std::time::Duration::ZERO, std::time::Duration::ZERO);
     for planned in &s.planned {
         if planned.pods.is_empty() {
             continue;
         }
         let template = &s.templates[planned.template];
-        let ta = std::time::Instant::now();
         let finalized = if planned.right_size {
             let r =
                 right_size(template, planned, s.remaining_limit_types(planned), opts.max_instance_types, &mut cache);
-            tr += ta.elapsed();
             r.and_then(|types| finalize(template, planned, types, true, opts))
         } else {
             finalize(template, planned, planned.types.clone(), false, opts)
         };
-        tf += ta.elapsed();
         match finalized {
             Ok(mut claim) => {
-                let tb = std::time::Instant::now();
                 claim.launch = cache.choose(template, planned.template, &claim, opts, &mut zone_use);
-                tc += tb.elapsed();
                 claim_of.insert(planned.id, claims.len());
                 claims.push(claim);
             }
@@ -269,14 +260,6 @@ pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results 
                 }
             }
         }
-    }
-    if std::env::var("DT_PHASES").is_ok() {
-        eprintln!(
-            "PHASE new {:?} solve {:?} finalize {:?} (right_size {tr:?} +finalize {tf:?} choose {tc:?})",
-            t1 - t0,
-            t2 - t1,
-            t2.elapsed()
-        );
     }
     let existing = s
         .existing

@@ -250,7 +250,14 @@ impl PlannedNode {
     /// the pod and it binds no host port, so its requirements are already the claim's (the
     /// intersection is idempotent). Every candidate type must still fit the pods with its
     /// DaemonSets; otherwise nothing changes and false is returned (the full check decides).
-    pub fn add_twin(&mut self, template: &Template<'_>, topo: &mut Topology<'_>, idx: usize, pod: &Pod, data: &PodData) -> bool {
+    pub fn add_twin(
+        &mut self,
+        template: &Template<'_>,
+        topo: &mut Topology<'_>,
+        idx: usize,
+        pod: &Pod,
+        data: &PodData,
+    ) -> bool {
         let total = self.requests.merged(&data.requests);
         let fits = self.types.iter().all(|&t| {
             template.group_of[t].is_some_and(|g| {

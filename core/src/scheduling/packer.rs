@@ -121,7 +121,6 @@ fn tolerates_hard(pool_taints: &[Taint], tolerations: &[taints::Toleration]) -> 
 impl<'a> Scheduler<'a> {
     /// Runs the dovetail packer; returns the error of every pod that could not be placed.
     pub fn solve_dovetail(&mut self) -> HashMap<usize, String> {
-        let t0 = std::time::Instant::now();
         self.pin_counted = true;
         let (mut errors, queue) = self.validate_pods();
         let (mut classes, caps) = classes::build(self.pods, &queue);
@@ -194,17 +193,12 @@ impl<'a> Scheduler<'a> {
             }
         }
 
-        let t1 = std::time::Instant::now();
         // Everything left goes through Karpenter's per-pod loop, in its queue order.
         let mut leftover: Vec<usize> =
             classes.iter().flat_map(|c| c.pods[c.next..].iter().copied()).collect::<Vec<_>>();
         let position: HashMap<usize, usize> = queue.iter().enumerate().map(|(i, p)| (*p, i)).collect();
         leftover.sort_by_key(|p| position.get(p).copied().unwrap_or(usize::MAX));
-        let nleft = leftover.len();
         errors.extend(self.run_queue(leftover));
-        if std::env::var("DT_PHASES").is_ok() {
-            eprintln!("PHASE pack {:?} leftover {} {:?}", t1 - t0, nleft, t1.elapsed());
-        }
         errors
     }
 
@@ -341,7 +335,6 @@ impl<'a> Scheduler<'a> {
         views: &[PodView],
         deferred: &mut [bool],
     ) -> bool {
-        let t_start = std::time::Instant::now();
         let template = &self.templates[t];
         // Dimensions: every resource the classes request.
         let mut dims: Vec<ResourceName> = Vec::new();
@@ -393,7 +386,6 @@ impl<'a> Scheduler<'a> {
                     .collect()
             })
             .collect();
-        let tp = std::time::Instant::now();
         let mut packing =
             Packing { dims: &dims, caps, demand: demand_vectors, value: vec![0.0; members.len()], prices: Vec::new() };
         self.reprice(&mut packing, members, classes, &columns);
@@ -401,18 +393,13 @@ impl<'a> Scheduler<'a> {
         // Phase 1: rounds of the assignment LP (see `pack_round`).
         const ROUNDS: usize = 1;
         for round in 0..ROUNDS {
-            let tr = std::time::Instant::now();
             let go =
                 self.pack_round(t, round + 1 == ROUNDS, members, classes, data, views, &packing, &columns, &compat);
-            if std::env::var("DT_PHASES").is_ok() {
-                eprintln!("PHASE round {round} {:?} claims {}", tr.elapsed(), self.planned.len());
-            }
             if !go {
                 break;
             }
         }
 
-        let tq = std::time::Instant::now();
         // Phase 2: whatever is left, type by type, by estimated value per dollar.
         let pin_all = members.iter().any(|&c| {
             classes[c].remaining() > 0 && self.topology.counted_beyond_hostname(&self.pods[classes[c].pods[0]])
@@ -433,7 +420,7 @@ impl<'a> Scheduler<'a> {
                 exhausted = true;
                 break;
             }
-            if rounds % 64 == 0 {
+            if rounds.is_multiple_of(64) {
                 self.reprice(&mut packing, members, classes, &columns);
             }
             let Some((col, estimate, order)) =
@@ -493,16 +480,6 @@ impl<'a> Scheduler<'a> {
                 }
             }
         }
-        if std::env::var("DT_PHASES").is_ok() {
-            eprintln!(
-                "PHASE columns+compat {:?} rounds {:?} phase2 {:?} cols {} members {}",
-                tp - t_start,
-                tq - tp,
-                tq.elapsed(),
-                columns.len(),
-                members.len()
-            );
-        }
         exhausted
     }
 
@@ -556,7 +533,8 @@ impl<'a> Scheduler<'a> {
             if classes[members[m]].remaining() == 0 || kept.iter().any(|&i| compat[m][i]) {
                 continue;
             }
-            let best = (0..columns.len()).filter(|&i| compat[m][i] && allowed[i]).min_by(|&a, &b| eff(a).total_cmp(&eff(b)));
+            let best =
+                (0..columns.len()).filter(|&i| compat[m][i] && allowed[i]).min_by(|&a, &b| eff(a).total_cmp(&eff(b)));
             if let Some(b) = best
                 && !kept.contains(&b)
             {
@@ -566,9 +544,7 @@ impl<'a> Scheduler<'a> {
         kept.sort_unstable();
         let sub_columns: Vec<&TypeColumn> = kept.iter().map(|&i| &columns[i]).collect();
         let sub_compat: Vec<Vec<bool>> = compat.iter().map(|row| kept.iter().map(|&i| row[i]).collect()).collect();
-        let tl = std::time::Instant::now();
         let Some((mut quota, y)) = quotas(&sub_columns, members, classes, packing, &sub_compat) else { return false };
-        let tl2 = std::time::Instant::now();
         let whole: f64 = y.iter().map(|v| (v + 1e-6).floor()).sum();
         let last = force_last || whole < 1.0;
 
@@ -768,9 +744,7 @@ impl<'a> Scheduler<'a> {
         let fits = |m: usize, bin: &Bin| -> bool {
             sub_compat[m][bin.col] && packing.demand[m].iter().zip(&bin.left).all(|(need, have)| *need <= *have + 1e-9)
         };
-        let mut tpass = vec![std::time::Instant::now()];
         for pass in 0..4 {
-            tpass.push(std::time::Instant::now());
             if pass == 1 || pass == 2 {
                 // Zone-keyed pods: each pod tries the zones in turn (starting where the last
                 // one of its class went), preferring claims that planned for it, then any
@@ -924,19 +898,17 @@ impl<'a> Scheduler<'a> {
                 active = still;
             }
         }
-        tpass.push(std::time::Instant::now());
         // Top-up: each claim takes, by balance, pods of classes that still have quota on its
         // type.
         let mut wanting: Vec<Vec<usize>> =
             (0..sub_columns.len()).map(|k| (0..members.len()).filter(|&m| quota[m][k] > 0).collect()).collect();
         let mut blocked = vec![usize::MAX; members.len()];
-        for b in 0..bins.len() {
-            let k = bins[b].col;
+        for (b, bin) in bins.iter_mut().enumerate() {
+            let k = bin.col;
             wanting[k].retain(|&m| quota[m][k] > 0 && classes[members[m]].remaining() > 0);
             if wanting[k].is_empty() {
                 continue;
             }
-            let bin = &mut bins[b];
             let alloc = &sub_columns[k].alloc;
             loop {
                 let mut best: Option<(f64, usize)> = None;
@@ -966,19 +938,6 @@ impl<'a> Scheduler<'a> {
                     blocked[m] = b;
                 }
             }
-        }
-        if std::env::var("DT_PHASES").is_ok() {
-            eprintln!(
-                "PHASE lp {:?} setup {:?} p0 {:?} p1 {:?} p2 {:?} p3 {:?} topup {:?} bins {}",
-                tl2 - tl,
-                tpass[1] - tl2,
-                tpass[2] - tpass[1],
-                tpass[3] - tpass[2],
-                tpass[4] - tpass[3],
-                tpass[5] - tpass[4],
-                tpass[5].elapsed(),
-                bins.len()
-            );
         }
         let mut placed_any = false;
         for bin in bins {
@@ -1120,21 +1079,23 @@ impl<'a> Scheduler<'a> {
         let idx = classes[c].pods[classes[c].next];
         let pod = &self.pods[idx];
         // A twin of a pod already here needs only its resources checked (see `add_twin`).
-        let twin_ok = pod.host_ports.is_empty() && pod.volume_requirements.is_empty() && !self.topology.constrains(idx, pod);
-        let placed = if twin_ok && bin.twins.contains(&c) && bin.add_twin(template, &mut self.topology, idx, pod, &data[c]) {
-            true
-        } else {
-            match bin.can_add(template, &self.topology, idx, pod, &data[c], &views[c].tolerations, false, true) {
-                Ok(add) => {
-                    bin.add(template, &mut self.topology, idx, pod, &data[c], add);
-                    if twin_ok && !bin.twins.contains(&c) {
-                        bin.twins.push(c);
+        let twin_ok =
+            pod.host_ports.is_empty() && pod.volume_requirements.is_empty() && !self.topology.constrains(idx, pod);
+        let placed =
+            if twin_ok && bin.twins.contains(&c) && bin.add_twin(template, &mut self.topology, idx, pod, &data[c]) {
+                true
+            } else {
+                match bin.can_add(template, &self.topology, idx, pod, &data[c], &views[c].tolerations, false, true) {
+                    Ok(add) => {
+                        bin.add(template, &mut self.topology, idx, pod, &data[c], add);
+                        if twin_ok && !bin.twins.contains(&c) {
+                            bin.twins.push(c);
+                        }
+                        true
                     }
-                    true
+                    Err(_) => false,
                 }
-                Err(_) => false,
-            }
-        };
+            };
         match placed {
             true => {
                 self.order.push(super::scheduler::Placement {
@@ -1181,18 +1142,49 @@ fn quotas(
     }
     let lp_demand =
         |m: usize| -> Vec<f64> { lp_dims.iter().map(|set| set.iter().map(|&r| packing.demand[m][r]).sum()).collect() };
-    // Merge classes with the same LP demand and usable types.
+    // Merge classes with the same LP demand and usable types. Capped classes (a per-node
+    // cap spreads them anyway) merge by cap group and by memory per core, at their average
+    // demand: a much smaller LP (3 ms instead of 11 on the 1k mix) for the same R.
     let mut lp_classes: Vec<(Vec<u64>, &Vec<bool>, Vec<usize>)> = Vec::new();
+    let mut sums: Vec<(Vec<f64>, f64)> = Vec::new();
     for (m, &c) in members.iter().enumerate() {
-        if classes[c].remaining() == 0 {
+        let n = classes[c].remaining();
+        if n == 0 {
             continue;
         }
-        let key: Vec<u64> = lp_demand(m).iter().map(|v| v.to_bits()).collect();
-        match lp_classes.iter_mut().find(|(k, cp, _)| *k == key && **cp == compat[m]) {
-            Some((_, _, ms)) => ms.push(m),
-            None => lp_classes.push((key, &compat[m], vec![m])),
+        let demand = lp_demand(m);
+        let capped = !classes[c].caps.is_empty();
+        let mut key: Vec<u64> =
+            demand.iter().enumerate().map(|(j, v)| if capped && j < nres { 0 } else { v.to_bits() }).collect();
+        if capped {
+            // Memory per core, bucketed as compute, general and memory-optimised types
+            // offer it (2, 4, 8 GiB per core).
+            let cpu = packing.dims.iter().position(|d| *d == ResourceName::Cpu).map_or(0.0, |i| demand[i]);
+            let mem = packing.dims.iter().position(|d| *d == ResourceName::Memory).map_or(0.0, |i| demand[i]);
+            let per_core = mem / cpu.max(1e-9);
+            key.push(if per_core <= 3.0 {
+                0
+            } else if per_core <= 6.0 {
+                1
+            } else {
+                2
+            });
+        }
+        match lp_classes.iter().position(|(k, cp, _)| *k == key && **cp == compat[m]) {
+            Some(i) => {
+                lp_classes[i].2.push(m);
+                for (s, d) in sums[i].0.iter_mut().zip(&demand) {
+                    *s += d * n as f64;
+                }
+                sums[i].1 += n as f64;
+            }
+            None => {
+                lp_classes.push((key, &compat[m], vec![m]));
+                sums.push((demand.iter().map(|d| d * n as f64).collect(), n as f64));
+            }
         }
     }
+    let lp_class_demand: Vec<Vec<f64>> = sums.iter().map(|(s, n)| s.iter().map(|v| v / n.max(1.0)).collect()).collect();
     if lp_classes.is_empty() {
         return None;
     }
@@ -1205,8 +1197,8 @@ fn quotas(
     for (t, col) in columns.iter().enumerate() {
         for (j, set) in lp_dims.iter().enumerate() {
             let mut expr: Vec<(microlp::Variable, f64)> = Vec::new();
-            for (k, (key, _, _)) in lp_classes.iter().enumerate() {
-                let d = f64::from_bits(key[j]);
+            for k in 0..lp_classes.len() {
+                let d = lp_class_demand[k][j];
                 if let Some(v) = x[k][t]
                     && d > 0.0
                 {
@@ -1226,9 +1218,6 @@ fn quotas(
             return None;
         }
         p.add_constraint(expr.as_slice(), ComparisonOp::Ge, n as f64);
-    }
-    if std::env::var("DT_PHASES").is_ok() {
-        eprintln!("PHASE lp size: classes {} columns {} dims {}", lp_classes.len(), columns.len(), lp_dims.len());
     }
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.solve())).ok()?.ok()?;
     let sol = outcome.solution()?;

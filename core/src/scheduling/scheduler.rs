@@ -127,7 +127,12 @@ impl<'a> Scheduler<'a> {
 
         let mut topology = Topology::new(snapshot, opts.preference_policy);
         for (i, p) in pods.iter().enumerate() {
-            topology.update(i, p, &PodView::new(p));
+            // Pods of one workload come in a row and share their groups.
+            if i > 0 && Topology::same_spec(&pods[i - 1], p) {
+                topology.update_like(i, i - 1);
+            } else {
+                topology.update(i, p, &PodView::new(p));
+            }
         }
         for n in &existing {
             topology.register(labels::HOSTNAME, n.node.hostname());

@@ -59,14 +59,14 @@ impl Template<'_> {
     }
 
     /// Whether `requests` alone fit on type `t` (`ResourceList::fits_in`).
-    pub fn fits_plain(&self, need: &([i64; 3], Vec<(ResourceName, i64)>), t: usize) -> bool {
+    pub fn fits_plain(&self, need: &Split, t: usize) -> bool {
         let Some(alloc) = &self.dense_alloc[t] else { return false };
         need.0.iter().zip(alloc).all(|(n, a)| n <= a)
             && need.1.iter().all(|(name, v)| *v <= self.instance_types[t].allocatable.get(name))
     }
 
     /// Splits `requests` for [`Template::fits_plain`].
-    pub fn need_plain(&self, requests: &ResourceList) -> ([i64; 3], Vec<(ResourceName, i64)>) {
+    pub fn need_plain(&self, requests: &ResourceList) -> Split {
         let dense = DENSE.map(|r| requests.get(&r));
         let rest = requests.iter().filter(|(n, v)| !DENSE.contains(n) && *v > 0).map(|(n, v)| (n.clone(), v)).collect();
         (dense, rest)
@@ -95,8 +95,11 @@ impl Template<'_> {
 
 /// Requests plus each daemon group's overhead, split into the dense resources and the rest.
 pub struct Need {
-    per_group: Vec<([i64; 3], Vec<(ResourceName, i64)>)>,
+    per_group: Vec<Split>,
 }
+
+/// Amounts of the [`DENSE`] resources, and of the others.
+pub type Split = ([i64; 3], Vec<(ResourceName, i64)>);
 
 impl<'a> Template<'a> {
     /// Builds a template, or says why the pool can launch nothing.

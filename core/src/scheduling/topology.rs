@@ -462,6 +462,34 @@ impl<'a> Topology<'a> {
     }
 
     /// Re-derives the groups `pod` owns from its current (possibly relaxed) constraints.
+    /// Makes pod `idx` own the same groups as pod `like`, whose spec is the same in every
+    /// field topology reads (namespace, labels, spread, affinities, node selection,
+    /// tolerations): what `update` would do for it, without rebuilding the groups.
+    pub fn update_like(&mut self, idx: usize, like: usize) {
+        let owned = self.owned.get(&like).cloned().unwrap_or_default();
+        for &g in &owned {
+            self.groups[g].owners.insert(idx);
+        }
+        self.owned.insert(idx, owned);
+        for g in &mut self.inverse {
+            if g.owners.contains(&like) {
+                g.owners.insert(idx);
+            }
+        }
+    }
+
+    /// Whether two pods have the same spec in every field topology reads.
+    pub fn same_spec(a: &Pod, b: &Pod) -> bool {
+        a.key.namespace == b.key.namespace
+            && a.labels == b.labels
+            && a.topology_spread == b.topology_spread
+            && a.pod_affinity == b.pod_affinity
+            && a.pod_anti_affinity == b.pod_anti_affinity
+            && a.node_selector == b.node_selector
+            && a.node_affinity == b.node_affinity
+            && a.tolerations == b.tolerations
+    }
+
     pub fn update(&mut self, idx: usize, pod: &Pod, view: &PodView) {
         if let Some(old) = self.owned.remove(&idx) {
             for g in old {
