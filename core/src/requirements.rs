@@ -542,6 +542,30 @@ impl Requirements {
         if errs.is_empty() { Ok(()) } else { Err(IncompatibleError::NoOverlap(errs)) }
     }
 
+    /// The keys of `self` whose requirement is not exactly `base`'s: when something is
+    /// known to intersect `base`, only these can keep it from intersecting `self`
+    /// (`self` narrows `base` or adds keys to it).
+    pub fn keys_beyond<'s>(&'s self, base: &Requirements) -> Vec<(&'s str, &'s Requirement)> {
+        self.map
+            .iter()
+            .filter(|(k, r)| base.map.get(k.as_str()) != Some(*r))
+            .map(|(k, r)| (k.as_str(), r))
+            .collect()
+    }
+
+    /// [`Requirements::intersects_ok`] on some keys of the incoming requirements only (see
+    /// [`Requirements::keys_beyond`]).
+    pub fn intersects_ok_on(&self, incoming: &[(&str, &Requirement)]) -> bool {
+        incoming.iter().all(|(key, b)| {
+            let Some(a) = self.map.get(*key) else { return true };
+            if a.has_intersection(b) {
+                return true;
+            }
+            let excl = |op: Operator| op == Operator::NotIn || op == Operator::DoesNotExist;
+            excl(a.operator()) && excl(b.operator())
+        })
+    }
+
     /// Whether [`Requirements::intersects`] holds, without building messages.
     pub fn intersects_ok(&self, incoming: &Requirements) -> bool {
         let (small, large) =

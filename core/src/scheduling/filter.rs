@@ -27,6 +27,9 @@ pub struct FilterInput<'x> {
     pub groups: &'x [DaemonGroup],
     pub group_of: &'x [Option<usize>],
     pub relax_min_values: bool,
+    /// Requirements every candidate is known to intersect (its pool's); only the keys
+    /// where `requirements` goes beyond them are checked.
+    pub base: Option<&'x Requirements>,
 }
 
 /// The types that remain, and `minValues` lowered under the BestEffort policy.
@@ -135,11 +138,15 @@ pub fn filter_instance_types(input: &FilterInput<'_>) -> Result<Filtered, Box<Fi
     }
     let mut remaining = Vec::new();
     let offering_filter = crate::catalog::OfferingFilter::new(input.requirements);
+    let beyond = input.base.map(|b| input.requirements.keys_beyond(b));
     for &t in input.candidates {
         let Some(g) = input.group_of.get(t).copied().flatten() else { continue };
         let Some(total) = &group_totals[g] else { continue };
         let it = &input.instance_types[t];
-        let compat = it.requirements.intersects_ok(input.requirements);
+        let compat = match &beyond {
+            Some(keys) => it.requirements.intersects_ok_on(keys),
+            None => it.requirements.intersects_ok(input.requirements),
+        };
         let has_offering = it.offerings.iter().any(|o| offering_filter.accepts(o));
         let fits = has_offering && total.fits_in(&it.allocatable);
         err.requirements_met |= compat;

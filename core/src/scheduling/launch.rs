@@ -27,11 +27,13 @@ impl Cache {
         self.by_price.entry((reqs, t)).or_insert_with_key(|(reqs, _)| {
             let its = template.instance_types;
             let filter = crate::catalog::OfferingFilter::new(reqs);
+            // The template's types meet its requirements; check only what `reqs` adds.
+            let beyond = reqs.keys_beyond(&template.requirements);
             let mut keyed: Vec<(f64, &str, usize)> = template
                 .types
                 .iter()
                 .map(|&i| (its[i].cheapest_price_with(&filter), its[i].name.as_str(), i))
-                .filter(|(p, _, i)| *p < f64::MAX && its[*i].requirements.intersects_ok(reqs))
+                .filter(|(p, _, i)| *p < f64::MAX && its[*i].requirements.intersects_ok_on(&beyond))
                 .collect();
             keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
             keyed.into_iter().map(|(_, _, i)| i).collect()

@@ -236,6 +236,7 @@ impl PlannedNode {
                 groups: &template.daemon_groups,
                 group_of: &template.group_of,
                 relax_min_values,
+                base: Some(&template.requirements),
             })
             .map_err(|e| e.to_string())?;
             result = Some(filtered);

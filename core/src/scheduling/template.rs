@@ -132,6 +132,7 @@ impl<'a> Template<'a> {
             groups: &empty_group,
             group_of: &group_of_all,
             relax_min_values: min_values == MinValuesPolicy::BestEffort,
+            base: None,
         });
         let types = match result {
             Ok(r) => r.types,
