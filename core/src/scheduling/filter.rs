@@ -110,9 +110,10 @@ fn ports_conflict(a: &[HostPort], b: &[HostPort]) -> bool {
 
 /// Filters the candidates.
 pub fn filter_instance_types(input: &FilterInput<'_>) -> Result<Filtered, Box<FilterError>> {
+    // The report's strings are only made when nothing remains.
     let mut err = FilterError {
-        requirements: input.requirements.to_string(),
-        pod_requests: input.pod_requests.clone(),
+        requirements: String::new(),
+        pod_requests: ResourceList::new(),
         cpu_typo: input.pod_requests.get(&crate::resources::ResourceName::Cpu) >= 1_000_000_000,
         ..Default::default()
     };
@@ -173,6 +174,8 @@ pub fn filter_instance_types(input: &FilterInput<'_>) -> Result<Filtered, Box<Fi
         }
     }
     if remaining.is_empty() {
+        err.requirements = input.requirements.to_string();
+        err.pod_requests = input.pod_requests.clone();
         return Err(Box::new(err));
     }
     Ok(Filtered { types: remaining, relaxed_min_values: relaxed })

@@ -225,6 +225,16 @@ impl PlannedNode {
             reqs.compatible(&topo_reqs, true).map_err(|e| e.to_string())?;
             let mut reqs = reqs;
             reqs.add_all(&topo_reqs);
+            // A claim down to one type (the packer's): the same checks as the filter without
+            // building its report; the full filter runs only to explain a failure.
+            if quick_reject
+                && let [t] = self.types[..]
+                && !reqs.has_min_values()
+                && self.single_type_ok(template, t, &reqs, &total, pod)
+            {
+                result = Some(filter::Filtered { types: vec![t], relaxed_min_values: Vec::new() });
+                return Ok(reqs);
+            }
             let filtered = filter::filter_instance_types(&FilterInput {
                 instance_types: template.instance_types,
                 candidates: &self.types,
@@ -244,6 +254,23 @@ impl PlannedNode {
         })?;
         let filtered = result.expect("invariant: a successful attempt sets the filter result");
         Ok(Addition { requirements: reqs, types: filtered.types, relaxed_min_values: filtered.relaxed_min_values })
+    }
+
+    /// Whether type `t` can still launch this claim with `reqs` and `total` requests: it
+    /// meets the requirements (beyond its pool's, which it meets), offers an available
+    /// offering they allow, fits the requests with its DaemonSets, and no host port
+    /// collides (what `filter_instance_types` checks for each candidate).
+    fn single_type_ok(&self, template: &Template<'_>, t: usize, reqs: &Requirements, total: &ResourceList, pod: &Pod) -> bool {
+        let Some(g) = template.group_of[t] else { return false };
+        let group = &template.daemon_groups[g];
+        let it = &template.instance_types[t];
+        let filter = crate::catalog::OfferingFilter::new(reqs);
+        it.requirements.intersects_ok_on(&reqs.keys_beyond(&template.requirements))
+            && it.offerings.iter().any(|o| filter.accepts(o))
+            && total.fits_in_with(&group.overhead, &it.allocatable)
+            && !pod.host_ports.iter().any(|p| {
+                self.pod_ports.iter().any(|q| p.conflicts(q)) || group.host_ports.iter().any(|q| p.conflicts(q))
+            })
     }
 
     /// Adds a pod identical to one the claim already took through `can_add`/`add`, when only
