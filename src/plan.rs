@@ -60,13 +60,13 @@ pub struct PlanArgs {
 #[derive(Debug)]
 pub struct TypeNames {
     types: Arc<Vec<InstanceType>>,
-    indices: Vec<usize>,
+    indices: Vec<u32>,
 }
 
 impl TypeNames {
     /// The names, cheapest first.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.indices.iter().map(|&i| self.types[i].name.as_str())
+        self.indices.iter().map(|&i| self.types[i as usize].name.as_str())
     }
 
     pub fn len(&self) -> usize {

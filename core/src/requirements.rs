@@ -546,11 +546,7 @@ impl Requirements {
     /// known to intersect `base`, only these can keep it from intersecting `self`
     /// (`self` narrows `base` or adds keys to it).
     pub fn keys_beyond<'s>(&'s self, base: &Requirements) -> Vec<(&'s str, &'s Requirement)> {
-        self.map
-            .iter()
-            .filter(|(k, r)| base.map.get(k.as_str()) != Some(*r))
-            .map(|(k, r)| (k.as_str(), r))
-            .collect()
+        self.map.iter().filter(|(k, r)| base.map.get(k.as_str()) != Some(*r)).map(|(k, r)| (k.as_str(), r)).collect()
     }
 
     /// [`Requirements::intersects_ok`] on some keys of the incoming requirements only (see

@@ -325,7 +325,7 @@ proptest! {
             if input.pool.limits.contains(&ResourceName::Cpu) {
                 let worst: i64 = claims
                     .iter()
-                    .map(|c| c.instance_types.iter().map(|&t| its[t].capacity.get(&ResourceName::Cpu)).max().unwrap_or(0))
+                    .map(|c| c.instance_types.iter().map(|&t| its[t as usize].capacity.get(&ResourceName::Cpu)).max().unwrap_or(0))
                     .sum();
                 prop_assert!(worst <= input.pool.limits.get(&ResourceName::Cpu), "cpu limit exceeded: {} > {}", worst, input.pool.limits.get(&ResourceName::Cpu));
             }

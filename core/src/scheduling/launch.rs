@@ -94,7 +94,7 @@ impl Cache {
         let mut types: Vec<usize> = claim
             .instance_types
             .iter()
-            .copied()
+            .map(|&i| i as usize)
             .filter(|&i| prices[i][0] < f64::MAX || prices[i][1] < f64::MAX)
             .filter(|&i| template.fits_plain(&need, i))
             .collect();

@@ -134,8 +134,8 @@ pub struct NewClaim {
     /// Indices of the pending pods it hosts.
     pub pods: Vec<usize>,
     /// Indices into the pool's instance types, cheapest first, at most
-    /// `max_instance_types`.
-    pub instance_types: Vec<usize>,
+    /// `max_instance_types` (`u32`: thousands of claims each hold hundreds).
+    pub instance_types: Vec<u32>,
     /// Final requirements, with `capacity-type In [...]`; the `instance-type In [...]`
     /// requirement is `instance_types` (see [`NewClaim::full_requirements`]), kept apart so
     /// thousands of claims do not each hold hundreds of type names.
@@ -156,7 +156,8 @@ impl NewClaim {
         let min_values = reqs.get(labels::INSTANCE_TYPE).min_values;
         reqs.add(
             labels::INSTANCE_TYPE,
-            Requirement::is_in(self.instance_types.iter().map(|&t| its[t].name.as_str())).with_min_values(min_values),
+            Requirement::is_in(self.instance_types.iter().map(|&t| its[t as usize].name.as_str()))
+                .with_min_values(min_values),
         );
         reqs
     }
@@ -394,7 +395,7 @@ fn finalize(
     Ok(NewClaim {
         pool: template.pool_index,
         pods: planned.pods.clone(),
-        instance_types: types,
+        instance_types: types.into_iter().map(|t| t as u32).collect(),
         requirements: reqs,
         requests,
         min_values_relaxed: planned.min_values_relaxed,

@@ -260,7 +260,14 @@ impl PlannedNode {
     /// meets the requirements (beyond its pool's, which it meets), offers an available
     /// offering they allow, fits the requests with its DaemonSets, and no host port
     /// collides (what `filter_instance_types` checks for each candidate).
-    fn single_type_ok(&self, template: &Template<'_>, t: usize, reqs: &Requirements, total: &ResourceList, pod: &Pod) -> bool {
+    fn single_type_ok(
+        &self,
+        template: &Template<'_>,
+        t: usize,
+        reqs: &Requirements,
+        total: &ResourceList,
+        pod: &Pod,
+    ) -> bool {
         let Some(g) = template.group_of[t] else { return false };
         let group = &template.daemon_groups[g];
         let it = &template.instance_types[t];

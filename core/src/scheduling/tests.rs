@@ -127,7 +127,7 @@ fn claims_carry_price_ordered_candidates_and_capacity_types() {
     let c = &r.claims[0];
     assert_eq!(c.instance_types.len(), 5);
     let its = &snap.nodepools[0].instance_types;
-    let prices: Vec<f64> = c.instance_types.iter().map(|&t| its[t].cheapest_price(&c.requirements)).collect();
+    let prices: Vec<f64> = c.instance_types.iter().map(|&t| its[t as usize].cheapest_price(&c.requirements)).collect();
     assert!(prices.windows(2).all(|w| w[0] <= w[1]), "{prices:?}");
     let ct = c.requirements.get(labels::CAPACITY_TYPE);
     assert!(ct.has("spot") && ct.has("on-demand"));

@@ -224,7 +224,7 @@ fn check_claim(name: &str, snapshot: &Snapshot, pods: &[Pod], c: &super::NewClai
     if c.instance_types.is_empty() || c.instance_types.len() > 600 {
         out.push(format!("{name}: {} candidate types (1 to 600 expected)", c.instance_types.len()));
     }
-    if !c.instance_types.contains(&launch.instance_type) {
+    if !c.instance_types.contains(&(launch.instance_type as u32)) {
         out.push(format!("{name}: launches {} which is not a candidate", its[launch.instance_type].name));
     }
     // The launch offering.
@@ -262,7 +262,7 @@ fn check_claim(name: &str, snapshot: &Snapshot, pods: &[Pod], c: &super::NewClai
     // available offering, and fits the pods with the DaemonSets that land on it.
     let ct_req = c.requirements.get(labels::CAPACITY_TYPE);
     let zone_req = c.requirements.get(labels::ZONE);
-    let mut checked: Vec<usize> = c.instance_types.clone();
+    let mut checked: Vec<usize> = c.instance_types.iter().map(|&t| t as usize).collect();
     if !checked.contains(&launch.instance_type) {
         checked.push(launch.instance_type);
     }
@@ -302,7 +302,7 @@ fn check_claim(name: &str, snapshot: &Snapshot, pods: &[Pod], c: &super::NewClai
         for (k, r) in pool.requirements.iter() {
             if let Some(n) = r.min_values {
                 let mut values: Vec<&str> = Vec::new();
-                for &t in &c.instance_types {
+                for t in c.instance_types.iter().map(|&t| t as usize) {
                     let v = if k == labels::INSTANCE_TYPE {
                         Some(its[t].name.as_str())
                     } else {
@@ -699,7 +699,7 @@ mod tests {
         // Launch the six-core claim as a two-core type that is not among its candidates.
         let small = index_of(&snap, "m5.large");
         let c = &mut r.claims[0];
-        c.instance_types.retain(|&t| t != small);
+        c.instance_types.retain(|&t| t as usize != small);
         c.launch.as_mut().expect("launch").instance_type = small;
         let v = validate(&snap, &pods, &r, Semantics::Strict);
         assert!(has(&v, "not a candidate"), "{v:#?}");
@@ -712,7 +712,7 @@ mod tests {
         let pods: Vec<Pod> = (0..6).map(|i| pod(&format!("p{i}"), 1000, "web")).collect();
         let mut r = solve(&snap, &pods, &SolveOptions::default());
         let small = index_of(&snap, "m5.large");
-        r.claims[0].instance_types.push(small);
+        r.claims[0].instance_types.push(small as u32);
         let v = validate(&snap, &pods, &r, Semantics::Strict);
         assert!(has(&v, "candidate m5.large allocates"), "{v:#?}");
     }
@@ -740,7 +740,7 @@ mod tests {
         let mut r = solve(&snap, &pods, &SolveOptions::default());
         assert!(validate(&snap, &pods, &r, Semantics::Strict).is_empty());
         let intel = index_of(&snap, "m5.xlarge");
-        r.claims[0].instance_types.push(intel);
+        r.claims[0].instance_types.push(intel as u32);
         r.claims[0].launch.as_mut().expect("launch").instance_type = intel;
         let v = validate(&snap, &pods, &r, Semantics::Strict);
         assert!(has(&v, "node selector or required node affinity not met"), "{v:#?}");
