@@ -212,6 +212,21 @@ impl PlannedNode {
         if quick_reject && !total.fits_in(&self.envelope) {
             return Err("exceeds the resources of every remaining instance type".into());
         }
+        // A pod with no node requirements of its own: the claim's requirements change only
+        // if topology narrows them; when it does not, the filter runs on them as they are.
+        if data.requirements.is_empty() && pod.volume_requirements.is_empty() {
+            let topo_reqs = topo
+                .add_requirements(idx, pod, &template.pool.taints, &data.strict_requirements, &self.requirements, true)
+                .map_err(|e| e.to_string())?;
+            if topo_reqs == self.requirements {
+                let filtered = self.filter(template, &topo_reqs, &total, pod, data, quick_reject, relax_min_values)?;
+                return Ok(Addition {
+                    requirements: topo_reqs,
+                    types: filtered.types,
+                    relaxed_min_values: filtered.relaxed_min_values,
+                });
+            }
+        }
         self.requirements
             .compatible(&data.requirements, true)
             .map_err(|e| format!("incompatible requirements, {e}"))?;
@@ -225,35 +240,48 @@ impl PlannedNode {
             reqs.compatible(&topo_reqs, true).map_err(|e| e.to_string())?;
             let mut reqs = reqs;
             reqs.add_all(&topo_reqs);
-            // A claim down to one type (the packer's): the same checks as the filter without
-            // building its report; the full filter runs only to explain a failure.
-            if quick_reject
-                && let [t] = self.types[..]
-                && !reqs.has_min_values()
-                && self.single_type_ok(template, t, &reqs, &total, pod)
-            {
-                result = Some(filter::Filtered { types: vec![t], relaxed_min_values: Vec::new() });
-                return Ok(reqs);
-            }
-            let filtered = filter::filter_instance_types(&FilterInput {
-                instance_types: template.instance_types,
-                candidates: &self.types,
-                requirements: &reqs,
-                pod_requests: &data.requests,
-                total_requests: &total,
-                pod_ports: &pod.host_ports,
-                claim_ports: &self.pod_ports,
-                groups: &template.daemon_groups,
-                group_of: &template.group_of,
-                relax_min_values,
-                base: Some(&template.requirements),
-            })
-            .map_err(|e| e.to_string())?;
-            result = Some(filtered);
+            result = Some(self.filter(template, &reqs, &total, pod, data, quick_reject, relax_min_values)?);
             Ok(reqs)
         })?;
         let filtered = result.expect("invariant: a successful attempt sets the filter result");
         Ok(Addition { requirements: reqs, types: filtered.types, relaxed_min_values: filtered.relaxed_min_values })
+    }
+
+    /// The claim's types that can take it with `reqs` and `total` requests.
+    #[allow(clippy::too_many_arguments)]
+    fn filter(
+        &self,
+        template: &Template<'_>,
+        reqs: &Requirements,
+        total: &ResourceList,
+        pod: &Pod,
+        data: &PodData,
+        quick_reject: bool,
+        relax_min_values: bool,
+    ) -> Result<filter::Filtered, String> {
+        // A claim down to one type (the packer's): the same checks as the filter without
+        // building its report; the full filter runs only to explain a failure.
+        if quick_reject
+            && let [t] = self.types[..]
+            && !reqs.has_min_values()
+            && self.single_type_ok(template, t, reqs, total, pod)
+        {
+            return Ok(filter::Filtered { types: vec![t], relaxed_min_values: Vec::new() });
+        }
+        filter::filter_instance_types(&FilterInput {
+            instance_types: template.instance_types,
+            candidates: &self.types,
+            requirements: reqs,
+            pod_requests: &data.requests,
+            total_requests: total,
+            pod_ports: &pod.host_ports,
+            claim_ports: &self.pod_ports,
+            groups: &template.daemon_groups,
+            group_of: &template.group_of,
+            relax_min_values,
+            base: Some(&template.requirements),
+        })
+        .map_err(|e| e.to_string())
     }
 
     /// Whether type `t` can still launch this claim with `reqs` and `total` requests: it
