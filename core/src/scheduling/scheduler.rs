@@ -412,23 +412,26 @@ impl<'a> Scheduler<'a> {
     /// largest capacity among its candidate types (it may launch as any of them); and one
     /// node.
     pub(super) fn subtract_limits(&mut self, t: usize, claim: &PlannedNode) {
+        let max = self.reservation(t, claim);
         let Some(remaining) = &mut self.remaining[t] else { return };
+        *remaining = remaining.subtracted(&max);
+    }
+
+    /// What a claim holds of its pool's limits: the largest capacity among its candidates,
+    /// and one node.
+    fn reservation(&self, t: usize, claim: &PlannedNode) -> ResourceList {
         let mut max = ResourceList::new();
         for &i in &claim.types {
             max = max.max_with(&self.templates[t].instance_types[i].capacity);
         }
         max.set(ResourceName::Nodes, 1);
-        *remaining = remaining.subtracted(&max);
+        max
     }
 
     /// Gives back what `subtract_limits` took for a claim that ended up unused.
     pub(super) fn release_limits(&mut self, t: usize, claim: &PlannedNode) {
+        let max = self.reservation(t, claim);
         let Some(remaining) = &mut self.remaining[t] else { return };
-        let mut max = ResourceList::new();
-        for &i in &claim.types {
-            max = max.max_with(&self.templates[t].instance_types[i].capacity);
-        }
-        max.set(ResourceName::Nodes, 1);
         for (n, v) in max.iter() {
             if remaining.contains(n) {
                 remaining.add_amount(n.clone(), v);
