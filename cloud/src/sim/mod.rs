@@ -1,0 +1,653 @@
+//! A deterministic, in-memory cloud on the same catalog as `dovetail-core`: launch latency,
+//! finite capacity per offering, EC2's regional request buckets, and spot interruptions
+//! emitted as EventBridge events into its queue. Everything random comes from the seed, and
+//! time from the injected clock, so a run replays exactly.
+
+mod buckets;
+mod queue;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dovetail_core::catalog::{CapacityType, InstanceType};
+use dovetail_core::labels::{self, Labels};
+use dovetail_core::requirements::Operator;
+use dovetail_core::workload::SplitMix64;
+
+pub use buckets::{ApiLimits, Bucket};
+pub use queue::SimQueue;
+
+use crate::clock::Clock;
+use crate::events::{self, EventKind, Origin};
+use crate::{
+    BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchRequest, NodeClass, OfferingKey,
+    TAG_CLUSTER_PREFIX, TAG_NODECLAIM, TAG_NODEPOOL,
+};
+
+/// How long launched instances take to run: uniform between `min` and `max`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Latency {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+/// The sim cloud's settings.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Cluster name, for the ownership tag.
+    pub cluster: String,
+    pub region: String,
+    pub account: String,
+    pub seed: u64,
+    /// Unix seconds at clock zero (event timestamps).
+    pub epoch_unix: u64,
+    /// From launch to running.
+    pub boot: Latency,
+    /// Instances each offering can still launch; offerings not listed are unlimited.
+    pub capacity: BTreeMap<OfferingKey, u32>,
+    /// EC2's request buckets (`ApiLimits::raised` for load tests that say so).
+    pub limits: ApiLimits,
+    /// Spot interruptions per running spot instance per hour (applied by `tick`).
+    pub spot_interruptions_per_hour: f64,
+    /// Visibility timeout of the interruption queue.
+    pub visibility: Duration,
+    /// The AMI instances get (drift compares it with the node class's).
+    pub image: String,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            cluster: "sim".into(),
+            region: "us-east-1".into(),
+            account: "123456789012".into(),
+            seed: 1,
+            epoch_unix: 1_767_225_600,
+            boot: Latency { min: Duration::from_secs(20), max: Duration::from_secs(40) },
+            capacity: BTreeMap::new(),
+            limits: ApiLimits::default(),
+            spot_interruptions_per_hour: 0.0,
+            visibility: Duration::from_secs(20),
+            image: "ami-sim-al2023".into(),
+        }
+    }
+}
+
+/// What the sim keeps per instance: small, the rest (labels, capacity) comes from the
+/// catalog when an instance is looked at.
+struct SimInstance {
+    id: String,
+    claim: String,
+    /// Index into the catalog.
+    instance_type: usize,
+    zone: String,
+    capacity_type: CapacityType,
+    price: f64,
+    launched_at: Duration,
+    ready_at: Duration,
+    /// The request's pool, labels and tags (shared by a merged call's instances).
+    request: Arc<RequestShape>,
+}
+
+/// What a launch request says about the node besides its type.
+struct RequestShape {
+    nodepool: String,
+    labels: Labels,
+    tags: BTreeMap<String, String>,
+    node_class_hash: String,
+}
+
+/// Counters of what the cloud was asked (merging and throttling are measured with them).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimStats {
+    /// CreateFleet calls made (after merging).
+    pub fleet_calls: u64,
+    pub terminate_calls: u64,
+    pub describe_calls: u64,
+    pub launched: u64,
+    pub terminated: u64,
+    pub throttled: u64,
+    pub insufficient_capacity: u64,
+    pub interruptions: u64,
+}
+
+struct State {
+    instances: BTreeMap<String, SimInstance>,
+    by_claim: HashMap<String, String>,
+    capacity: HashMap<OfferingKey, u32>,
+    limits: ApiLimits,
+    rng: SplitMix64,
+    next_event: u64,
+    last_tick: Duration,
+    stats: SimStats,
+}
+
+/// The sim cloud. Cheap at 10,000+ instances: one small struct per instance.
+pub struct SimCloud {
+    config: SimConfig,
+    clock: Arc<dyn Clock>,
+    types: Arc<Vec<InstanceType>>,
+    index: HashMap<String, usize>,
+    queue: Arc<SimQueue>,
+    state: Mutex<State>,
+}
+
+impl SimCloud {
+    /// A cloud offering `types` (the catalog's, resolved for the default node class).
+    pub fn new(config: SimConfig, types: Arc<Vec<InstanceType>>, clock: Arc<dyn Clock>) -> Self {
+        let index = types.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        let queue = Arc::new(SimQueue::new(clock.clone(), config.visibility));
+        let state = State {
+            instances: BTreeMap::new(),
+            by_claim: HashMap::new(),
+            capacity: config.capacity.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            limits: config.limits.clone(),
+            rng: SplitMix64::new(config.seed),
+            next_event: 0,
+            last_tick: Duration::ZERO,
+            stats: SimStats::default(),
+        };
+        SimCloud { config, clock, types, index, queue, state: Mutex::new(state) }
+    }
+
+    /// Its interruption queue.
+    pub fn queue(&self) -> Arc<SimQueue> {
+        self.queue.clone()
+    }
+
+    /// What it was asked so far.
+    pub fn stats(&self) -> SimStats {
+        self.lock().stats.clone()
+    }
+
+    /// Live instances.
+    pub fn len(&self) -> usize {
+        self.lock().instances.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sets how many more instances an offering can launch (0 makes it insufficient).
+    pub fn set_capacity(&self, offering: OfferingKey, left: u32) {
+        self.lock().capacity.insert(offering, left);
+    }
+
+    /// Replaces the request buckets (full), as a load test that raises or lowers them does.
+    pub fn set_limits(&self, limits: ApiLimits) {
+        self.lock().limits = limits;
+    }
+
+    /// Emits an event for an instance now (an interruption warning, a scheduled change...).
+    pub fn inject(&self, kind: EventKind, instance_id: &str) {
+        let body = {
+            let mut s = self.lock();
+            self.event_body(&mut s, kind, instance_id)
+        };
+        self.queue.send(body);
+    }
+
+    /// Applies the spot interruption rate over the time since the last tick; returns the ids
+    /// interrupted (each gets a warning in the queue, and is terminated two minutes later by
+    /// whoever acts on it, as on EC2).
+    pub fn tick(&self) -> Vec<String> {
+        let now = self.clock.now();
+        let mut s = self.lock();
+        let hours = (now.saturating_sub(s.last_tick)).as_secs_f64() / 3600.0;
+        s.last_tick = now;
+        if self.config.spot_interruptions_per_hour <= 0.0 || hours <= 0.0 {
+            return Vec::new();
+        }
+        let p = 1.0 - (-self.config.spot_interruptions_per_hour * hours).exp();
+        let spot: Vec<String> =
+            s.instances.values().filter(|i| i.capacity_type == CapacityType::Spot).map(|i| i.id.clone()).collect();
+        let mut hit = Vec::new();
+        for id in spot {
+            let draw = (s.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            if draw < p {
+                hit.push(id);
+            }
+        }
+        let bodies: Vec<String> =
+            hit.iter().map(|id| self.event_body(&mut s, EventKind::SpotInterruption, id)).collect();
+        s.stats.interruptions += hit.len() as u64;
+        drop(s);
+        for b in bodies {
+            self.queue.send(b);
+        }
+        hit
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn event_body(&self, s: &mut State, kind: EventKind, instance_id: &str) -> String {
+        s.next_event += 1;
+        let id = format!("sim-event-{:08}", s.next_event);
+        let origin = Origin {
+            event_id: &id,
+            account: &self.config.account,
+            region: &self.config.region,
+            unix_seconds: self.config.epoch_unix + self.clock.now().as_secs(),
+        };
+        events::event(kind, instance_id, &origin)
+    }
+
+    fn view(&self, i: &SimInstance, now: Duration) -> Instance {
+        let it = &self.types[i.instance_type];
+        let mut labels = Labels::new();
+        for (k, req) in it.requirements.iter() {
+            if req.operator() == Operator::In && req.values().len() == 1 {
+                labels.insert(k.to_string(), req.values()[0].clone());
+            }
+        }
+        labels.extend(i.request.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        labels.insert(labels::INSTANCE_TYPE.to_string(), it.name.clone());
+        labels.insert(labels::ZONE.to_string(), i.zone.clone());
+        labels.insert(labels::CAPACITY_TYPE.to_string(), i.capacity_type.as_str().to_string());
+        labels.insert(labels::NODEPOOL.to_string(), i.request.nodepool.clone());
+        let mut tags = i.request.tags.clone();
+        tags.insert(TAG_NODECLAIM.to_string(), i.claim.clone());
+        tags.insert(TAG_NODEPOOL.to_string(), i.request.nodepool.clone());
+        tags.insert(format!("{TAG_CLUSTER_PREFIX}{}", self.config.cluster), "owned".to_string());
+        Instance {
+            id: i.id.clone(),
+            claim: Some(i.claim.clone()),
+            instance_type: it.name.clone(),
+            zone: i.zone.clone(),
+            capacity_type: i.capacity_type,
+            price: i.price,
+            labels,
+            capacity: it.capacity.clone(),
+            allocatable: it.allocatable.clone(),
+            state: if now >= i.ready_at { InstanceState::Running } else { InstanceState::Pending },
+            launched_at: i.launched_at,
+            tags,
+            image: self.config.image.clone(),
+            node_class_hash: i.request.node_class_hash.clone(),
+        }
+    }
+
+    /// Takes a token from a bucket or says when to retry.
+    fn draw(
+        s: &mut State,
+        now: Duration,
+        which: fn(&mut ApiLimits) -> &mut Bucket,
+        n: f64,
+        action: &str,
+    ) -> Result<(), CloudError> {
+        let bucket = which(&mut s.limits);
+        match bucket.check(now, n) {
+            Ok(()) => {
+                bucket.take(now, n);
+                Ok(())
+            }
+            Err(retry_after) => {
+                s.stats.throttled += 1;
+                Err(CloudError::Throttled { action: action.to_string(), retry_after })
+            }
+        }
+    }
+
+    /// The cheapest offering with capacity for a request, or every offering tried.
+    fn pick(&self, s: &State, r: &LaunchRequest) -> Result<(usize, CapacityType, f64), Vec<OfferingKey>> {
+        let mut tried = Vec::new();
+        let order: Vec<CapacityType> = [CapacityType::Spot, CapacityType::OnDemand]
+            .into_iter()
+            .filter(|c| r.capacity_types.is_empty() || r.capacity_types.contains(c))
+            .collect();
+        for ct in order {
+            let mut best: Option<(usize, f64)> = None;
+            for name in r.instance_types.iter().take(60) {
+                let Some(&t) = self.index.get(name) else { continue };
+                let Some(o) =
+                    self.types[t].offerings.iter().find(|o| o.zone == r.zone && o.capacity_type == ct && o.available)
+                else {
+                    continue;
+                };
+                let key = OfferingKey { instance_type: name.clone(), zone: r.zone.clone(), capacity_type: ct };
+                if s.capacity.get(&key).is_some_and(|left| *left == 0) {
+                    tried.push(key);
+                    continue;
+                }
+                if best.is_none_or(|(_, p)| o.price < p) {
+                    best = Some((t, o.price));
+                }
+            }
+            if let Some((t, price)) = best {
+                return Ok((t, ct, price));
+            }
+        }
+        Err(tried)
+    }
+
+    fn make_instance(
+        &self,
+        s: &mut State,
+        r: &LaunchRequest,
+        shape: &Arc<RequestShape>,
+        pick: (usize, CapacityType, f64),
+        now: Duration,
+    ) -> SimInstance {
+        let (t, capacity_type, price) = pick;
+        let id = format!("i-{:017x}", s.rng.next_u64() >> 4);
+        let span = self.config.boot.max.saturating_sub(self.config.boot.min).as_secs_f64();
+        let draw = (s.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        SimInstance {
+            id,
+            claim: r.claim.clone(),
+            instance_type: t,
+            zone: r.zone.clone(),
+            capacity_type,
+            price,
+            launched_at: now,
+            ready_at: now + self.config.boot.min + Duration::from_secs_f64(span * draw),
+            request: shape.clone(),
+        }
+    }
+}
+
+/// Requests that one CreateFleet call can carry together (same zone, types, capacity types,
+/// node class, pool and labels).
+fn same_shape(a: &LaunchRequest, b: &LaunchRequest) -> bool {
+    a.zone == b.zone
+        && a.instance_types == b.instance_types
+        && a.capacity_types == b.capacity_types
+        && a.node_class == b.node_class
+        && a.nodepool == b.nodepool
+        && a.labels == b.labels
+        && a.tags == b.tags
+}
+
+impl CloudProvider for SimCloud {
+    fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
+        Box::pin(async move {
+            let now = self.clock.now();
+            let mut s = self.lock();
+            let mut out: Vec<Option<Result<Instance, CloudError>>> = vec![None; requests.len()];
+            // Idempotency: a claim that has an instance gets it back (one lookup call).
+            if !requests.is_empty() {
+                s.stats.describe_calls += 1;
+            }
+            for (i, r) in requests.iter().enumerate() {
+                if let Some(id) = s.by_claim.get(&r.claim).cloned()
+                    && let Some(inst) = s.instances.get(&id)
+                {
+                    out[i] = Some(Ok(self.view(inst, now)));
+                }
+            }
+            // Merge the rest into calls of identical shape.
+            let mut groups: Vec<Vec<usize>> = Vec::new();
+            for i in (0..requests.len()).filter(|&i| out[i].is_none()) {
+                match groups.iter_mut().find(|g| same_shape(&requests[g[0]], &requests[i])) {
+                    Some(g) => g.push(i),
+                    None => groups.push(vec![i]),
+                }
+            }
+            for g in groups {
+                let throttled = SimCloud::draw(&mut s, now, |l| &mut l.mutating, 1.0, "CreateFleet").and_then(|()| {
+                    SimCloud::draw(&mut s, now, |l| &mut l.launched_instances, g.len() as f64, "CreateFleet")
+                });
+                if let Err(e) = throttled {
+                    for &i in &g {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                    continue;
+                }
+                s.stats.fleet_calls += 1;
+                let first = &requests[g[0]];
+                let shape = Arc::new(RequestShape {
+                    nodepool: first.nodepool.clone(),
+                    labels: first.labels.clone(),
+                    tags: first.tags.clone(),
+                    node_class_hash: first.node_class.hash.clone(),
+                });
+                for &i in &g {
+                    let r = &requests[i];
+                    if !self.config.region.is_empty() && !r.zone.starts_with(&self.config.region) {
+                        out[i] = Some(Err(CloudError::Invalid {
+                            what: format!("zone of nodeclaim {}", r.claim),
+                            reason: format!("{} is not in region {}", r.zone, self.config.region),
+                        }));
+                        continue;
+                    }
+                    match self.pick(&s, r) {
+                        Ok((t, ct, price)) => {
+                            let key = OfferingKey {
+                                instance_type: self.types[t].name.clone(),
+                                zone: r.zone.clone(),
+                                capacity_type: ct,
+                            };
+                            if let Some(left) = s.capacity.get_mut(&key) {
+                                *left -= 1;
+                            }
+                            let inst = self.make_instance(&mut s, r, &shape, (t, ct, price), now);
+                            let view = self.view(&inst, now);
+                            s.by_claim.insert(r.claim.clone(), inst.id.clone());
+                            s.instances.insert(inst.id.clone(), inst);
+                            s.stats.launched += 1;
+                            out[i] = Some(Ok(view));
+                        }
+                        Err(offerings) => {
+                            s.stats.insufficient_capacity += 1;
+                            out[i] = Some(Err(CloudError::InsufficientCapacity { offerings }));
+                        }
+                    }
+                }
+            }
+            out.into_iter().map(|r| r.unwrap_or(Err(CloudError::Transient { message: "no result".into() }))).collect()
+        })
+    }
+
+    fn terminate<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Vec<Result<(), CloudError>>> {
+        Box::pin(async move {
+            let now = self.clock.now();
+            let mut s = self.lock();
+            let known = ids.iter().filter(|id| s.instances.contains_key(id.as_str())).count();
+            let throttled =
+                SimCloud::draw(&mut s, now, |l| &mut l.mutating, 1.0, "TerminateInstances").and_then(|()| {
+                    SimCloud::draw(&mut s, now, |l| &mut l.terminated_instances, known as f64, "TerminateInstances")
+                });
+            if let Err(e) = throttled {
+                return ids.iter().map(|_| Err(e.clone())).collect();
+            }
+            s.stats.terminate_calls += 1;
+            ids.iter()
+                .map(|id| match s.instances.remove(id.as_str()) {
+                    Some(inst) => {
+                        s.by_claim.remove(&inst.claim);
+                        let key = OfferingKey {
+                            instance_type: self.types[inst.instance_type].name.clone(),
+                            zone: inst.zone.clone(),
+                            capacity_type: inst.capacity_type,
+                        };
+                        if let Some(left) = s.capacity.get_mut(&key) {
+                            *left += 1;
+                        }
+                        s.stats.terminated += 1;
+                        Ok(())
+                    }
+                    None => Err(CloudError::NotFound { id: id.clone() }),
+                })
+                .collect()
+        })
+    }
+
+    fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Instance, CloudError>> {
+        Box::pin(async move {
+            let now = self.clock.now();
+            let mut s = self.lock();
+            SimCloud::draw(&mut s, now, |l| &mut l.non_mutating, 1.0, "DescribeInstances")?;
+            s.stats.describe_calls += 1;
+            s.instances.get(id).map(|i| self.view(i, now)).ok_or_else(|| CloudError::NotFound { id: id.to_string() })
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>, CloudError>> {
+        Box::pin(async move {
+            let now = self.clock.now();
+            let mut s = self.lock();
+            // Paginated at 1,000 per page, one token each.
+            let pages = s.instances.len().div_ceil(1000).max(1) as f64;
+            SimCloud::draw(&mut s, now, |l| &mut l.non_mutating, pages, "DescribeInstances")?;
+            s.stats.describe_calls += pages as u64;
+            Ok(s.instances.values().map(|i| self.view(i, now)).collect())
+        })
+    }
+
+    fn instance_types<'a>(&'a self, node_class: &'a NodeClass) -> BoxFuture<'a, Result<Vec<InstanceType>, CloudError>> {
+        Box::pin(async move {
+            let _ = node_class;
+            let s = self.lock();
+            let mut types: Vec<InstanceType> = self.types.as_ref().clone();
+            for t in &mut types {
+                for o in &mut t.offerings {
+                    let key = OfferingKey {
+                        instance_type: t.name.clone(),
+                        zone: o.zone.clone(),
+                        capacity_type: o.capacity_type,
+                    };
+                    if s.capacity.get(&key).is_some_and(|left| *left == 0) {
+                        o.available = false;
+                    }
+                }
+            }
+            Ok(types)
+        })
+    }
+
+    fn is_drifted<'a>(
+        &'a self,
+        instance: &'a Instance,
+        node_class: &'a NodeClass,
+    ) -> BoxFuture<'a, Result<Option<DriftReason>, CloudError>> {
+        Box::pin(async move {
+            if instance.node_class_hash != node_class.hash {
+                return Ok(Some(DriftReason::NodeClass));
+            }
+            if instance.image != self.config.image {
+                return Ok(Some(DriftReason::Image));
+            }
+            Ok(None)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+    use dovetail_core::catalog::{Catalog, NodeClassSettings};
+
+    fn cloud(config: SimConfig) -> (SimCloud, Arc<ManualClock>) {
+        let c = Catalog::embedded("us-east-1").expect("catalog");
+        let types: Vec<InstanceType> = c
+            .instance_types(&NodeClassSettings::default(), None)
+            .into_iter()
+            .filter(|t| t.name.starts_with("m5."))
+            .collect();
+        let clock = Arc::new(ManualClock::new());
+        (SimCloud::new(config, Arc::new(types), clock.clone()), clock)
+    }
+
+    fn request(claim: &str, cts: Vec<CapacityType>) -> LaunchRequest {
+        LaunchRequest {
+            claim: claim.into(),
+            nodepool: "default".into(),
+            node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
+            zone: "us-east-1b".into(),
+            instance_types: vec!["m5.large".into(), "m5.xlarge".into()],
+            capacity_types: cts,
+            labels: Labels::new(),
+            tags: BTreeMap::new(),
+        }
+    }
+
+    fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
+    }
+
+    #[test]
+    fn identical_launches_share_one_fleet_call() {
+        let (c, _) = cloud(SimConfig::default());
+        let reqs: Vec<LaunchRequest> =
+            (0..25).map(|i| request(&format!("c{i}"), vec![CapacityType::OnDemand])).collect();
+        let out = block(c.launch(&reqs));
+        assert!(out.iter().all(Result::is_ok));
+        assert_eq!(c.stats().fleet_calls, 1);
+        let mut other = request("odd", vec![CapacityType::OnDemand]);
+        other.zone = "us-east-1c".into();
+        let out = block(c.launch(&[request("c100", vec![CapacityType::OnDemand]), other]));
+        assert!(out.iter().all(Result::is_ok));
+        assert_eq!(c.stats().fleet_calls, 3, "a different zone is another call");
+    }
+
+    #[test]
+    fn spot_is_preferred_and_capacity_comes_back_on_terminate() {
+        let key = OfferingKey {
+            instance_type: "m5.large".into(),
+            zone: "us-east-1b".into(),
+            capacity_type: CapacityType::Spot,
+        };
+        let mut config = SimConfig::default();
+        config.capacity.insert(key.clone(), 1);
+        let (c, _) = cloud(config);
+        let both = vec![CapacityType::Spot, CapacityType::OnDemand];
+        let a = block(c.launch(&[request("a", both.clone())])).remove(0).expect("a");
+        assert_eq!((a.capacity_type, a.instance_type.as_str()), (CapacityType::Spot, "m5.large"));
+        // The last spot m5.large is gone: the next claim gets the next cheapest offering.
+        let b = block(c.launch(&[request("b", both.clone())])).remove(0).expect("b");
+        assert_ne!((b.capacity_type, b.instance_type.as_str()), (CapacityType::Spot, "m5.large"));
+        assert_eq!(block(c.terminate(std::slice::from_ref(&a.id))), vec![Ok(())]);
+        let d = block(c.launch(&[request("d", both)])).remove(0).expect("d");
+        assert_eq!((d.capacity_type, d.instance_type.as_str()), (CapacityType::Spot, "m5.large"));
+    }
+
+    #[test]
+    fn instances_run_after_their_boot_time_and_drift_is_reported() {
+        let (c, clock) = cloud(SimConfig::default());
+        let a = block(c.launch(&[request("a", vec![])])).remove(0).expect("a");
+        assert_eq!(a.state, InstanceState::Pending);
+        clock.advance(Duration::from_secs(41));
+        assert_eq!(block(c.get(&a.id)).expect("get").state, InstanceState::Running);
+        let same = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+        assert_eq!(block(c.is_drifted(&a, &same)), Ok(None));
+        let changed = NodeClass { hash: "h2".into(), ..same };
+        assert_eq!(block(c.is_drifted(&a, &changed)), Ok(Some(DriftReason::NodeClass)));
+    }
+
+    #[test]
+    fn interruptions_are_seeded_and_land_in_the_queue() {
+        let run = |seed: u64| {
+            let config = SimConfig { seed, spot_interruptions_per_hour: 0.5, ..SimConfig::default() };
+            let (c, clock) = cloud(config);
+            let reqs: Vec<LaunchRequest> =
+                (0..200).map(|i| request(&format!("c{i}"), vec![CapacityType::Spot])).collect();
+            let mut limits = ApiLimits::raised(10.0);
+            limits.mutating = Bucket::new(1000.0, 100.0);
+            c.set_limits(limits);
+            assert!(block(c.launch(&reqs)).iter().all(Result::is_ok));
+            clock.advance(Duration::from_secs(3600));
+            let hit = c.tick();
+            (hit, c.queue().len())
+        };
+        let (a, queued) = run(7);
+        assert_eq!(a, run(7).0, "same seed, same interruptions");
+        assert!(!a.is_empty() && a.len() < 200, "about 40% of 200 expected, got {}", a.len());
+        assert_eq!(queued, a.len());
+    }
+
+    #[test]
+    fn a_zone_outside_the_region_is_invalid() {
+        let (c, _) = cloud(SimConfig::default());
+        let mut r = request("a", vec![]);
+        r.zone = "eu-west-1a".into();
+        match block(c.launch(&[r])).remove(0) {
+            Err(CloudError::Invalid { what, .. }) => assert!(what.contains("nodeclaim a")),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+}

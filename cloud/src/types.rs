@@ -1,0 +1,120 @@
+//! The domain types of the cloud seam.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use dovetail_core::catalog::CapacityType;
+use dovetail_core::labels::Labels;
+use dovetail_core::resources::ResourceList;
+
+/// Tag carrying the NodeClaim's name: how a re-launch finds the instance it already made.
+pub const TAG_NODECLAIM: &str = "karpenter.sh/nodeclaim";
+/// Tag carrying the NodePool's name.
+pub const TAG_NODEPOOL: &str = "karpenter.sh/nodepool";
+/// Prefix of the cluster ownership tag, `kubernetes.io/cluster/<name>` = `owned`.
+pub const TAG_CLUSTER_PREFIX: &str = "kubernetes.io/cluster/";
+
+/// One offering: an instance type in a zone with a capacity type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OfferingKey {
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: CapacityType,
+}
+
+impl fmt::Display for OfferingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.capacity_type.as_str(), self.instance_type, self.zone)
+    }
+}
+
+/// What the caller resolved of an EC2NodeClass (the AWS provider resolves the rest itself).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeClass {
+    pub name: String,
+    /// Subnet selector terms: tag maps and ids, ORed.
+    pub subnet_selector: Vec<BTreeMap<String, String>>,
+    pub security_group_selector: Vec<BTreeMap<String, String>>,
+    /// `amiSelectorTerms`: an alias (`al2023@latest`), or tags/ids/names.
+    pub ami_alias: Option<String>,
+    pub ami_selector: Vec<BTreeMap<String, String>>,
+    pub role: Option<String>,
+    pub tags: BTreeMap<String, String>,
+    /// Hash of the spec, for drift.
+    pub hash: String,
+}
+
+/// A NodeClaim to launch in one zone.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchRequest {
+    /// The NodeClaim's name: the idempotency key.
+    pub claim: String,
+    pub nodepool: String,
+    pub node_class: NodeClass,
+    /// The zone the caller chose.
+    pub zone: String,
+    /// Candidate types, cheapest first; the provider picks among them.
+    pub instance_types: Vec<String>,
+    /// Allowed capacity types; spot is preferred when allowed.
+    pub capacity_types: Vec<CapacityType>,
+    /// Labels the node will carry besides the type's own.
+    pub labels: Labels,
+    /// Extra tags (the node class's and the user's).
+    pub tags: BTreeMap<String, String>,
+}
+
+/// The lifecycle of an instance as the cloud reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceState {
+    Pending,
+    Running,
+    ShuttingDown,
+    Terminated,
+}
+
+/// A launched instance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instance {
+    pub id: String,
+    /// The NodeClaim it was launched for (from its tag), if any.
+    pub claim: Option<String>,
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: CapacityType,
+    /// $/hour of its offering.
+    pub price: f64,
+    /// The node's labels as the provider knows them (type labels, zone, capacity type, pool).
+    pub labels: Labels,
+    pub capacity: ResourceList,
+    pub allocatable: ResourceList,
+    pub state: InstanceState,
+    /// When it was launched, on the cloud's clock.
+    pub launched_at: Duration,
+    pub tags: BTreeMap<String, String>,
+    /// The image it runs (for drift).
+    pub image: String,
+    /// The node class hash it was launched with (for drift).
+    pub node_class_hash: String,
+}
+
+/// Why an instance drifted from its node class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriftReason {
+    /// The AMI the node class selects changed.
+    Image,
+    /// The node class spec changed.
+    NodeClass,
+    /// Its subnet or security groups are no longer selected.
+    Network,
+}
+
+/// A message of the interruption queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueMessage {
+    pub id: String,
+    /// Handle for delete/visibility; changes with every receive.
+    pub receipt: String,
+    /// The EventBridge event, as JSON.
+    pub body: String,
+}
