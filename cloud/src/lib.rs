@@ -9,6 +9,8 @@
 //! `dovetail-core`) and, in `aws`, the provider on aws-sdk-ec2/aws-sdk-sqs. Both pass the
 //! same conformance suite (`tests/conformance.rs`).
 
+pub mod aws;
+pub mod batch;
 pub mod clock;
 pub mod events;
 pub mod sim;

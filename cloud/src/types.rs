@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use dovetail_core::catalog::CapacityType;
+use dovetail_core::catalog::{CapacityType, InstanceType};
 use dovetail_core::labels::Labels;
+use dovetail_core::requirements::Operator;
 use dovetail_core::resources::ResourceList;
 
 /// Tag carrying the NodeClaim's name: how a re-launch finds the instance it already made.
@@ -117,4 +118,15 @@ pub struct QueueMessage {
     pub receipt: String,
     /// The EventBridge event, as JSON.
     pub body: String,
+}
+
+/// The labels an instance type gives its nodes: every requirement with exactly one value.
+pub(crate) fn type_labels(it: &InstanceType) -> Labels {
+    let mut labels = Labels::new();
+    for (k, req) in it.requirements.iter() {
+        if req.operator() == Operator::In && req.values().len() == 1 {
+            labels.insert(k.to_string(), req.values()[0].clone());
+        }
+    }
+    labels
 }

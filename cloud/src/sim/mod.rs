@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use dovetail_core::catalog::{CapacityType, InstanceType};
 use dovetail_core::labels::{self, Labels};
-use dovetail_core::requirements::Operator;
 use dovetail_core::workload::SplitMix64;
 
 pub use buckets::{ApiLimits, Bucket};
@@ -20,6 +19,7 @@ pub use queue::SimQueue;
 
 use crate::clock::Clock;
 use crate::events::{self, EventKind, Origin};
+use crate::types::type_labels;
 use crate::{
     BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchRequest, NodeClass, OfferingKey,
     TAG_CLUSTER_PREFIX, TAG_NODECLAIM, TAG_NODEPOOL,
@@ -238,12 +238,7 @@ impl SimCloud {
 
     fn view(&self, i: &SimInstance, now: Duration) -> Instance {
         let it = &self.types[i.instance_type];
-        let mut labels = Labels::new();
-        for (k, req) in it.requirements.iter() {
-            if req.operator() == Operator::In && req.values().len() == 1 {
-                labels.insert(k.to_string(), req.values()[0].clone());
-            }
-        }
+        let mut labels = type_labels(it);
         labels.extend(i.request.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
         labels.insert(labels::INSTANCE_TYPE.to_string(), it.name.clone());
         labels.insert(labels::ZONE.to_string(), i.zone.clone());

@@ -1,0 +1,448 @@
+//! Launching by CreateFleet `instant`: idempotency lookup by the NodeClaim tag, one call per
+//! group of identical requests (`TotalTargetCapacity` = the group's size), spot first with
+//! `price-capacity-optimized`, then on-demand with `lowest-price`, fleet errors mapped to
+//! [`CloudError`]s naming the offerings that failed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_ec2::types::{
+    DefaultTargetCapacityType, Filter, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
+    FleetLaunchTemplateSpecificationRequest, FleetOnDemandAllocationStrategy, FleetType, InstanceLifecycle,
+    OnDemandOptionsRequest, ResourceType, SpotAllocationStrategy, SpotOptionsRequest, Tag, TagSpecification,
+    TargetCapacitySpecificationRequest,
+};
+use dovetail_core::catalog::CapacityType;
+
+use super::errors::{CAPACITY_CODES, from_code, from_sdk};
+use super::{AwsProvider, Fnv, Resolved, TAG_NODECLASS, TAG_NODECLASS_HASH, Types};
+use crate::types::type_labels;
+use crate::{CloudError, Instance, InstanceState, LaunchRequest, OfferingKey, TAG_NODECLAIM, TAG_NODEPOOL};
+
+/// Requests one CreateFleet call can carry together.
+pub(crate) fn same_shape(a: &LaunchRequest, b: &LaunchRequest) -> bool {
+    a.zone == b.zone
+        && a.instance_types == b.instance_types
+        && a.capacity_types == b.capacity_types
+        && a.node_class == b.node_class
+        && a.nodepool == b.nodepool
+        && a.labels == b.labels
+        && a.tags == b.tags
+}
+
+/// See [`crate::CloudProvider::launch`].
+pub(super) async fn launch(p: &AwsProvider, requests: &[LaunchRequest]) -> Vec<Result<Instance, CloudError>> {
+    if requests.is_empty() {
+        return Vec::new();
+    }
+    let types = match p.types().await {
+        Ok(t) => t,
+        Err(e) => return requests.iter().map(|_| Err(e.clone())).collect(),
+    };
+    let mut out: Vec<Option<Result<Instance, CloudError>>> = vec![None; requests.len()];
+    // Emulators ignore client tokens: look for instances already tagged with the claims.
+    let claims: Vec<String> = requests.iter().map(|r| r.claim.clone()).collect();
+    for chunk in claims.chunks(200) {
+        let found = p
+            .describe(vec![
+                Filter::builder().name(format!("tag:{TAG_NODECLAIM}")).set_values(Some(chunk.to_vec())).build(),
+            ])
+            .await;
+        match found {
+            Ok(found) => {
+                for inst in found.iter().filter_map(|i| p.view(&types, i)) {
+                    if !matches!(inst.state, InstanceState::Pending | InstanceState::Running) {
+                        continue;
+                    }
+                    for (i, r) in requests.iter().enumerate() {
+                        if out[i].is_none() && inst.claim.as_deref() == Some(r.claim.as_str()) {
+                            out[i] = Some(Ok(inst.clone()));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                for (i, r) in requests.iter().enumerate() {
+                    if chunk.contains(&r.claim) {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for i in (0..requests.len()).filter(|&i| out[i].is_none()) {
+        match groups.iter_mut().find(|g| same_shape(&requests[g[0]], &requests[i])) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    for g in groups {
+        let group: Vec<&LaunchRequest> = g.iter().map(|&i| &requests[i]).collect();
+        for (i, result) in g.iter().zip(launch_group(p, &types, &group).await) {
+            out[*i] = Some(result);
+        }
+    }
+    out.into_iter().map(|r| r.unwrap_or_else(|| Err(CloudError::Transient { message: "no result".into() }))).collect()
+}
+
+/// One candidate override: a type in the zone's subnet with its price and image.
+struct Candidate {
+    instance_type: String,
+    price: f64,
+    template: String,
+}
+
+/// Launches a group of identical requests; one result per request, in order.
+async fn launch_group(p: &AwsProvider, types: &Types, group: &[&LaunchRequest]) -> Vec<Result<Instance, CloudError>> {
+    let first = group[0];
+    let fail = |e: CloudError| group.iter().map(|_| Err(e.clone())).collect::<Vec<_>>();
+    let resolved = match p.resolve(&first.node_class).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let Some((subnet, _)) = resolved.subnets.iter().find(|(_, z)| *z == first.zone) else {
+        return fail(CloudError::NodeClassNotReady {
+            node_class: first.node_class.name.clone(),
+            reason: format!("no selected subnet in zone {}", first.zone),
+        });
+    };
+    let order: Vec<CapacityType> = [CapacityType::Spot, CapacityType::OnDemand]
+        .into_iter()
+        .filter(|c| first.capacity_types.is_empty() || first.capacity_types.contains(c))
+        .collect();
+    let mut results: Vec<Option<Result<Instance, CloudError>>> = vec![None; group.len()];
+    let mut tried: Vec<OfferingKey> = Vec::new();
+    let mut other: Option<CloudError> = None;
+    for ct in order {
+        let pending: Vec<usize> = (0..group.len()).filter(|&i| results[i].is_none()).collect();
+        if pending.is_empty() {
+            break;
+        }
+        let candidates = match candidates(p, types, first, &resolved, ct).await {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        };
+        if candidates.is_empty() {
+            continue;
+        }
+        let claims: Vec<&str> = pending.iter().map(|&i| group[i].claim.as_str()).collect();
+        match create_fleet(p, first, subnet, ct, &candidates, &claims).await {
+            Err(e) => {
+                for &i in &pending {
+                    results[i] = Some(Err(e.clone()));
+                }
+                return results
+                    .into_iter()
+                    .map(|r| r.unwrap_or_else(|| Err(CloudError::Transient { message: "no result".into() })))
+                    .collect();
+            }
+            Ok(fleet) => {
+                tried.extend(fleet.failed);
+                if other.is_none() {
+                    other = fleet.other;
+                }
+                for (&i, launched) in pending.iter().zip(fleet.launched) {
+                    let price = candidates.iter().find(|c| c.instance_type == launched.instance_type).map(|c| c.price);
+                    results[i] = Some(Ok(instance(p, types, group[i], &resolved, launched, price.unwrap_or(0.0))));
+                }
+            }
+        }
+    }
+    let leftover = match (tried.is_empty(), other) {
+        (true, Some(e)) => e,
+        (true, None) => CloudError::InsufficientCapacity {
+            offerings: first
+                .instance_types
+                .iter()
+                .flat_map(|t| {
+                    [CapacityType::Spot, CapacityType::OnDemand]
+                        .into_iter()
+                        .filter(|c| first.capacity_types.is_empty() || first.capacity_types.contains(c))
+                        .map(|ct| OfferingKey { instance_type: t.clone(), zone: first.zone.clone(), capacity_type: ct })
+                })
+                .collect(),
+        },
+        (false, _) => {
+            tried.sort();
+            tried.dedup();
+            CloudError::InsufficientCapacity { offerings: tried }
+        }
+    };
+    results.into_iter().map(|r| r.unwrap_or_else(|| Err(leftover.clone()))).collect()
+}
+
+/// The request's types offered in its zone at `ct`, cheapest first, at most `max_fleet_types`,
+/// each with the launch template of its architecture's image.
+async fn candidates(
+    p: &AwsProvider,
+    types: &Types,
+    r: &LaunchRequest,
+    resolved: &Resolved,
+    ct: CapacityType,
+) -> Result<Vec<Candidate>, CloudError> {
+    let mut priced: Vec<(String, f64, String)> = Vec::new();
+    for name in &r.instance_types {
+        let Some(t) = types.by_name.get(name) else { continue };
+        let Some(o) = t.offerings.iter().find(|o| o.zone == r.zone && o.capacity_type == ct && o.available) else {
+            continue;
+        };
+        let arch = t.requirements.get(dovetail_core::labels::ARCH).any().unwrap_or_default();
+        let Some((image, _)) = resolved.images.iter().find(|(_, a)| *a == arch) else { continue };
+        priced.push((name.clone(), o.price, image.clone()));
+    }
+    priced.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    priced.truncate(p.cfg.max_fleet_types);
+    let mut templates: HashMap<String, String> = HashMap::new();
+    let mut out = Vec::with_capacity(priced.len());
+    for (instance_type, price, image) in priced {
+        let template = match templates.get(&image) {
+            Some(t) => t.clone(),
+            None => {
+                let t = p.template(r, resolved, &image).await?;
+                templates.insert(image.clone(), t.clone());
+                t
+            }
+        };
+        out.push(Candidate { instance_type, price, template });
+    }
+    Ok(out)
+}
+
+/// What CreateFleet returned.
+struct Fleet {
+    launched: Vec<Launched>,
+    /// Offerings that failed for capacity.
+    failed: Vec<OfferingKey>,
+    /// The first error that was not about capacity.
+    other: Option<CloudError>,
+}
+
+struct Launched {
+    id: String,
+    instance_type: String,
+    zone: String,
+    capacity_type: CapacityType,
+}
+
+/// The client token of a call: the same claims at the same capacity type give the same token.
+fn client_token(claims: &[&str], ct: CapacityType) -> String {
+    let mut sorted = claims.to_vec();
+    sorted.sort_unstable();
+    let mut h = Fnv::default();
+    for c in &sorted {
+        h.write(c.as_bytes());
+        h.write(&[0]);
+    }
+    h.write(ct.as_str().as_bytes());
+    format!("dovetail-{:016x}-{}", h.finish(), sorted.len())
+}
+
+/// The tags every instance of a request gets (the claim's own is added per instance).
+fn tags(p: &AwsProvider, r: &LaunchRequest) -> BTreeMap<String, String> {
+    let mut tags = r.node_class.tags.clone();
+    tags.extend(r.tags.iter().map(|(k, v)| (k.clone(), v.clone())));
+    tags.insert(p.cluster_tag(), "owned".into());
+    tags.insert(TAG_NODEPOOL.into(), r.nodepool.clone());
+    tags.insert(TAG_NODECLASS.into(), r.node_class.name.clone());
+    tags.insert(TAG_NODECLASS_HASH.into(), r.node_class.hash.clone());
+    tags
+}
+
+async fn create_fleet(
+    p: &AwsProvider,
+    r: &LaunchRequest,
+    subnet: &str,
+    ct: CapacityType,
+    candidates: &[Candidate],
+    claims: &[&str],
+) -> Result<Fleet, CloudError> {
+    let mut configs: Vec<FleetLaunchTemplateConfigRequest> = Vec::new();
+    let mut by_template: Vec<(&str, Vec<&Candidate>)> = Vec::new();
+    for c in candidates {
+        match by_template.iter_mut().find(|(t, _)| *t == c.template) {
+            Some((_, v)) => v.push(c),
+            None => by_template.push((&c.template, vec![c])),
+        }
+    }
+    for (template, cs) in by_template {
+        let mut cfg = FleetLaunchTemplateConfigRequest::builder().launch_template_specification(
+            FleetLaunchTemplateSpecificationRequest::builder()
+                .launch_template_name(template)
+                .version("$Latest")
+                .build(),
+        );
+        for c in cs {
+            cfg = cfg.overrides(
+                FleetLaunchTemplateOverridesRequest::builder()
+                    .instance_type(c.instance_type.as_str().into())
+                    .subnet_id(subnet)
+                    .availability_zone(&r.zone)
+                    .build(),
+            );
+        }
+        configs.push(cfg.build());
+    }
+    let mut tags = tags(p, r);
+    if claims.len() == 1 {
+        tags.insert(TAG_NODECLAIM.into(), claims[0].to_string());
+    }
+    let tag_list: Vec<Tag> = tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect();
+    let target = TargetCapacitySpecificationRequest::builder()
+        .total_target_capacity(claims.len() as i32)
+        .default_target_capacity_type(match ct {
+            CapacityType::Spot => DefaultTargetCapacityType::Spot,
+            _ => DefaultTargetCapacityType::OnDemand,
+        })
+        .build();
+    let mut call = p
+        .ec2
+        .create_fleet()
+        .r#type(FleetType::Instant)
+        .client_token(client_token(claims, ct))
+        .set_launch_template_configs(Some(configs))
+        .target_capacity_specification(target)
+        .tag_specifications(
+            TagSpecification::builder().resource_type(ResourceType::Instance).set_tags(Some(tag_list.clone())).build(),
+        )
+        .tag_specifications(
+            TagSpecification::builder().resource_type(ResourceType::Volume).set_tags(Some(tag_list)).build(),
+        );
+    call = match ct {
+        CapacityType::Spot => call.spot_options(
+            SpotOptionsRequest::builder().allocation_strategy(SpotAllocationStrategy::PriceCapacityOptimized).build(),
+        ),
+        _ => call.on_demand_options(
+            OnDemandOptionsRequest::builder().allocation_strategy(FleetOnDemandAllocationStrategy::LowestPrice).build(),
+        ),
+    };
+    p.count(|s| s.fleet_calls += 1);
+    let resp = call.send().await.map_err(|e| from_sdk("CreateFleet", e))?;
+
+    let mut failed = Vec::new();
+    let mut other = None;
+    for e in resp.errors() {
+        let code = e.error_code().unwrap_or_default();
+        let o = e.launch_template_and_overrides().and_then(|l| l.overrides());
+        let lifecycle = match e.lifecycle() {
+            Some(InstanceLifecycle::Spot) => CapacityType::Spot,
+            Some(InstanceLifecycle::OnDemand) => CapacityType::OnDemand,
+            _ => ct,
+        };
+        if CAPACITY_CODES.contains(&code) {
+            match o.and_then(|o| o.instance_type()) {
+                Some(t) => failed.push(OfferingKey {
+                    instance_type: t.as_str().to_string(),
+                    zone: o.and_then(|o| o.availability_zone()).unwrap_or(&r.zone).to_string(),
+                    capacity_type: lifecycle,
+                }),
+                // No override named: every candidate failed.
+                None => failed.extend(candidates.iter().map(|c| OfferingKey {
+                    instance_type: c.instance_type.clone(),
+                    zone: r.zone.clone(),
+                    capacity_type: lifecycle,
+                })),
+            }
+        } else if other.is_none() {
+            other = Some(from_code("CreateFleet", Some(code), e.error_message().unwrap_or_default()));
+        }
+    }
+    let mut launched = Vec::new();
+    for i in resp.instances() {
+        let o = i.launch_template_and_overrides().and_then(|l| l.overrides());
+        let instance_type = i
+            .instance_type()
+            .map(|t| t.as_str().to_string())
+            .or_else(|| o.and_then(|o| o.instance_type()).map(|t| t.as_str().to_string()))
+            .unwrap_or_else(|| candidates[0].instance_type.clone());
+        let zone = o.and_then(|o| o.availability_zone()).unwrap_or(&r.zone).to_string();
+        let capacity_type = match i.lifecycle() {
+            Some(InstanceLifecycle::Spot) => CapacityType::Spot,
+            Some(InstanceLifecycle::OnDemand) => CapacityType::OnDemand,
+            _ => ct,
+        };
+        for id in i.instance_ids() {
+            launched.push(Launched {
+                id: id.clone(),
+                instance_type: instance_type.clone(),
+                zone: zone.clone(),
+                capacity_type,
+            });
+        }
+    }
+    launched.truncate(claims.len());
+    if launched.is_empty() && failed.is_empty() && other.is_none() {
+        // EC2 launched nothing and said nothing: every candidate is out of capacity.
+        failed.extend(candidates.iter().map(|c| OfferingKey {
+            instance_type: c.instance_type.clone(),
+            zone: r.zone.clone(),
+            capacity_type: ct,
+        }));
+    }
+    // A merged call tags each instance with its claim afterwards.
+    if claims.len() > 1 {
+        for (l, claim) in launched.iter().zip(claims) {
+            p.count(|s| s.create_tags_calls += 1);
+            p.ec2
+                .create_tags()
+                .resources(&l.id)
+                .tags(Tag::builder().key(TAG_NODECLAIM).value(*claim).build())
+                .send()
+                .await
+                .map_err(|e| from_sdk("CreateTags", e))?;
+        }
+    }
+    Ok(Fleet { launched, failed, other })
+}
+
+/// The domain view of a just-launched instance (no describe needed).
+fn instance(
+    p: &AwsProvider,
+    types: &Types,
+    r: &LaunchRequest,
+    resolved: &Resolved,
+    l: Launched,
+    price: f64,
+) -> Instance {
+    let it = types.by_name.get(&l.instance_type);
+    let arch = it.and_then(|t| t.requirements.get(dovetail_core::labels::ARCH).any()).unwrap_or_default();
+    let mut labels = it.map(type_labels).unwrap_or_default();
+    labels.extend(r.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    labels.insert(dovetail_core::labels::INSTANCE_TYPE.into(), l.instance_type.clone());
+    labels.insert(dovetail_core::labels::ZONE.into(), l.zone.clone());
+    labels.insert(dovetail_core::labels::CAPACITY_TYPE.into(), l.capacity_type.as_str().into());
+    labels.insert(dovetail_core::labels::NODEPOOL.into(), r.nodepool.clone());
+    let mut tags = tags(p, r);
+    tags.insert(TAG_NODECLAIM.into(), r.claim.clone());
+    let launched_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    Instance {
+        id: l.id,
+        claim: Some(r.claim.clone()),
+        capacity: it.map(|t| t.capacity.clone()).unwrap_or_default(),
+        allocatable: it.map(|t| t.allocatable.clone()).unwrap_or_default(),
+        instance_type: l.instance_type,
+        zone: l.zone,
+        capacity_type: l.capacity_type,
+        price,
+        labels,
+        state: InstanceState::Pending,
+        launched_at,
+        tags,
+        image: resolved.images.iter().find(|(_, a)| *a == arch).map(|(i, _)| i.clone()).unwrap_or_default(),
+        node_class_hash: r.node_class.hash.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_claims_give_the_same_token_in_any_order() {
+        let a = client_token(&["b", "a"], CapacityType::Spot);
+        assert_eq!(a, client_token(&["a", "b"], CapacityType::Spot));
+        assert_ne!(a, client_token(&["a", "b"], CapacityType::OnDemand));
+        assert_ne!(a, client_token(&["a", "c"], CapacityType::Spot));
+        assert!(a.len() <= 64);
+    }
+}

@@ -1,0 +1,523 @@
+//! The AWS provider: EC2 through aws-sdk-ec2 (CreateFleet `instant`), interruption events
+//! through aws-sdk-sqs. Configured as a user would (region, credential chain, endpoint
+//! override), so moto and a real account differ only in configuration.
+
+mod catalog;
+mod errors;
+mod fleet;
+mod nodeclass;
+mod queue;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant as Clock};
+
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_credential_types::Credentials;
+use aws_sdk_ec2::Client;
+use aws_sdk_ec2::types::{Filter, InstanceLifecycleType, InstanceStateName};
+use aws_smithy_http_client::tls;
+use dovetail_core::catalog::{CapacityType, Catalog, InstanceType, NodeClassSettings};
+
+pub use catalog::SpotPrices;
+pub use errors::{CAPACITY_CODES, THROTTLE_RETRY_AFTER};
+pub use nodeclass::Resolved;
+pub use queue::SqsQueue;
+
+use crate::types::type_labels;
+use crate::{
+    BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchRequest, NodeClass,
+    TAG_CLUSTER_PREFIX, TAG_NODECLAIM, TAG_NODEPOOL,
+};
+use errors::from_sdk;
+
+/// Tag with the node class name.
+pub const TAG_NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
+/// Tag with the hash of the node class spec an instance was launched with (drift).
+pub const TAG_NODECLASS_HASH: &str = "dovetail.dev/ec2nodeclass-hash";
+
+/// Static credentials (tests and emulators); `None` in [`AwsConfig`] uses the default chain
+/// (environment, profile, web identity, IMDS).
+#[derive(Clone, Debug)]
+pub struct StaticCredentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+/// How the provider reaches AWS and what it launches for.
+#[derive(Clone, Debug)]
+pub struct AwsConfig {
+    /// Cluster name: the `kubernetes.io/cluster/<name>` tag and the launch template prefix.
+    pub cluster: String,
+    /// Region; `None` reads it from the environment or profile (`AWS_REGION`).
+    pub region: Option<String>,
+    /// Endpoint override (an emulator, a VPC endpoint); `AWS_ENDPOINT_URL` works too.
+    pub endpoint: Option<String>,
+    pub credentials: Option<StaticCredentials>,
+    pub spot_prices: SpotPrices,
+    /// How often spot prices are read again (with `SpotPrices::History`).
+    pub price_refresh: Duration,
+    /// How long a node class's subnets, security groups and AMIs are reused.
+    pub resolve_ttl: Duration,
+    /// The cluster's API server endpoint and CA (base64), for the nodes' user data.
+    pub cluster_endpoint: String,
+    pub cluster_ca: String,
+    /// At most this many (cheapest) instance types per CreateFleet call (Karpenter: 60).
+    pub max_fleet_types: usize,
+}
+
+impl Default for AwsConfig {
+    fn default() -> Self {
+        AwsConfig {
+            cluster: "dovetail".into(),
+            region: None,
+            endpoint: None,
+            credentials: None,
+            spot_prices: SpotPrices::History,
+            price_refresh: Duration::from_secs(12 * 3600),
+            resolve_ttl: Duration::from_secs(300),
+            cluster_endpoint: String::new(),
+            cluster_ca: String::new(),
+            max_fleet_types: 60,
+        }
+    }
+}
+
+/// The SDK configuration every client of the provider shares: rustls (ring) over hyper, the
+/// SDK's own retries off (callers retry on [`CloudError`]s).
+pub async fn sdk_config(cfg: &AwsConfig) -> aws_config::SdkConfig {
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .build_https();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(http)
+        .retry_config(RetryConfig::standard().with_max_attempts(1));
+    if let Some(region) = &cfg.region {
+        loader = loader.region(aws_config::Region::new(region.clone()));
+    }
+    if let Some(endpoint) = &cfg.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    if let Some(c) = &cfg.credentials {
+        loader = loader.credentials_provider(Credentials::new(
+            &c.access_key_id,
+            &c.secret_access_key,
+            None,
+            None,
+            "dovetail-static",
+        ));
+    }
+    loader.load().await
+}
+
+/// The catalog as the provider uses it: the region's facts and every type resolved.
+struct Types {
+    catalog: Catalog,
+    by_name: HashMap<String, InstanceType>,
+    loaded: Clock,
+}
+
+impl Types {
+    fn new(catalog: Catalog) -> Self {
+        let by_name = catalog
+            .instance_types(&NodeClassSettings::default(), None)
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        Types { catalog, by_name, loaded: Clock::now() }
+    }
+}
+
+#[derive(Default)]
+struct Caches {
+    resolved: HashMap<(String, String), (Arc<Resolved>, Clock)>,
+    /// Launch template names by content key.
+    templates: HashMap<String, String>,
+}
+
+/// Counters of the EC2 calls made (merging is measured with them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AwsStats {
+    pub fleet_calls: u64,
+    pub create_tags_calls: u64,
+    pub describe_instances_calls: u64,
+    pub terminate_calls: u64,
+}
+
+/// The EC2 provider.
+pub struct AwsProvider {
+    cfg: AwsConfig,
+    ec2: Client,
+    region: String,
+    types: tokio::sync::Mutex<Option<Arc<Types>>>,
+    caches: Mutex<Caches>,
+    stats: Mutex<AwsStats>,
+}
+
+impl AwsProvider {
+    /// A provider on the SDK configuration `cfg` describes.
+    pub async fn connect(cfg: AwsConfig) -> Result<Self, CloudError> {
+        let sdk = sdk_config(&cfg).await;
+        let region = sdk.region().map(ToString::to_string).ok_or_else(|| CloudError::Invalid {
+            what: "AWS region".into(),
+            reason: "set it in the configuration, AWS_REGION or the profile".into(),
+        })?;
+        Ok(AwsProvider {
+            ec2: Client::new(&sdk),
+            region,
+            cfg,
+            types: tokio::sync::Mutex::new(None),
+            caches: Mutex::new(Caches::default()),
+            stats: Mutex::new(AwsStats::default()),
+        })
+    }
+
+    /// Uses `catalog` instead of reading it from EC2 (an offline catalog, or a test's shared one).
+    pub async fn with_catalog(self, catalog: Catalog) -> Self {
+        *self.types.lock().await = Some(Arc::new(Types::new(catalog)));
+        self
+    }
+
+    /// The EC2 client (for callers that set up what the provider only reads).
+    pub fn ec2(&self) -> &Client {
+        &self.ec2
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    /// EC2 calls made so far.
+    pub fn stats(&self) -> AwsStats {
+        lock(&self.stats).clone()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut AwsStats)) {
+        f(&mut lock(&self.stats));
+    }
+
+    /// The region's catalog, read once and refreshed for spot prices.
+    async fn types(&self) -> Result<Arc<Types>, CloudError> {
+        let mut slot = self.types.lock().await;
+        match slot.as_ref() {
+            Some(t) if self.cfg.spot_prices == SpotPrices::BuiltIn || t.loaded.elapsed() < self.cfg.price_refresh => {
+                return Ok(t.clone());
+            }
+            Some(t) => {
+                let mut catalog = t.catalog.clone();
+                let spot = catalog::spot_history(&self.ec2).await?;
+                for info in &mut catalog.instance_types {
+                    info.spot_price = spot.get(&info.name).copied();
+                }
+                let fresh = Arc::new(Types::new(catalog));
+                *slot = Some(fresh.clone());
+                return Ok(fresh);
+            }
+            None => {}
+        }
+        let catalog = catalog::load(&self.ec2, &self.region, self.cfg.spot_prices).await?;
+        let fresh = Arc::new(Types::new(catalog));
+        *slot = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// The node class's subnets, security groups and images (cached for `resolve_ttl`).
+    pub async fn resolve(&self, nc: &NodeClass) -> Result<Arc<Resolved>, CloudError> {
+        let key = (nc.name.clone(), nc.hash.clone());
+        if let Some((r, at)) = lock(&self.caches).resolved.get(&key)
+            && at.elapsed() < self.cfg.resolve_ttl
+        {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(nodeclass::resolve(&self.ec2, nc).await?);
+        lock(&self.caches).resolved.insert(key, (r.clone(), Clock::now()));
+        Ok(r)
+    }
+
+    /// The launch template for an image and the node class's security groups.
+    async fn template(&self, r: &LaunchRequest, resolved: &Resolved, image: &str) -> Result<String, CloudError> {
+        let user_data =
+            nodeclass::user_data(&self.cfg.cluster, &self.cfg.cluster_endpoint, &self.cfg.cluster_ca, &r.labels);
+        let key = format!("{image}\0{}\0{user_data}", resolved.security_groups.join(","));
+        if let Some(name) = lock(&self.caches).templates.get(&key) {
+            return Ok(name.clone());
+        }
+        let name =
+            nodeclass::launch_template(&self.ec2, &self.cfg.cluster, image, &resolved.security_groups, &user_data)
+                .await?;
+        lock(&self.caches).templates.insert(key, name.clone());
+        Ok(name)
+    }
+
+    fn cluster_tag(&self) -> String {
+        format!("{TAG_CLUSTER_PREFIX}{}", self.cfg.cluster)
+    }
+
+    /// The cluster's instances matching `filters` (paginated; terminated ones left out).
+    async fn describe(&self, mut filters: Vec<Filter>) -> Result<Vec<aws_sdk_ec2::types::Instance>, CloudError> {
+        filters.push(Filter::builder().name("tag-key").values(self.cluster_tag()).build());
+        filters.push(
+            Filter::builder()
+                .name("instance-state-name")
+                .values("pending")
+                .values("running")
+                .values("shutting-down")
+                .values("stopping")
+                .values("stopped")
+                .build(),
+        );
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        for _page in 0..10_000 {
+            self.count(|s| s.describe_instances_calls += 1);
+            let page = self
+                .ec2
+                .describe_instances()
+                .set_filters(Some(filters.clone()))
+                .set_next_token(token.clone())
+                .send()
+                .await
+                .map_err(|e| from_sdk("DescribeInstances", e))?;
+            for res in page.reservations() {
+                out.extend(res.instances().iter().cloned());
+            }
+            token = page.next_token().filter(|t| !t.is_empty()).map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The domain view of an EC2 instance.
+    fn view(&self, types: &Types, i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
+        let id = i.instance_id()?.to_string();
+        let instance_type = i.instance_type()?.as_str().to_string();
+        let zone = i.placement().and_then(|p| p.availability_zone()).unwrap_or_default().to_string();
+        let capacity_type = match i.instance_lifecycle() {
+            Some(InstanceLifecycleType::Spot) => CapacityType::Spot,
+            _ => CapacityType::OnDemand,
+        };
+        let tags: BTreeMap<String, String> = i
+            .tags()
+            .iter()
+            .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or_default().to_string())))
+            .collect();
+        let state = match i.state().and_then(|s| s.name()) {
+            Some(InstanceStateName::Pending) => InstanceState::Pending,
+            Some(InstanceStateName::Running) => InstanceState::Running,
+            Some(InstanceStateName::Terminated) => InstanceState::Terminated,
+            _ => InstanceState::ShuttingDown,
+        };
+        let it = types.by_name.get(&instance_type);
+        let price = it
+            .and_then(|t| t.offerings.iter().find(|o| o.zone == zone && o.capacity_type == capacity_type))
+            .map(|o| o.price)
+            .unwrap_or(0.0);
+        let mut labels = it.map(type_labels).unwrap_or_default();
+        labels.insert(dovetail_core::labels::INSTANCE_TYPE.to_string(), instance_type.clone());
+        labels.insert(dovetail_core::labels::ZONE.to_string(), zone.clone());
+        labels.insert(dovetail_core::labels::CAPACITY_TYPE.to_string(), capacity_type.as_str().to_string());
+        if let Some(pool) = tags.get(TAG_NODEPOOL) {
+            labels.insert(dovetail_core::labels::NODEPOOL.to_string(), pool.clone());
+        }
+        let launched_at = i.launch_time().map(|t| Duration::from_secs(t.secs().max(0) as u64)).unwrap_or_default();
+        Some(Instance {
+            id,
+            claim: tags.get(TAG_NODECLAIM).cloned(),
+            capacity: it.map(|t| t.capacity.clone()).unwrap_or_default(),
+            allocatable: it.map(|t| t.allocatable.clone()).unwrap_or_default(),
+            instance_type,
+            zone,
+            capacity_type,
+            price,
+            labels,
+            state,
+            launched_at,
+            image: i.image_id().unwrap_or_default().to_string(),
+            node_class_hash: tags.get(TAG_NODECLASS_HASH).cloned().unwrap_or_default(),
+            tags,
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl CloudProvider for AwsProvider {
+    fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
+        Box::pin(fleet::launch(self, requests))
+    }
+
+    fn terminate<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Vec<Result<(), CloudError>>> {
+        Box::pin(async move {
+            let mut out: Vec<Result<(), CloudError>> =
+                ids.iter().map(|id| Err(CloudError::NotFound { id: id.clone() })).collect();
+            for chunk in (0..ids.len()).collect::<Vec<_>>().chunks(1000) {
+                let wanted: Vec<String> = chunk.iter().map(|&i| ids[i].clone()).collect();
+                let live = match self
+                    .describe(vec![Filter::builder().name("instance-id").set_values(Some(wanted)).build()])
+                    .await
+                {
+                    Ok(l) => l,
+                    Err(e) => {
+                        for &i in chunk {
+                            out[i] = Err(e.clone());
+                        }
+                        continue;
+                    }
+                };
+                let mut running = Vec::new();
+                for inst in &live {
+                    let Some(id) = inst.instance_id() else { continue };
+                    let Some(&i) = chunk.iter().find(|&&i| ids[i] == id) else { continue };
+                    match inst.state().and_then(|s| s.name()) {
+                        Some(InstanceStateName::ShuttingDown) => out[i] = Ok(()),
+                        _ => running.push((i, id.to_string())),
+                    }
+                }
+                if running.is_empty() {
+                    continue;
+                }
+                self.count(|s| s.terminate_calls += 1);
+                let result = self
+                    .ec2
+                    .terminate_instances()
+                    .set_instance_ids(Some(running.iter().map(|(_, id)| id.clone()).collect()))
+                    .send()
+                    .await;
+                match result {
+                    Ok(_) => {
+                        for (i, _) in &running {
+                            out[*i] = Ok(());
+                        }
+                    }
+                    Err(e) => {
+                        let err = from_sdk("TerminateInstances", e);
+                        for (i, _) in &running {
+                            out[*i] = Err(err.clone());
+                        }
+                    }
+                }
+            }
+            out
+        })
+    }
+
+    fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Instance, CloudError>> {
+        Box::pin(async move {
+            let types = self.types().await?;
+            let found = self.describe(vec![Filter::builder().name("instance-id").values(id).build()]).await?;
+            found
+                .iter()
+                .filter_map(|i| self.view(&types, i))
+                .find(|i| i.id == id)
+                .ok_or_else(|| CloudError::NotFound { id: id.to_string() })
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>, CloudError>> {
+        Box::pin(async move {
+            let types = self.types().await?;
+            let found = self.describe(Vec::new()).await?;
+            Ok(found.iter().filter_map(|i| self.view(&types, i)).collect())
+        })
+    }
+
+    fn instance_types<'a>(&'a self, node_class: &'a NodeClass) -> BoxFuture<'a, Result<Vec<InstanceType>, CloudError>> {
+        Box::pin(async move {
+            let resolved = self.resolve(node_class).await?;
+            let types = self.types().await?;
+            let mut zones: Vec<String> = resolved.subnets.iter().map(|(_, z)| z.clone()).collect();
+            zones.sort();
+            zones.dedup();
+            let archs: Vec<&str> = resolved.images.iter().map(|(_, a)| a.as_str()).collect();
+            Ok(types
+                .catalog
+                .instance_types(&NodeClassSettings::default(), Some(&zones))
+                .into_iter()
+                .filter(|t| {
+                    let arch = t.requirements.get(dovetail_core::labels::ARCH).any();
+                    arch.is_none_or(|a| archs.contains(&a.as_str()))
+                })
+                .collect())
+        })
+    }
+
+    fn is_drifted<'a>(
+        &'a self,
+        instance: &'a Instance,
+        node_class: &'a NodeClass,
+    ) -> BoxFuture<'a, Result<Option<DriftReason>, CloudError>> {
+        Box::pin(async move {
+            if !instance.node_class_hash.is_empty() && instance.node_class_hash != node_class.hash {
+                return Ok(Some(DriftReason::NodeClass));
+            }
+            let resolved = self.resolve(node_class).await?;
+            if !resolved.images.iter().any(|(id, _)| *id == instance.image) {
+                return Ok(Some(DriftReason::Image));
+            }
+            if !resolved.subnets.iter().any(|(_, z)| *z == instance.zone) {
+                return Ok(Some(DriftReason::Network));
+            }
+            Ok(None)
+        })
+    }
+}
+
+/// FNV-1a, for names derived from content (launch templates, client tokens).
+#[derive(Clone, Copy)]
+pub(crate) struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    pub(crate) fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Standard base64 with padding (user data).
+pub(crate) fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (k, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if k <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (i, o) in
+            [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="), ("foobar", "Zm9vYmFy")]
+        {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
+    }
+}

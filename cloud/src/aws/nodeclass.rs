@@ -1,0 +1,208 @@
+//! EC2NodeClass resolution: subnets and security groups by selector terms, the AMI by alias or
+//! selector, and a launch template per (AMI, security groups, user data).
+
+use std::collections::BTreeMap;
+
+use aws_sdk_ec2::Client;
+use aws_sdk_ec2::types::{
+    Filter, LaunchTemplateHttpTokensState, LaunchTemplateInstanceMetadataEndpointState,
+    LaunchTemplateInstanceMetadataOptionsRequest, RequestLaunchTemplateData,
+};
+
+use super::errors::from_sdk;
+use crate::{CloudError, NodeClass};
+
+/// What a node class resolves to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolved {
+    /// (subnet id, zone).
+    pub subnets: Vec<(String, String)>,
+    pub security_groups: Vec<String>,
+    /// (AMI id, architecture `amd64`/`arm64`).
+    pub images: Vec<(String, String)>,
+}
+
+/// EC2 filters for one selector term: `id` selects by id, other keys by tag (`*` = any value).
+fn filters(term: &BTreeMap<String, String>, id_filter: &str) -> Vec<Filter> {
+    term.iter()
+        .map(|(k, v)| {
+            if k == "id" {
+                Filter::builder().name(id_filter).values(v).build()
+            } else if v == "*" {
+                Filter::builder().name("tag-key").values(k).build()
+            } else {
+                Filter::builder().name(format!("tag:{k}")).values(v).build()
+            }
+        })
+        .collect()
+}
+
+/// Resolves subnets, security groups and images; an empty selection is `NodeClassNotReady`,
+/// an unknown alias `Invalid`.
+pub async fn resolve(ec2: &Client, nc: &NodeClass) -> Result<Resolved, CloudError> {
+    let not_ready = |reason: String| CloudError::NodeClassNotReady { node_class: nc.name.clone(), reason };
+    let mut subnets: Vec<(String, String)> = Vec::new();
+    for term in &nc.subnet_selector {
+        let out = ec2
+            .describe_subnets()
+            .set_filters(Some(filters(term, "subnet-id")))
+            .send()
+            .await
+            .map_err(|e| from_sdk("DescribeSubnets", e))?;
+        for s in out.subnets() {
+            if let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone())
+                && !subnets.iter().any(|(i, _)| i == id)
+            {
+                subnets.push((id.to_string(), zone.to_string()));
+            }
+        }
+    }
+    if subnets.is_empty() {
+        return Err(not_ready(format!("no subnet matches subnetSelectorTerms {:?}", nc.subnet_selector)));
+    }
+    subnets.sort();
+    let mut security_groups: Vec<String> = Vec::new();
+    for term in &nc.security_group_selector {
+        let out = ec2
+            .describe_security_groups()
+            .set_filters(Some(filters(term, "group-id")))
+            .send()
+            .await
+            .map_err(|e| from_sdk("DescribeSecurityGroups", e))?;
+        for g in out.security_groups() {
+            if let Some(id) = g.group_id()
+                && !security_groups.iter().any(|i| i == id)
+            {
+                security_groups.push(id.to_string());
+            }
+        }
+    }
+    if security_groups.is_empty() {
+        return Err(not_ready(format!(
+            "no security group matches securityGroupSelectorTerms {:?}",
+            nc.security_group_selector
+        )));
+    }
+    security_groups.sort();
+    let images = images(ec2, nc).await?;
+    if images.is_empty() {
+        return Err(not_ready("no AMI matches amiSelectorTerms".to_string()));
+    }
+    Ok(Resolved { subnets, security_groups, images })
+}
+
+/// The AMIs of the node class: for an alias, the newest Amazon image of its family per
+/// architecture (DescribeImages by name; the public SSM parameters are not read yet).
+async fn images(ec2: &Client, nc: &NodeClass) -> Result<Vec<(String, String)>, CloudError> {
+    let mut out = Vec::new();
+    if let Some(alias) = &nc.ami_alias {
+        let (family, version) = alias.split_once('@').unwrap_or((alias.as_str(), "latest"));
+        let pattern = match family {
+            "al2023" => "al2023-ami-2023.*",
+            "al2" => "amzn2-ami-kernel-*",
+            _ => {
+                return Err(CloudError::Invalid {
+                    what: format!("EC2NodeClass {} amiSelectorTerms alias", nc.name),
+                    reason: format!("unknown AMI family {family:?} (supported: al2023, al2)"),
+                });
+            }
+        };
+        if version != "latest" {
+            return Err(CloudError::Invalid {
+                what: format!("EC2NodeClass {} amiSelectorTerms alias", nc.name),
+                reason: format!("version {version:?}: only @latest is supported"),
+            });
+        }
+        let found = ec2
+            .describe_images()
+            .owners("amazon")
+            .filters(Filter::builder().name("name").values(pattern).build())
+            .send()
+            .await
+            .map_err(|e| from_sdk("DescribeImages", e))?;
+        for arch in ["x86_64", "arm64"] {
+            let newest = found
+                .images()
+                .iter()
+                .filter(|i| i.architecture().map(|a| a.as_str()) == Some(arch))
+                .filter(|i| !i.name().unwrap_or_default().contains("minimal"))
+                .max_by(|a, b| a.creation_date().cmp(&b.creation_date()).then(a.name().cmp(&b.name())));
+            if let Some(id) = newest.and_then(|i| i.image_id()) {
+                out.push((id.to_string(), if arch == "x86_64" { "amd64" } else { "arm64" }.to_string()));
+            }
+        }
+        return Ok(out);
+    }
+    for term in &nc.ami_selector {
+        let mut f = Vec::new();
+        for (k, v) in term {
+            f.push(match k.as_str() {
+                "id" => Filter::builder().name("image-id").values(v).build(),
+                "name" => Filter::builder().name("name").values(v).build(),
+                _ => Filter::builder().name(format!("tag:{k}")).values(v).build(),
+            });
+        }
+        let found =
+            ec2.describe_images().set_filters(Some(f)).send().await.map_err(|e| from_sdk("DescribeImages", e))?;
+        for i in found.images() {
+            let arch = match i.architecture().map(|a| a.as_str()) {
+                Some("arm64") => "arm64",
+                _ => "amd64",
+            };
+            if let Some(id) = i.image_id() {
+                out.push((id.to_string(), arch.to_string()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// AL2023 nodeadm user data (a MIME multi-part document with a `NodeConfig`).
+pub fn user_data(cluster: &str, endpoint: &str, ca: &str, labels: &BTreeMap<String, String>) -> String {
+    let node_labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(
+        "MIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=\"//\"\r\n\r\n--//\r\nContent-Type: application/node.eks.aws\r\n\r\n\
+         apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  cluster:\n    name: {cluster}\n    apiServerEndpoint: {endpoint}\n    certificateAuthority: {ca}\n  kubelet:\n    flags:\n    - --node-labels={}\n\r\n--//--\r\n",
+        node_labels.join(",")
+    )
+}
+
+/// Creates (once) the launch template for an image, security groups and user data; returns
+/// its name. The name is derived from the content, so an existing one is reused.
+pub async fn launch_template(
+    ec2: &Client,
+    cluster: &str,
+    image: &str,
+    security_groups: &[String],
+    user_data: &str,
+) -> Result<String, CloudError> {
+    let mut h = super::Fnv::default();
+    for part in [image, &security_groups.join(","), user_data] {
+        h.write(part.as_bytes());
+        h.write(&[0]);
+    }
+    let name = format!("dovetail-{cluster}-{:016x}", h.finish());
+    let data = RequestLaunchTemplateData::builder()
+        .image_id(image)
+        .set_security_group_ids(Some(security_groups.to_vec()))
+        .user_data(super::base64(user_data.as_bytes()))
+        .metadata_options(
+            LaunchTemplateInstanceMetadataOptionsRequest::builder()
+                .http_endpoint(LaunchTemplateInstanceMetadataEndpointState::Enabled)
+                .http_tokens(LaunchTemplateHttpTokensState::Required)
+                .http_put_response_hop_limit(1)
+                .build(),
+        )
+        .build();
+    match ec2.create_launch_template().launch_template_name(&name).launch_template_data(data).send().await {
+        Ok(_) => Ok(name),
+        Err(e)
+            if e.as_service_error()
+                .and_then(|s| aws_sdk_ec2::error::ProvideErrorMetadata::code(s))
+                .is_some_and(|c| c.contains("AlreadyExists")) =>
+        {
+            Ok(name)
+        }
+        Err(e) => Err(from_sdk("CreateLaunchTemplate", e)),
+    }
+}
