@@ -2,6 +2,10 @@
 //! sim cloud (`conformance::sim`) and on the AWS provider against moto (`conformance::aws`).
 
 mod conformance {
+    pub mod aws;
+    pub mod moto;
     pub mod sim;
     pub mod suite;
 }
+
+mod aws_provider;

@@ -179,6 +179,11 @@ impl AwsProvider {
         self
     }
 
+    /// The region's catalog as the provider reads it (loading it if it has not yet).
+    pub async fn catalog(&self) -> Result<Catalog, CloudError> {
+        Ok(self.types().await?.catalog.clone())
+    }
+
     /// The EC2 client (for callers that set up what the provider only reads).
     pub fn ec2(&self) -> &Client {
         &self.ec2

@@ -4,7 +4,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dovetail_cloud::sim::{ApiLimits, Bucket, SimCloud, SimConfig, SimQueue};
-use dovetail_cloud::{CloudProvider, InterruptionQueue, ManualClock, OfferingKey};
+use dovetail_cloud::{CloudProvider, InterruptionQueue, ManualClock, NodeClass, OfferingKey};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
 
 use super::suite::{self, Harness};
@@ -53,6 +53,9 @@ impl Harness for Sim {
     }
     fn types(&self) -> Vec<String> {
         vec!["m5.large".into(), "m5.xlarge".into(), "m5.2xlarge".into()]
+    }
+    fn node_class(&self) -> NodeClass {
+        NodeClass { name: "default".into(), hash: "h1".into(), ..Default::default() }
     }
     async fn exhaust(&self, offering: &OfferingKey) {
         self.cloud.set_capacity(offering.clone(), 0);

@@ -19,6 +19,8 @@ pub trait Harness {
     fn zone(&self) -> &str;
     /// A few instance types it offers in that zone, cheapest first.
     fn types(&self) -> Vec<String>;
+    /// A node class it can launch with.
+    fn node_class(&self) -> NodeClass;
     /// Makes an offering insufficient for the next launches.
     fn exhaust(&self, offering: &OfferingKey) -> impl std::future::Future<Output = ()>;
     /// Makes the next mutating call throttle.
@@ -33,7 +35,7 @@ pub fn request(h: &impl Harness, claim: &str) -> LaunchRequest {
     LaunchRequest {
         claim: claim.to_string(),
         nodepool: "default".into(),
-        node_class: NodeClass { name: "default".into(), hash: "h1".into(), ..Default::default() },
+        node_class: h.node_class(),
         zone: h.zone().to_string(),
         instance_types: h.types(),
         capacity_types: vec![CapacityType::OnDemand],

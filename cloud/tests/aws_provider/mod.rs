@@ -1,0 +1,198 @@
+//! AWS-specific behaviour against moto behind the proxy: bad input with typed errors, the
+//! catalog, spot-to-on-demand fallback, merged launches, drift, leaked instances. And one test
+//! that needs a real account (ignored).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use dovetail_cloud::aws::{AwsConfig, AwsProvider, TAG_NODECLASS_HASH};
+use dovetail_cloud::batch::{BatchWindow, Batched};
+use dovetail_cloud::{CloudError, CloudProvider, DriftReason, NodeClass, OfferingKey, TAG_NODECLAIM};
+use dovetail_core::catalog::CapacityType;
+
+use crate::conformance::aws::{Aws, moto_catalog};
+use crate::conformance::suite::{Harness, request};
+
+#[tokio::test]
+async fn a_node_class_selecting_no_subnets_is_not_ready() {
+    let h = Aws::new("bad-subnets").await;
+    let mut r = request(&h, "claim-no-subnet");
+    r.node_class.name = "no-subnets".into();
+    r.node_class.subnet_selector =
+        vec![BTreeMap::from([("karpenter.sh/discovery".to_string(), "nowhere".to_string())])];
+    match h.cloud.launch(std::slice::from_ref(&r)).await.remove(0) {
+        Err(CloudError::NodeClassNotReady { node_class, reason }) => {
+            assert_eq!(node_class, "no-subnets");
+            assert!(reason.contains("subnetSelectorTerms"), "{reason}");
+        }
+        other => panic!("expected NodeClassNotReady, got {other:?}"),
+    }
+    assert!(matches!(h.cloud.instance_types(&r.node_class).await, Err(CloudError::NodeClassNotReady { .. })));
+    assert_eq!(h.proxy.calls("CreateFleet"), 0, "nothing is launched for a node class that is not ready");
+}
+
+#[tokio::test]
+async fn an_unknown_ami_alias_is_invalid() {
+    let h = Aws::new("bad-alias").await;
+    let mut r = request(&h, "claim-bad-alias");
+    r.node_class.name = "bad-alias".into();
+    r.node_class.ami_alias = Some("windows2022@latest".into());
+    match h.cloud.launch(std::slice::from_ref(&r)).await.remove(0) {
+        Err(CloudError::Invalid { what, reason }) => {
+            assert!(what.contains("EC2NodeClass bad-alias") && what.contains("amiSelectorTerms"), "{what}");
+            assert!(reason.contains("windows2022"), "{reason}");
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    r.node_class.ami_alias = Some("al2023@v20990101".into());
+    assert!(matches!(h.cloud.launch(std::slice::from_ref(&r)).await.remove(0), Err(CloudError::Invalid { .. })));
+}
+
+#[tokio::test]
+async fn the_catalog_comes_from_describe_instance_types_and_offerings() {
+    let c = moto_catalog().await;
+    assert_eq!(c.region, "us-east-1");
+    assert!(c.zones.len() >= 3, "{:?}", c.zones);
+    assert!(c.instance_types.len() > 1000, "{} types", c.instance_types.len());
+    let m5 = c.instance_types.iter().find(|t| t.name == "m5.large").expect("m5.large");
+    assert_eq!((m5.vcpu, m5.memory_mib, m5.arch.as_str()), (2, 8192, "amd64"));
+    assert!(m5.zones.iter().any(|z| z == "us-east-1a"), "{:?}", m5.zones);
+    assert!(m5.on_demand_price.is_some_and(|p| p > 0.0));
+    let h = Aws::new("catalog-types").await;
+    let types = h.cloud.instance_types(&h.node_class()).await.expect("instance types");
+    let m5 = types.iter().find(|t| t.name == "m5.large").expect("m5.large resolved");
+    assert!(m5.offerings.iter().any(|o| o.zone == "us-east-1a" && o.capacity_type == CapacityType::OnDemand));
+}
+
+#[tokio::test]
+async fn spot_without_capacity_falls_back_to_on_demand() {
+    let h = Aws::new("spot-fallback").await;
+    let mut r = request(&h, "claim-fallback");
+    r.capacity_types = vec![CapacityType::Spot, CapacityType::OnDemand];
+    for t in &r.instance_types {
+        h.exhaust(&OfferingKey { instance_type: t.clone(), zone: h.zone().into(), capacity_type: CapacityType::Spot })
+            .await;
+    }
+    let inst = h.cloud.launch(std::slice::from_ref(&r)).await.remove(0).expect("launched on-demand");
+    assert_eq!(inst.capacity_type, CapacityType::OnDemand);
+    assert_eq!(h.proxy.calls("CreateFleet"), 2, "one spot call that failed, one on-demand call");
+}
+
+#[tokio::test]
+async fn identical_concurrent_launches_are_one_create_fleet() {
+    let h = Arc::new(Aws::new("merge").await);
+    let batched = Arc::new(Batched::new(
+        Arc::new(
+            AwsProvider::connect(AwsConfig {
+                ..crate::conformance::aws::config("merge", &format!("http://{}", h.proxy.addr))
+            })
+            .await
+            .expect("connect")
+            .with_catalog(moto_catalog().await)
+            .await,
+        ),
+        BatchWindow::default(),
+    ));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let b = batched.clone();
+        let r = request(h.as_ref(), &format!("claim-merged-{i}"));
+        tasks.push(tokio::spawn(async move { b.launch(std::slice::from_ref(&r)).await.remove(0) }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.expect("task").expect("launched").id);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 20, "each claim has its own instance");
+    assert_eq!(h.proxy.calls("CreateFleet"), 1, "20 identical launches, one CreateFleet");
+    assert_eq!(h.proxy.calls("CreateTags"), 20 + 1, "one claim tag each (and the harness's discovery tags)");
+    let listed = h.cloud.list().await.expect("list");
+    for i in 0..20 {
+        let claim = format!("claim-merged-{i}");
+        assert_eq!(
+            listed.iter().filter(|x| x.tags.get(TAG_NODECLAIM) == Some(&claim)).count(),
+            1,
+            "{claim} is tagged on exactly one instance"
+        );
+    }
+}
+
+#[tokio::test]
+async fn drift_compares_the_node_class_hash_and_image() {
+    let h = Aws::new("drift").await;
+    let r = request(&h, "claim-drift");
+    let inst = h.cloud.launch(std::slice::from_ref(&r)).await.remove(0).expect("launched");
+    assert_eq!(inst.tags.get(TAG_NODECLASS_HASH).map(String::as_str), Some("h1"));
+    assert_eq!(h.cloud.is_drifted(&inst, &h.node_class()).await.expect("drift"), None);
+    let changed = NodeClass { hash: "h2".into(), ..h.node_class() };
+    assert_eq!(h.cloud.is_drifted(&inst, &changed).await.expect("drift"), Some(DriftReason::NodeClass));
+    let other_image = dovetail_cloud::Instance { image: "ami-0000000000000000".into(), ..inst };
+    assert_eq!(h.cloud.is_drifted(&other_image, &h.node_class()).await.expect("drift"), Some(DriftReason::Image));
+}
+
+#[tokio::test]
+async fn instances_no_claim_knows_are_listed_for_garbage_collection() {
+    let h = Aws::new("leaks").await;
+    let image = h.cloud.ec2().describe_images().owners("amazon").send().await.expect("images");
+    let ami = image.images().iter().find_map(|i| i.image_id()).expect("an image").to_string();
+    let run = h
+        .cloud
+        .ec2()
+        .run_instances()
+        .image_id(ami)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+                .tags(aws_sdk_ec2::types::Tag::builder().key("kubernetes.io/cluster/leaks").value("owned").build())
+                .build(),
+        )
+        .send()
+        .await
+        .expect("run a leaked instance");
+    let leaked = run.instances()[0].instance_id().expect("id").to_string();
+    let listed = h.cloud.list().await.expect("list");
+    let found = listed.iter().find(|i| i.id == leaked).expect("the leaked instance is listed");
+    assert_eq!(found.claim, None);
+    assert_eq!(h.cloud.terminate(std::slice::from_ref(&leaked)).await, vec![Ok(())]);
+}
+
+/// Launches and terminates one instance in a real account: `AWS_REGION`, credentials from the
+/// default chain, `DOVETAIL_SUBNET_TAG`/`DOVETAIL_SG_TAG` as `key=value` selectors.
+#[tokio::test]
+#[ignore = "needs AWS"]
+async fn real_account_round_trip() {
+    let tag = |var: &str| {
+        let v = std::env::var(var).unwrap_or_else(|_| panic!("set {var}=key=value"));
+        let (k, v) = v.split_once('=').unwrap_or_else(|| panic!("{var} must be key=value"));
+        BTreeMap::from([(k.to_string(), v.to_string())])
+    };
+    let cloud = AwsProvider::connect(AwsConfig { cluster: "dovetail-real-test".into(), ..AwsConfig::default() })
+        .await
+        .expect("connect");
+    let nc = NodeClass {
+        name: "default".into(),
+        subnet_selector: vec![tag("DOVETAIL_SUBNET_TAG")],
+        security_group_selector: vec![tag("DOVETAIL_SG_TAG")],
+        ami_alias: Some("al2023@latest".into()),
+        hash: "real".into(),
+        ..Default::default()
+    };
+    let resolved = cloud.resolve(&nc).await.expect("resolve");
+    let r = dovetail_cloud::LaunchRequest {
+        claim: "dovetail-real-test".into(),
+        nodepool: "default".into(),
+        node_class: nc,
+        zone: resolved.subnets[0].1.clone(),
+        instance_types: vec!["t3.micro".into(), "t3a.micro".into()],
+        capacity_types: vec![CapacityType::OnDemand],
+        labels: BTreeMap::new(),
+        tags: BTreeMap::new(),
+    };
+    let inst = cloud.launch(std::slice::from_ref(&r)).await.remove(0).expect("launch");
+    assert_eq!(cloud.terminate(std::slice::from_ref(&inst.id)).await, vec![Ok(())]);
+}
