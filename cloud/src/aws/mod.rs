@@ -22,7 +22,7 @@ use dovetail_core::catalog::{CapacityType, Catalog, InstanceType, NodeClassSetti
 
 pub use catalog::SpotPrices;
 pub use errors::{CAPACITY_CODES, THROTTLE_RETRY_AFTER};
-pub use nodeclass::Resolved;
+pub use nodeclass::{AmiParameters, Resolved, alias_parameter};
 pub use queue::SqsQueue;
 
 use crate::types::type_labels;
@@ -65,6 +65,10 @@ pub struct AwsConfig {
     pub cluster_ca: String,
     /// At most this many (cheapest) instance types per CreateFleet call (Karpenter: 60).
     pub max_fleet_types: usize,
+    /// The cluster's Kubernetes minor version, for alias AMIs (`1.33`).
+    pub kubernetes_version: String,
+    /// Where alias AMIs' SSM parameters live (`/aws/service/eks/optimized-ami`).
+    pub ami_parameter_prefix: String,
 }
 
 impl Default for AwsConfig {
@@ -80,6 +84,8 @@ impl Default for AwsConfig {
             cluster_endpoint: String::new(),
             cluster_ca: String::new(),
             max_fleet_types: 60,
+            kubernetes_version: "1.33".into(),
+            ami_parameter_prefix: "/aws/service/eks/optimized-ami".into(),
         }
     }
 }
@@ -149,6 +155,8 @@ pub struct AwsStats {
 pub struct AwsProvider {
     cfg: AwsConfig,
     ec2: Client,
+    ssm: aws_sdk_ssm::Client,
+    amis: AmiParameters,
     region: String,
     types: tokio::sync::Mutex<Option<Arc<Types>>>,
     caches: Mutex<Caches>,
@@ -165,6 +173,11 @@ impl AwsProvider {
         })?;
         Ok(AwsProvider {
             ec2: Client::new(&sdk),
+            ssm: aws_sdk_ssm::Client::new(&sdk),
+            amis: AmiParameters {
+                kubernetes_version: cfg.kubernetes_version.clone(),
+                prefix: cfg.ami_parameter_prefix.clone(),
+            },
             region,
             cfg,
             types: tokio::sync::Mutex::new(None),
@@ -235,7 +248,7 @@ impl AwsProvider {
         {
             return Ok(r.clone());
         }
-        let r = Arc::new(nodeclass::resolve(&self.ec2, nc).await?);
+        let r = Arc::new(nodeclass::resolve(&self.ec2, &self.ssm, &self.amis, nc).await?);
         lock(&self.caches).resolved.insert(key, (r.clone(), Clock::now()));
         Ok(r)
     }

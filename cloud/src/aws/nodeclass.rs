@@ -1,5 +1,6 @@
-//! EC2NodeClass resolution: subnets and security groups by selector terms, the AMI by alias or
-//! selector, and a launch template per (AMI, security groups, user data).
+//! EC2NodeClass resolution: subnets and security groups by selector terms, the AMI by alias
+//! (the EKS-optimized AMI's public SSM parameter, as Karpenter reads it) or by selector terms,
+//! and a launch template per (AMI, security groups, user data).
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,7 @@ use aws_sdk_ec2::types::{
     Filter, LaunchTemplateHttpTokensState, LaunchTemplateInstanceMetadataEndpointState,
     LaunchTemplateInstanceMetadataOptionsRequest, RequestLaunchTemplateData,
 };
+use aws_sdk_ssm::Client as SsmClient;
 
 use super::errors::from_sdk;
 use crate::{CloudError, NodeClass};
@@ -39,7 +41,12 @@ fn filters(term: &BTreeMap<String, String>, id_filter: &str) -> Vec<Filter> {
 
 /// Resolves subnets, security groups and images; an empty selection is `NodeClassNotReady`,
 /// an unknown alias `Invalid`.
-pub async fn resolve(ec2: &Client, nc: &NodeClass) -> Result<Resolved, CloudError> {
+pub async fn resolve(
+    ec2: &Client,
+    ssm: &SsmClient,
+    amis: &AmiParameters,
+    nc: &NodeClass,
+) -> Result<Resolved, CloudError> {
     let not_ready = |reason: String| CloudError::NodeClassNotReady { node_class: nc.name.clone(), reason };
     let mut subnets: Vec<(String, String)> = Vec::new();
     for term in &nc.subnet_selector {
@@ -84,52 +91,104 @@ pub async fn resolve(ec2: &Client, nc: &NodeClass) -> Result<Resolved, CloudErro
         )));
     }
     security_groups.sort();
-    let images = images(ec2, nc).await?;
+    let images = images(ec2, ssm, amis, nc).await?;
     if images.is_empty() {
         return Err(not_ready("no AMI matches amiSelectorTerms".to_string()));
     }
     Ok(Resolved { subnets, security_groups, images })
 }
 
-/// The AMIs of the node class: for an alias, the newest Amazon image of its family per
-/// architecture (DescribeImages by name; the public SSM parameters are not read yet).
-async fn images(ec2: &Client, nc: &NodeClass) -> Result<Vec<(String, String)>, CloudError> {
+/// Where alias AMIs are looked up: the public SSM parameters of the EKS-optimized AMIs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AmiParameters {
+    /// The cluster's Kubernetes minor version (`1.33`).
+    pub kubernetes_version: String,
+    /// Parameter path prefix, `/aws/service/eks/optimized-ami` (a private copy elsewhere works).
+    pub prefix: String,
+}
+
+/// The SSM parameter of an alias's image for an architecture (`x86_64`/`arm64`), as Karpenter
+/// reads it (standard variant).
+pub fn alias_parameter(p: &AmiParameters, family: &str, version: &str, arch: &str) -> Option<String> {
+    let k8s = &p.kubernetes_version;
+    let prefix = p.prefix.trim_end_matches('/');
+    match family {
+        "al2023" => {
+            let name = if version == "latest" {
+                "recommended".to_string()
+            } else {
+                format!("amazon-eks-node-al2023-{arch}-standard-{k8s}-{version}")
+            };
+            Some(format!("{prefix}/{k8s}/amazon-linux-2023/{arch}/standard/{name}/image_id"))
+        }
+        "al2" => {
+            let (dir, node) = if arch == "arm64" {
+                ("amazon-linux-2-arm64", "amazon-eks-arm64-node")
+            } else {
+                ("amazon-linux-2", "amazon-eks-node")
+            };
+            let name = if version == "latest" { "recommended".to_string() } else { format!("{node}-{k8s}-{version}") };
+            Some(format!("{prefix}/{k8s}/{dir}/{name}/image_id"))
+        }
+        _ => None,
+    }
+}
+
+/// The AMIs of the node class: for an alias, the image each architecture's public SSM
+/// parameter names; else every image the selector terms match.
+async fn images(
+    ec2: &Client,
+    ssm: &SsmClient,
+    amis: &AmiParameters,
+    nc: &NodeClass,
+) -> Result<Vec<(String, String)>, CloudError> {
     let mut out = Vec::new();
     if let Some(alias) = &nc.ami_alias {
-        let (family, version) = alias.split_once('@').unwrap_or((alias.as_str(), "latest"));
-        let pattern = match family {
-            "al2023" => "al2023-ami-2023.*",
-            "al2" => "amzn2-ami-kernel-*",
-            _ => {
-                return Err(CloudError::Invalid {
-                    what: format!("EC2NodeClass {} amiSelectorTerms alias", nc.name),
-                    reason: format!("unknown AMI family {family:?} (supported: al2023, al2)"),
-                });
-            }
+        let invalid = |reason: String| CloudError::Invalid {
+            what: format!("EC2NodeClass {} spec.amiSelectorTerms[].alias {alias:?}", nc.name),
+            reason,
         };
-        if version != "latest" {
-            return Err(CloudError::Invalid {
-                what: format!("EC2NodeClass {} amiSelectorTerms alias", nc.name),
-                reason: format!("version {version:?}: only @latest is supported"),
-            });
-        }
-        let found = ec2
-            .describe_images()
-            .owners("amazon")
-            .filters(Filter::builder().name("name").values(pattern).build())
-            .send()
-            .await
-            .map_err(|e| from_sdk("DescribeImages", e))?;
-        for arch in ["x86_64", "arm64"] {
-            let newest = found
-                .images()
-                .iter()
-                .filter(|i| i.architecture().map(|a| a.as_str()) == Some(arch))
-                .filter(|i| !i.name().unwrap_or_default().contains("minimal"))
-                .max_by(|a, b| a.creation_date().cmp(&b.creation_date()).then(a.name().cmp(&b.name())));
-            if let Some(id) = newest.and_then(|i| i.image_id()) {
-                out.push((id.to_string(), if arch == "x86_64" { "amd64" } else { "arm64" }.to_string()));
+        let (family, version) = alias.split_once('@').unwrap_or((alias.as_str(), "latest"));
+        match family {
+            "al2023" | "al2" => {}
+            "bottlerocket" | "windows2019" | "windows2022" | "windows2025" => {
+                return Err(invalid(format!("AMI family {family:?} is not supported yet (supported: al2023, al2)")));
             }
+            _ => return Err(invalid(format!("unknown AMI family {family:?} (supported: al2023, al2)"))),
+        }
+        let pinned = version.len() == 9 && version.starts_with('v') && version[1..].bytes().all(|b| b.is_ascii_digit());
+        if version != "latest" && !pinned {
+            return Err(invalid(format!("version {version:?} is neither \"latest\" nor vYYYYMMDD")));
+        }
+        for (arch, label) in [("x86_64", "amd64"), ("arm64", "arm64")] {
+            let Some(path) = alias_parameter(amis, family, version, arch) else { continue };
+            match ssm.get_parameter().name(&path).send().await {
+                Ok(p) => {
+                    if let Some(id) = p.parameter().and_then(|p| p.value()) {
+                        out.push((id.to_string(), label.to_string()));
+                    }
+                }
+                Err(e) if aws_sdk_ssm::error::ProvideErrorMetadata::code(&e) == Some("ParameterNotFound") => {}
+                Err(e) => {
+                    let message = aws_sdk_ssm::error::ProvideErrorMetadata::message(&e)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| format!("{e:?}"));
+                    return Err(super::errors::from_code(
+                        "GetParameter",
+                        aws_sdk_ssm::error::ProvideErrorMetadata::code(&e),
+                        &message,
+                    ));
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(CloudError::NodeClassNotReady {
+                node_class: nc.name.clone(),
+                reason: format!(
+                    "no AMI for alias {alias} on Kubernetes {} (SSM parameters under {})",
+                    amis.kubernetes_version, amis.prefix
+                ),
+            });
         }
         return Ok(out);
     }
@@ -204,5 +263,30 @@ pub async fn launch_template(
             Ok(name)
         }
         Err(e) => Err(from_sdk("CreateLaunchTemplate", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alias_parameters_are_karpenters_paths() {
+        let p = AmiParameters { kubernetes_version: "1.33".into(), prefix: "/aws/service/eks/optimized-ami".into() };
+        assert_eq!(
+            alias_parameter(&p, "al2023", "latest", "x86_64").as_deref(),
+            Some("/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/recommended/image_id")
+        );
+        assert_eq!(
+            alias_parameter(&p, "al2023", "v20250101", "arm64").as_deref(),
+            Some(
+                "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/arm64/standard/amazon-eks-node-al2023-arm64-standard-1.33-v20250101/image_id"
+            )
+        );
+        assert_eq!(
+            alias_parameter(&p, "al2", "latest", "arm64").as_deref(),
+            Some("/aws/service/eks/optimized-ami/1.33/amazon-linux-2-arm64/recommended/image_id")
+        );
+        assert_eq!(alias_parameter(&p, "ubuntu", "latest", "arm64"), None);
     }
 }

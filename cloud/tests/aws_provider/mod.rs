@@ -44,8 +44,30 @@ async fn an_unknown_ami_alias_is_invalid() {
         }
         other => panic!("expected Invalid, got {other:?}"),
     }
+    for alias in ["ubuntu@latest", "al2023@yesterday"] {
+        r.node_class.ami_alias = Some(alias.into());
+        match h.cloud.launch(std::slice::from_ref(&r)).await.remove(0) {
+            Err(CloudError::Invalid { what, .. }) => assert!(what.contains(alias), "{what}"),
+            other => panic!("{alias}: expected Invalid, got {other:?}"),
+        }
+    }
+    // A well-formed alias with no published AMI (this version was never seeded): not ready.
     r.node_class.ami_alias = Some("al2023@v20990101".into());
-    assert!(matches!(h.cloud.launch(std::slice::from_ref(&r)).await.remove(0), Err(CloudError::Invalid { .. })));
+    match h.cloud.launch(std::slice::from_ref(&r)).await.remove(0) {
+        Err(CloudError::NodeClassNotReady { reason, .. }) => assert!(reason.contains("al2023@v20990101"), "{reason}"),
+        other => panic!("expected NodeClassNotReady, got {other:?}"),
+    }
+    assert_eq!(h.proxy.calls("CreateFleet"), 0);
+}
+
+#[tokio::test]
+async fn the_alias_resolves_through_the_ssm_parameter() {
+    let h = Aws::new("ssm-alias").await;
+    let resolved = h.cloud.resolve(&h.node_class()).await.expect("resolve");
+    assert_eq!(resolved.images.len(), 2, "{:?}", resolved.images);
+    assert!(h.proxy.calls("GetParameter") >= 2, "both architectures are read from SSM");
+    let inst = h.cloud.launch(std::slice::from_ref(&request(&h, "claim-ssm"))).await.remove(0).expect("launched");
+    assert!(resolved.images.iter().any(|(id, arch)| *id == inst.image && arch == "amd64"), "{}", inst.image);
 }
 
 #[tokio::test]
