@@ -6,11 +6,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dovetail_cloud::batch::{BatchWindow, Batched};
 use dovetail_cloud::sim::{ApiLimits, SimCloud, SimConfig};
 use dovetail_cloud::{CloudProvider, LaunchRequest, ManualClock, NodeClass};
 use dovetail_core::catalog::{CapacityType, Catalog, NodeClassSettings};
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(10_000);
     let catalog = Catalog::embedded("us-east-1")?;
@@ -59,5 +60,41 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         stats.terminate_calls,
         cloud.len()
     );
+
+    // Merging across calls: N concurrent single-claim launches through the batcher.
+    for m in [1usize, 10, 100, 1000] {
+        let sim = Arc::new(SimCloud::new(
+            SimConfig { limits: ApiLimits::raised(1000.0), ..SimConfig::default() },
+            Arc::new(catalog.instance_types(&NodeClassSettings::default(), None)),
+            Arc::new(ManualClock::new()),
+        ));
+        let batched = Arc::new(Batched::new(sim.clone(), BatchWindow::default()));
+        let start = Instant::now();
+        let mut tasks = Vec::with_capacity(m);
+        for i in 0..m {
+            let b = batched.clone();
+            let r = LaunchRequest {
+                claim: format!("merged-{i}"),
+                nodepool: "default".into(),
+                node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
+                zone: zones[i % 3].into(),
+                instance_types: candidates.clone(),
+                capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
+                labels: Default::default(),
+                tags: Default::default(),
+            };
+            tasks.push(tokio::spawn(async move { b.launch(std::slice::from_ref(&r)).await }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            ok += t.await?.into_iter().filter(Result::is_ok).count();
+        }
+        println!(
+            "merging: {m} concurrent launches over {} zones -> {} CreateFleet calls, {ok} launched, {:?}",
+            m.min(3),
+            sim.stats().fleet_calls,
+            start.elapsed()
+        );
+    }
     Ok(())
 }

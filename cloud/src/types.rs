@@ -40,7 +40,10 @@ pub struct NodeClass {
     /// `amiSelectorTerms`: an alias (`al2023@latest`), or tags/ids/names.
     pub ami_alias: Option<String>,
     pub ami_selector: Vec<BTreeMap<String, String>>,
+    /// `spec.role` (instance profiles made from it are not managed yet).
     pub role: Option<String>,
+    /// `spec.instanceProfile`, set on the launch template.
+    pub instance_profile: Option<String>,
     pub tags: BTreeMap<String, String>,
     /// Hash of the spec, for drift.
     pub hash: String,

@@ -379,18 +379,22 @@ async fn create_fleet(
             capacity_type: ct,
         }));
     }
-    // A merged call tags each instance with its claim afterwards.
+    // A merged call tags each instance with its claim afterwards (one value per instance cannot
+    // ride in the fleet's tag specification), at most 8 calls in flight. An instance whose tag
+    // failed is still the claim's: the result says so; only a re-drive after a lost result
+    // could miss it, and garbage collection finds it then (cluster tag, no claim tag).
     if claims.len() > 1 {
+        let mut tagging = tokio::task::JoinSet::new();
         for (l, claim) in launched.iter().zip(claims) {
+            if tagging.len() >= 8 {
+                let _ = tagging.join_next().await;
+            }
             p.count(|s| s.create_tags_calls += 1);
-            p.ec2
-                .create_tags()
-                .resources(&l.id)
-                .tags(Tag::builder().key(TAG_NODECLAIM).value(*claim).build())
-                .send()
-                .await
-                .map_err(|e| from_sdk("CreateTags", e))?;
+            let call =
+                p.ec2.create_tags().resources(&l.id).tags(Tag::builder().key(TAG_NODECLAIM).value(*claim).build());
+            tagging.spawn(async move { call.send().await.map_err(|e| from_sdk("CreateTags", e)) });
         }
+        while tagging.join_next().await.is_some() {}
     }
     Ok(Fleet { launched, failed, other })
 }

@@ -257,13 +257,17 @@ impl AwsProvider {
     async fn template(&self, r: &LaunchRequest, resolved: &Resolved, image: &str) -> Result<String, CloudError> {
         let user_data =
             nodeclass::user_data(&self.cfg.cluster, &self.cfg.cluster_endpoint, &self.cfg.cluster_ca, &r.labels);
-        let key = format!("{image}\0{}\0{user_data}", resolved.security_groups.join(","));
+        let spec = nodeclass::TemplateSpec {
+            image,
+            security_groups: &resolved.security_groups,
+            user_data: &user_data,
+            instance_profile: r.node_class.instance_profile.as_deref(),
+        };
+        let key = format!("{:016x}", spec.hash());
         if let Some(name) = lock(&self.caches).templates.get(&key) {
             return Ok(name.clone());
         }
-        let name =
-            nodeclass::launch_template(&self.ec2, &self.cfg.cluster, image, &resolved.security_groups, &user_data)
-                .await?;
+        let name = nodeclass::launch_template(&self.ec2, &self.cfg.cluster, &spec).await?;
         lock(&self.caches).templates.insert(key, name.clone());
         Ok(name)
     }

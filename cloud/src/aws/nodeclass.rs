@@ -6,13 +6,14 @@ use std::collections::BTreeMap;
 
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::types::{
-    Filter, LaunchTemplateHttpTokensState, LaunchTemplateInstanceMetadataEndpointState,
-    LaunchTemplateInstanceMetadataOptionsRequest, RequestLaunchTemplateData,
+    Filter, LaunchTemplateHttpTokensState, LaunchTemplateIamInstanceProfileSpecificationRequest,
+    LaunchTemplateInstanceMetadataEndpointState, LaunchTemplateInstanceMetadataOptionsRequest,
+    RequestLaunchTemplateData, ResourceType, Tag, TagSpecification,
 };
 use aws_sdk_ssm::Client as SsmClient;
 
 use super::errors::from_sdk;
-use crate::{CloudError, NodeClass};
+use crate::{CloudError, NodeClass, TAG_CLUSTER_PREFIX};
 
 /// What a node class resolves to.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +49,11 @@ pub async fn resolve(
     nc: &NodeClass,
 ) -> Result<Resolved, CloudError> {
     let not_ready = |reason: String| CloudError::NodeClassNotReady { node_class: nc.name.clone(), reason };
+    if let (Some(role), None) = (&nc.role, &nc.instance_profile) {
+        return Err(not_ready(format!(
+            "spec.role {role:?} needs a managed instance profile, which is not supported yet; set spec.instanceProfile"
+        )));
+    }
     let mut subnets: Vec<(String, String)> = Vec::new();
     for term in &nc.subnet_selector {
         let out = ec2
@@ -226,25 +232,42 @@ pub fn user_data(cluster: &str, endpoint: &str, ca: &str, labels: &BTreeMap<Stri
     )
 }
 
-/// Creates (once) the launch template for an image, security groups and user data; returns
-/// its name. The name is derived from the content, so an existing one is reused.
-pub async fn launch_template(
-    ec2: &Client,
-    cluster: &str,
-    image: &str,
-    security_groups: &[String],
-    user_data: &str,
-) -> Result<String, CloudError> {
-    let mut h = super::Fnv::default();
-    for part in [image, &security_groups.join(","), user_data] {
-        h.write(part.as_bytes());
-        h.write(&[0]);
+/// What a launch template holds.
+pub struct TemplateSpec<'a> {
+    pub image: &'a str,
+    pub security_groups: &'a [String],
+    pub user_data: &'a str,
+    pub instance_profile: Option<&'a str>,
+}
+
+impl TemplateSpec<'_> {
+    /// A hash of the content: the template's name, so equal content reuses one template.
+    pub fn hash(&self) -> u64 {
+        let mut h = super::Fnv::default();
+        let groups = self.security_groups.join(",");
+        for part in [self.image, &groups, self.user_data, self.instance_profile.unwrap_or_default()] {
+            h.write(part.as_bytes());
+            h.write(&[0]);
+        }
+        h.finish()
     }
-    let name = format!("dovetail-{cluster}-{:016x}", h.finish());
-    let data = RequestLaunchTemplateData::builder()
-        .image_id(image)
-        .set_security_group_ids(Some(security_groups.to_vec()))
-        .user_data(super::base64(user_data.as_bytes()))
+}
+
+/// Creates (once) the launch template for an image, security groups, user data and instance
+/// profile, tagged for the cluster; returns its name. The name is derived from the content, so
+/// an existing one is reused.
+pub async fn launch_template(ec2: &Client, cluster: &str, spec: &TemplateSpec<'_>) -> Result<String, CloudError> {
+    let name = format!("dovetail-{cluster}-{:016x}", spec.hash());
+    let mut data = RequestLaunchTemplateData::builder()
+        .image_id(spec.image)
+        .set_security_group_ids(Some(spec.security_groups.to_vec()))
+        .user_data(super::base64(spec.user_data.as_bytes()));
+    if let Some(profile) = spec.instance_profile {
+        data = data.iam_instance_profile(
+            LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(profile).build(),
+        );
+    }
+    let data = data
         .metadata_options(
             LaunchTemplateInstanceMetadataOptionsRequest::builder()
                 .http_endpoint(LaunchTemplateInstanceMetadataEndpointState::Enabled)
@@ -253,7 +276,11 @@ pub async fn launch_template(
                 .build(),
         )
         .build();
-    match ec2.create_launch_template().launch_template_name(&name).launch_template_data(data).send().await {
+    let owned = Tag::builder().key(format!("{TAG_CLUSTER_PREFIX}{cluster}")).value("owned").build();
+    let call = ec2.create_launch_template().launch_template_name(&name).launch_template_data(data).tag_specifications(
+        TagSpecification::builder().resource_type(ResourceType::LaunchTemplate).tags(owned).build(),
+    );
+    match call.send().await {
         Ok(_) => Ok(name),
         Err(e)
             if e.as_service_error()

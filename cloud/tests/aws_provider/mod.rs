@@ -141,6 +141,58 @@ async fn identical_concurrent_launches_are_one_create_fleet() {
     }
 }
 
+/// Every call the provider and its queue make is allowed by `deploy/iam-policy.json`.
+#[tokio::test]
+async fn the_iam_policy_allows_every_call_the_provider_makes() {
+    let h = Aws::new("iam").await;
+    h.send("{}").await;
+    h.proxy.faults().actions.clear();
+    let cfg = AwsConfig {
+        spot_prices: dovetail_cloud::aws::SpotPrices::History,
+        ..crate::conformance::aws::config("iam", &format!("http://{}", h.proxy.addr))
+    };
+    let sdk = dovetail_cloud::aws::sdk_config(&cfg).await;
+    let cloud = AwsProvider::connect(cfg).await.expect("connect");
+    let types = cloud.instance_types(&h.node_class()).await.expect("catalog with spot price history");
+    assert!(types.iter().any(|t| t.offerings.iter().any(|o| o.capacity_type == CapacityType::Spot)));
+    let mut r = request(&h, "claim-iam");
+    r.node_class.instance_profile = Some("dovetail-nodes".into());
+    let inst = cloud.launch(std::slice::from_ref(&r)).await.remove(0).expect("launched");
+    cloud.get(&inst.id).await.expect("get");
+    cloud.list().await.expect("list");
+    cloud.is_drifted(&inst, &r.node_class).await.expect("drift");
+    assert_eq!(cloud.terminate(std::slice::from_ref(&inst.id)).await, vec![Ok(())]);
+    let queue = dovetail_cloud::aws::SqsQueue::named(&sdk, "iam-interruptions").await.expect("queue by name");
+    let got = dovetail_cloud::InterruptionQueue::receive(&queue, 10, std::time::Duration::from_secs(1))
+        .await
+        .expect("receive");
+    assert_eq!(got.len(), 1);
+    dovetail_cloud::InterruptionQueue::change_visibility(&queue, &got[0].receipt, std::time::Duration::from_secs(5))
+        .await
+        .expect("visibility");
+    dovetail_cloud::InterruptionQueue::delete(&queue, &[got[0].receipt.clone()]).await.expect("delete");
+
+    let policy: serde_json::Value =
+        serde_json::from_str(include_str!("../../../deploy/iam-policy.json")).expect("policy is JSON");
+    let allowed: Vec<String> = policy["Statement"]
+        .as_array()
+        .expect("statements")
+        .iter()
+        .flat_map(|st| match &st["Action"] {
+            serde_json::Value::String(a) => vec![a.clone()],
+            serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let seen = h.proxy.faults().actions.clone();
+    assert!(seen.len() > 10, "{seen:?}");
+    for action in &seen {
+        // IAM authorises batch deletes as sqs:DeleteMessage.
+        let needed = action.replace("sqs:DeleteMessageBatch", "sqs:DeleteMessage");
+        assert!(allowed.contains(&needed), "{needed} is called but not in deploy/iam-policy.json");
+    }
+}
+
 #[tokio::test]
 async fn drift_compares_the_node_class_hash_and_image() {
     let h = Aws::new("drift").await;

@@ -72,7 +72,7 @@ pub struct Faults {
     pub exhausted: HashSet<(String, String, String)>,
     /// How many of the next EC2 calls are answered `RequestLimitExceeded`.
     pub throttle_next: u32,
-    /// Every action seen, in order (for counting API calls).
+    /// Every action seen, in order, as IAM names them (`ec2:CreateFleet`).
     pub actions: Vec<String>,
 }
 
@@ -106,7 +106,7 @@ impl Proxy {
 
     /// How many calls of `action` went through the proxy so far.
     pub fn calls(&self, action: &str) -> usize {
-        self.faults().actions.iter().filter(|a| *a == action).count()
+        self.faults().actions.iter().filter(|a| a.split(':').nth(1) == Some(action)).count()
     }
 }
 
@@ -242,7 +242,13 @@ fn decide(body: Vec<u8>, target: Option<&str>, faults: &Mutex<Faults>) -> Verdic
         Some(t) => t.rsplit('.').next().unwrap_or(t).to_string(),
         None => fields.iter().find(|(k, _)| k == "Action").map(|(_, v)| v.clone()).unwrap_or_default(),
     };
-    f.actions.push(action.clone());
+    let service = match target {
+        Some(t) if t.starts_with("AmazonSQS") => "sqs",
+        Some(t) if t.starts_with("AmazonSSM") => "ssm",
+        Some(_) => "unknown",
+        None => "ec2",
+    };
+    f.actions.push(format!("{service}:{action}"));
     let ec2 = target.is_none();
     if ec2 && f.throttle_next > 0 {
         f.throttle_next -= 1;
