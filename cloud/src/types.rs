@@ -133,3 +133,27 @@ pub(crate) fn type_labels(it: &InstanceType) -> Labels {
     }
     labels
 }
+
+/// Requests one CreateFleet call can carry together (same zone, types, capacity types, node
+/// class, pool, labels and tags).
+pub(crate) fn same_shape(a: &LaunchRequest, b: &LaunchRequest) -> bool {
+    a.zone == b.zone
+        && a.instance_types == b.instance_types
+        && a.capacity_types == b.capacity_types
+        && a.node_class == b.node_class
+        && a.nodepool == b.nodepool
+        && a.labels == b.labels
+        && a.tags == b.tags
+}
+
+/// The requests still `open`, grouped by [`same_shape`], in first-arrival order.
+pub(crate) fn group_identical(requests: &[LaunchRequest], open: impl Fn(usize) -> bool) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for i in (0..requests.len()).filter(|&i| open(i)) {
+        match groups.iter_mut().find(|g| same_shape(&requests[g[0]], &requests[i])) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}

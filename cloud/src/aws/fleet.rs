@@ -16,19 +16,8 @@ use dovetail_core::catalog::CapacityType;
 
 use super::errors::{CAPACITY_CODES, from_code, from_sdk};
 use super::{AwsProvider, Fnv, Resolved, TAG_NODECLASS, TAG_NODECLASS_HASH, Types};
-use crate::types::type_labels;
+use crate::types::{group_identical, type_labels};
 use crate::{CloudError, Instance, InstanceState, LaunchRequest, OfferingKey, TAG_NODECLAIM, TAG_NODEPOOL};
-
-/// Requests one CreateFleet call can carry together.
-pub(crate) fn same_shape(a: &LaunchRequest, b: &LaunchRequest) -> bool {
-    a.zone == b.zone
-        && a.instance_types == b.instance_types
-        && a.capacity_types == b.capacity_types
-        && a.node_class == b.node_class
-        && a.nodepool == b.nodepool
-        && a.labels == b.labels
-        && a.tags == b.tags
-}
 
 /// See [`crate::CloudProvider::launch`].
 pub(super) async fn launch(p: &AwsProvider, requests: &[LaunchRequest]) -> Vec<Result<Instance, CloudError>> {
@@ -70,14 +59,7 @@ pub(super) async fn launch(p: &AwsProvider, requests: &[LaunchRequest]) -> Vec<R
             }
         }
     }
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    for i in (0..requests.len()).filter(|&i| out[i].is_none()) {
-        match groups.iter_mut().find(|g| same_shape(&requests[g[0]], &requests[i])) {
-            Some(g) => g.push(i),
-            None => groups.push(vec![i]),
-        }
-    }
-    for g in groups {
+    for g in group_identical(requests, |i| out[i].is_none()) {
         let group: Vec<&LaunchRequest> = g.iter().map(|&i| &requests[i]).collect();
         for (i, result) in g.iter().zip(launch_group(p, &types, &group).await) {
             out[*i] = Some(result);

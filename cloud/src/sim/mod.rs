@@ -19,7 +19,7 @@ pub use queue::SimQueue;
 
 use crate::clock::Clock;
 use crate::events::{self, EventKind, Origin};
-use crate::types::type_labels;
+use crate::types::{group_identical, type_labels};
 use crate::{
     BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchRequest, NodeClass, OfferingKey,
     TAG_CLUSTER_PREFIX, TAG_NODECLAIM, TAG_NODEPOOL,
@@ -345,18 +345,6 @@ impl SimCloud {
     }
 }
 
-/// Requests that one CreateFleet call can carry together (same zone, types, capacity types,
-/// node class, pool and labels).
-fn same_shape(a: &LaunchRequest, b: &LaunchRequest) -> bool {
-    a.zone == b.zone
-        && a.instance_types == b.instance_types
-        && a.capacity_types == b.capacity_types
-        && a.node_class == b.node_class
-        && a.nodepool == b.nodepool
-        && a.labels == b.labels
-        && a.tags == b.tags
-}
-
 impl CloudProvider for SimCloud {
     fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
         Box::pin(async move {
@@ -375,14 +363,7 @@ impl CloudProvider for SimCloud {
                 }
             }
             // Merge the rest into calls of identical shape.
-            let mut groups: Vec<Vec<usize>> = Vec::new();
-            for i in (0..requests.len()).filter(|&i| out[i].is_none()) {
-                match groups.iter_mut().find(|g| same_shape(&requests[g[0]], &requests[i])) {
-                    Some(g) => g.push(i),
-                    None => groups.push(vec![i]),
-                }
-            }
-            for g in groups {
+            for g in group_identical(requests, |i| out[i].is_none()) {
                 let throttled = SimCloud::draw(&mut s, now, |l| &mut l.mutating, 1.0, "CreateFleet").and_then(|()| {
                     SimCloud::draw(&mut s, now, |l| &mut l.launched_instances, g.len() as f64, "CreateFleet")
                 });
