@@ -9,10 +9,12 @@
 //! - [`pod`], [`node`], [`nodepool`]: the objects the scheduler reasons about.
 //! - [`catalog`]: EC2 instance types, offerings, prices and Karpenter's overhead model.
 //! - [`scheduling`]: the provisioning simulation at Karpenter parity, and the cost lower bound.
+//! - [`ledger`]: the replicated state machine: limits, global caps, the claim registry, ICE marks.
 //! - [`workload`]: the benchmark workloads, generated from a seed.
 
 pub mod catalog;
 pub mod labels;
+pub mod ledger;
 pub mod node;
 pub mod nodepool;
 pub mod pod;

@@ -383,3 +383,153 @@ proptest! {
         }
     }
 }
+
+// The ledger: random command sequences never push usage past a limit or cap, usage always
+// equals what the live claims hold, and replaying the log reproduces the state.
+
+mod ledger_props {
+    use dovetail_core::catalog::CapacityType;
+    use dovetail_core::ledger::{Caps, ClaimRequest, Command, Entry, Offering, Outcome, State, Step};
+    use dovetail_core::resources::{ResourceList, ResourceName};
+    use proptest::prelude::*;
+
+    const POOLS: [&str; 2] = ["a", "b"];
+
+    fn limits() -> impl Strategy<Value = ResourceList> {
+        (prop::option::of(1_000i64..40_000), prop::option::of(1i64..12)).prop_map(|(cpu, nodes)| {
+            let mut r = ResourceList::new();
+            if let Some(c) = cpu {
+                r.set(ResourceName::Cpu, c);
+            }
+            if let Some(n) = nodes {
+                r.set(ResourceName::Nodes, n);
+            }
+            r
+        })
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            Just(Step::Launching),
+            (0u8..4, 0i64..=100, 0u64..=100).prop_map(|(i, pct, ppct)| Step::Launched {
+                instance: format!("i-{i}"),
+                // A fraction of what was reserved: scaled when applied below.
+                resources: ResourceList::from_pairs([(ResourceName::Cpu, pct)]),
+                price_per_hour: ppct,
+            }),
+            Just(Step::Registered),
+            Just(Step::Initialized),
+            Just(Step::Terminating),
+            Just(Step::Gone),
+        ]
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        let claims = prop::collection::vec((0u8..24, 0usize..3, 250i64..8_000, 10_000u64..900_000), 1..6);
+        prop_oneof![
+            1 => (0usize..2, limits()).prop_map(|(p, limits)| Command::SetPool { pool: POOLS[p].into(), limits }),
+            1 => (0usize..2).prop_map(|p| Command::RemovePool { pool: POOLS[p].into() }),
+            1 => (limits(), prop::option::of(50_000u64..3_000_000))
+                .prop_map(|(resources, price_per_hour)| Command::SetCaps(Caps { resources, price_per_hour })),
+            4 => (0usize..2, 0u64..5, claims).prop_map(|(p, batch, cs)| Command::Reserve {
+                pool: POOLS[p].into(),
+                batch,
+                claims: cs
+                    .into_iter()
+                    .map(|(id, z, cpu, price)| ClaimRequest {
+                        id: format!("c{id}"),
+                        zone: format!("z{z}"),
+                        resources: ResourceList::from_pairs([(ResourceName::Cpu, cpu), (ResourceName::Memory, cpu << 22)]),
+                        price_per_hour: price,
+                    })
+                    .collect(),
+            }),
+            4 => (0u8..24, step()).prop_map(|(id, step)| Command::Advance { claim: format!("c{id}"), step }),
+            1 => (0usize..3, 0u64..10_000).prop_map(|(z, d)| Command::MarkUnavailable {
+                offering: Offering { instance_type: "m5.large".into(), zone: format!("z{z}"), capacity_type: CapacityType::Spot },
+                until: d,
+            }),
+        ]
+    }
+
+    /// A Launched step holds at most what was reserved (the caller's contract): its cpu and
+    /// price are given as percentages of the reservation.
+    fn concretise(state: &State, mut c: Command) -> Command {
+        if let Command::Advance { claim, step: Step::Launched { instance, resources, price_per_hour } } = &mut c
+            && let Some(known) = state.claim(claim)
+        {
+            let pct = resources.get(&ResourceName::Cpu);
+            let mut actual = ResourceList::new();
+            for (n, v) in known.resources.iter() {
+                if *n != ResourceName::Nodes {
+                    actual.set(n.clone(), v * pct / 100);
+                }
+            }
+            *resources = actual;
+            *price_per_hour = known.price_per_hour * *price_per_hour / 100;
+            let _ = instance;
+        }
+        c
+    }
+
+    fn held(state: &State, pool: Option<&str>, n: &ResourceName) -> i64 {
+        state.claims().values().filter(|c| pool.is_none_or(|p| c.pool == p)).map(|c| c.resources.get(n)).sum()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn limits_and_caps_hold_and_replay_reproduces(cmds in prop::collection::vec(command(), 1..80)) {
+            let mut state = State::default();
+            let mut log = Vec::new();
+            let mut outcomes = Vec::new();
+            for (t, c) in cmds.into_iter().enumerate() {
+                let entry = Entry { at: t as u64 * 100, command: concretise(&state, c) };
+                let before = state.clone();
+                let out = state.apply(&entry);
+                // Usage is what the live claims hold, per pool and in total.
+                for n in [ResourceName::Cpu, ResourceName::Memory, ResourceName::Nodes] {
+                    prop_assert_eq!(state.total().get(&n), held(&state, None, &n));
+                    for (name, p) in state.pools() {
+                        prop_assert_eq!(p.usage.get(&n), held(&state, Some(name), &n));
+                    }
+                }
+                let price: u64 = state.claims().values().map(|c| c.price_per_hour).sum();
+                prop_assert_eq!(state.total_price(), price);
+                // Nothing the ledger granted or changed pushed usage past a limit or cap.
+                if !matches!(out, Outcome::Rejected { .. }) {
+                    for (name, p) in state.pools() {
+                        for (n, limit) in p.limits.iter() {
+                            let was = before.pool(name).map(|b| b.usage.get(n)).unwrap_or(0);
+                            if p.usage.get(n) > was {
+                                prop_assert!(p.usage.get(n) <= limit, "pool {} {} {} > {}", name, n, p.usage.get(n), limit);
+                            }
+                        }
+                    }
+                    for (n, cap) in state.caps().resources.iter() {
+                        if state.total().get(n) > before.total().get(n) {
+                            prop_assert!(state.total().get(n) <= cap, "global {} {} > {}", n, state.total().get(n), cap);
+                        }
+                    }
+                    if let Some(cap) = state.caps().price_per_hour
+                        && state.total_price() > before.total_price()
+                    {
+                        prop_assert!(state.total_price() <= cap);
+                    }
+                } else {
+                    let mut unchanged = before.clone();
+                    // A rejected entry changes nothing but the count (and expired marks).
+                    let _ = unchanged.apply(&Entry { at: entry.at, command: Command::SetCaps(before.caps().clone()) });
+                    prop_assert_eq!(&unchanged, &state);
+                }
+                log.push(entry);
+                outcomes.push(out);
+            }
+            let mut replayed = State::default();
+            let again: Vec<Outcome> = log.iter().map(|e| replayed.apply(e)).collect();
+            prop_assert_eq!(&replayed, &state);
+            prop_assert_eq!(again, outcomes);
+        }
+    }
+}
