@@ -115,6 +115,107 @@ impl SimCluster {
     }
 }
 
+/// A launched instance as its node will register it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Registration {
+    /// The NodeClaim it was launched for.
+    pub claim: String,
+    pub node_name: String,
+    pub provider_id: String,
+    /// The instance's labels (type, zone, capacity type, ...).
+    pub labels: dovetail_core::labels::Labels,
+    pub capacity: dovetail_core::resources::ResourceList,
+    pub allocatable: dovetail_core::resources::ResourceList,
+}
+
+/// The taint every node registers with until Karpenter (here: the NodeClaim lifecycle) has
+/// applied its NodeClaim's labels and taints.
+pub const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
+
+impl SimCluster {
+    /// What a kubelet does when the instance boots (kwok-like): a Ready Node with the
+    /// NodeClaim's labels, taints and startup taints, plus `karpenter.sh/unregistered:NoExecute`.
+    /// `NotFound` when the NodeClaim is gone (the instance leaked); `AlreadyExists` when the
+    /// node is there.
+    pub fn register(&self, r: &Registration) -> Result<u64, ClusterError> {
+        self.change(|s| {
+            if s.nodes.contains_key(&r.node_name) {
+                return Err(ClusterError::AlreadyExists { kind: "node", name: r.node_name.clone() });
+            }
+            let claim = s.nodeclaims.get(&r.claim).ok_or_else(|| not_found("nodeclaim", r.claim.clone()))?;
+            let mut labels = r.labels.clone();
+            labels.extend(claim.spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+            labels.insert(dovetail_core::labels::NODEPOOL.to_string(), claim.spec.nodepool.clone());
+            labels.insert(dovetail_core::labels::HOSTNAME.to_string(), r.node_name.clone());
+            let mut taints = claim.spec.taints.clone();
+            taints.extend(claim.spec.startup_taints.iter().cloned());
+            taints.push(Taint::new(UNREGISTERED_TAINT, "", dovetail_core::taints::Effect::NoExecute));
+            let node = Node {
+                name: r.node_name.clone(),
+                labels,
+                taints,
+                capacity: r.capacity.clone(),
+                allocatable: r.allocatable.clone(),
+                initialized: false,
+                requirements: None,
+                unschedulable: false,
+            };
+            s.nodes.insert(node.name.clone(), Arc::new(node));
+            Ok(())
+        })
+    }
+
+    /// What kube-scheduler does: binds pending pods to existing schedulable nodes with the
+    /// same predicates as `dovetail-core` (resources, taints, requirements, affinity, topology),
+    /// in one pass. Returns how many pods it bound.
+    pub fn schedule(&self) -> usize {
+        let snap = self.snapshot();
+        // kube-scheduler honours every taint; core's simulation ignores the boot taints of
+        // nodes not yet initialized (Karpenter expects them to go), so the nodes are given to
+        // it as initialized.
+        let nodes: Vec<Node> = snap
+            .nodes
+            .values()
+            .filter(|n| !n.unschedulable)
+            .map(|n| Node { initialized: true, ..n.as_ref().clone() })
+            .collect();
+        if nodes.is_empty() {
+            return 0;
+        }
+        let pending: Vec<Pod> = snap.pending().map(|p| p.as_ref().clone()).collect();
+        if pending.is_empty() {
+            return 0;
+        }
+        let input = dovetail_core::scheduling::Snapshot {
+            nodepools: Vec::new(),
+            bound_pods: snap
+                .pods
+                .values()
+                .filter(|p| p.node_name.is_some() && !p.terminal)
+                .map(|p| p.as_ref().clone())
+                .collect(),
+            daemonsets: snap.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
+            nodes,
+            namespaces: Default::default(),
+        };
+        let opts = dovetail_core::scheduling::SolveOptions {
+            packer: dovetail_core::scheduling::Packer::Karpenter,
+            ..Default::default()
+        };
+        let results = dovetail_core::scheduling::solve(&input, &pending, &opts);
+        let mut bound = 0;
+        for placement in &results.existing {
+            let node = &input.nodes[placement.node].name;
+            for &i in &placement.pods {
+                if self.bind(&pending[i].key, node).is_ok() {
+                    bound += 1;
+                }
+            }
+        }
+        bound
+    }
+}
+
 fn not_found(kind: &'static str, name: String) -> ClusterError {
     ClusterError::NotFound { kind, name }
 }
@@ -256,7 +357,7 @@ mod tests {
     use dovetail_core::labels::LabelSelector;
     use dovetail_core::nodepool::{NodeClaimSpec, NodeClassRef};
     use dovetail_core::requirements::Requirements;
-    use dovetail_core::resources::ResourceList;
+    use dovetail_core::resources::{ResourceList, ResourceName};
     use std::collections::BTreeMap;
 
     fn pod(name: &str, app: &str) -> Pod {
@@ -335,6 +436,51 @@ mod tests {
         c.apply_pod(pod("batch-0", "batch"));
         c.bind(&PodKey::new("default", "batch-0"), "n1").expect("bind");
         c.evict(&PodKey::new("default", "batch-0")).expect("no budget");
+    }
+
+    #[test]
+    fn the_registrar_makes_an_unregistered_node_and_the_scheduler_binds_to_ready_ones() {
+        let c = SimCluster::new();
+        let mut nc = claim("default-x");
+        nc.spec.labels.insert("team".into(), "web".into());
+        c.create_nodeclaim(nc).expect("claim");
+        let reg = Registration {
+            claim: "default-x".into(),
+            node_name: "ip-10-0-0-1".into(),
+            provider_id: "aws:///us-east-1a/i-1".into(),
+            labels: BTreeMap::from([("topology.kubernetes.io/zone".to_string(), "us-east-1a".to_string())]),
+            capacity: ResourceList::from_pairs([
+                (ResourceName::Cpu, 2000),
+                (ResourceName::Memory, 8 << 30),
+                (ResourceName::Pods, 29),
+            ]),
+            allocatable: ResourceList::from_pairs([
+                (ResourceName::Cpu, 1900),
+                (ResourceName::Memory, 7 << 30),
+                (ResourceName::Pods, 29),
+            ]),
+        };
+        c.register(&reg).expect("registered");
+        assert!(matches!(c.register(&reg), Err(ClusterError::AlreadyExists { .. })));
+        let n = c.snapshot().nodes["ip-10-0-0-1"].clone();
+        assert_eq!(n.labels.get("team").map(String::as_str), Some("web"));
+        assert_eq!(n.labels.get("karpenter.sh/nodepool").map(String::as_str), Some("default"));
+        assert!(n.taints.iter().any(|t| t.key == UNREGISTERED_TAINT));
+        // Leaked: no claim.
+        let leaked = Registration { claim: "gone".into(), node_name: "ip-2".into(), ..reg.clone() };
+        assert!(matches!(c.register(&leaked), Err(ClusterError::NotFound { .. })));
+
+        c.apply_pod(pod("a", "web"));
+        assert_eq!(c.schedule(), 0, "the unregistered taint keeps pods off");
+        c.set_node_taints("ip-10-0-0-1", Vec::new()).expect("registered by the lifecycle");
+        assert_eq!(c.schedule(), 1);
+        assert_eq!(c.snapshot().pods_on("ip-10-0-0-1").count(), 1);
+        // A pod too big for any node stays pending.
+        let mut big = pod("big", "web");
+        big.requests = ResourceList::cpu_mem(64_000, 1 << 30);
+        c.apply_pod(big);
+        assert_eq!(c.schedule(), 0);
+        assert_eq!(c.snapshot().pending().count(), 1);
     }
 
     #[test]
