@@ -10,6 +10,7 @@
 //! - [`catalog`]: EC2 instance types, offerings, prices and Karpenter's overhead model.
 //! - [`scheduling`]: the provisioning simulation at Karpenter parity, and the cost lower bound.
 //! - [`ledger`]: the replicated state machine: limits, global caps, the claim registry, ICE marks.
+//! - [`plane`]: the control plane's small decisions: batch windows, zone choice, liveness, drain order.
 //! - [`workload`]: the benchmark workloads, generated from a seed.
 
 pub mod catalog;
@@ -17,6 +18,7 @@ pub mod labels;
 pub mod ledger;
 pub mod node;
 pub mod nodepool;
+pub mod plane;
 pub mod pod;
 pub mod quantity;
 pub mod requirements;

@@ -1,0 +1,287 @@
+//! The control plane's small decisions, pure so that the actors stay thin shells: when a batch
+//! window closes, which zone a claim launches in, when a claim has outlived its liveness
+//! timeouts, and which pods a drain evicts next.
+
+use std::collections::BTreeMap;
+
+use crate::catalog::{CapacityType, Offering};
+use crate::ledger::{ClaimState, Millis};
+use crate::pod::Pod;
+use crate::taints::{Effect, Taint};
+
+/// When a batch of pending pods is handed to the solver (Karpenter: 1 s idle, 10 s max).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchWindow {
+    /// Closes once nothing arrived for this long.
+    pub idle: Millis,
+    /// Closes at the latest this long after it opened.
+    pub max: Millis,
+    /// Adaptive mode: with at most `short_queue` items waiting, closes after `short_idle`
+    /// instead (a short queue does not wait for a burst that is not coming).
+    pub adaptive: Option<Adaptive>,
+}
+
+/// The adaptive early close.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adaptive {
+    pub short_queue: usize,
+    pub short_idle: Millis,
+}
+
+impl Default for BatchWindow {
+    fn default() -> Self {
+        BatchWindow { idle: 1_000, max: 10_000, adaptive: None }
+    }
+}
+
+/// An open batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    opened_at: Option<Millis>,
+    last_arrival: Millis,
+    items: usize,
+}
+
+impl Batch {
+    /// Something arrived at `now` (opening the batch if it was closed).
+    pub fn arrive(&mut self, now: Millis) {
+        if self.opened_at.is_none() {
+            self.opened_at = Some(now);
+        }
+        self.last_arrival = now;
+        self.items += 1;
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.opened_at.is_some()
+    }
+
+    pub fn items(&self) -> usize {
+        self.items
+    }
+
+    /// When the batch closes if nothing else arrives; `None` when it is not open.
+    pub fn closes_at(&self, w: &BatchWindow) -> Option<Millis> {
+        let opened = self.opened_at?;
+        let idle = match &w.adaptive {
+            Some(a) if self.items <= a.short_queue => a.short_idle.min(w.idle),
+            _ => w.idle,
+        };
+        Some(self.last_arrival.saturating_add(idle).min(opened.saturating_add(w.max)))
+    }
+
+    /// Whether the batch has closed at `now`.
+    pub fn is_due(&self, w: &BatchWindow, now: Millis) -> bool {
+        self.closes_at(w).is_some_and(|at| now >= at)
+    }
+
+    /// Closes the batch; returns how many items it held.
+    pub fn close(&mut self) -> usize {
+        std::mem::take(self).items
+    }
+}
+
+/// A zone choice for a claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ZoneChoice {
+    pub zone: String,
+    pub capacity_type: CapacityType,
+    /// The cheapest available offering's price there.
+    pub price: f64,
+}
+
+/// Picks the zone of a claim: the cheapest available offering over its candidate types
+/// (spot before on-demand when both are allowed and spot is offered anywhere, as Karpenter
+/// launches spot when the claim allows it), skipping offerings `unavailable` says are ICE'd;
+/// among zones within 0.1% of the cheapest price, the one with the fewest claims in `spread`,
+/// then by name. `None` when nothing is available.
+pub fn pick_zone<'a>(
+    offerings: impl IntoIterator<Item = (&'a str, &'a Offering)>,
+    capacity_types: &[CapacityType],
+    unavailable: impl Fn(&str, &Offering) -> bool,
+    spread: &BTreeMap<String, usize>,
+) -> Option<ZoneChoice> {
+    let allowed = |c: CapacityType| capacity_types.is_empty() || capacity_types.contains(&c);
+    // Cheapest price per (capacity type, zone).
+    let mut best: BTreeMap<(CapacityType, &str), f64> = BTreeMap::new();
+    for (instance_type, o) in offerings {
+        if !o.available || !allowed(o.capacity_type) || unavailable(instance_type, o) {
+            continue;
+        }
+        let e = best.entry((o.capacity_type, o.zone.as_str())).or_insert(o.price);
+        *e = e.min(o.price);
+    }
+    let ct = [CapacityType::Spot, CapacityType::OnDemand, CapacityType::Reserved]
+        .into_iter()
+        .find(|c| best.keys().any(|(k, _)| k == c))?;
+    let zones: Vec<(&str, f64)> = best.iter().filter(|((c, _), _)| *c == ct).map(|((_, z), p)| (*z, *p)).collect();
+    let cheapest = zones.iter().map(|(_, p)| *p).fold(f64::INFINITY, f64::min);
+    let (zone, price) = zones.into_iter().filter(|(_, p)| *p <= cheapest * 1.001).min_by(|a, b| {
+        let (na, nb) = (spread.get(a.0).copied().unwrap_or(0), spread.get(b.0).copied().unwrap_or(0));
+        na.cmp(&nb).then_with(|| a.0.cmp(b.0))
+    })?;
+    Some(ZoneChoice { zone: zone.to_string(), capacity_type: ct, price })
+}
+
+/// Karpenter's liveness timeouts of a NodeClaim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Liveness {
+    /// From creation until the instance is launched (Karpenter: 5 min).
+    pub launch: Millis,
+    /// From creation until its node registers (Karpenter: 15 min).
+    pub registration: Millis,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness { launch: 5 * 60_000, registration: 15 * 60_000 }
+    }
+}
+
+/// Which liveness timeout a claim outlived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expired {
+    Launch,
+    Registration,
+}
+
+impl Liveness {
+    /// Whether a claim created at `created` in `state` has outlived a timeout at `now`: such a
+    /// claim is deleted (and its pool marked `NodeRegistrationHealthy=False`).
+    pub fn check(&self, state: &ClaimState, created: Millis, now: Millis) -> Option<Expired> {
+        let age = now.saturating_sub(created);
+        match state {
+            ClaimState::Reserved | ClaimState::Launching if age >= self.launch => Some(Expired::Launch),
+            ClaimState::Reserved | ClaimState::Launching | ClaimState::Launched { .. } if age >= self.registration => {
+                Some(Expired::Registration)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The taint a node being disrupted carries; pods tolerating it are not evicted.
+pub fn disrupted_taint() -> Taint {
+    Taint::new("karpenter.sh/disrupted", "", Effect::NoSchedule)
+}
+
+/// Priority of `system-cluster-critical`; pods at or above it are critical.
+pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// The drain tier of a pod (Karpenter): 0 non-critical non-DaemonSet, 1 non-critical
+/// DaemonSet, 2 critical non-DaemonSet, 3 critical DaemonSet.
+pub fn drain_tier(p: &Pod) -> usize {
+    usize::from(p.priority >= CRITICAL_PRIORITY) * 2 + usize::from(p.daemon)
+}
+
+/// The pods a drain evicts now: those of the lowest tier that still has pods; pods that
+/// tolerate the disrupted taint or have finished are never evicted (and do not hold a tier).
+pub fn next_evictions<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
+    let taint = disrupted_taint();
+    let mut tiers: [Vec<&Pod>; 4] = Default::default();
+    for p in pods {
+        if p.terminal || p.tolerations.iter().any(|t| t.tolerates(&taint)) {
+            continue;
+        }
+        tiers[drain_tier(p)].push(p);
+    }
+    tiers.into_iter().find(|t| !t.is_empty()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::PodKey;
+    use crate::taints::Toleration;
+
+    #[test]
+    fn a_batch_closes_on_idle_or_max_and_adaptively_when_short() {
+        let w = BatchWindow::default();
+        let mut b = Batch::default();
+        assert_eq!(b.closes_at(&w), None);
+        b.arrive(0);
+        assert_eq!(b.closes_at(&w), Some(1_000));
+        for t in (500..20_000).step_by(500) {
+            b.arrive(t);
+            if b.is_due(&w, t) {
+                assert_eq!(t, 10_000, "a steady stream closes at the max");
+                break;
+            }
+        }
+        assert_eq!(b.close(), 21, "the first and 20 more");
+        assert!(!b.is_open());
+        let a = BatchWindow { adaptive: Some(Adaptive { short_queue: 3, short_idle: 100 }), ..BatchWindow::default() };
+        b.arrive(0);
+        assert_eq!(b.closes_at(&a), Some(100), "a short queue closes early");
+        for t in 1..5 {
+            b.arrive(t);
+        }
+        assert_eq!(b.closes_at(&a), Some(1_004), "a longer one waits the full idle time");
+    }
+
+    fn offering(zone: &str, ct: CapacityType, price: f64) -> Offering {
+        Offering { zone: zone.into(), zone_id: String::new(), zone_index: 0, capacity_type: ct, price, available: true }
+    }
+
+    #[test]
+    fn the_zone_is_the_cheapest_available_and_ties_spread() {
+        let offs = [
+            ("m5.large", offering("a", CapacityType::OnDemand, 0.096)),
+            ("m5.large", offering("b", CapacityType::OnDemand, 0.096)),
+            ("m5.large", offering("c", CapacityType::OnDemand, 0.120)),
+            ("m5.large", offering("a", CapacityType::Spot, 0.040)),
+            ("m5.large", offering("b", CapacityType::Spot, 0.035)),
+        ];
+        let it = || offs.iter().map(|(t, o)| (*t, o));
+        let none = |_: &str, _: &Offering| false;
+        let spread = BTreeMap::new();
+        let spot = pick_zone(it(), &[], none, &spread).expect("spot");
+        assert_eq!((spot.zone.as_str(), spot.capacity_type), ("b", CapacityType::Spot));
+        // Spot ICE'd everywhere: on-demand; a and b tie, a has more claims, so b.
+        let no_spot = |_: &str, o: &Offering| o.capacity_type == CapacityType::Spot;
+        let spread = BTreeMap::from([("a".to_string(), 3usize)]);
+        let od = pick_zone(it(), &[], no_spot, &spread).expect("on-demand");
+        assert_eq!((od.zone.as_str(), od.capacity_type), ("b", CapacityType::OnDemand));
+        let od_only = pick_zone(it(), &[CapacityType::OnDemand], none, &BTreeMap::new()).expect("od");
+        assert_eq!(od_only.zone, "a", "ties go by name when spread is equal");
+        assert_eq!(pick_zone(it(), &[], |_, _| true, &BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn liveness_uses_karpenters_timeouts() {
+        let l = Liveness::default();
+        assert_eq!(l.check(&ClaimState::Launching, 0, 299_999), None);
+        assert_eq!(l.check(&ClaimState::Launching, 0, 300_000), Some(Expired::Launch));
+        let launched = ClaimState::Launched { instance: "i-1".into() };
+        assert_eq!(l.check(&launched, 0, 899_999), None);
+        assert_eq!(l.check(&launched, 0, 900_000), Some(Expired::Registration));
+        assert_eq!(l.check(&ClaimState::Registered { instance: "i-1".into() }, 0, 10_000_000), None);
+    }
+
+    #[test]
+    fn drains_go_tier_by_tier() {
+        let pod = |name: &str, priority: i32, daemon: bool| Pod {
+            key: PodKey::new("default", name),
+            priority,
+            daemon,
+            ..Pod::default()
+        };
+        let mut pods = vec![
+            pod("critical-ds", CRITICAL_PRIORITY, true),
+            pod("critical", CRITICAL_PRIORITY + 1000, false),
+            pod("ds", 0, true),
+            pod("web", 0, false),
+            Pod { tolerations: vec![Toleration::exists("karpenter.sh/disrupted", None)], ..pod("tolerant", 0, false) },
+        ];
+        let names = |v: Vec<&Pod>| v.into_iter().map(|p| p.key.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(next_evictions(&pods)), vec!["web"]);
+        pods.retain(|p| p.key.name != "web");
+        assert_eq!(names(next_evictions(&pods)), vec!["ds"]);
+        pods.retain(|p| p.key.name != "ds");
+        assert_eq!(names(next_evictions(&pods)), vec!["critical"]);
+        pods.retain(|p| p.key.name != "critical");
+        assert_eq!(names(next_evictions(&pods)), vec!["critical-ds"]);
+        pods.retain(|p| p.key.name != "critical-ds");
+        assert!(next_evictions(&pods).is_empty(), "the tolerating pod is never evicted");
+    }
+}
