@@ -1,0 +1,229 @@
+//! The ZoneActor: one per availability zone, the only caller of `CloudProvider::launch` for
+//! its zone. It collects the launches its pools send within a short window into one call (the
+//! provider merges identical requests into one CreateFleet), records each step in the ledger
+//! (Launching, Launched, ICE marks), retries throttled launches after the retry-after, and
+//! sends every claim's outcome back to the pool that asked: on insufficient capacity the pool
+//! picks another offering, the ICE'd ones now marked unavailable.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use dovetail_cloud::{Clock, CloudError, CloudProvider, Instance, LaunchRequest};
+use dovetail_core::ledger::{Command, Entry, Offering, Step, micro_dollars};
+use dovetail_raft::Ledger;
+
+use crate::millis;
+
+/// A ZoneActor's settings.
+#[derive(Clone, Debug)]
+pub struct ZoneConfig {
+    pub zone: String,
+    /// Launches arriving within this window after the first go out as one call.
+    pub window: Duration,
+    /// How long an offering that had no capacity stays unavailable (Karpenter: 3 min).
+    pub ice_ttl: Duration,
+    pub mailbox: usize,
+}
+
+impl ZoneConfig {
+    pub fn new(zone: &str) -> Self {
+        ZoneConfig {
+            zone: zone.to_string(),
+            window: Duration::from_millis(35),
+            ice_ttl: Duration::from_secs(180),
+            mailbox: 1024,
+        }
+    }
+}
+
+/// Launch these claims (already reserved in the ledger) in the actor's zone.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Launch {
+    pub requests: Vec<LaunchRequest>,
+    pub reply: Recipient<LaunchOutcome>,
+}
+
+/// What became of one claim's launch.
+#[derive(Message, Clone, Debug, PartialEq)]
+#[rtype(result = "()")]
+pub struct LaunchOutcome {
+    pub claim: String,
+    pub result: Result<Instance, CloudError>,
+}
+
+/// Counters, for tests and the loadtest report.
+#[derive(Message)]
+#[rtype(result = "ZoneStats")]
+pub struct GetStats;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, MessageResponse)]
+pub struct ZoneStats {
+    /// Calls to `CloudProvider::launch`.
+    pub launch_calls: u64,
+    pub launched: u64,
+    pub insufficient_capacity: u64,
+    pub throttled: u64,
+    /// Claims handed over but not yet answered.
+    pub in_flight: usize,
+}
+
+/// The actor.
+pub struct ZoneActor {
+    cfg: ZoneConfig,
+    cloud: Arc<dyn CloudProvider>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    pending: Vec<(LaunchRequest, Recipient<LaunchOutcome>)>,
+    flush_scheduled: bool,
+    in_flight: BTreeSet<String>,
+    stats: ZoneStats,
+}
+
+impl ZoneActor {
+    pub fn new(cfg: ZoneConfig, cloud: Arc<dyn CloudProvider>, ledger: Arc<dyn Ledger>, clock: Arc<dyn Clock>) -> Self {
+        ZoneActor {
+            cfg,
+            cloud,
+            ledger,
+            clock,
+            pending: Vec::new(),
+            flush_scheduled: false,
+            in_flight: BTreeSet::new(),
+            stats: ZoneStats::default(),
+        }
+    }
+
+    fn schedule_flush(&mut self, ctx: &mut Context<Self>, after: Duration) {
+        if !self.flush_scheduled {
+            self.flush_scheduled = true;
+            ctx.run_later(after, |act, ctx| act.flush(ctx));
+        }
+    }
+
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        self.flush_scheduled = false;
+        if self.pending.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.pending);
+        self.stats.launch_calls += 1;
+        let (cloud, ledger, clock, ice_ttl) =
+            (self.cloud.clone(), self.ledger.clone(), self.clock.clone(), self.cfg.ice_ttl);
+        let requests: Vec<LaunchRequest> = batch.iter().map(|(r, _)| r.clone()).collect();
+        let work = async move {
+            let at = millis(clock.now());
+            for r in &requests {
+                let launching = Command::Advance { claim: r.claim.clone(), step: Step::Launching };
+                // A ledger that cannot commit leaves the claim Reserved; liveness cleans up.
+                let _ = ledger.propose(Entry { at, command: launching }).await;
+            }
+            let results = cloud.launch(&requests).await;
+            let at = millis(clock.now());
+            for (r, result) in requests.iter().zip(&results) {
+                match result {
+                    Ok(inst) => {
+                        let step = Step::Launched {
+                            instance: inst.id.clone(),
+                            resources: inst.capacity.clone(),
+                            price_per_hour: micro_dollars(inst.price),
+                        };
+                        let _ = ledger
+                            .propose(Entry { at, command: Command::Advance { claim: r.claim.clone(), step } })
+                            .await;
+                    }
+                    Err(CloudError::InsufficientCapacity { offerings }) => {
+                        for o in offerings {
+                            let offering = Offering {
+                                instance_type: o.instance_type.clone(),
+                                zone: o.zone.clone(),
+                                capacity_type: o.capacity_type,
+                            };
+                            let until = at.saturating_add(millis(ice_ttl));
+                            let _ = ledger
+                                .propose(Entry { at, command: Command::MarkUnavailable { offering, until } })
+                                .await;
+                        }
+                    }
+                    Err(_) => {}
+                }
+            }
+            results
+        };
+        ctx.spawn(work.into_actor(self).map(move |results, act, ctx| {
+            let mut retry_after: Option<Duration> = None;
+            for ((request, reply), result) in batch.into_iter().zip(results) {
+                match result {
+                    Err(CloudError::Throttled { retry_after: after, .. }) => {
+                        act.stats.throttled += 1;
+                        retry_after = Some(retry_after.map_or(after, |r| r.max(after)));
+                        act.pending.push((request, reply));
+                    }
+                    result => {
+                        match &result {
+                            Ok(_) => act.stats.launched += 1,
+                            Err(CloudError::InsufficientCapacity { .. }) => act.stats.insufficient_capacity += 1,
+                            Err(_) => {}
+                        }
+                        act.in_flight.remove(&request.claim);
+                        deliver(ctx, reply, LaunchOutcome { claim: request.claim, result });
+                    }
+                }
+            }
+            if let Some(after) = retry_after {
+                act.schedule_flush(ctx, after);
+            }
+        }));
+    }
+}
+
+/// Sends without dropping and without an unbounded queue: `try_send`, else an awaited `send`.
+fn deliver(ctx: &mut Context<ZoneActor>, to: Recipient<LaunchOutcome>, msg: LaunchOutcome) {
+    if let Err(SendError::Full(msg)) = to.try_send(msg) {
+        ctx.spawn(actix::fut::wrap_future::<_, ZoneActor>(async move {
+            let _ = to.send(msg).await;
+        }));
+    }
+}
+
+impl Actor for ZoneActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(self.cfg.mailbox);
+    }
+}
+
+impl Handler<Launch> for ZoneActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Launch, ctx: &mut Context<Self>) {
+        for r in msg.requests {
+            if r.zone != self.cfg.zone {
+                let result = Err(CloudError::Invalid {
+                    what: format!("zone of nodeclaim {}", r.claim),
+                    reason: format!("sent to the actor of zone {}", self.cfg.zone),
+                });
+                deliver(ctx, msg.reply.clone(), LaunchOutcome { claim: r.claim, result });
+                continue;
+            }
+            // A claim already being launched is answered once, by that launch.
+            if !self.in_flight.insert(r.claim.clone()) {
+                continue;
+            }
+            self.pending.push((r, msg.reply.clone()));
+        }
+        let window = self.cfg.window;
+        self.schedule_flush(ctx, window);
+    }
+}
+
+impl Handler<GetStats> for ZoneActor {
+    type Result = ZoneStats;
+
+    fn handle(&mut self, _: GetStats, _: &mut Context<Self>) -> ZoneStats {
+        ZoneStats { in_flight: self.in_flight.len(), ..self.stats.clone() }
+    }
+}
