@@ -191,3 +191,186 @@ mod zone {
         assert!(stats.throttled >= 1 && stats.launched == 2, "{stats:?}");
     }
 }
+
+mod pool {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+
+    use actix::prelude::*;
+    use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Provision, Unplaced};
+    use dovetail_actors::zone::{ZoneActor, ZoneConfig};
+    use dovetail_cloud::sim::{SimCloud, SimConfig};
+    use dovetail_cloud::{CloudProvider, ManualClock, NodeClass, OfferingKey};
+    use dovetail_cluster::ClusterView;
+    use dovetail_cluster::sim::SimCluster;
+    use dovetail_core::catalog::{CapacityType, Catalog, InstanceType, NodeClassSettings};
+    use dovetail_core::labels;
+    use dovetail_core::ledger::{ClaimState, Command, Entry, State};
+    use dovetail_core::nodepool::NodePool;
+    use dovetail_core::pod::{Pod, PodKey};
+    use dovetail_core::requirements::{Requirement, Requirements};
+    use dovetail_core::resources::{ResourceList, ResourceName};
+    use dovetail_raft::{InProcess, Ledger};
+    use tokio::sync::mpsc;
+
+    const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+
+    fn types() -> Arc<Vec<InstanceType>> {
+        static T: OnceLock<Arc<Vec<InstanceType>>> = OnceLock::new();
+        T.get_or_init(|| {
+            let c = Catalog::embedded("us-east-1").expect("catalog");
+            Arc::new(c.instance_types(&NodeClassSettings::default(), None))
+        })
+        .clone()
+    }
+
+    struct Router(mpsc::UnboundedSender<Unplaced>);
+    impl Actor for Router {
+        type Context = Context<Self>;
+    }
+    impl Handler<Unplaced> for Router {
+        type Result = ();
+        fn handle(&mut self, msg: Unplaced, _: &mut Context<Self>) {
+            let _ = self.0.send(msg);
+        }
+    }
+
+    struct World {
+        cloud: Arc<SimCloud>,
+        cluster: Arc<SimCluster>,
+        ledger: Arc<InProcess>,
+        pool: Addr<NodePoolActor>,
+        unplaced: mpsc::UnboundedReceiver<Unplaced>,
+    }
+
+    async fn world(pool: NodePool, cloud: SimCloud, clock: Arc<ManualClock>) -> World {
+        let cloud = Arc::new(cloud);
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        ledger
+            .propose(Entry {
+                at: 0,
+                command: Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() },
+            })
+            .await
+            .expect("pool");
+        let zones = ZONES
+            .iter()
+            .map(|z| {
+                let a = ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), clock.clone()).start();
+                (z.to_string(), a)
+            })
+            .collect();
+        let (tx, unplaced) = mpsc::unbounded_channel();
+        let router = Router(tx).start();
+        let wiring = PoolWiring {
+            cluster: cluster.clone(),
+            ledger: ledger.clone(),
+            clock: clock.clone(),
+            zones,
+            router: router.recipient(),
+        };
+        let node_class = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+        let pool = NodePoolActor::new(pool, types(), node_class, wiring).start();
+        World { cloud, cluster, ledger, pool, unplaced }
+    }
+
+    fn pods(n: usize, cpu_milli: i64) -> Vec<Pod> {
+        (0..n)
+            .map(|i| Pod {
+                key: PodKey::new("default", &format!("web-{i}")),
+                requests: ResourceList::cpu_mem(cpu_milli, 1 << 30),
+                creation: i as i64,
+                ..Pod::default()
+            })
+            .collect()
+    }
+
+    fn m5_large_on_demand(limits: ResourceList) -> NodePool {
+        let mut reqs = Requirements::new();
+        reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large"]));
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+        NodePool { limits, ..NodePool::new("default", reqs) }
+    }
+
+    fn state(ledger: &InProcess) -> State {
+        let mut out = None;
+        ledger.read(&mut |s| out = Some(s.clone())).expect("read");
+        out.unwrap_or_default()
+    }
+
+    /// Waits (bounded) until every ledger claim is launched and `n` exist.
+    async fn launched(w: &World, n: usize) -> State {
+        for _ in 0..400 {
+            let s = state(&w.ledger);
+            if s.claims().len() == n && s.claims().values().all(|c| matches!(c.state, ClaimState::Launched { .. })) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("claims not launched within 10 s: {:?}", state(&w.ledger).claims());
+    }
+
+    #[actix_rt::test]
+    async fn pods_become_reserved_created_and_launched_claims() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
+        // 12 pods of 1.5 cpu: one per m5.large.
+        w.pool.send(Provision { pods: pods(12, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        let s = launched(&w, 12).await;
+        let snap = w.cluster.snapshot();
+        assert_eq!(snap.nodeclaims.len(), 12, "claims = NodeClaims");
+        assert_eq!(w.cloud.list().await.expect("list").len(), 12, "claims = instances");
+        for c in s.claims().values() {
+            let nc = &snap.nodeclaims[&c.id];
+            assert!(nc.status.provider_id.as_deref().is_some_and(|p| p.ends_with(c.state.instance().unwrap_or("?"))));
+        }
+        assert_eq!(s.total().get(&ResourceName::Nodes), 12);
+        let stats = w.pool.send(GetPoolStats).await.expect("stats");
+        assert_eq!((stats.claims_created, stats.launched, stats.released), (12, 12, 0));
+    }
+
+    #[actix_rt::test]
+    async fn pods_beyond_the_pool_limit_go_back_to_the_router() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let limits = ResourceList::from_pairs([(ResourceName::Nodes, 3)]);
+        let mut w = world(m5_large_on_demand(limits), cloud, clock).await;
+        w.pool.send(Provision { pods: pods(5, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        let back =
+            tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
+        assert_eq!(back.pods.len(), 2, "{back:?}");
+        let s = launched(&w, 3).await;
+        assert_eq!(s.pool("default").map(|p| p.usage.get(&ResourceName::Nodes)), Some(3));
+    }
+
+    #[actix_rt::test]
+    async fn insufficient_capacity_moves_the_claim_to_a_zone_with_capacity() {
+        let clock = Arc::new(ManualClock::new());
+        let capacity: BTreeMap<OfferingKey, u32> = ["us-east-1a", "us-east-1b"]
+            .iter()
+            .map(|z| {
+                (
+                    OfferingKey {
+                        instance_type: "m5.large".into(),
+                        zone: z.to_string(),
+                        capacity_type: CapacityType::OnDemand,
+                    },
+                    0,
+                )
+            })
+            .collect();
+        let cloud = SimCloud::new(SimConfig { capacity, ..SimConfig::default() }, types(), clock.clone());
+        let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
+        w.pool.send(Provision { pods: pods(1, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        let s = launched(&w, 1).await;
+        let instances = w.cloud.list().await.expect("list");
+        assert_eq!(instances.len(), 1);
+        assert_eq!(instances[0].zone, "us-east-1c");
+        let stats = w.pool.send(GetPoolStats).await.expect("stats");
+        assert!(stats.relaunched >= 1, "{stats:?}");
+        assert_eq!(s.claims().len(), 1, "one claim, no duplicate");
+    }
+}

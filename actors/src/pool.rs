@@ -1,0 +1,349 @@
+//! The NodePoolActor: one per NodePool. It packs new claims for the pods the Router hands it
+//! (one `core` solve over its pool), reserves the round in the ledger (limits and global caps
+//! are checked there), creates the NodeClaims, hands each claim to its zone's actor and
+//! follows the outcome: launched claims get their status; a claim whose offerings had no
+//! capacity is sent to the cheapest zone still available (ICE marks respected), and one with
+//! nowhere left to go is released and its pods go back to the Router, one way.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use dovetail_cloud::{Clock, CloudError, LaunchRequest, NodeClass};
+use dovetail_cluster::{ClusterWriter, Condition, NodeClaim, NodeClaimStatus};
+use dovetail_core::catalog::{CapacityType, InstanceType};
+use dovetail_core::labels;
+use dovetail_core::ledger::{ClaimRequest, Command, Entry, Offering, Outcome, Step, micro_dollars};
+use dovetail_core::nodepool::{NodeClaimSpec, NodePool};
+use dovetail_core::plane::pick_zone;
+use dovetail_core::pod::Pod;
+use dovetail_core::resources::ResourceList;
+use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
+use dovetail_raft::Ledger;
+
+use crate::millis;
+use crate::zone::{Launch, LaunchOutcome, ZoneActor};
+
+/// Pods for the pool to place on new capacity.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Provision {
+    pub pods: Vec<Pod>,
+    /// The cluster's DaemonSets (their overhead lands on every new node they would run on).
+    pub daemonsets: Vec<Pod>,
+}
+
+/// Pods a pool could not place, back to the Router for the next pool.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Unplaced {
+    pub pool: String,
+    pub pods: Vec<Pod>,
+    pub reason: String,
+}
+
+/// Counters.
+#[derive(Message)]
+#[rtype(result = "PoolStats")]
+pub struct GetPoolStats;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, MessageResponse)]
+pub struct PoolStats {
+    pub rounds: u64,
+    pub claims_created: u64,
+    pub launched: u64,
+    /// Claims sent to another zone after insufficient capacity.
+    pub relaunched: u64,
+    /// Claims released with their pods sent back.
+    pub released: u64,
+}
+
+/// What the actor keeps per claim it is launching.
+struct Pending {
+    pods: Vec<Pod>,
+    request: LaunchRequest,
+}
+
+/// The actor.
+pub struct NodePoolActor {
+    pool: NodePool,
+    types: Arc<Vec<InstanceType>>,
+    node_class: NodeClass,
+    cluster: Arc<dyn ClusterWriter>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    zones: BTreeMap<String, Addr<ZoneActor>>,
+    router: Recipient<Unplaced>,
+    pending: BTreeMap<String, Pending>,
+    round: u64,
+    stats: PoolStats,
+}
+
+/// The seams and neighbours a NodePoolActor works with.
+pub struct PoolWiring {
+    pub cluster: Arc<dyn ClusterWriter>,
+    pub ledger: Arc<dyn Ledger>,
+    pub clock: Arc<dyn Clock>,
+    pub zones: BTreeMap<String, Addr<ZoneActor>>,
+    pub router: Recipient<Unplaced>,
+}
+
+impl NodePoolActor {
+    /// The pool launches only in zones that have a ZoneActor (its node class's subnets): the
+    /// pool's requirements are narrowed to them.
+    pub fn new(mut pool: NodePool, types: Arc<Vec<InstanceType>>, node_class: NodeClass, w: PoolWiring) -> Self {
+        pool.requirements
+            .add(labels::ZONE, dovetail_core::requirements::Requirement::is_in(w.zones.keys().map(String::as_str)));
+        NodePoolActor {
+            pool,
+            types,
+            node_class,
+            cluster: w.cluster,
+            ledger: w.ledger,
+            clock: w.clock,
+            zones: w.zones,
+            router: w.router,
+            pending: BTreeMap::new(),
+            round: 0,
+            stats: PoolStats::default(),
+        }
+    }
+
+    fn give_back(&mut self, ctx: &mut Context<Self>, pods: Vec<Pod>, reason: String) {
+        if pods.is_empty() {
+            return;
+        }
+        let msg = Unplaced { pool: self.pool.name.clone(), pods, reason };
+        if let Err(SendError::Full(msg)) = self.router.try_send(msg) {
+            let router = self.router.clone();
+            ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
+                let _ = router.send(msg).await;
+            }));
+        }
+    }
+
+    /// Deletes a claim that will not launch, frees its reservation and gives its pods back.
+    fn release(&mut self, ctx: &mut Context<Self>, claim: &str, pods: Vec<Pod>, reason: String) {
+        self.stats.released += 1;
+        let (ledger, claim, at) = (self.ledger.clone(), claim.to_string(), millis(self.clock.now()));
+        let _ = self.cluster.delete_nodeclaim(&claim);
+        let _ = self.cluster.remove_nodeclaim_finalizer(&claim, "karpenter.sh/termination");
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
+            let _ = ledger.propose(Entry { at, command: Command::Advance { claim, step: Step::Gone } }).await;
+        }));
+        self.give_back(ctx, pods, reason);
+    }
+
+    fn send_launch(&self, ctx: &mut Context<Self>, request: LaunchRequest) -> bool {
+        let Some(zone) = self.zones.get(&request.zone) else { return false };
+        let msg = Launch { requests: vec![request], reply: ctx.address().recipient() };
+        let zone = zone.clone();
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
+            let _ = zone.send(msg).await;
+        }));
+        true
+    }
+}
+
+/// The capacity types a claim's requirements allow.
+fn capacity_types(spec: &NodeClaimSpec) -> Vec<CapacityType> {
+    let req = spec.requirements.get(labels::CAPACITY_TYPE);
+    [CapacityType::Spot, CapacityType::OnDemand].into_iter().filter(|c| req.has(c.as_str())).collect()
+}
+
+impl Actor for NodePoolActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1024);
+    }
+}
+
+impl Handler<Provision> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Provision, ctx: &mut Context<Self>) {
+        self.round += 1;
+        self.stats.rounds += 1;
+        let now = millis(self.clock.now());
+        let batch = now.saturating_mul(1000).saturating_add(self.round % 1000);
+        let input = PoolInput { pool: self.pool.clone(), instance_types: self.types.clone() };
+        let snapshot = scheduling::Snapshot {
+            nodepools: vec![input.clone()],
+            daemonsets: msg.daemonsets,
+            ..scheduling::Snapshot::default()
+        };
+        let results = scheduling::solve(&snapshot, &msg.pods, &SolveOptions::default());
+        let mut unplaced: Vec<Pod> = results.errors.iter().map(|(i, _)| msg.pods[*i].clone()).collect();
+        let mut planned: Vec<(ClaimRequest, NodeClaim, LaunchRequest, Vec<Pod>)> = Vec::new();
+        for (i, c) in results.claims.iter().enumerate() {
+            let spec = c.to_spec(&input);
+            let cts = capacity_types(&spec);
+            let names: Vec<String> = c.instance_types.iter().map(|&t| self.types[t as usize].name.clone()).collect();
+            let zone = match &c.launch {
+                Some(l) => Some(l.zone.clone()),
+                None => pick_zone(
+                    c.instance_types.iter().flat_map(|&t| {
+                        let it = &self.types[t as usize];
+                        it.offerings.iter().map(move |o| (it.name.as_str(), o))
+                    }),
+                    &cts,
+                    |_, _| false,
+                    &BTreeMap::new(),
+                )
+                .map(|z| z.zone),
+            };
+            let pods: Vec<Pod> = c.pods.iter().map(|&p| msg.pods[p].clone()).collect();
+            let Some(zone) = zone else {
+                unplaced.extend(pods);
+                continue;
+            };
+            // Reserve the most the claim can hold and cost: the provider picks among its types.
+            let mut resources = ResourceList::new();
+            let mut price = 0.0f64;
+            for &t in &c.instance_types {
+                let it = &self.types[t as usize];
+                resources = resources.max_with(&it.capacity);
+                for o in it.offerings.iter().filter(|o| o.zone == zone && cts.contains(&o.capacity_type)) {
+                    price = price.max(o.price);
+                }
+            }
+            let id = format!("{}-{batch:x}-{i}", self.pool.name);
+            let claim = NodeClaim {
+                name: id.clone(),
+                spec: spec.clone(),
+                finalizers: vec!["karpenter.sh/termination".into()],
+                deleting: false,
+                status: NodeClaimStatus::default(),
+            };
+            let request = LaunchRequest {
+                claim: id.clone(),
+                nodepool: self.pool.name.clone(),
+                node_class: self.node_class.clone(),
+                zone: zone.clone(),
+                instance_types: names,
+                capacity_types: cts,
+                labels: spec.labels.clone(),
+                tags: BTreeMap::new(),
+            };
+            planned.push((
+                ClaimRequest { id, zone, resources, price_per_hour: micro_dollars(price) },
+                claim,
+                request,
+                pods,
+            ));
+        }
+        let (ledger, cluster, pool) = (self.ledger.clone(), self.cluster.clone(), self.pool.name.clone());
+        let reserve = Command::Reserve { pool, batch, claims: planned.iter().map(|p| p.0.clone()).collect() };
+        let work = async move {
+            let outcome = ledger.propose(Entry { at: now, command: reserve }).await;
+            (outcome, planned, unplaced, cluster)
+        };
+        ctx.spawn(work.into_actor(self).map(|(outcome, planned, mut unplaced, cluster), act, ctx| {
+            let granted: Vec<String> = match outcome {
+                Ok(c) => match c.outcome {
+                    Outcome::Reserved { granted, .. } => granted,
+                    _ => Vec::new(),
+                },
+                Err(_) => Vec::new(),
+            };
+            for (req, claim, request, pods) in planned {
+                if !granted.contains(&req.id) {
+                    unplaced.extend(pods);
+                    continue;
+                }
+                // A claim that exists already (a re-driven round) is launched, not created.
+                match cluster.create_nodeclaim(claim) {
+                    Ok(_) => act.stats.claims_created += 1,
+                    Err(dovetail_cluster::ClusterError::AlreadyExists { .. }) => {}
+                    Err(_) => {
+                        unplaced.extend(pods);
+                        continue;
+                    }
+                }
+                act.pending.insert(req.id.clone(), Pending { pods, request: request.clone() });
+                if !act.send_launch(ctx, request)
+                    && let Some(p) = act.pending.remove(&req.id)
+                {
+                    act.release(ctx, &req.id, p.pods, format!("no zone actor for zone {}", req.zone));
+                }
+            }
+            act.give_back(ctx, unplaced, "nodepool limits, global caps or no launchable type".into());
+        }));
+    }
+}
+
+impl Handler<LaunchOutcome> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LaunchOutcome, ctx: &mut Context<Self>) {
+        match msg.result {
+            Ok(inst) => {
+                self.stats.launched += 1;
+                self.pending.remove(&msg.claim);
+                let status = NodeClaimStatus {
+                    provider_id: Some(format!("aws:///{}/{}", inst.zone, inst.id)),
+                    node_name: None,
+                    capacity: inst.capacity.clone(),
+                    allocatable: inst.allocatable.clone(),
+                    conditions: vec![Condition {
+                        kind: "Launched".into(),
+                        status: true,
+                        reason: "Launched".into(),
+                        message: String::new(),
+                    }],
+                };
+                let _ = self.cluster.update_nodeclaim_status(&msg.claim, status);
+            }
+            Err(err) => {
+                let Some(mut p) = self.pending.remove(&msg.claim) else { return };
+                if let CloudError::InsufficientCapacity { .. } = err {
+                    // The cheapest zone still available for the claim's types.
+                    let mut state = None;
+                    let _ = self.ledger.read(&mut |s| state = Some(s.clone()));
+                    let now = millis(self.clock.now());
+                    let names = p.request.instance_types.clone();
+                    let offerings = self
+                        .types
+                        .iter()
+                        .filter(|t| names.contains(&t.name))
+                        .flat_map(|t| t.offerings.iter().map(move |o| (t.name.as_str(), o)));
+                    let unavailable = |t: &str, o: &dovetail_core::catalog::Offering| {
+                        state.as_ref().is_some_and(|s| {
+                            s.is_unavailable(
+                                &Offering {
+                                    instance_type: t.to_string(),
+                                    zone: o.zone.clone(),
+                                    capacity_type: o.capacity_type,
+                                },
+                                now,
+                            )
+                        })
+                    };
+                    if let Some(choice) = pick_zone(offerings, &p.request.capacity_types, unavailable, &BTreeMap::new())
+                    {
+                        p.request.zone = choice.zone;
+                        let request = p.request.clone();
+                        self.pending.insert(msg.claim.clone(), p);
+                        if self.send_launch(ctx, request) {
+                            self.stats.relaunched += 1;
+                            return;
+                        }
+                        let Some(back) = self.pending.remove(&msg.claim) else { return };
+                        p = back;
+                    }
+                }
+                // Nowhere left: release the claim and give its pods back.
+                self.release(ctx, &msg.claim, p.pods, err.to_string());
+            }
+        }
+    }
+}
+
+impl Handler<GetPoolStats> for NodePoolActor {
+    type Result = PoolStats;
+
+    fn handle(&mut self, _: GetPoolStats, _: &mut Context<Self>) -> PoolStats {
+        self.stats.clone()
+    }
+}
