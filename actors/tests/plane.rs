@@ -374,3 +374,140 @@ mod pool {
         assert_eq!(s.claims().len(), 1, "one claim, no duplicate");
     }
 }
+
+mod router {
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+
+    use actix::prelude::*;
+    use dovetail_actors::pool::{NodePoolActor, PoolWiring};
+    use dovetail_actors::router::{GetRouterStats, PodsPending, RoutedPool, Router};
+    use dovetail_actors::zone::{ZoneActor, ZoneConfig};
+    use dovetail_cloud::sim::{SimCloud, SimConfig};
+    use dovetail_cloud::{Clock, NodeClass, SystemClock};
+    use dovetail_cluster::sim::SimCluster;
+    use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+    use dovetail_core::labels;
+    use dovetail_core::ledger::{Command, Entry, State};
+    use dovetail_core::nodepool::NodePool;
+    use dovetail_core::plane::BatchWindow;
+    use dovetail_core::pod::{Pod, PodKey};
+    use dovetail_core::requirements::{Requirement, Requirements};
+    use dovetail_core::resources::{ResourceList, ResourceName};
+    use dovetail_core::scheduling::PoolInput;
+    use dovetail_raft::{InProcess, Ledger};
+
+    fn types() -> Arc<Vec<InstanceType>> {
+        static T: OnceLock<Arc<Vec<InstanceType>>> = OnceLock::new();
+        T.get_or_init(|| {
+            let c = Catalog::embedded("us-east-1").expect("catalog");
+            Arc::new(c.instance_types(&NodeClassSettings::default(), None))
+        })
+        .clone()
+    }
+
+    fn pool(name: &str, weight: i32, nodes: Option<i64>) -> NodePool {
+        let mut reqs = Requirements::new();
+        reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large"]));
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+        let limits = nodes.map(|n| ResourceList::from_pairs([(ResourceName::Nodes, n)])).unwrap_or_default();
+        NodePool { weight, limits, ..NodePool::new(name, reqs) }
+    }
+
+    fn state(ledger: &InProcess) -> State {
+        let mut out = None;
+        ledger.read(&mut |s| out = Some(s.clone())).expect("read");
+        out.unwrap_or_default()
+    }
+
+    #[test]
+    fn the_solver_itself_routes_by_weight_within_known_limits() {
+        let limited = pool("weighted", 10, Some(1));
+        let input = |p: NodePool| PoolInput { pool: p, instance_types: types() };
+        let snapshot = dovetail_core::scheduling::Snapshot {
+            nodepools: vec![input(limited), input(pool("default", 0, None))],
+            ..Default::default()
+        };
+        let pods: Vec<Pod> = (0..3)
+            .map(|i| Pod {
+                key: PodKey::new("d", &format!("p{i}")),
+                requests: ResourceList::cpu_mem(1500, 1 << 30),
+                ..Pod::default()
+            })
+            .collect();
+        let r = dovetail_core::scheduling::solve(&snapshot, &pods, &Default::default());
+        let per_pool: Vec<usize> = (0..2).map(|i| r.claims.iter().filter(|c| c.pool == i).count()).collect();
+        assert_eq!(per_pool, vec![1, 2]);
+    }
+
+    #[actix_rt::test]
+    async fn pods_go_to_the_weighted_pool_and_over_its_limit_to_the_next() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        // The weighted pool's limit is only in the ledger (as when usage the solver cannot see,
+        // e.g. another control node's claims, already fills it): the pool finds out at
+        // reservation and gives the pods back.
+        let pools = [pool("weighted", 10, None), pool("default", 0, None)];
+        for (p, nodes) in pools.iter().zip([Some(1), None]) {
+            let limits = nodes.map(|n| ResourceList::from_pairs([(ResourceName::Nodes, n)])).unwrap_or_default();
+            ledger
+                .propose(Entry { at: 0, command: Command::SetPool { pool: p.name.clone(), limits } })
+                .await
+                .expect("pool");
+        }
+        let zones: Vec<(String, Addr<ZoneActor>)> = ["us-east-1a", "us-east-1b"]
+            .iter()
+            .map(|z| {
+                (
+                    z.to_string(),
+                    ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), clock.clone()).start(),
+                )
+            })
+            .collect();
+        let window = BatchWindow { idle: 50, max: 500, adaptive: None };
+        let (cl, le, ck) = (cluster.clone(), ledger.clone(), clock.clone());
+        let router = Router::create(move |ctx| {
+            let routed = pools
+                .iter()
+                .map(|p| {
+                    let wiring = PoolWiring {
+                        cluster: cl.clone(),
+                        ledger: le.clone(),
+                        clock: ck.clone(),
+                        zones: zones.iter().cloned().collect(),
+                        router: ctx.address().recipient(),
+                    };
+                    let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+                    let actor = NodePoolActor::new(p.clone(), types(), nc, wiring).start();
+                    let mut input_pool = p.clone();
+                    input_pool.requirements.add(labels::ZONE, Requirement::is_in(["us-east-1a", "us-east-1b"]));
+                    RoutedPool { input: PoolInput { pool: input_pool, instance_types: types() }, actor }
+                })
+                .collect();
+            Router::new(window, cl.clone(), ck.clone(), routed)
+        });
+        let pods: Vec<Pod> = (0..3)
+            .map(|i| Pod {
+                key: PodKey::new("default", &format!("web-{i}")),
+                requests: ResourceList::cpu_mem(1500, 1 << 30),
+                ..Pod::default()
+            })
+            .collect();
+        router.send(PodsPending { pods }).await.expect("mailbox");
+        let mut s = State::default();
+        for _ in 0..400 {
+            s = state(&ledger);
+            if s.claims().len() == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let count = |p: &str| s.claims().values().filter(|c| c.pool == p).count();
+        assert_eq!((count("weighted"), count("default")), (1, 2), "{:?}", s.claims().keys().collect::<Vec<_>>());
+        let stats = router.send(GetRouterStats).await.expect("stats");
+        assert_eq!(stats.batches, 1);
+        assert_eq!(stats.rerouted, 2, "{stats:?}");
+    }
+}

@@ -31,3 +31,27 @@ impl Clock for ManualClock {
         *self.now.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// Wall-clock time since the clock was made (monotonic).
+#[derive(Debug)]
+pub struct SystemClock {
+    start: std::time::Instant,
+}
+
+impl SystemClock {
+    pub fn new() -> Self {
+        SystemClock { start: std::time::Instant::now() }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        SystemClock::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+}

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-pub use clock::{Clock, ManualClock};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use types::{
     DriftReason, Instance, InstanceState, LaunchRequest, NodeClass, OfferingKey, QueueMessage, TAG_CLUSTER_PREFIX,
     TAG_NODECLAIM, TAG_NODEPOOL,

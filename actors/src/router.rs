@@ -1,0 +1,239 @@
+//! The Router: collects pending pods into batches (core's window: 1 s idle / 10 s max, or
+//! adaptive), then runs one global `core` solve over the cluster (existing nodes and in-flight
+//! NodeClaims) and every NodePool: pods that fit existing or in-flight capacity are left to the
+//! scheduler, the rest go to the pool the solve routed them to (the highest-weight one they
+//! fit). A pool that cannot place pods sends them back (one way); the Router offers them to the
+//! pools they have not tried yet.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use dovetail_cloud::Clock;
+use dovetail_cluster::ClusterView;
+use dovetail_core::node::Node;
+use dovetail_core::plane::{Batch, BatchWindow};
+use dovetail_core::pod::{Pod, PodKey};
+use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
+
+use crate::millis;
+use crate::pool::{NodePoolActor, Provision, Unplaced};
+
+/// Pods that became pending (from the cluster watch).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PodsPending {
+    pub pods: Vec<Pod>,
+}
+
+/// Counters.
+#[derive(Message)]
+#[rtype(result = "RouterStats")]
+pub struct GetRouterStats;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, MessageResponse)]
+pub struct RouterStats {
+    pub batches: u64,
+    /// Pods left to existing or in-flight capacity.
+    pub on_existing: u64,
+    /// Pods sent to a pool (counting re-offers).
+    pub routed: u64,
+    /// Pods offered to another pool after one gave them back.
+    pub rerouted: u64,
+    /// Pods no pool could take this batch.
+    pub unschedulable: u64,
+}
+
+/// A NodePool the Router routes to.
+pub struct RoutedPool {
+    pub input: PoolInput,
+    pub actor: Addr<NodePoolActor>,
+}
+
+/// The actor.
+pub struct Router {
+    window: BatchWindow,
+    cluster: Arc<dyn ClusterView>,
+    clock: Arc<dyn Clock>,
+    pools: Vec<RoutedPool>,
+    queue: BTreeMap<PodKey, Pod>,
+    batch: Batch,
+    timer: Option<SpawnHandle>,
+    /// Pools each pod was offered to in this batch.
+    tried: BTreeMap<PodKey, BTreeSet<String>>,
+    stats: RouterStats,
+}
+
+impl Router {
+    pub fn new(
+        window: BatchWindow,
+        cluster: Arc<dyn ClusterView>,
+        clock: Arc<dyn Clock>,
+        pools: Vec<RoutedPool>,
+    ) -> Self {
+        Router {
+            window,
+            cluster,
+            clock,
+            pools,
+            queue: BTreeMap::new(),
+            batch: Batch::default(),
+            timer: None,
+            tried: BTreeMap::new(),
+            stats: RouterStats::default(),
+        }
+    }
+
+    /// (Re)arms the timer for the batch's closing time.
+    fn arm(&mut self, ctx: &mut Context<Self>) {
+        if let Some(h) = self.timer.take() {
+            ctx.cancel_future(h);
+        }
+        let Some(at) = self.batch.closes_at(&self.window) else { return };
+        let wait = Duration::from_millis(at.saturating_sub(millis(self.clock.now())));
+        self.timer = Some(ctx.run_later(wait, |act, ctx| {
+            act.timer = None;
+            if act.batch.is_due(&act.window, millis(act.clock.now())) {
+                act.close(ctx);
+            } else {
+                act.arm(ctx);
+            }
+        }));
+    }
+
+    /// The cluster as the solver sees it: nodes, in-flight NodeClaims as capacity with
+    /// requirements, bound pods and DaemonSets.
+    fn snapshot(&self, pools: Vec<PoolInput>) -> scheduling::Snapshot {
+        let snap = self.cluster.snapshot();
+        let mut nodes: Vec<Node> = snap.nodes.values().map(|n| n.as_ref().clone()).collect();
+        let registered: BTreeSet<&str> = snap.nodes.keys().map(String::as_str).collect();
+        for c in snap.nodeclaims.values() {
+            if c.deleting || c.status.node_name.as_deref().is_some_and(|n| registered.contains(n)) {
+                continue;
+            }
+            let allocatable =
+                if c.status.allocatable.is_empty() { c.spec.requests.clone() } else { c.status.allocatable.clone() };
+            nodes.push(Node {
+                name: c.name.clone(),
+                labels: c.spec.labels.clone(),
+                taints: c.spec.taints.clone(),
+                capacity: allocatable.clone(),
+                allocatable,
+                initialized: false,
+                requirements: Some(c.spec.requirements.clone()),
+                unschedulable: false,
+            });
+        }
+        scheduling::Snapshot {
+            nodepools: pools,
+            nodes,
+            bound_pods: snap
+                .pods
+                .values()
+                .filter(|p| p.node_name.is_some() && !p.terminal)
+                .map(|p| p.as_ref().clone())
+                .collect(),
+            daemonsets: snap.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
+            namespaces: Default::default(),
+        }
+    }
+
+    /// Solves `pods` over the pools each has not tried and sends every pool its share.
+    fn route(&mut self, pods: Vec<Pod>, with_existing: bool) {
+        if pods.is_empty() {
+            return;
+        }
+        // Pods are grouped by the pools still open to them; each group is one solve.
+        let mut groups: BTreeMap<Vec<usize>, Vec<Pod>> = BTreeMap::new();
+        for p in pods {
+            let tried = self.tried.get(&p.key);
+            let open: Vec<usize> = (0..self.pools.len())
+                .filter(|&i| tried.is_none_or(|t| !t.contains(&self.pools[i].input.pool.name)))
+                .collect();
+            groups.entry(open).or_default().push(p);
+        }
+        for (open, pods) in groups {
+            if open.is_empty() {
+                self.stats.unschedulable += pods.len() as u64;
+                continue;
+            }
+            let inputs: Vec<PoolInput> = open.iter().map(|&i| self.pools[i].input.clone()).collect();
+            let mut snapshot = self.snapshot(inputs);
+            if !with_existing {
+                snapshot.nodes.clear();
+            }
+            let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
+            self.stats.on_existing += results.existing.iter().map(|e| e.pods.len() as u64).sum::<u64>();
+            self.stats.unschedulable += results.errors.len() as u64;
+            let mut per_pool: BTreeMap<usize, Vec<Pod>> = BTreeMap::new();
+            for c in &results.claims {
+                let pool = open[c.pool];
+                per_pool.entry(pool).or_default().extend(c.pods.iter().map(|&i| pods[i].clone()));
+            }
+            for (pool, pods) in per_pool {
+                let name = self.pools[pool].input.pool.name.clone();
+                for p in &pods {
+                    self.tried.entry(p.key.clone()).or_default().insert(name.clone());
+                }
+                self.stats.routed += pods.len() as u64;
+                let msg = Provision { pods, daemonsets: snapshot.daemonsets.clone() };
+                if let Err(SendError::Full(msg)) | Err(SendError::Closed(msg)) = self.pools[pool].actor.try_send(msg) {
+                    let actor = self.pools[pool].actor.clone();
+                    actix::spawn(async move {
+                        let _ = actor.send(msg).await;
+                    });
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, ctx: &mut Context<Self>) {
+        let _ = ctx;
+        self.batch.close();
+        self.stats.batches += 1;
+        self.tried.clear();
+        let pods: Vec<Pod> = std::mem::take(&mut self.queue).into_values().collect();
+        self.route(pods, true);
+    }
+}
+
+impl Actor for Router {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1024);
+    }
+}
+
+impl Handler<PodsPending> for Router {
+    type Result = ();
+
+    fn handle(&mut self, msg: PodsPending, ctx: &mut Context<Self>) {
+        let now = millis(self.clock.now());
+        for p in msg.pods {
+            if self.queue.insert(p.key.clone(), p).is_none() {
+                self.batch.arrive(now);
+            }
+        }
+        self.arm(ctx);
+    }
+}
+
+impl Handler<Unplaced> for Router {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unplaced, _: &mut Context<Self>) {
+        self.stats.rerouted += msg.pods.len() as u64;
+        // Existing capacity was offered already; the next pools are.
+        self.route(msg.pods, false);
+    }
+}
+
+impl Handler<GetRouterStats> for Router {
+    type Result = RouterStats;
+
+    fn handle(&mut self, _: GetRouterStats, _: &mut Context<Self>) -> RouterStats {
+        self.stats.clone()
+    }
+}
