@@ -125,18 +125,7 @@ impl Router {
                 unschedulable: false,
             });
         }
-        scheduling::Snapshot {
-            nodepools: pools,
-            nodes,
-            bound_pods: snap
-                .pods
-                .values()
-                .filter(|p| p.node_name.is_some() && !p.terminal)
-                .map(|p| p.as_ref().clone())
-                .collect(),
-            daemonsets: snap.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
-            namespaces: Default::default(),
-        }
+        snap.scheduling_input(nodes, pools)
     }
 
     /// Solves `pods` over the pools each has not tried and sends every pool its share.

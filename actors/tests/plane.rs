@@ -1,22 +1,16 @@
 //! Component tests of the control plane's actors on the sim cloud, the in-process ledger and a
 //! manual clock.
 
-mod zone {
-    use std::collections::BTreeMap;
+/// What every module's world needs.
+mod common {
     use std::sync::{Arc, OnceLock};
-    use std::time::Duration;
 
-    use actix::prelude::*;
-    use dovetail_actors::zone::{GetStats, Launch, LaunchOutcome, ZoneActor, ZoneConfig};
-    use dovetail_cloud::sim::{ApiLimits, Bucket, SimCloud, SimConfig};
-    use dovetail_cloud::{CloudError, LaunchRequest, ManualClock, NodeClass, OfferingKey};
-    use dovetail_core::catalog::{CapacityType, Catalog, InstanceType, NodeClassSettings};
-    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering, State};
-    use dovetail_core::resources::{ResourceList, ResourceName};
+    use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+    use dovetail_core::ledger::State;
     use dovetail_raft::{InProcess, Ledger};
-    use tokio::sync::mpsc;
 
-    fn types() -> Arc<Vec<InstanceType>> {
+    /// The embedded catalog's types, resolved once.
+    pub fn types() -> Arc<Vec<InstanceType>> {
         static T: OnceLock<Arc<Vec<InstanceType>>> = OnceLock::new();
         T.get_or_init(|| {
             let c = Catalog::embedded("us-east-1").expect("catalog");
@@ -24,6 +18,30 @@ mod zone {
         })
         .clone()
     }
+
+    /// The ledger's committed state.
+    pub fn state(ledger: &InProcess) -> State {
+        let mut out = None;
+        ledger.read(&mut |s| out = Some(s.clone())).expect("read");
+        out.unwrap_or_default()
+    }
+}
+
+mod zone {
+    use crate::common::{state, types};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use actix::prelude::*;
+    use dovetail_actors::zone::{GetStats, Launch, LaunchOutcome, ZoneActor, ZoneConfig};
+    use dovetail_cloud::sim::{ApiLimits, Bucket, SimCloud, SimConfig};
+    use dovetail_cloud::{CloudError, LaunchRequest, ManualClock, NodeClass, OfferingKey};
+    use dovetail_core::catalog::CapacityType;
+    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering};
+    use dovetail_core::resources::{ResourceList, ResourceName};
+    use dovetail_raft::{InProcess, Ledger};
+    use tokio::sync::mpsc;
 
     /// Forwards outcomes to the test.
     struct Collector(mpsc::UnboundedSender<LaunchOutcome>);
@@ -90,12 +108,6 @@ mod zone {
             .await
             .expect("an outcome within 10 s")
             .expect("collector alive")
-    }
-
-    fn state(ledger: &InProcess) -> State {
-        let mut out = None;
-        ledger.read(&mut |s| out = Some(s.clone())).expect("read");
-        out.unwrap_or_default()
     }
 
     #[actix_rt::test]
@@ -193,8 +205,9 @@ mod zone {
 }
 
 mod pool {
+    use crate::common::{state, types};
     use std::collections::BTreeMap;
-    use std::sync::{Arc, OnceLock};
+    use std::sync::Arc;
     use std::time::Duration;
 
     use actix::prelude::*;
@@ -204,7 +217,7 @@ mod pool {
     use dovetail_cloud::{CloudProvider, ManualClock, NodeClass, OfferingKey};
     use dovetail_cluster::ClusterView;
     use dovetail_cluster::sim::SimCluster;
-    use dovetail_core::catalog::{CapacityType, Catalog, InstanceType, NodeClassSettings};
+    use dovetail_core::catalog::CapacityType;
     use dovetail_core::labels;
     use dovetail_core::ledger::{ClaimState, Command, Entry, State};
     use dovetail_core::nodepool::NodePool;
@@ -215,15 +228,6 @@ mod pool {
     use tokio::sync::mpsc;
 
     const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
-
-    fn types() -> Arc<Vec<InstanceType>> {
-        static T: OnceLock<Arc<Vec<InstanceType>>> = OnceLock::new();
-        T.get_or_init(|| {
-            let c = Catalog::embedded("us-east-1").expect("catalog");
-            Arc::new(c.instance_types(&NodeClassSettings::default(), None))
-        })
-        .clone()
-    }
 
     struct Router(mpsc::UnboundedSender<Unplaced>);
     impl Actor for Router {
@@ -292,12 +296,6 @@ mod pool {
         reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large"]));
         reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
         NodePool { limits, ..NodePool::new("default", reqs) }
-    }
-
-    fn state(ledger: &InProcess) -> State {
-        let mut out = None;
-        ledger.read(&mut |s| out = Some(s.clone())).expect("read");
-        out.unwrap_or_default()
     }
 
     /// Waits (bounded) until every ledger claim is launched and `n` exist.
@@ -376,7 +374,8 @@ mod pool {
 }
 
 mod router {
-    use std::sync::{Arc, OnceLock};
+    use crate::common::{state, types};
+    use std::sync::Arc;
     use std::time::Duration;
 
     use actix::prelude::*;
@@ -386,7 +385,6 @@ mod router {
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cloud::{Clock, NodeClass, SystemClock};
     use dovetail_cluster::sim::SimCluster;
-    use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
     use dovetail_core::labels;
     use dovetail_core::ledger::{Command, Entry, State};
     use dovetail_core::nodepool::NodePool;
@@ -397,27 +395,12 @@ mod router {
     use dovetail_core::scheduling::PoolInput;
     use dovetail_raft::{InProcess, Ledger};
 
-    fn types() -> Arc<Vec<InstanceType>> {
-        static T: OnceLock<Arc<Vec<InstanceType>>> = OnceLock::new();
-        T.get_or_init(|| {
-            let c = Catalog::embedded("us-east-1").expect("catalog");
-            Arc::new(c.instance_types(&NodeClassSettings::default(), None))
-        })
-        .clone()
-    }
-
     fn pool(name: &str, weight: i32, nodes: Option<i64>) -> NodePool {
         let mut reqs = Requirements::new();
         reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large"]));
         reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
         let limits = nodes.map(|n| ResourceList::from_pairs([(ResourceName::Nodes, n)])).unwrap_or_default();
         NodePool { weight, limits, ..NodePool::new(name, reqs) }
-    }
-
-    fn state(ledger: &InProcess) -> State {
-        let mut out = None;
-        ledger.read(&mut |s| out = Some(s.clone())).expect("read");
-        out.unwrap_or_default()
     }
 
     #[test]

@@ -186,18 +186,7 @@ impl SimCluster {
         if pending.is_empty() {
             return 0;
         }
-        let input = dovetail_core::scheduling::Snapshot {
-            nodepools: Vec::new(),
-            bound_pods: snap
-                .pods
-                .values()
-                .filter(|p| p.node_name.is_some() && !p.terminal)
-                .map(|p| p.as_ref().clone())
-                .collect(),
-            daemonsets: snap.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
-            nodes,
-            namespaces: Default::default(),
-        };
+        let input = snap.scheduling_input(nodes, Vec::new());
         let opts = dovetail_core::scheduling::SolveOptions {
             packer: dovetail_core::scheduling::Packer::Karpenter,
             ..Default::default()

@@ -106,6 +106,27 @@ impl Snapshot {
         self.pods.values().filter(|p| p.node_name.is_none() && !p.terminal)
     }
 
+    /// The solver's input over this cluster: `nodes` (chosen by the caller), every bound pod and
+    /// every DaemonSet, with `pools` to launch from.
+    pub fn scheduling_input(
+        &self,
+        nodes: Vec<Node>,
+        pools: Vec<dovetail_core::scheduling::PoolInput>,
+    ) -> dovetail_core::scheduling::Snapshot {
+        dovetail_core::scheduling::Snapshot {
+            nodepools: pools,
+            nodes,
+            bound_pods: self
+                .pods
+                .values()
+                .filter(|p| p.node_name.is_some() && !p.terminal)
+                .map(|p| p.as_ref().clone())
+                .collect(),
+            daemonsets: self.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
+            namespaces: Default::default(),
+        }
+    }
+
     /// Pods bound to `node`.
     pub fn pods_on<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Arc<Pod>> {
         self.pods.values().filter(move |p| p.node_name.as_deref() == Some(node))
