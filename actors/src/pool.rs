@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use dovetail_cloud::{Clock, CloudError, LaunchRequest, NodeClass};
-use dovetail_cluster::{ClusterWriter, Condition, NodeClaim, NodeClaimStatus};
+use dovetail_cluster::{ClusterView, ClusterWriter, Condition, NodeClaim, NodeClaimStatus};
 use dovetail_core::catalog::{CapacityType, InstanceType};
 use dovetail_core::labels;
-use dovetail_core::ledger::{ClaimRequest, Command, Entry, Offering, Outcome, Step, micro_dollars};
+use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering, Outcome, Step, micro_dollars};
 use dovetail_core::nodepool::{NodeClaimSpec, NodePool};
 use dovetail_core::plane::pick_zone;
 use dovetail_core::pod::Pod;
@@ -22,6 +22,9 @@ use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
 use dovetail_raft::Ledger;
 
 use crate::millis;
+
+/// The taint a node registers with (see `dovetail_cluster::sim::UNREGISTERED_TAINT`).
+const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
 use crate::zone::{Launch, LaunchOutcome, ZoneActor};
 
 /// Pods for the pool to place on new capacity.
@@ -42,6 +45,15 @@ pub struct Unplaced {
     pub reason: String,
 }
 
+/// Moves the pool's claims along their lifecycle from what the cluster shows: a launched
+/// claim whose node appeared (matched by provider id) is registered (the unregistered taint
+/// removed, the claim's labels and `karpenter.sh/registered` set); a registered one whose
+/// startup taints are gone is initialized (`karpenter.sh/initialized`). Sent by the actor's
+/// own timer, or by a caller that wants it now.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Reconcile;
+
 /// Counters.
 #[derive(Message)]
 #[rtype(result = "PoolStats")]
@@ -56,6 +68,8 @@ pub struct PoolStats {
     pub relaunched: u64,
     /// Claims released with their pods sent back.
     pub released: u64,
+    pub registered: u64,
+    pub initialized: u64,
 }
 
 /// What the actor keeps per claim it is launching.
@@ -69,6 +83,7 @@ pub struct NodePoolActor {
     pool: NodePool,
     types: Arc<Vec<InstanceType>>,
     node_class: NodeClass,
+    view: Arc<dyn ClusterView>,
     cluster: Arc<dyn ClusterWriter>,
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
@@ -81,6 +96,7 @@ pub struct NodePoolActor {
 
 /// The seams and neighbours a NodePoolActor works with.
 pub struct PoolWiring {
+    pub view: Arc<dyn ClusterView>,
     pub cluster: Arc<dyn ClusterWriter>,
     pub ledger: Arc<dyn Ledger>,
     pub clock: Arc<dyn Clock>,
@@ -98,6 +114,7 @@ impl NodePoolActor {
             pool,
             types,
             node_class,
+            view: w.view,
             cluster: w.cluster,
             ledger: w.ledger,
             clock: w.clock,
@@ -156,6 +173,10 @@ impl Actor for NodePoolActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
+        ctx.run_interval(std::time::Duration::from_secs(1), |_, ctx| {
+            // Full mailbox: the next tick will do.
+            let _ = ctx.address().try_send(Reconcile);
+        });
     }
 }
 
@@ -337,6 +358,79 @@ impl Handler<LaunchOutcome> for NodePoolActor {
                 self.release(ctx, &msg.claim, p.pods, err.to_string());
             }
         }
+    }
+}
+
+fn condition(kind: &str) -> Condition {
+    Condition { kind: kind.into(), status: true, reason: kind.into(), message: String::new() }
+}
+
+impl Handler<Reconcile> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Reconcile, ctx: &mut Context<Self>) {
+        let snap = self.view.snapshot();
+        let mut claims = Vec::new();
+        let pool = self.pool.name.clone();
+        let _ = self.ledger.read(&mut |s| {
+            claims = s.claims().values().filter(|c| c.pool == pool).map(|c| (c.id.clone(), c.state.clone())).collect();
+        });
+        let mut steps: Vec<(String, Step)> = Vec::new();
+        for (id, state) in claims {
+            let Some(nc) = snap.nodeclaims.get(&id) else { continue };
+            let Some(provider_id) = nc.status.provider_id.as_deref() else { continue };
+            let Some(node) = snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(provider_id)) else {
+                continue;
+            };
+            match state {
+                ClaimState::Launched { .. } => {
+                    let taints: Vec<_> = node.taints.iter().filter(|t| t.key != UNREGISTERED_TAINT).cloned().collect();
+                    let mut labels: Vec<(String, String)> =
+                        nc.spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    labels.push((labels::REGISTERED.to_string(), "true".to_string()));
+                    let mut status = nc.status.clone();
+                    status.node_name = Some(node.name.clone());
+                    status.set_condition(condition("Registered"));
+                    let ok = self.cluster.set_node_taints(&node.name, taints).is_ok()
+                        && self.cluster.label_node(&node.name, &labels).is_ok()
+                        && self.cluster.update_nodeclaim_status(&id, status).is_ok();
+                    if ok {
+                        self.stats.registered += 1;
+                        steps.push((id, Step::Registered));
+                    }
+                }
+                ClaimState::Registered { .. } => {
+                    let starting = node.taints.iter().any(|t| {
+                        t.key == UNREGISTERED_TAINT
+                            || nc.spec.startup_taints.iter().any(|s| s.key == t.key && s.effect == t.effect)
+                    });
+                    if starting {
+                        continue;
+                    }
+                    let mut status = nc.status.clone();
+                    status.set_condition(condition("Initialized"));
+                    let ok = self
+                        .cluster
+                        .label_node(&node.name, &[(labels::INITIALIZED.to_string(), "true".to_string())])
+                        .is_ok()
+                        && self.cluster.update_nodeclaim_status(&id, status).is_ok();
+                    if ok {
+                        self.stats.initialized += 1;
+                        steps.push((id, Step::Initialized));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if steps.is_empty() {
+            return;
+        }
+        let (ledger, at) = (self.ledger.clone(), millis(self.clock.now()));
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
+            for (claim, step) in steps {
+                let _ = ledger.propose(Entry { at, command: Command::Advance { claim, step } }).await;
+            }
+        }));
     }
 }
 

@@ -123,6 +123,7 @@ impl Router {
                 initialized: false,
                 requirements: Some(c.spec.requirements.clone()),
                 unschedulable: false,
+                provider_id: c.status.provider_id.clone(),
             });
         }
         snap.scheduling_input(nodes, pools)

@@ -211,12 +211,12 @@ mod pool {
     use std::time::Duration;
 
     use actix::prelude::*;
-    use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Provision, Unplaced};
+    use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cloud::{CloudProvider, ManualClock, NodeClass, OfferingKey};
     use dovetail_cluster::ClusterView;
-    use dovetail_cluster::sim::SimCluster;
+    use dovetail_cluster::sim::{Registration, SimCluster};
     use dovetail_core::catalog::CapacityType;
     use dovetail_core::labels;
     use dovetail_core::ledger::{ClaimState, Command, Entry, State};
@@ -269,6 +269,7 @@ mod pool {
         let (tx, unplaced) = mpsc::unbounded_channel();
         let router = Router(tx).start();
         let wiring = PoolWiring {
+            view: cluster.clone(),
             cluster: cluster.clone(),
             ledger: ledger.clone(),
             clock: clock.clone(),
@@ -328,6 +329,55 @@ mod pool {
         assert_eq!(s.total().get(&ResourceName::Nodes), 12);
         let stats = w.pool.send(GetPoolStats).await.expect("stats");
         assert_eq!((stats.claims_created, stats.launched, stats.released), (12, 12, 0));
+    }
+
+    #[actix_rt::test]
+    async fn launched_claims_register_initialize_and_take_their_pods() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
+        let pending = pods(4, 1500);
+        for p in &pending {
+            w.cluster.apply_pod(p.clone());
+        }
+        w.pool.send(Provision { pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
+        launched(&w, 4).await;
+        // The kubelets: each instance's node registers.
+        for inst in w.cloud.list().await.expect("list") {
+            let reg = Registration {
+                claim: inst.claim.clone().expect("claim tag"),
+                node_name: format!("ip-{}", inst.id),
+                provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
+                labels: inst.labels.clone(),
+                capacity: inst.capacity.clone(),
+                allocatable: inst.allocatable.clone(),
+            };
+            w.cluster.register(&reg).expect("register");
+        }
+        assert_eq!(w.cluster.schedule(), 0, "unregistered nodes take no pods");
+        for _ in 0..2 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+        }
+        let mut s = state(&w.ledger);
+        for _ in 0..200 {
+            s = state(&w.ledger);
+            if s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })), "{:?}", s.claims());
+        let snap = w.cluster.snapshot();
+        for n in snap.nodes.values() {
+            assert!(n.taints.is_empty(), "{:?}", n.taints);
+            assert_eq!(n.labels.get(labels::INITIALIZED).map(String::as_str), Some("true"));
+            assert_eq!(n.labels.get(labels::NODEPOOL).map(String::as_str), Some("default"));
+        }
+        for nc in snap.nodeclaims.values() {
+            assert!(nc.status.node_name.is_some() && nc.status.condition("Initialized").is_some());
+        }
+        assert_eq!(w.cluster.schedule(), 4, "every pod binds");
+        assert_eq!(w.cluster.snapshot().pending().count(), 0);
     }
 
     #[actix_rt::test]
@@ -456,6 +506,7 @@ mod router {
                 .iter()
                 .map(|p| {
                     let wiring = PoolWiring {
+                        view: cl.clone(),
                         cluster: cl.clone(),
                         ledger: le.clone(),
                         clock: ck.clone(),

@@ -159,6 +159,7 @@ impl SimCluster {
                 initialized: false,
                 requirements: None,
                 unschedulable: false,
+                provider_id: Some(r.provider_id.clone()),
             };
             s.nodes.insert(node.name.clone(), Arc::new(node));
             Ok(())

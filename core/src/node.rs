@@ -21,6 +21,8 @@ pub struct Node {
     pub requirements: Option<Requirements>,
     /// `spec.unschedulable` (cordoned).
     pub unschedulable: bool,
+    /// `spec.providerID` (`aws:///<zone>/<instance id>`): how a NodeClaim finds its node.
+    pub provider_id: Option<String>,
 }
 
 impl Node {

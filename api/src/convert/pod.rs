@@ -302,5 +302,6 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
         initialized,
         requirements: None,
         unschedulable: spec.unschedulable.unwrap_or(false),
+        provider_id: spec.provider_id.clone(),
     })
 }
