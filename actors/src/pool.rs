@@ -5,7 +5,7 @@
 //! capacity is sent to the cheapest zone still available (ICE marks respected), and one with
 //! nowhere left to go is released and its pods go back to the Router, one way.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -15,7 +15,7 @@ use dovetail_core::catalog::{CapacityType, InstanceType};
 use dovetail_core::labels;
 use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering, Outcome, Step, micro_dollars};
 use dovetail_core::nodepool::{NodeClaimSpec, NodePool};
-use dovetail_core::plane::pick_zone;
+use dovetail_core::plane::{Liveness, disrupted_taint, next_evictions, pick_zone};
 use dovetail_core::pod::Pod;
 use dovetail_core::resources::ResourceList;
 use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
@@ -25,7 +25,7 @@ use crate::millis;
 
 /// The taint a node registers with (see `dovetail_cluster::sim::UNREGISTERED_TAINT`).
 const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
-use crate::zone::{Launch, LaunchOutcome, ZoneActor};
+use crate::zone::{Launch, LaunchOutcome, Terminate, Terminated, ZoneActor};
 
 /// Pods for the pool to place on new capacity.
 #[derive(Message)]
@@ -54,6 +54,15 @@ pub struct Unplaced {
 #[rtype(result = "()")]
 pub struct Reconcile;
 
+/// Deletes a claim gracefully: cordon and taint its node, drain it tier by tier through the
+/// eviction API (PDBs respected; refused evictions are retried on the next reconcile),
+/// terminate the instance, then remove the node, the NodeClaim and the reservation.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct DeleteClaim {
+    pub claim: String,
+}
+
 /// Counters.
 #[derive(Message)]
 #[rtype(result = "PoolStats")]
@@ -70,6 +79,10 @@ pub struct PoolStats {
     pub released: u64,
     pub registered: u64,
     pub initialized: u64,
+    /// Claims past a liveness timeout.
+    pub expired: u64,
+    pub evicted: u64,
+    pub terminated: u64,
 }
 
 /// What the actor keeps per claim it is launching.
@@ -89,6 +102,9 @@ pub struct NodePoolActor {
     clock: Arc<dyn Clock>,
     zones: BTreeMap<String, Addr<ZoneActor>>,
     router: Recipient<Unplaced>,
+    liveness: Liveness,
+    /// Claims whose instance termination was asked, not yet answered.
+    terminating: BTreeSet<String>,
     pending: BTreeMap<String, Pending>,
     round: u64,
     stats: PoolStats,
@@ -120,6 +136,8 @@ impl NodePoolActor {
             clock: w.clock,
             zones: w.zones,
             router: w.router,
+            liveness: Liveness::default(),
+            terminating: BTreeSet::new(),
             pending: BTreeMap::new(),
             round: 0,
             stats: PoolStats::default(),
@@ -373,10 +391,25 @@ impl Handler<Reconcile> for NodePoolActor {
         let mut claims = Vec::new();
         let pool = self.pool.name.clone();
         let _ = self.ledger.read(&mut |s| {
-            claims = s.claims().values().filter(|c| c.pool == pool).map(|c| (c.id.clone(), c.state.clone())).collect();
+            claims = s
+                .claims()
+                .values()
+                .filter(|c| c.pool == pool)
+                .map(|c| (c.id.clone(), c.state.clone(), c.reserved_at, c.zone.clone()))
+                .collect();
         });
+        let now = millis(self.clock.now());
         let mut steps: Vec<(String, Step)> = Vec::new();
-        for (id, state) in claims {
+        for (id, state, reserved_at, zone) in claims {
+            if let ClaimState::Terminating { instance } = &state {
+                self.drain_and_terminate(ctx, &snap, &id, instance.as_deref(), &zone);
+                continue;
+            }
+            if self.liveness.check(&state, reserved_at, now).is_some() && !self.pending.contains_key(&id) {
+                self.stats.expired += 1;
+                steps.push((id, Step::Terminating));
+                continue;
+            }
             let Some(nc) = snap.nodeclaims.get(&id) else { continue };
             let Some(provider_id) = nc.status.provider_id.as_deref() else { continue };
             let Some(node) = snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(provider_id)) else {
@@ -431,6 +464,110 @@ impl Handler<Reconcile> for NodePoolActor {
                 let _ = ledger.propose(Entry { at, command: Command::Advance { claim, step } }).await;
             }
         }));
+    }
+}
+
+impl NodePoolActor {
+    /// One step of a claim's termination: cordon and taint its node, evict the next tier,
+    /// and once the node is empty (or absent) terminate the instance.
+    fn drain_and_terminate(
+        &mut self,
+        ctx: &mut Context<Self>,
+        snap: &dovetail_cluster::Snapshot,
+        id: &str,
+        instance: Option<&str>,
+        zone: &str,
+    ) {
+        let provider_id = snap.nodeclaims.get(id).and_then(|nc| nc.status.provider_id.clone());
+        let node =
+            provider_id.as_deref().and_then(|p| snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(p)));
+        if let Some(node) = node {
+            if !node.unschedulable {
+                let _ = self.cluster.cordon(&node.name, true);
+            }
+            let taint = disrupted_taint();
+            if !node.taints.contains(&taint) {
+                let mut taints = node.taints.clone();
+                taints.push(taint);
+                let _ = self.cluster.set_node_taints(&node.name, taints);
+            }
+            let next = next_evictions(snap.pods_on(&node.name).map(|p| p.as_ref()));
+            if !next.is_empty() {
+                for p in next {
+                    if self.cluster.evict(&p.key).is_ok() {
+                        self.stats.evicted += 1;
+                    }
+                }
+                return;
+            }
+        }
+        match instance {
+            Some(instance) if !self.terminating.contains(id) => {
+                let Some(zone_actor) = self.zones.get(zone) else { return };
+                self.terminating.insert(id.to_string());
+                let msg = Terminate {
+                    claim: id.to_string(),
+                    instance: instance.to_string(),
+                    reply: ctx.address().recipient(),
+                };
+                let zone_actor = zone_actor.clone();
+                ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
+                    let _ = zone_actor.send(msg).await;
+                }));
+            }
+            Some(_) => {}
+            // Never launched: nothing to terminate.
+            None => self.finish(ctx, id, node.map(|n| n.name.clone())),
+        }
+    }
+
+    /// The instance is gone: remove the node, the NodeClaim and the reservation.
+    fn finish(&mut self, ctx: &mut Context<Self>, id: &str, node: Option<String>) {
+        if let Some(node) = node {
+            let _ = self.cluster.delete_node(&node);
+        }
+        let _ = self.cluster.delete_nodeclaim(id);
+        let _ = self.cluster.remove_nodeclaim_finalizer(id, "karpenter.sh/termination");
+        let (ledger, claim, at) = (self.ledger.clone(), id.to_string(), millis(self.clock.now()));
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
+            let _ = ledger.propose(Entry { at, command: Command::Advance { claim, step: Step::Gone } }).await;
+        }));
+    }
+}
+
+impl Handler<DeleteClaim> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: DeleteClaim, ctx: &mut Context<Self>) {
+        let (ledger, at) = (self.ledger.clone(), millis(self.clock.now()));
+        let work = async move {
+            let _ = ledger
+                .propose(Entry { at, command: Command::Advance { claim: msg.claim, step: Step::Terminating } })
+                .await;
+        };
+        ctx.spawn(work.into_actor(self).map(|(), _, ctx| {
+            let _ = ctx.address().try_send(Reconcile);
+        }));
+    }
+}
+
+impl Handler<Terminated> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Terminated, ctx: &mut Context<Self>) {
+        self.terminating.remove(&msg.claim);
+        if msg.result.is_err() {
+            // Retried on the next reconcile.
+            return;
+        }
+        self.stats.terminated += 1;
+        let snap = self.view.snapshot();
+        let provider_id = snap.nodeclaims.get(&msg.claim).and_then(|nc| nc.status.provider_id.clone());
+        let node = provider_id
+            .as_deref()
+            .and_then(|p| snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(p)))
+            .map(|n| n.name.clone());
+        self.finish(ctx, &msg.claim, node);
     }
 }
 

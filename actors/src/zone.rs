@@ -54,6 +54,23 @@ pub struct LaunchOutcome {
     pub result: Result<Instance, CloudError>,
 }
 
+/// Terminate a claim's instance.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Terminate {
+    pub claim: String,
+    pub instance: String,
+    pub reply: Recipient<Terminated>,
+}
+
+/// The instance of a claim is gone (or the cloud said why not).
+#[derive(Message, Clone, Debug, PartialEq)]
+#[rtype(result = "()")]
+pub struct Terminated {
+    pub claim: String,
+    pub result: Result<(), CloudError>,
+}
+
 /// Counters, for tests and the loadtest report.
 #[derive(Message)]
 #[rtype(result = "ZoneStats")]
@@ -217,6 +234,31 @@ impl Handler<Launch> for ZoneActor {
         }
         let window = self.cfg.window;
         self.schedule_flush(ctx, window);
+    }
+}
+
+impl Handler<Terminate> for ZoneActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Terminate, ctx: &mut Context<Self>) {
+        let cloud = self.cloud.clone();
+        let work = async move {
+            let result = cloud.terminate(std::slice::from_ref(&msg.instance)).await.into_iter().next();
+            // Gone already is done.
+            let result = match result {
+                Some(Ok(())) | Some(Err(CloudError::NotFound { .. })) => Ok(()),
+                Some(Err(e)) => Err(e),
+                None => Err(CloudError::Transient { message: "no result".into() }),
+            };
+            (msg.claim, msg.reply, result)
+        };
+        ctx.spawn(work.into_actor(self).map(|(claim, reply, result), _, _| {
+            if let Err(SendError::Full(m)) = reply.try_send(Terminated { claim, result }) {
+                actix::spawn(async move {
+                    let _ = reply.send(m).await;
+                });
+            }
+        }));
     }
 }
 

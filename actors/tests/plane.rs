@@ -342,31 +342,8 @@ mod pool {
         }
         w.pool.send(Provision { pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
         launched(&w, 4).await;
-        // The kubelets: each instance's node registers.
-        for inst in w.cloud.list().await.expect("list") {
-            let reg = Registration {
-                claim: inst.claim.clone().expect("claim tag"),
-                node_name: format!("ip-{}", inst.id),
-                provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
-                labels: inst.labels.clone(),
-                capacity: inst.capacity.clone(),
-                allocatable: inst.allocatable.clone(),
-            };
-            w.cluster.register(&reg).expect("register");
-        }
-        assert_eq!(w.cluster.schedule(), 0, "unregistered nodes take no pods");
-        for _ in 0..2 {
-            w.pool.send(Reconcile).await.expect("mailbox");
-        }
-        let mut s = state(&w.ledger);
-        for _ in 0..200 {
-            s = state(&w.ledger);
-            if s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })), "{:?}", s.claims());
+        assert_eq!(w.cluster.schedule(), 0, "no nodes yet");
+        register_all(&w).await;
         let snap = w.cluster.snapshot();
         for n in snap.nodes.values() {
             assert!(n.taints.is_empty(), "{:?}", n.taints);
@@ -378,6 +355,107 @@ mod pool {
         }
         assert_eq!(w.cluster.schedule(), 4, "every pod binds");
         assert_eq!(w.cluster.snapshot().pending().count(), 0);
+    }
+
+    /// Registers every instance's node (the kubelets) and reconciles until all are initialized.
+    async fn register_all(w: &World) {
+        for inst in w.cloud.list().await.expect("list") {
+            let reg = Registration {
+                claim: inst.claim.clone().expect("claim tag"),
+                node_name: format!("ip-{}", inst.id),
+                provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
+                labels: inst.labels.clone(),
+                capacity: inst.capacity.clone(),
+                allocatable: inst.allocatable.clone(),
+            };
+            w.cluster.register(&reg).expect("register");
+        }
+        for _ in 0..200 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            if state(&w.ledger).claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not initialized: {:?}", state(&w.ledger).claims());
+    }
+
+    /// Reconciles until the ledger has no claims (bounded).
+    async fn until_gone(w: &World) {
+        for _ in 0..200 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            if state(&w.ledger).claims().is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("claims left: {:?}", state(&w.ledger).claims());
+    }
+
+    #[actix_rt::test]
+    async fn a_claim_that_never_registers_is_terminated_after_15_minutes() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock.clone()).await;
+        w.pool.send(Provision { pods: pods(1, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        launched(&w, 1).await;
+        clock.advance(Duration::from_secs(14 * 60));
+        w.pool.send(Reconcile).await.expect("mailbox");
+        assert_eq!(state(&w.ledger).claims().len(), 1, "within the registration timeout");
+        clock.advance(Duration::from_secs(60));
+        until_gone(&w).await;
+        assert!(w.cloud.list().await.expect("list").is_empty(), "the instance is terminated");
+        assert!(w.cluster.snapshot().nodeclaims.is_empty());
+        let stats = w.pool.send(GetPoolStats).await.expect("stats");
+        assert_eq!((stats.expired, stats.terminated), (1, 1));
+    }
+
+    #[actix_rt::test]
+    async fn a_deleted_claim_is_drained_tier_by_tier_then_terminated() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
+        let pending = pods(2, 500);
+        for p in &pending {
+            w.cluster.apply_pod(p.clone());
+        }
+        w.pool.send(Provision { pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
+        launched(&w, 1).await;
+        register_all(&w).await;
+        assert_eq!(w.cluster.schedule(), 2);
+        let node = w.cluster.snapshot().nodes.keys().next().cloned().expect("a node");
+        w.cluster.apply_pod(Pod {
+            key: PodKey::new("kube-system", "agent"),
+            daemon: true,
+            node_name: Some(node.clone()),
+            requests: ResourceList::cpu_mem(100, 1 << 20),
+            ..Pod::default()
+        });
+        let claim = state(&w.ledger).claims().keys().next().cloned().expect("a claim");
+        w.pool.send(dovetail_actors::pool::DeleteClaim { claim }).await.expect("mailbox");
+        // The first drain step takes the workload pods only.
+        let mut saw_daemon_alone = false;
+        for _ in 0..200 {
+            let snap = w.cluster.snapshot();
+            let on: Vec<String> = snap.pods_on(&node).map(|p| p.key.name.clone()).collect();
+            if on == vec!["agent".to_string()] {
+                saw_daemon_alone = true;
+            }
+            assert!(
+                !on.iter().any(|n| n.starts_with("web")) || on.contains(&"agent".to_string()),
+                "daemon before workload"
+            );
+            if state(&w.ledger).claims().is_empty() {
+                break;
+            }
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(saw_daemon_alone, "workload pods go before the DaemonSet pod");
+        assert!(state(&w.ledger).claims().is_empty());
+        let snap = w.cluster.snapshot();
+        assert!(snap.nodes.is_empty() && snap.nodeclaims.is_empty());
+        assert!(w.cloud.list().await.expect("list").is_empty());
     }
 
     #[actix_rt::test]
