@@ -81,6 +81,8 @@ pub struct PoolStats {
     pub initialized: u64,
     /// Claims past a liveness timeout.
     pub expired: u64,
+    /// Claims found reserved or launching after a restart and launched again.
+    pub resumed: u64,
     pub evicted: u64,
     pub terminated: u64,
 }
@@ -408,6 +410,27 @@ impl Handler<Reconcile> for NodePoolActor {
             if self.liveness.check(&state, reserved_at, now).is_some() && !self.pending.contains_key(&id) {
                 self.stats.expired += 1;
                 steps.push((id, Step::Terminating));
+                continue;
+            }
+            // Reserved or launching in the ledger but not in flight here: this actor restarted
+            // (or another leader reserved it). Launch it again: the zone actor and the cloud are
+            // idempotent by claim, so an instance made before the restart is found, not doubled.
+            if matches!(state, ClaimState::Reserved | ClaimState::Launching) && !self.pending.contains_key(&id) {
+                if let Some(nc) = snap.nodeclaims.get(&id) {
+                    let request = LaunchRequest {
+                        claim: id.clone(),
+                        nodepool: self.pool.name.clone(),
+                        node_class: self.node_class.clone(),
+                        zone: zone.clone(),
+                        instance_types: nc.spec.requirements.get(labels::INSTANCE_TYPE).values().to_vec(),
+                        capacity_types: capacity_types(&nc.spec),
+                        labels: nc.spec.labels.clone(),
+                        tags: BTreeMap::new(),
+                    };
+                    self.pending.insert(id.clone(), Pending { pods: Vec::new(), request: request.clone() });
+                    self.stats.resumed += 1;
+                    self.send_launch(ctx, request);
+                }
                 continue;
             }
             let Some(nc) = snap.nodeclaims.get(&id) else { continue };

@@ -214,12 +214,13 @@ mod pool {
     use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{CloudProvider, ManualClock, NodeClass, OfferingKey};
-    use dovetail_cluster::ClusterView;
+    use dovetail_cloud::{CloudProvider, LaunchRequest, ManualClock, NodeClass, OfferingKey};
     use dovetail_cluster::sim::{Registration, SimCluster};
+    use dovetail_cluster::{ClusterView, ClusterWriter, NodeClaim};
     use dovetail_core::catalog::CapacityType;
     use dovetail_core::labels;
-    use dovetail_core::ledger::{ClaimState, Command, Entry, State};
+    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, State};
+    use dovetail_core::nodepool::NodeClaimSpec;
     use dovetail_core::nodepool::NodePool;
     use dovetail_core::pod::{Pod, PodKey};
     use dovetail_core::requirements::{Requirement, Requirements};
@@ -249,8 +250,6 @@ mod pool {
     }
 
     async fn world(pool: NodePool, cloud: SimCloud, clock: Arc<ManualClock>) -> World {
-        let cloud = Arc::new(cloud);
-        let cluster = Arc::new(SimCluster::new());
         let ledger = Arc::new(InProcess::new());
         ledger
             .propose(Entry {
@@ -259,6 +258,17 @@ mod pool {
             })
             .await
             .expect("pool");
+        start(pool, Arc::new(cloud), Arc::new(SimCluster::new()), ledger, clock)
+    }
+
+    /// The plane's actors over existing cloud, cluster and ledger (a fresh start or a restart).
+    fn start(
+        pool: NodePool,
+        cloud: Arc<SimCloud>,
+        cluster: Arc<SimCluster>,
+        ledger: Arc<InProcess>,
+        clock: Arc<ManualClock>,
+    ) -> World {
         let zones = ZONES
             .iter()
             .map(|z| {
@@ -456,6 +466,83 @@ mod pool {
         let snap = w.cluster.snapshot();
         assert!(snap.nodes.is_empty() && snap.nodeclaims.is_empty());
         assert!(w.cloud.list().await.expect("list").is_empty());
+    }
+
+    #[actix_rt::test]
+    async fn a_restarted_plane_resumes_from_the_cluster_and_the_ledger_without_duplicates() {
+        let clock = Arc::new(ManualClock::new());
+        let first = world(
+            m5_large_on_demand(ResourceList::new()),
+            SimCloud::new(SimConfig::default(), types(), clock.clone()),
+            clock.clone(),
+        )
+        .await;
+        // Before the crash: two claims reserved and created; one was even launched in the cloud,
+        // but neither launch reached the ledger.
+        let reqs = ["default-x", "default-y"]
+            .map(|id| ClaimRequest {
+                id: id.into(),
+                zone: "us-east-1b".into(),
+                resources: ResourceList::cpu_mem(2000, 8 << 30),
+                price_per_hour: 96_000,
+            })
+            .to_vec();
+        let reserve = Command::Reserve { pool: "default".into(), batch: 9, claims: reqs };
+        first.ledger.propose(Entry { at: 0, command: reserve }).await.expect("reserve");
+        let mut reqs = Requirements::new();
+        reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large"]));
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+        for id in ["default-x", "default-y"] {
+            let spec = NodeClaimSpec {
+                nodepool: "default".into(),
+                labels: BTreeMap::from([(labels::NODEPOOL.to_string(), "default".to_string())]),
+                annotations: BTreeMap::new(),
+                taints: Vec::new(),
+                startup_taints: Vec::new(),
+                requirements: reqs.clone(),
+                requests: ResourceList::new(),
+                node_class: Default::default(),
+                expire_after: None,
+                termination_grace_period: None,
+            };
+            let nc = NodeClaim {
+                name: id.into(),
+                spec,
+                finalizers: vec!["karpenter.sh/termination".into()],
+                deleting: false,
+                status: Default::default(),
+            };
+            first.cluster.create_nodeclaim(nc).expect("created");
+        }
+        let early = LaunchRequest {
+            claim: "default-y".into(),
+            nodepool: "default".into(),
+            node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
+            zone: "us-east-1b".into(),
+            instance_types: vec!["m5.large".into()],
+            capacity_types: vec![CapacityType::OnDemand],
+            labels: BTreeMap::new(),
+            tags: BTreeMap::new(),
+        };
+        let before =
+            first.cloud.launch(std::slice::from_ref(&early)).await.remove(0).expect("launched before the crash");
+        first.pool.send(GetPoolStats).await.expect("alive");
+        // Restart: new actors over the replayed ledger, the same cluster and cloud.
+        let ledger = Arc::new(InProcess::from_log(first.ledger.log()));
+        let w =
+            start(m5_large_on_demand(ResourceList::new()), first.cloud.clone(), first.cluster.clone(), ledger, clock);
+        w.pool.send(Reconcile).await.expect("mailbox");
+        let s = launched(&w, 2).await;
+        let instances = w.cloud.list().await.expect("list");
+        assert_eq!(instances.len(), 2, "one instance per claim: {instances:?}");
+        assert_eq!(
+            s.claim("default-y").and_then(|c| c.state.instance()),
+            Some(before.id.as_str()),
+            "the early instance is adopted"
+        );
+        let stats = w.pool.send(GetPoolStats).await.expect("stats");
+        assert_eq!(stats.resumed, 2);
+        assert_eq!(w.cluster.snapshot().nodeclaims.len(), 2, "no new NodeClaims");
     }
 
     #[actix_rt::test]
