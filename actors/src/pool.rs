@@ -91,6 +91,8 @@ pub struct PoolStats {
 struct Pending {
     pods: Vec<Pod>,
     request: LaunchRequest,
+    /// Zones the claim's requirements allow (a claim pinned by its pods' topology has one).
+    zones: Vec<String>,
 }
 
 /// The actor.
@@ -216,7 +218,7 @@ impl Handler<Provision> for NodePoolActor {
         };
         let results = scheduling::solve(&snapshot, &msg.pods, &SolveOptions::default());
         let mut unplaced: Vec<Pod> = results.errors.iter().map(|(i, _)| msg.pods[*i].clone()).collect();
-        let mut planned: Vec<(ClaimRequest, NodeClaim, LaunchRequest, Vec<Pod>)> = Vec::new();
+        let mut planned: Vec<(ClaimRequest, NodeClaim, LaunchRequest, Vec<Pod>, Vec<String>)> = Vec::new();
         for (i, c) in results.claims.iter().enumerate() {
             let spec = c.to_spec(&input);
             let cts = capacity_types(&spec);
@@ -267,11 +269,14 @@ impl Handler<Provision> for NodePoolActor {
                 labels: spec.labels.clone(),
                 tags: BTreeMap::new(),
             };
+            let zones: Vec<String> =
+                self.zones.keys().filter(|z| spec.requirements.get(labels::ZONE).has(z)).cloned().collect();
             planned.push((
                 ClaimRequest { id, zone, resources, price_per_hour: micro_dollars(price) },
                 claim,
                 request,
                 pods,
+                zones,
             ));
         }
         let (ledger, cluster, pool) = (self.ledger.clone(), self.cluster.clone(), self.pool.name.clone());
@@ -288,7 +293,7 @@ impl Handler<Provision> for NodePoolActor {
                 },
                 Err(_) => Vec::new(),
             };
-            for (req, claim, request, pods) in planned {
+            for (req, claim, request, pods, zones) in planned {
                 if !granted.contains(&req.id) {
                     unplaced.extend(pods);
                     continue;
@@ -302,7 +307,7 @@ impl Handler<Provision> for NodePoolActor {
                         continue;
                     }
                 }
-                act.pending.insert(req.id.clone(), Pending { pods, request: request.clone() });
+                act.pending.insert(req.id.clone(), Pending { pods, request: request.clone(), zones });
                 if !act.send_launch(ctx, request)
                     && let Some(p) = act.pending.remove(&req.id)
                 {
@@ -344,11 +349,13 @@ impl Handler<LaunchOutcome> for NodePoolActor {
                     let _ = self.ledger.read(&mut |s| state = Some(s.clone()));
                     let now = millis(self.clock.now());
                     let names = p.request.instance_types.clone();
+                    let allowed = p.zones.clone();
                     let offerings = self
                         .types
                         .iter()
                         .filter(|t| names.contains(&t.name))
-                        .flat_map(|t| t.offerings.iter().map(move |o| (t.name.as_str(), o)));
+                        .flat_map(|t| t.offerings.iter().map(move |o| (t.name.as_str(), o)))
+                        .filter(move |(_, o)| allowed.contains(&o.zone));
                     let unavailable = |t: &str, o: &dovetail_core::catalog::Offering| {
                         state.as_ref().is_some_and(|s| {
                             s.is_unavailable(
@@ -427,7 +434,9 @@ impl Handler<Reconcile> for NodePoolActor {
                         labels: nc.spec.labels.clone(),
                         tags: BTreeMap::new(),
                     };
-                    self.pending.insert(id.clone(), Pending { pods: Vec::new(), request: request.clone() });
+                    let zones =
+                        self.zones.keys().filter(|z| nc.spec.requirements.get(labels::ZONE).has(z)).cloned().collect();
+                    self.pending.insert(id.clone(), Pending { pods: Vec::new(), request: request.clone(), zones });
                     self.stats.resumed += 1;
                     self.send_launch(ctx, request);
                 }
