@@ -87,6 +87,15 @@ pub struct PoolStats {
     pub terminated: u64,
 }
 
+/// A claim of a round, before the ledger grants it.
+struct Planned {
+    reserve: ClaimRequest,
+    claim: NodeClaim,
+    request: LaunchRequest,
+    pods: Vec<Pod>,
+    zones: Vec<String>,
+}
+
 /// What the actor keeps per claim it is launching.
 struct Pending {
     pods: Vec<Pod>,
@@ -218,7 +227,7 @@ impl Handler<Provision> for NodePoolActor {
         };
         let results = scheduling::solve(&snapshot, &msg.pods, &SolveOptions::default());
         let mut unplaced: Vec<Pod> = results.errors.iter().map(|(i, _)| msg.pods[*i].clone()).collect();
-        let mut planned: Vec<(ClaimRequest, NodeClaim, LaunchRequest, Vec<Pod>, Vec<String>)> = Vec::new();
+        let mut planned: Vec<Planned> = Vec::new();
         for (i, c) in results.claims.iter().enumerate() {
             let spec = c.to_spec(&input);
             let cts = capacity_types(&spec);
@@ -271,16 +280,16 @@ impl Handler<Provision> for NodePoolActor {
             };
             let zones: Vec<String> =
                 self.zones.keys().filter(|z| spec.requirements.get(labels::ZONE).has(z)).cloned().collect();
-            planned.push((
-                ClaimRequest { id, zone, resources, price_per_hour: micro_dollars(price) },
+            planned.push(Planned {
+                reserve: ClaimRequest { id, zone, resources, price_per_hour: micro_dollars(price) },
                 claim,
                 request,
                 pods,
                 zones,
-            ));
+            });
         }
         let (ledger, cluster, pool) = (self.ledger.clone(), self.cluster.clone(), self.pool.name.clone());
-        let reserve = Command::Reserve { pool, batch, claims: planned.iter().map(|p| p.0.clone()).collect() };
+        let reserve = Command::Reserve { pool, batch, claims: planned.iter().map(|p| p.reserve.clone()).collect() };
         let work = async move {
             let outcome = ledger.propose(Entry { at: now, command: reserve }).await;
             (outcome, planned, unplaced, cluster)
@@ -293,7 +302,7 @@ impl Handler<Provision> for NodePoolActor {
                 },
                 Err(_) => Vec::new(),
             };
-            for (req, claim, request, pods, zones) in planned {
+            for Planned { reserve: req, claim, request, pods, zones } in planned {
                 if !granted.contains(&req.id) {
                     unplaced.extend(pods);
                     continue;
