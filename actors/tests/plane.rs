@@ -710,3 +710,184 @@ mod router {
         assert_eq!(stats.rerouted, 2, "{stats:?}");
     }
 }
+
+/// The whole plane (Router, two NodePools, three zones) on the sim cloud and sim cluster,
+/// with the test playing the kubelets (registration) and kube-scheduler (binding).
+mod integration {
+    use crate::common::{state, types};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use actix::prelude::*;
+    use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Reconcile};
+    use dovetail_actors::router::{PodsPending, RoutedPool, Router};
+    use dovetail_actors::zone::{GetStats, ZoneActor, ZoneConfig};
+    use dovetail_cloud::sim::{SimCloud, SimConfig};
+    use dovetail_cloud::{Clock, CloudProvider, NodeClass, OfferingKey, SystemClock};
+    use dovetail_cluster::ClusterView;
+    use dovetail_cluster::sim::{Registration, SimCluster};
+    use dovetail_core::catalog::CapacityType;
+    use dovetail_core::labels;
+    use dovetail_core::ledger::{ClaimState, Command, Entry};
+    use dovetail_core::nodepool::NodePool;
+    use dovetail_core::plane::BatchWindow;
+    use dovetail_core::pod::{Pod, PodKey};
+    use dovetail_core::requirements::{Requirement, Requirements};
+    use dovetail_core::resources::{ResourceList, ResourceName};
+    use dovetail_core::scheduling::PoolInput;
+    use dovetail_raft::{InProcess, Ledger};
+
+    const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+    const C5: [&str; 4] = ["c5.large", "c5.xlarge", "c5.2xlarge", "c5.4xlarge"];
+
+    fn pool(name: &str, weight: i32, types: &[&str], cpu_limit: Option<i64>) -> NodePool {
+        let mut reqs = Requirements::new();
+        reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(types.iter().copied()));
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+        reqs.add(labels::ZONE, Requirement::is_in(ZONES));
+        let limits = cpu_limit.map(|c| ResourceList::from_pairs([(ResourceName::Cpu, c)])).unwrap_or_default();
+        NodePool { weight, limits, ..NodePool::new(name, reqs) }
+    }
+
+    #[actix_rt::test]
+    async fn two_thousand_pods_over_three_zones_and_two_pools_with_one_ice() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        // The ICE: zone a has no on-demand capacity for the default pool's types.
+        let capacity: BTreeMap<OfferingKey, u32> = C5
+            .iter()
+            .map(|t| {
+                let key = OfferingKey {
+                    instance_type: t.to_string(),
+                    zone: ZONES[0].into(),
+                    capacity_type: CapacityType::OnDemand,
+                };
+                (key, 0)
+            })
+            .collect();
+        let cloud = Arc::new(SimCloud::new(SimConfig { capacity, ..SimConfig::default() }, types(), clock.clone()));
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        let pools = [
+            pool("weighted", 10, &["m5.large", "m5.xlarge", "m5.2xlarge"], Some(32_000)),
+            pool("default", 0, &C5, None),
+        ];
+        for p in &pools {
+            let set = Command::SetPool { pool: p.name.clone(), limits: p.limits.clone() };
+            ledger.propose(Entry { at: 0, command: set }).await.expect("pool");
+        }
+        let zones: Vec<(String, Addr<ZoneActor>)> = ZONES
+            .iter()
+            .map(|z| {
+                (
+                    z.to_string(),
+                    ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), clock.clone()).start(),
+                )
+            })
+            .collect();
+        let mut pool_addrs = Vec::new();
+        let (cl, le, ck, zs) = (cluster.clone(), ledger.clone(), clock.clone(), zones.clone());
+        let ps = pools.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let router = Router::create(move |ctx| {
+            let routed: Vec<RoutedPool> = ps
+                .iter()
+                .map(|p| {
+                    let wiring = PoolWiring {
+                        view: cl.clone(),
+                        cluster: cl.clone(),
+                        ledger: le.clone(),
+                        clock: ck.clone(),
+                        zones: zs.iter().cloned().collect(),
+                        router: ctx.address().recipient(),
+                    };
+                    let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+                    let actor = NodePoolActor::new(p.clone(), types(), nc, wiring).start();
+                    let _ = tx.send(actor.clone());
+                    RoutedPool { input: PoolInput { pool: p.clone(), instance_types: types() }, actor }
+                })
+                .collect();
+            Router::new(BatchWindow { idle: 100, max: 1_000, adaptive: None }, cl.clone(), ck.clone(), routed)
+        });
+        for _ in 0..2 {
+            pool_addrs.push(rx.recv_timeout(Duration::from_secs(5)).expect("pool actor"));
+        }
+        let sizes = [(250, 512 << 20), (500, 1 << 30), (1000, 2 << 30)];
+        for i in 0..2000usize {
+            let (cpu, mem) = sizes[i % 3];
+            cluster.apply_pod(Pod {
+                key: PodKey::new("default", &format!("app-{i}")),
+                requests: ResourceList::cpu_mem(cpu, mem),
+                creation: i as i64,
+                ..Pod::default()
+            });
+        }
+        let mut done = false;
+        for round in 0..600 {
+            if round % 20 == 0 {
+                let pending: Vec<Pod> = cluster.snapshot().pending().map(|p| p.as_ref().clone()).collect();
+                if !pending.is_empty() {
+                    router.send(PodsPending { pods: pending }).await.expect("router");
+                }
+            }
+            // The kubelets.
+            let snap = cluster.snapshot();
+            for inst in cloud.list().await.expect("list") {
+                let node = format!("ip-{}", inst.id);
+                if snap.nodes.contains_key(&node) {
+                    continue;
+                }
+                let Some(claim) = inst.claim.clone() else { continue };
+                let reg = Registration {
+                    claim,
+                    node_name: node,
+                    provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
+                    labels: inst.labels.clone(),
+                    capacity: inst.capacity.clone(),
+                    allocatable: inst.allocatable.clone(),
+                };
+                let _ = cluster.register(&reg);
+            }
+            for p in &pool_addrs {
+                p.send(Reconcile).await.expect("pool");
+            }
+            cluster.schedule();
+            let s = state(&ledger);
+            if cluster.snapshot().pending().count() == 0
+                && s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. }))
+            {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let snap = cluster.snapshot();
+        let s = state(&ledger);
+        assert!(done, "pending {} / claims {:?}", snap.pending().count(), s.claims().len());
+        // Every pod bound.
+        assert_eq!(snap.pods.values().filter(|p| p.node_name.is_some()).count(), 2000);
+        // Limits held.
+        let weighted_cpu = s.pool("weighted").map(|p| p.usage.get(&ResourceName::Cpu)).unwrap_or(0);
+        assert!(weighted_cpu <= 32_000, "weighted pool cpu {weighted_cpu}");
+        assert!(weighted_cpu > 0, "the weighted pool was used first");
+        // Claims = nodes = NodeClaims = instances; no leaks.
+        let instances = cloud.list().await.expect("list");
+        assert_eq!(s.claims().len(), snap.nodes.len());
+        assert_eq!(s.claims().len(), snap.nodeclaims.len());
+        assert_eq!(s.claims().len(), instances.len(), "no leaked instances");
+        for i in &instances {
+            let claim = i.claim.as_deref().expect("tagged");
+            assert_eq!(s.claim(claim).and_then(|c| c.state.instance()), Some(i.id.as_str()));
+            assert!(!(i.zone == ZONES[0] && i.instance_type.starts_with("c5")), "no c5 in the ICE'd zone");
+        }
+        // The ICE happened and was routed around.
+        let mut ice = 0;
+        for (_, z) in &zones {
+            ice += z.send(GetStats).await.expect("stats").insufficient_capacity;
+        }
+        let default = pool_addrs[1].send(GetPoolStats).await.expect("stats");
+        let weighted = pool_addrs[0].send(GetPoolStats).await.expect("stats");
+        assert!(ice >= 1, "an insufficient-capacity error was seen");
+        eprintln!("claims {}, ice {ice}, pools {weighted:?} {default:?}", s.claims().len());
+    }
+}
