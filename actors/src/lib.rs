@@ -7,6 +7,7 @@
 //! Mailboxes are bounded; sends between actors use `try_send`, falling back to an awaited
 //! `send` when a mailbox is full, so nothing is dropped and nothing grows without bound.
 
+pub mod limiter;
 pub mod pool;
 pub mod router;
 pub mod zone;

@@ -14,6 +14,7 @@ use dovetail_cloud::{Clock, CloudError, CloudProvider, Instance, LaunchRequest};
 use dovetail_core::ledger::{Command, Entry, Offering, Step, micro_dollars};
 use dovetail_raft::Ledger;
 
+use crate::limiter::RegionLimiter;
 use crate::millis;
 
 /// A ZoneActor's settings.
@@ -83,6 +84,8 @@ pub struct ZoneStats {
     pub launched: u64,
     pub insufficient_capacity: u64,
     pub throttled: u64,
+    /// Flushes that waited for the regional limiter.
+    pub paced: u64,
     /// Claims handed over but not yet answered.
     pub in_flight: usize,
 }
@@ -96,6 +99,7 @@ pub struct ZoneActor {
     pending: Vec<(LaunchRequest, Recipient<LaunchOutcome>)>,
     flush_scheduled: bool,
     in_flight: BTreeSet<String>,
+    limiter: Option<Arc<RegionLimiter>>,
     stats: ZoneStats,
 }
 
@@ -109,8 +113,16 @@ impl ZoneActor {
             pending: Vec::new(),
             flush_scheduled: false,
             in_flight: BTreeSet::new(),
+            limiter: None,
             stats: ZoneStats::default(),
         }
+    }
+
+    /// Paces launches by the region's shared limiter: a launch call waits for its tokens, and
+    /// takes at most as many instances as the instance bucket holds.
+    pub fn with_limiter(mut self, limiter: Arc<RegionLimiter>) -> Self {
+        self.limiter = Some(limiter);
+        self
     }
 
     fn schedule_flush(&mut self, ctx: &mut Context<Self>, after: Duration) {
@@ -125,7 +137,22 @@ impl ZoneActor {
         if self.pending.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.pending);
+        let take = match &self.limiter {
+            Some(l) => match l.launch(self.pending.len()) {
+                Ok(n) => n,
+                Err(wait) => {
+                    self.stats.paced += 1;
+                    self.schedule_flush(ctx, wait);
+                    return;
+                }
+            },
+            None => self.pending.len(),
+        };
+        let batch: Vec<_> = self.pending.drain(..take.min(self.pending.len())).collect();
+        if !self.pending.is_empty() {
+            let window = self.cfg.window;
+            self.schedule_flush(ctx, window);
+        }
         self.stats.launch_calls += 1;
         let (cloud, ledger, clock, ice_ttl) =
             (self.cloud.clone(), self.ledger.clone(), self.clock.clone(), self.cfg.ice_ttl);

@@ -891,3 +891,115 @@ mod integration {
         eprintln!("claims {}, ice {ice}, pools {weighted:?} {default:?}", s.claims().len());
     }
 }
+
+mod limiter {
+    use crate::common::{state, types};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use actix::prelude::*;
+    use dovetail_actors::limiter::RegionLimiter;
+    use dovetail_actors::zone::{GetStats, Launch, LaunchOutcome, ZoneActor, ZoneConfig};
+    use dovetail_cloud::limits::{ApiLimits, Bucket};
+    use dovetail_cloud::sim::{SimCloud, SimConfig};
+    use dovetail_cloud::{LaunchRequest, ManualClock, NodeClass};
+    use dovetail_core::catalog::CapacityType;
+    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry};
+    use dovetail_core::resources::ResourceList;
+    use dovetail_raft::{InProcess, Ledger};
+    use tokio::sync::mpsc;
+
+    struct Sink(mpsc::UnboundedSender<LaunchOutcome>);
+    impl Actor for Sink {
+        type Context = Context<Self>;
+    }
+    impl Handler<LaunchOutcome> for Sink {
+        type Result = ();
+        fn handle(&mut self, msg: LaunchOutcome, _: &mut Context<Self>) {
+            let _ = self.0.send(msg);
+        }
+    }
+
+    /// Two zones share one limiter holding 3 instance launches: 6 claims go out 3 now and the
+    /// rest as the plane's clock refills the bucket, with no throttled call at the cloud.
+    #[actix_rt::test]
+    async fn zones_share_the_regional_limiter_and_the_cloud_never_throttles() {
+        let clock = Arc::new(ManualClock::new());
+        // The cloud has the same small bucket: unpaced, the second zone's call would throttle.
+        let limits = ApiLimits { launched_instances: Bucket::new(3.0, 1.0), ..ApiLimits::default() };
+        let cloud = Arc::new(SimCloud::new(
+            SimConfig { limits: limits.clone(), ..SimConfig::default() },
+            types(),
+            clock.clone(),
+        ));
+        let ledger = Arc::new(InProcess::new());
+        ledger
+            .propose(Entry { at: 0, command: Command::SetPool { pool: "default".into(), limits: ResourceList::new() } })
+            .await
+            .expect("pool");
+        let claims = (0..6)
+            .map(|i| ClaimRequest {
+                id: format!("c{i}"),
+                zone: if i % 2 == 0 { "us-east-1a" } else { "us-east-1b" }.into(),
+                resources: ResourceList::cpu_mem(2000, 8 << 30),
+                price_per_hour: 96_000,
+            })
+            .collect();
+        ledger
+            .propose(Entry { at: 0, command: Command::Reserve { pool: "default".into(), batch: 1, claims } })
+            .await
+            .expect("reserve");
+        let limiter = Arc::new(RegionLimiter::new(limits, clock.clone()));
+        let zones: Vec<Addr<ZoneActor>> = ["us-east-1a", "us-east-1b"]
+            .iter()
+            .map(|z| {
+                ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), clock.clone())
+                    .with_limiter(limiter.clone())
+                    .start()
+            })
+            .collect();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let sink = Sink(tx).start();
+        for i in 0..6 {
+            let zone = if i % 2 == 0 { "us-east-1a" } else { "us-east-1b" };
+            let r = LaunchRequest {
+                claim: format!("c{i}"),
+                nodepool: "default".into(),
+                node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
+                zone: zone.into(),
+                instance_types: vec!["m5.large".into()],
+                capacity_types: vec![CapacityType::OnDemand],
+                labels: BTreeMap::new(),
+                tags: BTreeMap::new(),
+            };
+            zones[i % 2].send(Launch { requests: vec![r], reply: sink.clone().recipient() }).await.expect("mailbox");
+        }
+        let mut got = 0;
+        for step in 0..400 {
+            while let Ok(o) = rx.try_recv() {
+                assert!(o.result.is_ok(), "{o:?}");
+                got += 1;
+            }
+            if got == 6 {
+                break;
+            }
+            if step == 20 {
+                assert_eq!(got, 3, "the burst: 3 instances");
+            }
+            if step > 20 && step % 10 == 0 {
+                clock.advance(Duration::from_secs(1));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(got, 6);
+        assert_eq!(cloud.stats().throttled, 0, "paced before the cloud could throttle");
+        let mut paced = 0;
+        for z in &zones {
+            paced += z.send(GetStats).await.expect("stats").paced;
+        }
+        assert!(paced > 0);
+        let s = state(&ledger);
+        assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Launched { .. })));
+    }
+}

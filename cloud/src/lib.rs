@@ -13,6 +13,7 @@ pub mod aws;
 pub mod batch;
 pub mod clock;
 pub mod events;
+pub mod limits;
 pub mod sim;
 mod types;
 

@@ -3,7 +3,6 @@
 //! emitted as EventBridge events into its queue. Everything random comes from the seed, and
 //! time from the injected clock, so a run replays exactly.
 
-mod buckets;
 mod queue;
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,7 +13,7 @@ use dovetail_core::catalog::{CapacityType, InstanceType};
 use dovetail_core::labels::{self, Labels};
 use dovetail_core::workload::SplitMix64;
 
-pub use buckets::{ApiLimits, Bucket};
+pub use crate::limits::{ApiLimits, Bucket};
 pub use queue::SimQueue;
 
 use crate::clock::Clock;

@@ -1,5 +1,6 @@
 //! EC2's request throttling: token buckets per account and region (not per zone), with the
-//! sizes of `performance-anchors.md` 2.1 by default.
+//! sizes of `performance-anchors.md` 2.1 by default. The sim cloud throttles with them; the
+//! control plane paces its own calls with the same buckets, so it rarely meets a throttle.
 
 use std::time::Duration;
 
@@ -37,6 +38,12 @@ impl Bucket {
         Err(Duration::from_secs_f64((n - self.tokens) / self.refill_per_s))
     }
 
+    /// The tokens there at `now`.
+    pub fn available(&mut self, now: Duration) -> f64 {
+        self.refill(now);
+        self.tokens
+    }
+
     /// Takes `n` tokens (after a successful `check`).
     pub fn take(&mut self, now: Duration, n: f64) {
         self.refill(now);
@@ -44,7 +51,7 @@ impl Bucket {
     }
 }
 
-/// The buckets the sim cloud draws on.
+/// EC2's buckets for one account and region.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiLimits {
     /// Mutating actions (CreateFleet, TerminateInstances calls, CreateTags): 50, 5/s.
