@@ -8,6 +8,7 @@
 //! `send` when a mailbox is full, so nothing is dropped and nothing grows without bound.
 
 pub mod limiter;
+pub mod plane;
 pub mod pool;
 pub mod router;
 pub mod zone;

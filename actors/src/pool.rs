@@ -170,6 +170,13 @@ impl NodePoolActor {
         }
     }
 
+    /// Drops what only lived in this actor (a restart); the next reconcile resumes from the
+    /// ledger and the cluster.
+    pub(crate) fn forget(&mut self) {
+        self.pending.clear();
+        self.terminating.clear();
+    }
+
     /// Deletes a claim that will not launch, frees its reservation and gives its pods back.
     fn release(&mut self, ctx: &mut Context<Self>, claim: &str, pods: Vec<Pod>, reason: String) {
         self.stats.released += 1;

@@ -118,6 +118,14 @@ impl ZoneActor {
         }
     }
 
+    /// Drops what only lived in this actor (a restart): the claims it held are still in the
+    /// ledger and their pools resume them.
+    pub(crate) fn forget(&mut self) {
+        self.pending.clear();
+        self.in_flight.clear();
+        self.flush_scheduled = false;
+    }
+
     /// Paces launches by the region's shared limiter: a launch call waits for its tokens, and
     /// takes at most as many instances as the instance bucket holds.
     pub fn with_limiter(mut self, limiter: Arc<RegionLimiter>) -> Self {

@@ -720,9 +720,11 @@ mod integration {
     use std::time::Duration;
 
     use actix::prelude::*;
-    use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Reconcile};
-    use dovetail_actors::router::{PodsPending, RoutedPool, Router};
-    use dovetail_actors::zone::{GetStats, ZoneActor, ZoneConfig};
+    use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
+    use dovetail_actors::pool::{GetPoolStats, Reconcile};
+    use dovetail_actors::router::PodsPending;
+    use dovetail_actors::zone::{GetStats, ZoneActor};
+    use dovetail_cloud::limits::ApiLimits;
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cloud::{Clock, CloudProvider, NodeClass, OfferingKey, SystemClock};
     use dovetail_cluster::ClusterView;
@@ -735,7 +737,6 @@ mod integration {
     use dovetail_core::pod::{Pod, PodKey};
     use dovetail_core::requirements::{Requirement, Requirements};
     use dovetail_core::resources::{ResourceList, ResourceName};
-    use dovetail_core::scheduling::PoolInput;
     use dovetail_raft::{InProcess, Ledger};
 
     const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
@@ -776,42 +777,25 @@ mod integration {
             let set = Command::SetPool { pool: p.name.clone(), limits: p.limits.clone() };
             ledger.propose(Entry { at: 0, command: set }).await.expect("pool");
         }
-        let zones: Vec<(String, Addr<ZoneActor>)> = ZONES
-            .iter()
-            .map(|z| {
-                (
-                    z.to_string(),
-                    ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), clock.clone()).start(),
-                )
-            })
-            .collect();
-        let mut pool_addrs = Vec::new();
-        let (cl, le, ck, zs) = (cluster.clone(), ledger.clone(), clock.clone(), zones.clone());
-        let ps = pools.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let router = Router::create(move |ctx| {
-            let routed: Vec<RoutedPool> = ps
-                .iter()
-                .map(|p| {
-                    let wiring = PoolWiring {
-                        view: cl.clone(),
-                        cluster: cl.clone(),
-                        ledger: le.clone(),
-                        clock: ck.clone(),
-                        zones: zs.iter().cloned().collect(),
-                        router: ctx.address().recipient(),
-                    };
-                    let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
-                    let actor = NodePoolActor::new(p.clone(), types(), nc, wiring).start();
-                    let _ = tx.send(actor.clone());
-                    RoutedPool { input: PoolInput { pool: p.clone(), instance_types: types() }, actor }
-                })
-                .collect();
-            Router::new(BatchWindow { idle: 100, max: 1_000, adaptive: None }, cl.clone(), ck.clone(), routed)
-        });
-        for _ in 0..2 {
-            pool_addrs.push(rx.recv_timeout(Duration::from_secs(5)).expect("pool actor"));
-        }
+        let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+        let plane = Plane::start(
+            PlaneConfig {
+                zones: ZONES.iter().map(|z| z.to_string()).collect(),
+                pools: pools.iter().map(|p| (p.clone(), types(), nc.clone())).collect(),
+                window: BatchWindow { idle: 100, max: 1_000, adaptive: None },
+                limits: ApiLimits::default(),
+            },
+            Seams {
+                cloud: cloud.clone(),
+                view: cluster.clone(),
+                cluster: cluster.clone(),
+                ledger: ledger.clone(),
+                clock: clock.clone(),
+            },
+        );
+        let router = plane.router.clone();
+        let pool_addrs = vec![plane.pools["weighted"].clone(), plane.pools["default"].clone()];
+        let zones: Vec<(String, Addr<ZoneActor>)> = plane.zones.clone().into_iter().collect();
         let sizes = [(250, 512 << 20), (500, 1 << 30), (1000, 2 << 30)];
         for i in 0..2000usize {
             let (cpu, mem) = sizes[i % 3];
