@@ -533,3 +533,69 @@ mod ledger_props {
         }
     }
 }
+
+/// A counterexample the property test found (2026-11-22): the dovetail packer places p-4
+/// (arm64, hard zone spread over app-2) into us-east-1b after p-1 (app-2, no spread of its
+/// own) while other eligible zones still had no app-2 pod, so the validator, replaying the
+/// packer's placement order, sees skew 2 against a minimum of 0. The final layout is within
+/// maxSkew; whether the packer's order or the validator's replay is at fault is open.
+#[test]
+#[ignore = "known defect, found by plans_validate_and_never_cost_less_than_the_lower_bound; see docs/scheduling.md"]
+fn known_defect_spread_order_of_a_pod_counted_by_another_pods_spread() {
+    let h = |k: &'static str, b: bool| Some((k, b));
+    let z = "topology.kubernetes.io/zone";
+    let ps = |cpu, mem_mib, gpu, arch, zone, app, spread, anti, tolerates| PodSpec {
+        cpu,
+        mem_mib,
+        gpu,
+        arch,
+        zone,
+        app,
+        spread,
+        anti,
+        tolerates,
+        custom: false,
+    };
+    let specs = vec![
+        ps(500, 128, false, None, None, 2, h(z, false), None, false),
+        ps(100, 100000, false, None, None, 2, None, None, false),
+        ps(100, 8192, false, None, None, 0, h(z, false), None, false),
+        ps(100, 100000, false, None, None, 0, None, None, true),
+        ps(100, 128, false, Some("arm64"), None, 2, h(z, true), None, true),
+        ps(100, 128, false, None, None, 0, None, None, false),
+        ps(1000, 100000, false, None, None, 2, None, Some("kubernetes.io/hostname"), false),
+        ps(4000, 1024, false, None, None, 0, None, None, false),
+        ps(100, 128, false, None, None, 1, None, None, false),
+        ps(100, 8192, true, None, None, 0, None, Some("kubernetes.io/hostname"), false),
+        ps(4000, 128, false, Some("arm64"), None, 0, h(z, false), None, false),
+        ps(100, 128, false, None, None, 0, None, None, false),
+        ps(100, 128, false, Some("arm64"), None, 2, h(z, true), None, false),
+        ps(1000, 128, false, None, Some("us-east-1b"), 0, h(z, false), None, false),
+        ps(100, 128, false, None, None, 0, None, None, false),
+        ps(100, 128, false, None, None, 2, None, Some(z), false),
+        ps(100, 128, false, None, None, 0, None, None, false),
+    ];
+    let pools = vec![
+        PoolSpec { weight: 1, arch: None, tainted: true, cpu_limit: None, nodes_limit: None },
+        PoolSpec { weight: 0, arch: None, tainted: false, cpu_limit: None, nodes_limit: None },
+    ];
+    let its = types();
+    let snapshot = Snapshot {
+        nodepools: pools
+            .iter()
+            .enumerate()
+            .map(|(i, s)| PoolInput { pool: make_pool(i, s), instance_types: its.clone() })
+            .collect(),
+        ..Default::default()
+    };
+    let pods: Vec<Pod> = specs.iter().enumerate().map(|(i, s)| make_pod(i, s)).collect();
+    let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
+    for (ci, c) in results.claims.iter().enumerate() {
+        let zone = c.launch.as_ref().map(|l| l.zone.clone());
+        let names: Vec<String> =
+            c.pods.iter().map(|&i| format!("{}({})", pods[i].key.name, pods[i].labels["app"])).collect();
+        eprintln!("claim {ci} pool {} zone {zone:?} pods {names:?}", c.pool);
+    }
+    let v = scheduling::validate(&snapshot, &pods, &results, scheduling::Semantics::Strict);
+    assert!(v.is_empty(), "{v:#?}");
+}
