@@ -575,7 +575,7 @@ fn known_defect_spread_order_of_a_pod_counted_by_another_pods_spread() {
         ps(100, 128, false, None, None, 2, None, Some(z), false),
         ps(100, 128, false, None, None, 0, None, None, false),
     ];
-    let pools = vec![
+    let pools = [
         PoolSpec { weight: 1, arch: None, tainted: true, cpu_limit: None, nodes_limit: None },
         PoolSpec { weight: 0, arch: None, tainted: false, cpu_limit: None, nodes_limit: None },
     ];
