@@ -11,17 +11,21 @@ use std::sync::Arc;
 use actix::prelude::*;
 use dovetail_cloud::{Clock, CloudError, LaunchRequest, NodeClass};
 use dovetail_cluster::{ClusterView, ClusterWriter, Condition, NodeClaim, NodeClaimStatus};
-use dovetail_core::catalog::{CapacityType, InstanceType};
+use dovetail_core::catalog::InstanceType;
 use dovetail_core::labels;
-use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering, Outcome, Step, micro_dollars};
-use dovetail_core::nodepool::{NodeClaimSpec, NodePool};
-use dovetail_core::plane::{Liveness, disrupted_taint, next_evictions, pick_zone};
+use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering, Outcome, Step};
+use dovetail_core::nodepool::NodePool;
+use dovetail_core::plane::{
+    Liveness, allowed_zones, capacity_types, disrupted_taint, next_evictions, plan_claim, relaunch_zone,
+};
 use dovetail_core::pod::Pod;
-use dovetail_core::resources::ResourceList;
 use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
 use dovetail_raft::Ledger;
 
 use crate::millis;
+
+/// The finalizer every NodeClaim carries until its instance is gone.
+const FINALIZER: &str = "karpenter.sh/termination";
 
 /// The taint a node registers with (see `dovetail_cluster::sim::UNREGISTERED_TAINT`).
 const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
@@ -182,7 +186,7 @@ impl NodePoolActor {
         self.stats.released += 1;
         let (ledger, claim, at) = (self.ledger.clone(), claim.to_string(), millis(self.clock.now()));
         let _ = self.cluster.delete_nodeclaim(&claim);
-        let _ = self.cluster.remove_nodeclaim_finalizer(&claim, "karpenter.sh/termination");
+        let _ = self.cluster.remove_nodeclaim_finalizer(&claim, FINALIZER);
         ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
             let _ = ledger.propose(Entry { at, command: Command::Advance { claim, step: Step::Gone } }).await;
         }));
@@ -198,12 +202,6 @@ impl NodePoolActor {
         }));
         true
     }
-}
-
-/// The capacity types a claim's requirements allow.
-fn capacity_types(spec: &NodeClaimSpec) -> Vec<CapacityType> {
-    let req = spec.requirements.get(labels::CAPACITY_TYPE);
-    [CapacityType::Spot, CapacityType::OnDemand].into_iter().filter(|c| req.has(c.as_str())).collect()
 }
 
 impl Actor for NodePoolActor {
@@ -235,64 +233,43 @@ impl Handler<Provision> for NodePoolActor {
         let results = scheduling::solve(&snapshot, &msg.pods, &SolveOptions::default());
         let mut unplaced: Vec<Pod> = results.errors.iter().map(|(i, _)| msg.pods[*i].clone()).collect();
         let mut planned: Vec<Planned> = Vec::new();
+        let zones: Vec<String> = self.zones.keys().cloned().collect();
         for (i, c) in results.claims.iter().enumerate() {
             let spec = c.to_spec(&input);
-            let cts = capacity_types(&spec);
-            let names: Vec<String> = c.instance_types.iter().map(|&t| self.types[t as usize].name.clone()).collect();
-            let zone = match &c.launch {
-                Some(l) => Some(l.zone.clone()),
-                None => pick_zone(
-                    c.instance_types.iter().flat_map(|&t| {
-                        let it = &self.types[t as usize];
-                        it.offerings.iter().map(move |o| (it.name.as_str(), o))
-                    }),
-                    &cts,
-                    |_, _| false,
-                    &BTreeMap::new(),
-                )
-                .map(|z| z.zone),
-            };
             let pods: Vec<Pod> = c.pods.iter().map(|&p| msg.pods[p].clone()).collect();
-            let Some(zone) = zone else {
+            let Some(plan) = plan_claim(c, &spec, &self.types, &zones) else {
                 unplaced.extend(pods);
                 continue;
             };
-            // Reserve the most the claim can hold and cost: the provider picks among its types.
-            let mut resources = ResourceList::new();
-            let mut price = 0.0f64;
-            for &t in &c.instance_types {
-                let it = &self.types[t as usize];
-                resources = resources.max_with(&it.capacity);
-                for o in it.offerings.iter().filter(|o| o.zone == zone && cts.contains(&o.capacity_type)) {
-                    price = price.max(o.price);
-                }
-            }
             let id = format!("{}-{batch:x}-{i}", self.pool.name);
-            let claim = NodeClaim {
-                name: id.clone(),
-                spec: spec.clone(),
-                finalizers: vec!["karpenter.sh/termination".into()],
-                deleting: false,
-                status: NodeClaimStatus::default(),
-            };
             let request = LaunchRequest {
                 claim: id.clone(),
                 nodepool: self.pool.name.clone(),
                 node_class: self.node_class.clone(),
-                zone: zone.clone(),
-                instance_types: names,
-                capacity_types: cts,
+                zone: plan.zone.clone(),
+                instance_types: plan.instance_types,
+                capacity_types: plan.capacity_types,
                 labels: spec.labels.clone(),
                 tags: BTreeMap::new(),
             };
-            let zones: Vec<String> =
-                self.zones.keys().filter(|z| spec.requirements.get(labels::ZONE).has(z)).cloned().collect();
+            let claim = NodeClaim {
+                name: id.clone(),
+                spec,
+                finalizers: vec![FINALIZER.into()],
+                deleting: false,
+                status: NodeClaimStatus::default(),
+            };
             planned.push(Planned {
-                reserve: ClaimRequest { id, zone, resources, price_per_hour: micro_dollars(price) },
+                reserve: ClaimRequest {
+                    id,
+                    zone: plan.zone,
+                    resources: plan.resources,
+                    price_per_hour: plan.price_per_hour,
+                },
                 claim,
                 request,
                 pods,
-                zones,
+                zones: plan.zones,
             });
         }
         let (ledger, cluster, pool) = (self.ledger.clone(), self.cluster.clone(), self.pool.name.clone());
@@ -302,12 +279,12 @@ impl Handler<Provision> for NodePoolActor {
             (outcome, planned, unplaced, cluster)
         };
         ctx.spawn(work.into_actor(self).map(|(outcome, planned, mut unplaced, cluster), act, ctx| {
-            let granted: Vec<String> = match outcome {
+            let granted: BTreeSet<String> = match outcome {
                 Ok(c) => match c.outcome {
-                    Outcome::Reserved { granted, .. } => granted,
-                    _ => Vec::new(),
+                    Outcome::Reserved { granted, .. } => granted.into_iter().collect(),
+                    _ => BTreeSet::new(),
                 },
-                Err(_) => Vec::new(),
+                Err(_) => BTreeSet::new(),
             };
             for Planned { reserve: req, claim, request, pods, zones } in planned {
                 if !granted.contains(&req.id) {
@@ -361,30 +338,19 @@ impl Handler<LaunchOutcome> for NodePoolActor {
                 let Some(mut p) = self.pending.remove(&msg.claim) else { return };
                 if let CloudError::InsufficientCapacity { .. } = err {
                     // The cheapest zone still available for the claim's types.
-                    let mut state = None;
-                    let _ = self.ledger.read(&mut |s| state = Some(s.clone()));
                     let now = millis(self.clock.now());
-                    let names = p.request.instance_types.clone();
-                    let allowed = p.zones.clone();
-                    let offerings = self
-                        .types
-                        .iter()
-                        .filter(|t| names.contains(&t.name))
-                        .flat_map(|t| t.offerings.iter().map(move |o| (t.name.as_str(), o)))
-                        .filter(move |(_, o)| allowed.contains(&o.zone));
+                    let mut marked: BTreeSet<Offering> = BTreeSet::new();
+                    let _ = self.ledger.read(&mut |s| marked = s.unavailable(now).cloned().collect());
                     let unavailable = |t: &str, o: &dovetail_core::catalog::Offering| {
-                        state.as_ref().is_some_and(|s| {
-                            s.is_unavailable(
-                                &Offering {
-                                    instance_type: t.to_string(),
-                                    zone: o.zone.clone(),
-                                    capacity_type: o.capacity_type,
-                                },
-                                now,
-                            )
+                        marked.contains(&Offering {
+                            instance_type: t.to_string(),
+                            zone: o.zone.clone(),
+                            capacity_type: o.capacity_type,
                         })
                     };
-                    if let Some(choice) = pick_zone(offerings, &p.request.capacity_types, unavailable, &BTreeMap::new())
+                    let r = &p.request;
+                    if let Some(choice) =
+                        relaunch_zone(&self.types, &r.instance_types, &r.capacity_types, &p.zones, unavailable)
                     {
                         p.request.zone = choice.zone;
                         let request = p.request.clone();
@@ -446,12 +412,12 @@ impl Handler<Reconcile> for NodePoolActor {
                         node_class: self.node_class.clone(),
                         zone: zone.clone(),
                         instance_types: nc.spec.requirements.get(labels::INSTANCE_TYPE).values().to_vec(),
-                        capacity_types: capacity_types(&nc.spec),
+                        capacity_types: capacity_types(&nc.spec.requirements),
                         labels: nc.spec.labels.clone(),
                         tags: BTreeMap::new(),
                     };
-                    let zones =
-                        self.zones.keys().filter(|z| nc.spec.requirements.get(labels::ZONE).has(z)).cloned().collect();
+                    let all: Vec<String> = self.zones.keys().cloned().collect();
+                    let zones = allowed_zones(&nc.spec.requirements, &all);
                     self.pending.insert(id.clone(), Pending { pods: Vec::new(), request: request.clone(), zones });
                     self.stats.resumed += 1;
                     self.send_launch(ctx, request);
@@ -575,7 +541,7 @@ impl NodePoolActor {
             let _ = self.cluster.delete_node(&node);
         }
         let _ = self.cluster.delete_nodeclaim(id);
-        let _ = self.cluster.remove_nodeclaim_finalizer(id, "karpenter.sh/termination");
+        let _ = self.cluster.remove_nodeclaim_finalizer(id, FINALIZER);
         let (ledger, claim, at) = (self.ledger.clone(), id.to_string(), millis(self.clock.now()));
         ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
             let _ = ledger.propose(Entry { at, command: Command::Advance { claim, step: Step::Gone } }).await;

@@ -4,9 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::catalog::{CapacityType, Offering};
-use crate::ledger::{ClaimState, Millis};
+use crate::catalog::{CapacityType, InstanceType, Offering};
+use crate::labels;
+use crate::ledger::{ClaimState, MicroDollars, Millis, micro_dollars};
+use crate::nodepool::NodeClaimSpec;
 use crate::pod::Pod;
+use crate::requirements::Requirements;
+use crate::resources::ResourceList;
+use crate::scheduling::NewClaim;
 use crate::taints::{Effect, Taint};
 
 /// When a batch of pending pods is handed to the solver (Karpenter: 1 s idle, 10 s max).
@@ -121,6 +126,82 @@ pub fn pick_zone<'a>(
         na.cmp(&nb).then_with(|| a.0.cmp(b.0))
     })?;
     Some(ZoneChoice { zone: zone.to_string(), capacity_type: ct, price })
+}
+
+/// The capacity types a claim's requirements allow, spot first.
+pub fn capacity_types(reqs: &Requirements) -> Vec<CapacityType> {
+    let req = reqs.get(labels::CAPACITY_TYPE);
+    [CapacityType::Spot, CapacityType::OnDemand].into_iter().filter(|c| req.has(c.as_str())).collect()
+}
+
+/// The zones of `zones` a claim's requirements allow.
+pub fn allowed_zones(reqs: &Requirements, zones: &[String]) -> Vec<String> {
+    let req = reqs.get(labels::ZONE);
+    zones.iter().filter(|z| req.has(z)).cloned().collect()
+}
+
+/// How a new claim of a round is launched and reserved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimPlan {
+    /// The zone it launches in: the solver's launch zone, else the cheapest available.
+    pub zone: String,
+    pub capacity_types: Vec<CapacityType>,
+    /// Candidate type names, in the solver's order (cheapest first).
+    pub instance_types: Vec<String>,
+    /// The zones (of the plane's) it may move to after insufficient capacity.
+    pub zones: Vec<String>,
+    /// What the ledger reserves: the most the claim can hold and cost, since the provider
+    /// picks among its types (the largest candidate's capacity, the dearest offering in the
+    /// zone).
+    pub resources: ResourceList,
+    pub price_per_hour: MicroDollars,
+}
+
+/// Plans a claim the solver made from `types` (its pool's); `None` when no zone can take it.
+pub fn plan_claim(c: &NewClaim, spec: &NodeClaimSpec, types: &[InstanceType], zones: &[String]) -> Option<ClaimPlan> {
+    let capacity_types = capacity_types(&spec.requirements);
+    let candidates = || c.instance_types.iter().map(|&t| &types[t as usize]);
+    let zone = match &c.launch {
+        Some(l) => l.zone.clone(),
+        None => {
+            let offerings = candidates().flat_map(|it| it.offerings.iter().map(move |o| (it.name.as_str(), o)));
+            pick_zone(offerings, &capacity_types, |_, _| false, &BTreeMap::new())?.zone
+        }
+    };
+    let mut resources = ResourceList::new();
+    let mut price = 0.0f64;
+    for it in candidates() {
+        resources = resources.max_with(&it.capacity);
+        for o in it.offerings.iter().filter(|o| o.zone == zone && capacity_types.contains(&o.capacity_type)) {
+            price = price.max(o.price);
+        }
+    }
+    Some(ClaimPlan {
+        zone,
+        instance_types: candidates().map(|it| it.name.clone()).collect(),
+        zones: allowed_zones(&spec.requirements, zones),
+        capacity_types,
+        resources,
+        price_per_hour: micro_dollars(price),
+    })
+}
+
+/// The zone a claim moves to after insufficient capacity: the cheapest available offering of
+/// its candidate types among the zones it may use, skipping what `unavailable` (the ledger's
+/// ICE marks) excludes.
+pub fn relaunch_zone(
+    types: &[InstanceType],
+    names: &[String],
+    capacity_types: &[CapacityType],
+    zones: &[String],
+    unavailable: impl Fn(&str, &Offering) -> bool,
+) -> Option<ZoneChoice> {
+    let offerings = types
+        .iter()
+        .filter(|t| names.contains(&t.name))
+        .flat_map(|t| t.offerings.iter().map(move |o| (t.name.as_str(), o)))
+        .filter(|(_, o)| zones.contains(&o.zone));
+    pick_zone(offerings, capacity_types, unavailable, &BTreeMap::new())
 }
 
 /// Karpenter's liveness timeouts of a NodeClaim.
@@ -245,6 +326,24 @@ mod tests {
         let od_only = pick_zone(it(), &[CapacityType::OnDemand], none, &BTreeMap::new()).expect("od");
         assert_eq!(od_only.zone, "a", "ties go by name when spread is equal");
         assert_eq!(pick_zone(it(), &[], |_, _| true, &BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn a_relaunch_stays_in_the_claims_zones_and_skips_marked_offerings() {
+        let c = crate::catalog::Catalog::embedded("us-east-1").expect("catalog");
+        let types = c.instance_types(&crate::catalog::NodeClassSettings::default(), None);
+        let names = vec!["m5.large".to_string()];
+        let od = [CapacityType::OnDemand];
+        let zones = vec!["us-east-1a".to_string(), "us-east-1b".to_string()];
+        let a_marked = |_: &str, o: &Offering| o.zone == "us-east-1a";
+        let z = relaunch_zone(&types, &names, &od, &zones, a_marked).expect("b");
+        assert_eq!((z.zone.as_str(), z.capacity_type), ("us-east-1b", CapacityType::OnDemand));
+        assert_eq!(relaunch_zone(&types, &names, &od, &zones[..1], a_marked), None, "pinned to a");
+        let mut reqs = Requirements::new();
+        reqs.add(labels::ZONE, crate::requirements::Requirement::is_in(["us-east-1b"]));
+        reqs.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["spot", "on-demand"]));
+        assert_eq!(allowed_zones(&reqs, &zones), vec!["us-east-1b".to_string()]);
+        assert_eq!(capacity_types(&reqs), vec![CapacityType::Spot, CapacityType::OnDemand]);
     }
 
     #[test]
