@@ -12,7 +12,6 @@ use std::time::Duration;
 use actix::prelude::*;
 use dovetail_cloud::Clock;
 use dovetail_cluster::ClusterView;
-use dovetail_core::node::Node;
 use dovetail_core::plane::{Batch, BatchWindow};
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
@@ -102,33 +101,6 @@ impl Router {
         }));
     }
 
-    /// The cluster as the solver sees it: nodes, in-flight NodeClaims as capacity with
-    /// requirements, bound pods and DaemonSets.
-    fn snapshot(&self, pools: Vec<PoolInput>) -> scheduling::Snapshot {
-        let snap = self.cluster.snapshot();
-        let mut nodes: Vec<Node> = snap.nodes.values().map(|n| n.as_ref().clone()).collect();
-        let registered: BTreeSet<&str> = snap.nodes.keys().map(String::as_str).collect();
-        for c in snap.nodeclaims.values() {
-            if c.deleting || c.status.node_name.as_deref().is_some_and(|n| registered.contains(n)) {
-                continue;
-            }
-            let allocatable =
-                if c.status.allocatable.is_empty() { c.spec.requests.clone() } else { c.status.allocatable.clone() };
-            nodes.push(Node {
-                name: c.name.clone(),
-                labels: c.spec.labels.clone(),
-                taints: c.spec.taints.clone(),
-                capacity: allocatable.clone(),
-                allocatable,
-                initialized: false,
-                requirements: Some(c.spec.requirements.clone()),
-                unschedulable: false,
-                provider_id: c.status.provider_id.clone(),
-            });
-        }
-        snap.scheduling_input(nodes, pools)
-    }
-
     /// Solves `pods` over the pools each has not tried and sends every pool its share.
     fn route(&mut self, pods: Vec<Pod>, with_existing: bool) {
         if pods.is_empty() {
@@ -143,16 +115,16 @@ impl Router {
                 .collect();
             groups.entry(open).or_default().push(p);
         }
+        // One view of the cluster for every group.
+        let snap = self.cluster.snapshot();
+        let nodes = if with_existing { snap.capacity_nodes() } else { Vec::new() };
         for (open, pods) in groups {
             if open.is_empty() {
                 self.stats.unschedulable += pods.len() as u64;
                 continue;
             }
             let inputs: Vec<PoolInput> = open.iter().map(|&i| self.pools[i].input.clone()).collect();
-            let mut snapshot = self.snapshot(inputs);
-            if !with_existing {
-                snapshot.nodes.clear();
-            }
+            let snapshot = snap.scheduling_input(nodes.clone(), inputs);
             let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
             self.stats.on_existing += results.existing.iter().map(|e| e.pods.len() as u64).sum::<u64>();
             self.stats.unschedulable += results.errors.len() as u64;

@@ -106,6 +106,32 @@ impl Snapshot {
         self.pods.values().filter(|p| p.node_name.is_none() && !p.terminal)
     }
 
+    /// The capacity the solver may place pods on: every node, and every NodeClaim not deleting
+    /// whose node has not registered, as a node with the claim's requirements (its allocatable
+    /// once launched, until then its requests, so only the pods planned onto it fit).
+    pub fn capacity_nodes(&self) -> Vec<Node> {
+        let mut nodes: Vec<Node> = self.nodes.values().map(|n| n.as_ref().clone()).collect();
+        for c in self.nodeclaims.values() {
+            if c.deleting || c.status.node_name.as_ref().is_some_and(|n| self.nodes.contains_key(n)) {
+                continue;
+            }
+            let allocatable =
+                if c.status.allocatable.is_empty() { c.spec.requests.clone() } else { c.status.allocatable.clone() };
+            nodes.push(Node {
+                name: c.name.clone(),
+                labels: c.spec.labels.clone(),
+                taints: c.spec.taints.clone(),
+                capacity: allocatable.clone(),
+                allocatable,
+                initialized: false,
+                requirements: Some(c.spec.requirements.clone()),
+                unschedulable: false,
+                provider_id: c.status.provider_id.clone(),
+            });
+        }
+        nodes
+    }
+
     /// The solver's input over this cluster: `nodes` (chosen by the caller), every bound pod and
     /// every DaemonSet, with `pools` to launch from.
     pub fn scheduling_input(
