@@ -60,7 +60,7 @@ async fn run(n: usize, idle: u64, ec2: bool) -> Result<(), Box<dyn std::error::E
             (z.to_string(), ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), clock.clone()).start())
         })
         .collect();
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let (cl, le, ck, ty, p) = (cluster.clone(), ledger.clone(), clock.clone(), types.clone(), pool.clone());
     let router = Router::create(move |ctx| {
         let wiring = PoolWiring {

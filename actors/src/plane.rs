@@ -80,7 +80,8 @@ impl Plane {
             })
             .collect();
         let zone_names: Vec<String> = cfg.zones.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
+        // Room for every pool's address: the sends never wait.
+        let (tx, rx) = std::sync::mpsc::sync_channel(cfg.pools.len());
         let (zs, view, cluster, ledger, clock, window) =
             (zones.clone(), s.view.clone(), s.cluster.clone(), s.ledger.clone(), s.clock.clone(), cfg.window);
         let pools_cfg = cfg.pools;

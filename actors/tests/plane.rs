@@ -5,6 +5,9 @@
 mod common {
     use std::sync::{Arc, OnceLock};
 
+    use actix::prelude::*;
+    use tokio::sync::mpsc;
+
     use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
     use dovetail_core::ledger::State;
     use dovetail_raft::{InProcess, Ledger};
@@ -19,6 +22,29 @@ mod common {
         .clone()
     }
 
+    /// An actor that hands every message it gets to the test through a bounded channel.
+    pub struct Forward<M>(mpsc::Sender<M>);
+
+    impl<M: Send + Unpin + 'static> Actor for Forward<M> {
+        type Context = Context<Self>;
+    }
+
+    impl<M: Message<Result = ()> + Send + Unpin + 'static> Handler<M> for Forward<M> {
+        type Result = ();
+        fn handle(&mut self, msg: M, _: &mut Context<Self>) {
+            // The tests read every message; a full channel means one stopped reading.
+            if self.0.try_send(msg).is_err() {
+                panic!("the test's channel is full or closed");
+            }
+        }
+    }
+
+    /// A forwarding actor and the receiving end (at most 10,000 messages waiting).
+    pub fn forward<M: Message<Result = ()> + Send + Unpin + 'static>() -> (Addr<Forward<M>>, mpsc::Receiver<M>) {
+        let (tx, rx) = mpsc::channel(10_000);
+        (Forward(tx).start(), rx)
+    }
+
     /// The ledger's committed state.
     pub fn state(ledger: &InProcess) -> State {
         let mut out = None;
@@ -28,7 +54,7 @@ mod common {
 }
 
 mod zone {
-    use crate::common::{state, types};
+    use crate::common::{Forward, forward, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
@@ -43,25 +69,13 @@ mod zone {
     use dovetail_raft::{InProcess, Ledger};
     use tokio::sync::mpsc;
 
-    /// Forwards outcomes to the test.
-    struct Collector(mpsc::UnboundedSender<LaunchOutcome>);
-    impl Actor for Collector {
-        type Context = Context<Self>;
-    }
-    impl Handler<LaunchOutcome> for Collector {
-        type Result = ();
-        fn handle(&mut self, msg: LaunchOutcome, _: &mut Context<Self>) {
-            let _ = self.0.send(msg);
-        }
-    }
-
     struct World {
         cloud: Arc<SimCloud>,
         ledger: Arc<InProcess>,
         clock: Arc<ManualClock>,
         zone: Addr<ZoneActor>,
-        collector: Addr<Collector>,
-        outcomes: mpsc::UnboundedReceiver<LaunchOutcome>,
+        collector: Addr<Forward<LaunchOutcome>>,
+        outcomes: mpsc::Receiver<LaunchOutcome>,
     }
 
     async fn world(claims: usize, limits: ApiLimits) -> World {
@@ -85,8 +99,7 @@ mod zone {
             .await
             .expect("reserve");
         let zone = ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud.clone(), ledger.clone(), clock.clone()).start();
-        let (tx, outcomes) = mpsc::unbounded_channel();
-        let collector = Collector(tx).start();
+        let (collector, outcomes) = forward();
         World { cloud, ledger, clock, zone, collector, outcomes }
     }
 
@@ -205,7 +218,7 @@ mod zone {
 }
 
 mod pool {
-    use crate::common::{state, types};
+    use crate::common::{forward, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
@@ -230,23 +243,12 @@ mod pool {
 
     const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 
-    struct Router(mpsc::UnboundedSender<Unplaced>);
-    impl Actor for Router {
-        type Context = Context<Self>;
-    }
-    impl Handler<Unplaced> for Router {
-        type Result = ();
-        fn handle(&mut self, msg: Unplaced, _: &mut Context<Self>) {
-            let _ = self.0.send(msg);
-        }
-    }
-
     struct World {
         cloud: Arc<SimCloud>,
         cluster: Arc<SimCluster>,
         ledger: Arc<InProcess>,
         pool: Addr<NodePoolActor>,
-        unplaced: mpsc::UnboundedReceiver<Unplaced>,
+        unplaced: mpsc::Receiver<Unplaced>,
     }
 
     async fn world(pool: NodePool, cloud: SimCloud, clock: Arc<ManualClock>) -> World {
@@ -276,8 +278,7 @@ mod pool {
                 (z.to_string(), a)
             })
             .collect();
-        let (tx, unplaced) = mpsc::unbounded_channel();
-        let router = Router(tx).start();
+        let (router, unplaced) = forward::<Unplaced>();
         let wiring = PoolWiring {
             view: cluster.clone(),
             cluster: cluster.clone(),
@@ -877,7 +878,7 @@ mod integration {
 }
 
 mod limiter {
-    use crate::common::{state, types};
+    use crate::common::{forward, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
@@ -892,18 +893,6 @@ mod limiter {
     use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry};
     use dovetail_core::resources::ResourceList;
     use dovetail_raft::{InProcess, Ledger};
-    use tokio::sync::mpsc;
-
-    struct Sink(mpsc::UnboundedSender<LaunchOutcome>);
-    impl Actor for Sink {
-        type Context = Context<Self>;
-    }
-    impl Handler<LaunchOutcome> for Sink {
-        type Result = ();
-        fn handle(&mut self, msg: LaunchOutcome, _: &mut Context<Self>) {
-            let _ = self.0.send(msg);
-        }
-    }
 
     /// Two zones share one limiter holding 3 instance launches: 6 claims go out 3 now and the
     /// rest as the plane's clock refills the bucket, with no throttled call at the cloud.
@@ -943,8 +932,7 @@ mod limiter {
                     .start()
             })
             .collect();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let sink = Sink(tx).start();
+        let (sink, mut rx) = forward::<LaunchOutcome>();
         for i in 0..6 {
             let zone = if i % 2 == 0 { "us-east-1a" } else { "us-east-1b" };
             let r = LaunchRequest {
