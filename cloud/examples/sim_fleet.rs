@@ -19,25 +19,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clock = Arc::new(ManualClock::new());
     let config = SimConfig { limits: ApiLimits::raised(1000.0), ..SimConfig::default() };
     let cloud = SimCloud::new(config, types, clock.clone());
-    let zones = ["us-east-1a", "us-east-1b", "us-east-1c"];
-    let candidates: Vec<String> =
-        ["m5.large", "m5.xlarge", "c5.large", "r5.large"].iter().map(|s| s.to_string()).collect();
 
     let start = Instant::now();
     let mut ids = Vec::with_capacity(n);
     for batch in 0..n.div_ceil(100) {
-        let reqs: Vec<LaunchRequest> = (batch * 100..((batch + 1) * 100).min(n))
-            .map(|i| LaunchRequest {
-                claim: format!("claim-{i}"),
-                nodepool: "default".into(),
-                node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
-                zone: zones[i % 3].into(),
-                instance_types: candidates.clone(),
-                capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
-                labels: Default::default(),
-                tags: Default::default(),
-            })
-            .collect();
+        let reqs: Vec<LaunchRequest> =
+            (batch * 100..((batch + 1) * 100).min(n)).map(|i| request(&format!("claim-{i}"), i)).collect();
         for r in cloud.launch(&reqs).await {
             ids.push(r?.id);
         }
@@ -73,16 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut tasks = Vec::with_capacity(m);
         for i in 0..m {
             let b = batched.clone();
-            let r = LaunchRequest {
-                claim: format!("merged-{i}"),
-                nodepool: "default".into(),
-                node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
-                zone: zones[i % 3].into(),
-                instance_types: candidates.clone(),
-                capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
-                labels: Default::default(),
-                tags: Default::default(),
-            };
+            let r = request(&format!("merged-{i}"), i);
             tasks.push(tokio::spawn(async move { b.launch(std::slice::from_ref(&r)).await }));
         }
         let mut ok = 0;
@@ -97,4 +75,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// Claim `claim` in zone `i % 3`, four candidate types, spot preferred.
+fn request(claim: &str, i: usize) -> LaunchRequest {
+    const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+    LaunchRequest {
+        claim: claim.to_string(),
+        nodepool: "default".into(),
+        node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
+        zone: ZONES[i % 3].into(),
+        instance_types: ["m5.large", "m5.xlarge", "c5.large", "r5.large"].iter().map(|s| s.to_string()).collect(),
+        capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
+        labels: Default::default(),
+        tags: Default::default(),
+    }
 }
