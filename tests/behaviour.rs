@@ -436,7 +436,10 @@ fn check_run(
 }
 
 fn scenarios() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/behaviour");
+    // Read when the test runs, not when it was built: a build cached from another checkout
+    // would otherwise point there.
+    let root = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let dir = root.join("tests/behaviour");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("tests/behaviour exists")
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -2,6 +2,9 @@
 //! owns its mailbox and state, calls the pure decisions in `core`, and talks to the cloud,
 //! the cluster and the ledger through their seams. actix types stay inside this crate.
 //!
+//! - [`plane::Plane`]: the Supervisor; wires the others and restarts any that stops.
+//! - [`router::Router`]: batches pending pods and routes them to pools by one global solve.
+//! - [`pool::NodePoolActor`]: one per NodePool; packs, reserves and drives claims' lifecycle.
 //! - [`zone::ZoneActor`]: one per availability zone, the only caller of launch for its zone.
 //!
 //! Mailboxes are bounded; sends between actors use `try_send`, falling back to an awaited
@@ -15,9 +18,17 @@ pub mod zone;
 
 use std::time::Duration;
 
+use actix::Message;
+
 use dovetail_core::ledger::Millis;
 
 /// Ledger timestamps from the plane's clock.
 pub(crate) fn millis(d: Duration) -> Millis {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
+
+/// Stops an actor. Under the plane's Supervisor it starts again from its seams (the ledger and
+/// the cluster hold what it decided); chaos runs and the restart tests send it.
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "()")]
+pub struct Restart;

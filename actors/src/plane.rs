@@ -51,17 +51,21 @@ pub struct Plane {
 
 impl Supervised for ZoneActor {
     fn restarting(&mut self, _: &mut Context<Self>) {
-        self.forget();
+        self.requeue();
     }
 }
 
 impl Supervised for NodePoolActor {
     fn restarting(&mut self, _: &mut Context<Self>) {
-        self.forget();
+        NodePoolActor::restarting(self);
     }
 }
 
-impl Supervised for Router {}
+impl Supervised for Router {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        Router::restarting(self);
+    }
+}
 
 impl Plane {
     /// Starts every actor under a supervisor (inside an actix system).

@@ -122,6 +122,8 @@ pub struct NodePoolActor {
     liveness: Liveness,
     /// Claims whose instance termination was asked, not yet answered.
     terminating: BTreeSet<String>,
+    /// Claims of rounds whose reservation is under way (not yet created or launched).
+    reserving: BTreeSet<String>,
     pending: BTreeMap<String, Pending>,
     round: u64,
     stats: PoolStats,
@@ -155,6 +157,7 @@ impl NodePoolActor {
             router: w.router,
             liveness: Liveness::default(),
             terminating: BTreeSet::new(),
+            reserving: BTreeSet::new(),
             pending: BTreeMap::new(),
             round: 0,
             stats: PoolStats::default(),
@@ -174,11 +177,13 @@ impl NodePoolActor {
         }
     }
 
-    /// Drops what only lived in this actor (a restart); the next reconcile resumes from the
-    /// ledger and the cluster.
-    pub(crate) fn forget(&mut self) {
-        self.pending.clear();
+    /// A restart: the work that was under way is gone with the old context. Terminations are
+    /// asked again by the next reconcile; rounds being reserved are resolved from the ledger
+    /// and the cluster (a reserved claim with no NodeClaim is released); the claims being
+    /// launched are sent again when the actor starts (the zone answers each claim once).
+    pub(crate) fn restarting(&mut self) {
         self.terminating.clear();
+        self.reserving.clear();
     }
 
     /// Deletes a claim that will not launch, frees its reservation and gives its pods back.
@@ -209,6 +214,11 @@ impl Actor for NodePoolActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
+        // After a restart: the launches that were under way.
+        let requests: Vec<LaunchRequest> = self.pending.values().map(|p| p.request.clone()).collect();
+        for r in requests {
+            self.send_launch(ctx, r);
+        }
         ctx.run_interval(std::time::Duration::from_secs(1), |_, ctx| {
             // Full mailbox: the next tick will do.
             let _ = ctx.address().try_send(Reconcile);
@@ -272,6 +282,7 @@ impl Handler<Provision> for NodePoolActor {
                 zones: plan.zones,
             });
         }
+        self.reserving.extend(planned.iter().map(|p| p.reserve.id.clone()));
         let (ledger, cluster, pool) = (self.ledger.clone(), self.cluster.clone(), self.pool.name.clone());
         let reserve = Command::Reserve { pool, batch, claims: planned.iter().map(|p| p.reserve.clone()).collect() };
         let work = async move {
@@ -287,6 +298,7 @@ impl Handler<Provision> for NodePoolActor {
                 Err(_) => BTreeSet::new(),
             };
             for Planned { reserve: req, claim, request, pods, zones } in planned {
+                act.reserving.remove(&req.id);
                 if !granted.contains(&req.id) {
                     unplaced.extend(pods);
                     continue;
@@ -318,8 +330,11 @@ impl Handler<LaunchOutcome> for NodePoolActor {
     fn handle(&mut self, msg: LaunchOutcome, ctx: &mut Context<Self>) {
         match msg.result {
             Ok(inst) => {
+                // Answered already (a launch sent again after a restart).
+                if self.pending.remove(&msg.claim).is_none() {
+                    return;
+                }
                 self.stats.launched += 1;
-                self.pending.remove(&msg.claim);
                 let status = NodeClaimStatus {
                     provider_id: Some(format!("aws:///{}/{}", inst.zone, inst.id)),
                     node_name: None,
@@ -404,7 +419,10 @@ impl Handler<Reconcile> for NodePoolActor {
             // Reserved or launching in the ledger but not in flight here: this actor restarted
             // (or another leader reserved it). Launch it again: the zone actor and the cloud are
             // idempotent by claim, so an instance made before the restart is found, not doubled.
-            if matches!(state, ClaimState::Reserved | ClaimState::Launching) && !self.pending.contains_key(&id) {
+            if matches!(state, ClaimState::Reserved | ClaimState::Launching)
+                && !self.pending.contains_key(&id)
+                && !self.reserving.contains(&id)
+            {
                 if let Some(nc) = snap.nodeclaims.get(&id) {
                     let request = LaunchRequest {
                         claim: id.clone(),
@@ -421,6 +439,10 @@ impl Handler<Reconcile> for NodePoolActor {
                     self.pending.insert(id.clone(), Pending { pods: Vec::new(), request: request.clone(), zones });
                     self.stats.resumed += 1;
                     self.send_launch(ctx, request);
+                } else if state == ClaimState::Reserved {
+                    // Its round stopped before the NodeClaim was created (a restart): nothing
+                    // was launched; the pods are still pending and come back from the Router.
+                    steps.push((id, Step::Gone));
                 }
                 continue;
             }
@@ -582,6 +604,14 @@ impl Handler<Terminated> for NodePoolActor {
             .and_then(|p| snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(p)))
             .map(|n| n.name.clone());
         self.finish(ctx, &msg.claim, node);
+    }
+}
+
+impl Handler<crate::Restart> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, _: crate::Restart, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }
 

@@ -84,6 +84,11 @@ impl Router {
         }
     }
 
+    /// A restart: the timer went with the old context; the queued pods stay.
+    pub(crate) fn restarting(&mut self) {
+        self.timer = None;
+    }
+
     /// (Re)arms the timer for the batch's closing time.
     fn arm(&mut self, ctx: &mut Context<Self>) {
         if let Some(h) = self.timer.take() {
@@ -165,6 +170,10 @@ impl Actor for Router {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
+        // After a restart: the batch that was open.
+        if !self.queue.is_empty() {
+            self.arm(ctx);
+        }
     }
 }
 
@@ -189,6 +198,14 @@ impl Handler<Unplaced> for Router {
         self.stats.rerouted += msg.pods.len() as u64;
         // Existing capacity was offered already; the next pools are.
         self.route(msg.pods, false);
+    }
+}
+
+impl Handler<crate::Restart> for Router {
+    type Result = ();
+
+    fn handle(&mut self, _: crate::Restart, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }
 

@@ -5,7 +5,7 @@
 //! sends every claim's outcome back to the pool that asked: on insufficient capacity the pool
 //! picks another offering, the ICE'd ones now marked unavailable.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,9 +96,11 @@ pub struct ZoneActor {
     cloud: Arc<dyn CloudProvider>,
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
-    pending: Vec<(LaunchRequest, Recipient<LaunchOutcome>)>,
+    /// Claims waiting for the next call, in arrival order.
+    pending: Vec<String>,
     flush_scheduled: bool,
-    in_flight: BTreeSet<String>,
+    /// Every claim handed over and not yet answered (queued or in a call), with its reply.
+    in_flight: BTreeMap<String, (LaunchRequest, Recipient<LaunchOutcome>)>,
     limiter: Option<Arc<RegionLimiter>>,
     stats: ZoneStats,
 }
@@ -112,17 +114,17 @@ impl ZoneActor {
             clock,
             pending: Vec::new(),
             flush_scheduled: false,
-            in_flight: BTreeSet::new(),
+            in_flight: BTreeMap::new(),
             limiter: None,
             stats: ZoneStats::default(),
         }
     }
 
-    /// Drops what only lived in this actor (a restart): the claims it held are still in the
-    /// ledger and their pools resume them.
-    pub(crate) fn forget(&mut self) {
-        self.pending.clear();
-        self.in_flight.clear();
+    /// A restart: the calls that were under way are gone with the old context, so every claim
+    /// not yet answered is queued again. Launch is idempotent by claim, so an instance a lost
+    /// call made is found, not doubled; the pools still get exactly one answer per claim.
+    pub(crate) fn requeue(&mut self) {
+        self.pending = self.in_flight.keys().cloned().collect();
         self.flush_scheduled = false;
     }
 
@@ -156,7 +158,14 @@ impl ZoneActor {
             },
             None => self.pending.len(),
         };
-        let batch: Vec<_> = self.pending.drain(..take.min(self.pending.len())).collect();
+        let batch: Vec<(LaunchRequest, Recipient<LaunchOutcome>)> = self
+            .pending
+            .drain(..take.min(self.pending.len()))
+            .filter_map(|claim| self.in_flight.get(&claim).cloned())
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
         if !self.pending.is_empty() {
             let window = self.cfg.window;
             self.schedule_flush(ctx, window);
@@ -207,11 +216,15 @@ impl ZoneActor {
         ctx.spawn(work.into_actor(self).map(move |results, act, ctx| {
             let mut retry_after: Option<Duration> = None;
             for ((request, reply), result) in batch.into_iter().zip(results) {
+                // Stale: answered already (a call from before a restart).
+                if !act.in_flight.contains_key(&request.claim) {
+                    continue;
+                }
                 match result {
                     Err(CloudError::Throttled { retry_after: after, .. }) => {
                         act.stats.throttled += 1;
                         retry_after = Some(retry_after.map_or(after, |r| r.max(after)));
-                        act.pending.push((request, reply));
+                        act.pending.push(request.claim);
                     }
                     result => {
                         match &result {
@@ -245,6 +258,11 @@ impl Actor for ZoneActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(self.cfg.mailbox);
+        // After a restart, the claims requeued.
+        if !self.pending.is_empty() {
+            let window = self.cfg.window;
+            self.schedule_flush(ctx, window);
+        }
     }
 }
 
@@ -262,10 +280,11 @@ impl Handler<Launch> for ZoneActor {
                 continue;
             }
             // A claim already being launched is answered once, by that launch.
-            if !self.in_flight.insert(r.claim.clone()) {
+            if self.in_flight.contains_key(&r.claim) {
                 continue;
             }
-            self.pending.push((r, msg.reply.clone()));
+            self.pending.push(r.claim.clone());
+            self.in_flight.insert(r.claim.clone(), (r, msg.reply.clone()));
         }
         let window = self.cfg.window;
         self.schedule_flush(ctx, window);
@@ -294,6 +313,14 @@ impl Handler<Terminate> for ZoneActor {
                 });
             }
         }));
+    }
+}
+
+impl Handler<crate::Restart> for ZoneActor {
+    type Result = ();
+
+    fn handle(&mut self, _: crate::Restart, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }
 

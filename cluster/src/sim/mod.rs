@@ -3,6 +3,8 @@
 //! The scheduler, registrar and workload controllers that play Kubernetes around it build on
 //! its inputs (`apply_*`, `bind`).
 
+mod workloads;
+
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dovetail_core::node::Node;
@@ -16,10 +18,18 @@ use crate::IntOrPercent;
 use crate::Pdb;
 use crate::{ClusterError, ClusterView, ClusterWriter, NodeClaim, NodeClaimStatus, Snapshot};
 
+pub use workloads::{Deployment, Job, JobStatus, Registrar, WorkloadStep, Workloads};
+
 /// The sim cluster.
 pub struct SimCluster {
-    state: Mutex<Snapshot>,
+    state: Mutex<State>,
     tx: watch::Sender<u64>,
+}
+
+struct State {
+    objects: Snapshot,
+    /// The last snapshot handed out, until the next change.
+    shared: Option<Arc<Snapshot>>,
 }
 
 impl Default for SimCluster {
@@ -30,21 +40,24 @@ impl Default for SimCluster {
 
 impl SimCluster {
     pub fn new() -> Self {
-        SimCluster { state: Mutex::new(Snapshot::default()), tx: watch::channel(0).0 }
+        SimCluster { state: Mutex::new(State { objects: Snapshot::default(), shared: None }), tx: watch::channel(0).0 }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Snapshot> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Runs one change: bumps the resource version, keeps PDB status, notifies watchers.
     fn change<T>(&self, f: impl FnOnce(&mut Snapshot) -> Result<T, ClusterError>) -> Result<u64, ClusterError> {
         let version = {
-            let mut s = self.lock();
-            f(&mut s)?;
+            let mut state = self.lock();
+            let s = &mut state.objects;
+            f(s)?;
             s.resource_version += 1;
-            refresh_pdbs(&mut s);
-            s.resource_version
+            refresh_pdbs(s);
+            let version = s.resource_version;
+            state.shared = None;
+            version
         };
         self.tx.send_replace(version);
         Ok(version)
@@ -57,6 +70,33 @@ impl SimCluster {
             Ok(())
         })
         .unwrap_or_default()
+    }
+
+    /// Creates or replaces pods in one change (a controller's round).
+    pub fn apply_pods(&self, pods: Vec<Pod>) -> u64 {
+        if pods.is_empty() {
+            return self.lock().objects.resource_version;
+        }
+        self.change(|s| {
+            for pod in pods {
+                s.pods.insert(pod.key.clone(), Arc::new(pod));
+            }
+            Ok(())
+        })
+        .unwrap_or_default()
+    }
+
+    /// Deletes the pods that are there, in one change; returns how many went.
+    pub fn delete_pods(&self, keys: &[PodKey]) -> usize {
+        if keys.is_empty() {
+            return 0;
+        }
+        let mut gone = 0;
+        let _ = self.change(|s| {
+            gone = keys.iter().filter(|k| s.pods.remove(k).is_some()).count();
+            Ok(())
+        });
+        gone
     }
 
     /// Deletes a pod; `NotFound` if it is not there.
@@ -239,7 +279,13 @@ fn refresh_pdbs(s: &mut Snapshot) {
 
 impl ClusterView for SimCluster {
     fn snapshot(&self) -> Arc<Snapshot> {
-        Arc::new(self.lock().clone())
+        let mut state = self.lock();
+        if let Some(s) = &state.shared {
+            return s.clone();
+        }
+        let s = Arc::new(state.objects.clone());
+        state.shared = Some(s.clone());
+        s
     }
 
     fn synced(&self) -> bool {
