@@ -3,6 +3,7 @@
 //! the cluster and the ledger through their seams. actix types stay inside this crate.
 //!
 //! - [`plane::Plane`]: the Supervisor; wires the others and restarts any that stops.
+//! - [`feed::PendingFeed`]: tells the Router about pods that need a node.
 //! - [`router::Router`]: batches pending pods and routes them to pools by one global solve.
 //! - [`pool::NodePoolActor`]: one per NodePool; packs, reserves and drives claims' lifecycle.
 //! - [`zone::ZoneActor`]: one per availability zone, the only caller of launch for its zone.
@@ -10,6 +11,7 @@
 //! Mailboxes are bounded; sends between actors use `try_send`, falling back to an awaited
 //! `send` when a mailbox is full, so nothing is dropped and nothing grows without bound.
 
+pub mod feed;
 pub mod limiter;
 pub mod plane;
 pub mod pool;

@@ -1,5 +1,6 @@
 //! The Supervisor: wires a control plane (one ZoneActor per zone sharing the region's
-//! limiter, one NodePoolActor per NodePool, the Router) and restarts any of them that stops.
+//! limiter, one NodePoolActor per NodePool, the Router, the pending-pod feed) and restarts
+//! any of them that stops.
 //! A restarted actor starts from the seams: the ledger and the cluster hold what it decided,
 //! and its first reconcile resumes claims that were reserved or launching.
 
@@ -18,6 +19,7 @@ use dovetail_core::requirements::Requirement;
 use dovetail_core::scheduling::PoolInput;
 use dovetail_raft::Ledger;
 
+use crate::feed::{FeedConfig, PendingFeed};
 use crate::limiter::RegionLimiter;
 use crate::pool::{NodePoolActor, PoolWiring};
 use crate::router::{RoutedPool, Router};
@@ -31,6 +33,7 @@ pub struct PlaneConfig {
     pub window: BatchWindow,
     /// The region's request buckets (EC2's by default).
     pub limits: ApiLimits,
+    pub feed: FeedConfig,
 }
 
 /// The seams a plane works through.
@@ -44,6 +47,7 @@ pub struct Seams {
 
 /// A running plane.
 pub struct Plane {
+    pub feed: Addr<PendingFeed>,
     pub router: Addr<Router>,
     pub pools: BTreeMap<String, Addr<NodePoolActor>>,
     pub zones: BTreeMap<String, Addr<ZoneActor>>,
@@ -110,6 +114,22 @@ impl Plane {
             Router::new(window, view.clone(), clock.clone(), routed)
         });
         let pools = rx.try_iter().collect();
-        Plane { router, pools, zones }
+        let (feed_cfg, view, clock, r) = (cfg.feed, s.view.clone(), s.clock.clone(), router.clone());
+        let feed = Supervisor::start(move |_| PendingFeed::new(feed_cfg, view, clock, r));
+        Plane { feed, router, pools, zones }
+    }
+}
+
+impl Plane {
+    /// Stops every actor once; each restarts from its seams (chaos runs and tests).
+    pub async fn restart_all(&self) {
+        let _ = self.feed.send(crate::Restart).await;
+        let _ = self.router.send(crate::Restart).await;
+        for p in self.pools.values() {
+            let _ = p.send(crate::Restart).await;
+        }
+        for z in self.zones.values() {
+            let _ = z.send(crate::Restart).await;
+        }
     }
 }

@@ -88,6 +88,8 @@ pub struct ZoneStats {
     pub paced: u64,
     /// Claims handed over but not yet answered.
     pub in_flight: usize,
+    /// Claims queued again by a restart.
+    pub requeued: u64,
 }
 
 /// The actor.
@@ -125,6 +127,7 @@ impl ZoneActor {
     /// call made is found, not doubled; the pools still get exactly one answer per claim.
     pub(crate) fn requeue(&mut self) {
         self.pending = self.in_flight.keys().cloned().collect();
+        self.stats.requeued += self.pending.len() as u64;
         self.flush_scheduled = false;
     }
 

@@ -46,6 +46,56 @@ mod common {
     }
 
     /// The ledger's committed state.
+    /// A cloud whose launch calls take `delay` (the sim answers at once), so restarts land
+    /// while calls are under way.
+    pub struct SlowLaunch {
+        pub inner: Arc<dyn dovetail_cloud::CloudProvider>,
+        pub delay: std::time::Duration,
+    }
+
+    impl dovetail_cloud::CloudProvider for SlowLaunch {
+        fn launch<'a>(
+            &'a self,
+            requests: &'a [dovetail_cloud::LaunchRequest],
+        ) -> dovetail_cloud::BoxFuture<'a, Vec<Result<dovetail_cloud::Instance, dovetail_cloud::CloudError>>> {
+            Box::pin(async move {
+                tokio::time::sleep(self.delay).await;
+                self.inner.launch(requests).await
+            })
+        }
+        fn terminate<'a>(
+            &'a self,
+            ids: &'a [String],
+        ) -> dovetail_cloud::BoxFuture<'a, Vec<Result<(), dovetail_cloud::CloudError>>> {
+            self.inner.terminate(ids)
+        }
+        fn get<'a>(
+            &'a self,
+            id: &'a str,
+        ) -> dovetail_cloud::BoxFuture<'a, Result<dovetail_cloud::Instance, dovetail_cloud::CloudError>> {
+            self.inner.get(id)
+        }
+        fn list(
+            &self,
+        ) -> dovetail_cloud::BoxFuture<'_, Result<Vec<dovetail_cloud::Instance>, dovetail_cloud::CloudError>> {
+            self.inner.list()
+        }
+        fn instance_types<'a>(
+            &'a self,
+            node_class: &'a dovetail_cloud::NodeClass,
+        ) -> dovetail_cloud::BoxFuture<'a, Result<Vec<InstanceType>, dovetail_cloud::CloudError>> {
+            self.inner.instance_types(node_class)
+        }
+        fn is_drifted<'a>(
+            &'a self,
+            instance: &'a dovetail_cloud::Instance,
+            node_class: &'a dovetail_cloud::NodeClass,
+        ) -> dovetail_cloud::BoxFuture<'a, Result<Option<dovetail_cloud::DriftReason>, dovetail_cloud::CloudError>>
+        {
+            self.inner.is_drifted(instance, node_class)
+        }
+    }
+
     pub fn state(ledger: &InProcess) -> State {
         let mut out = None;
         ledger.read(&mut |s| out = Some(s.clone())).expect("read");
@@ -232,7 +282,7 @@ mod pool {
     use dovetail_cluster::{ClusterView, ClusterWriter, NodeClaim};
     use dovetail_core::catalog::CapacityType;
     use dovetail_core::labels;
-    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, State};
+    use dovetail_core::ledger::{Caps, ClaimRequest, ClaimState, Command, Entry, State, micro_dollars};
     use dovetail_core::nodepool::NodeClaimSpec;
     use dovetail_core::nodepool::NodePool;
     use dovetail_core::pod::{Pod, PodKey};
@@ -560,6 +610,33 @@ mod pool {
         assert_eq!(s.pool("default").map(|p| p.usage.get(&ResourceName::Nodes)), Some(3));
     }
 
+    /// The global $/hour cap (across pools) stops a round where the pool's own limits would
+    /// not: claims beyond it are not granted and their pods go back.
+    #[actix_rt::test]
+    async fn pods_beyond_the_global_spend_cap_go_back_and_the_cap_holds() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let mut w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
+        // m5.large on demand is $0.096/h: the cap allows three.
+        let cap = 3 * micro_dollars(0.096);
+        let caps = Caps { resources: ResourceList::new(), price_per_hour: Some(cap) };
+        w.ledger.propose(Entry { at: 0, command: Command::SetCaps(caps) }).await.expect("caps");
+        w.pool.send(Provision { pods: pods(5, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        let back =
+            tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
+        assert_eq!(back.pods.len(), 2, "{back:?}");
+        let s = launched(&w, 3).await;
+        assert!(s.total_price() <= cap, "spend {} over the cap {cap}", s.total_price());
+        assert_eq!(s.claims().len(), 3);
+        // A second round finds no room either.
+        w.pool.send(Provision { pods: pods(1, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        let back =
+            tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
+        assert_eq!(back.pods.len(), 1);
+        assert!(state(&w.ledger).total_price() <= cap);
+        assert_eq!(w.cluster.snapshot().nodeclaims.len(), 3, "no NodeClaim past the cap");
+    }
+
     #[actix_rt::test]
     async fn insufficient_capacity_moves_the_claim_to_a_zone_with_capacity() {
         let clock = Arc::new(ManualClock::new());
@@ -715,27 +792,27 @@ mod router {
 /// The whole plane (Router, two NodePools, three zones) on the sim cloud and sim cluster,
 /// with the test playing the kubelets (registration) and kube-scheduler (binding).
 mod integration {
-    use crate::common::{state, types};
+    use crate::common::{SlowLaunch, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
 
     use actix::prelude::*;
+    use dovetail_actors::feed::FeedConfig;
     use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
     use dovetail_actors::pool::{GetPoolStats, Reconcile};
-    use dovetail_actors::router::PodsPending;
     use dovetail_actors::zone::{GetStats, ZoneActor};
     use dovetail_cloud::limits::ApiLimits;
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cloud::{Clock, CloudProvider, NodeClass, OfferingKey, SystemClock};
     use dovetail_cluster::ClusterView;
-    use dovetail_cluster::sim::{Registration, SimCluster};
+    use dovetail_cluster::sim::{Deployment, Registrar, Registration, SimCluster, Workloads};
     use dovetail_core::catalog::CapacityType;
     use dovetail_core::labels;
     use dovetail_core::ledger::{ClaimState, Command, Entry};
     use dovetail_core::nodepool::NodePool;
     use dovetail_core::plane::BatchWindow;
-    use dovetail_core::pod::{Pod, PodKey};
+    use dovetail_core::pod::Pod;
     use dovetail_core::requirements::{Requirement, Requirements};
     use dovetail_core::resources::{ResourceList, ResourceName};
     use dovetail_raft::{InProcess, Ledger};
@@ -752,8 +829,18 @@ mod integration {
         NodePool { weight, limits, ..NodePool::new(name, reqs) }
     }
 
-    #[actix_rt::test]
-    async fn two_thousand_pods_over_three_zones_and_two_pools_with_one_ice() {
+    struct Outcome {
+        claims: usize,
+        ice: u64,
+        restarts: usize,
+        requeued: u64,
+    }
+
+    /// The whole plane on `pods` pods from three Deployments over 3 zones and 2 pools (one
+    /// weighted and capped), zone a out of c5 capacity. With `restarts`, launch calls take
+    /// 120 ms and every actor is stopped (and restarted by its supervisor) that many times,
+    /// each while launches are under way. Checks the end state.
+    async fn scenario(pods: usize, restarts_wanted: usize) -> Outcome {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
         // The ICE: zone a has no on-demand capacity for the default pool's types.
         let capacity: BTreeMap<OfferingKey, u32> = C5
@@ -785,54 +872,67 @@ mod integration {
                 pools: pools.iter().map(|p| (p.clone(), types(), nc.clone())).collect(),
                 window: BatchWindow { idle: 100, max: 1_000, adaptive: None },
                 limits: ApiLimits::default(),
+                feed: FeedConfig { tick: Duration::from_millis(50), resend: Duration::from_secs(2) },
             },
             Seams {
-                cloud: cloud.clone(),
+                // Under restarts, launch calls take a while so some are cut off mid-call.
+                cloud: match restarts_wanted {
+                    1.. => Arc::new(SlowLaunch { inner: cloud.clone(), delay: Duration::from_millis(120) }),
+                    0 => cloud.clone(),
+                },
                 view: cluster.clone(),
                 cluster: cluster.clone(),
                 ledger: ledger.clone(),
                 clock: clock.clone(),
             },
         );
-        let router = plane.router.clone();
         let pool_addrs = vec![plane.pools["weighted"].clone(), plane.pools["default"].clone()];
         let zones: Vec<(String, Addr<ZoneActor>)> = plane.zones.clone().into_iter().collect();
+        // Three Deployments of different sizes.
+        let mut workloads = Workloads::new();
         let sizes = [(250, 512 << 20), (500, 1 << 30), (1000, 2 << 30)];
-        for i in 0..2000usize {
-            let (cpu, mem) = sizes[i % 3];
-            cluster.apply_pod(Pod {
-                key: PodKey::new("default", &format!("app-{i}")),
-                requests: ResourceList::cpu_mem(cpu, mem),
-                creation: i as i64,
-                ..Pod::default()
+        for (i, (cpu, mem)) in sizes.iter().enumerate() {
+            let n = pods / 3 + usize::from(i < pods % 3);
+            workloads.apply_deployment(Deployment {
+                namespace: "default".into(),
+                name: format!("app{i}"),
+                replicas: u32::try_from(n).expect("replicas"),
+                template: Pod { requests: ResourceList::cpu_mem(*cpu, *mem), ..Pod::default() },
             });
         }
-        let mut done = false;
-        for round in 0..600 {
-            if round % 20 == 0 {
-                let pending: Vec<Pod> = cluster.snapshot().pending().map(|p| p.as_ref().clone()).collect();
-                if !pending.is_empty() {
-                    router.send(PodsPending { pods: pending }).await.expect("router");
+        let mut registrar = Registrar::new(0);
+        let (mut done, mut restarts) = (false, 0);
+        for _ in 0..1200usize {
+            let now = u64::try_from(clock.now().as_millis()).expect("ms");
+            workloads.step(&cluster, now);
+            if restarts < restarts_wanted {
+                let mut in_flight = 0;
+                for z in plane.zones.values() {
+                    in_flight += z.send(GetStats).await.expect("stats").in_flight;
+                }
+                if in_flight > 0 {
+                    plane.restart_all().await;
+                    restarts += 1;
                 }
             }
             // The kubelets.
-            let snap = cluster.snapshot();
-            for inst in cloud.list().await.expect("list") {
-                let node = format!("ip-{}", inst.id);
-                if snap.nodes.contains_key(&node) {
-                    continue;
-                }
-                let Some(claim) = inst.claim.clone() else { continue };
-                let reg = Registration {
-                    claim,
-                    node_name: node,
-                    provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
-                    labels: inst.labels.clone(),
-                    capacity: inst.capacity.clone(),
-                    allocatable: inst.allocatable.clone(),
-                };
-                let _ = cluster.register(&reg);
-            }
+            let launched: Vec<Registration> = cloud
+                .list()
+                .await
+                .expect("list")
+                .into_iter()
+                .filter_map(|inst| {
+                    Some(Registration {
+                        claim: inst.claim.clone()?,
+                        node_name: format!("ip-{}", inst.id),
+                        provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
+                        labels: inst.labels.clone(),
+                        capacity: inst.capacity.clone(),
+                        allocatable: inst.allocatable.clone(),
+                    })
+                })
+                .collect();
+            registrar.step(&cluster, &launched, now);
             for p in &pool_addrs {
                 p.send(Reconcile).await.expect("pool");
             }
@@ -840,6 +940,7 @@ mod integration {
             let s = state(&ledger);
             if cluster.snapshot().pending().count() == 0
                 && s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. }))
+                && restarts == restarts_wanted
             {
                 done = true;
                 break;
@@ -850,7 +951,8 @@ mod integration {
         let s = state(&ledger);
         assert!(done, "pending {} / claims {:?}", snap.pending().count(), s.claims().len());
         // Every pod bound.
-        assert_eq!(snap.pods.values().filter(|p| p.node_name.is_some()).count(), 2000);
+        assert_eq!(snap.pods.len(), pods);
+        assert_eq!(snap.pods.values().filter(|p| p.node_name.is_some()).count(), pods);
         // Limits held.
         let weighted_cpu = s.pool("weighted").map(|p| p.usage.get(&ResourceName::Cpu)).unwrap_or(0);
         assert!(weighted_cpu <= 32_000, "weighted pool cpu {weighted_cpu}");
@@ -865,15 +967,40 @@ mod integration {
             assert_eq!(s.claim(claim).and_then(|c| c.state.instance()), Some(i.id.as_str()));
             assert!(!(i.zone == ZONES[0] && i.instance_type.starts_with("c5")), "no c5 in the ICE'd zone");
         }
-        // The ICE happened and was routed around.
-        let mut ice = 0;
+        // Every node is used: no claim was made twice for the same pods.
+        for n in snap.nodes.keys() {
+            assert!(snap.pods_on(n).next().is_some(), "node {n} has no pods: a duplicate claim");
+        }
+        let (mut ice, mut requeued) = (0, 0);
         for (_, z) in &zones {
-            ice += z.send(GetStats).await.expect("stats").insufficient_capacity;
+            let stats = z.send(GetStats).await.expect("stats");
+            ice += stats.insufficient_capacity;
+            requeued += stats.requeued;
         }
         let default = pool_addrs[1].send(GetPoolStats).await.expect("stats");
         let weighted = pool_addrs[0].send(GetPoolStats).await.expect("stats");
-        assert!(ice >= 1, "an insufficient-capacity error was seen");
-        eprintln!("claims {}, ice {ice}, pools {weighted:?} {default:?}", s.claims().len());
+        eprintln!(
+            "claims {}, ice {ice}, restarts {restarts}, requeued {requeued}, pools {weighted:?} {default:?}",
+            s.claims().len()
+        );
+        Outcome { claims: s.claims().len(), ice, restarts, requeued }
+    }
+
+    #[actix_rt::test]
+    async fn two_thousand_pods_over_three_zones_and_two_pools_with_one_ice() {
+        let out = scenario(2000, 0).await;
+        // The ICE happened and was routed around.
+        assert!(out.ice >= 1, "an insufficient-capacity error was seen");
+        assert!(out.claims > 0);
+    }
+
+    /// The supervised restart: every actor is stopped three times while launches are under
+    /// way, and the end state is the same as without (no duplicate claims, nothing leaked).
+    #[actix_rt::test]
+    async fn every_actor_restarted_mid_flight_converges_without_duplicates() {
+        let out = scenario(600, 3).await;
+        assert_eq!(out.restarts, 3);
+        assert!(out.requeued > 0, "a restart cut launches off mid-call");
     }
 }
 
