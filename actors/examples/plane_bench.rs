@@ -95,6 +95,7 @@ async fn run(n: usize, idle: u64, ec2: bool) -> Result<(), Box<dyn std::error::E
             }
         })
         .collect();
+    cluster.apply_pods(pods.clone());
     let start = Instant::now();
     router.send(PodsPending { pods }).await?;
     let mut first_claim: Option<Duration> = None;

@@ -5,7 +5,7 @@
 //! capacity is sent to the cheapest zone still available (ICE marks respected), and one with
 //! nowhere left to go is released and its pods go back to the Router, one way.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -14,9 +14,10 @@ use dovetail_cluster::{ClusterView, ClusterWriter, Condition, NodeClaim, NodeCla
 use dovetail_core::catalog::InstanceType;
 use dovetail_core::labels;
 use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering, Outcome, Step};
+use dovetail_core::node::Node;
 use dovetail_core::nodepool::NodePool;
 use dovetail_core::plane::{
-    Liveness, allowed_zones, capacity_types, disrupted_taint, next_evictions, plan_claim, relaunch_zone,
+    Liveness, allowed_zones, capacity_types, disrupted_taint, drain_step, plan_claim, relaunch_zone,
 };
 use dovetail_core::pod::Pod;
 use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
@@ -88,6 +89,8 @@ pub struct PoolStats {
     /// Claims found reserved or launching after a restart and launched again.
     pub resumed: u64,
     pub evicted: u64,
+    /// Pods deleted past the terminationGracePeriod (PDBs and do-not-disrupt bypassed).
+    pub force_deleted: u64,
     pub terminated: u64,
 }
 
@@ -106,6 +109,17 @@ struct Pending {
     request: LaunchRequest,
     /// Zones the claim's requirements allow (a claim pinned by its pods' topology has one).
     zones: Vec<String>,
+}
+
+/// A claim being drained, as one reconcile sees it.
+struct Drain<'a> {
+    id: &'a str,
+    instance: Option<&'a str>,
+    zone: &'a str,
+    node: Option<&'a Arc<Node>>,
+    now: dovetail_core::ledger::Millis,
+    /// Deletion time plus the NodeClaim's terminationGracePeriod.
+    deadline: Option<dovetail_core::ledger::Millis>,
 }
 
 /// The actor.
@@ -401,14 +415,24 @@ impl Handler<Reconcile> for NodePoolActor {
                 .claims()
                 .values()
                 .filter(|c| c.pool == pool)
-                .map(|c| (c.id.clone(), c.state.clone(), c.reserved_at, c.zone.clone()))
+                .map(|c| (c.id.clone(), c.state.clone(), c.reserved_at, c.changed_at, c.zone.clone()))
                 .collect();
         });
         let now = millis(self.clock.now());
         let mut steps: Vec<(String, Step)> = Vec::new();
-        for (id, state, reserved_at, zone) in claims {
+        // Nodes by provider id, once per reconcile.
+        let by_provider: HashMap<&str, &Arc<Node>> =
+            snap.nodes.values().filter_map(|n| Some((n.provider_id.as_deref()?, n))).collect();
+        for (id, state, reserved_at, changed_at, zone) in claims {
             if let ClaimState::Terminating { instance } = &state {
-                self.drain_and_terminate(ctx, &snap, &id, instance.as_deref(), &zone);
+                let nc = snap.nodeclaims.get(&id);
+                let node = nc.and_then(|nc| nc.status.provider_id.as_deref()).and_then(|p| by_provider.get(p).copied());
+                // Deleted at `changed_at`: the terminationGracePeriod runs from there.
+                let deadline = nc
+                    .and_then(|nc| nc.spec.termination_grace_period)
+                    .map(|tgp| changed_at.saturating_add(millis(tgp)));
+                let drain = Drain { id: &id, instance: instance.as_deref(), zone: &zone, node, now, deadline };
+                self.drain_and_terminate(ctx, &snap, drain);
                 continue;
             }
             if self.liveness.check(&state, reserved_at, now).is_some() && !self.pending.contains_key(&id) {
@@ -448,7 +472,7 @@ impl Handler<Reconcile> for NodePoolActor {
             }
             let Some(nc) = snap.nodeclaims.get(&id) else { continue };
             let Some(provider_id) = nc.status.provider_id.as_deref() else { continue };
-            let Some(node) = snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(provider_id)) else {
+            let Some(node) = by_provider.get(provider_id) else {
                 continue;
             };
             match state {
@@ -504,20 +528,11 @@ impl Handler<Reconcile> for NodePoolActor {
 }
 
 impl NodePoolActor {
-    /// One step of a claim's termination: cordon and taint its node, evict the next tier,
-    /// and once the node is empty (or absent) terminate the instance.
-    fn drain_and_terminate(
-        &mut self,
-        ctx: &mut Context<Self>,
-        snap: &dovetail_cluster::Snapshot,
-        id: &str,
-        instance: Option<&str>,
-        zone: &str,
-    ) {
-        let provider_id = snap.nodeclaims.get(id).and_then(|nc| nc.status.provider_id.clone());
-        let node =
-            provider_id.as_deref().and_then(|p| snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(p)));
-        if let Some(node) = node {
+    /// One step of a claim's termination: cordon and taint its node, evict the next tier
+    /// (do-not-disrupt pods are waited for; past the grace deadline pods are deleted), and
+    /// once the node is empty (or absent) terminate the instance.
+    fn drain_and_terminate(&mut self, ctx: &mut Context<Self>, snap: &dovetail_cluster::Snapshot, d: Drain<'_>) {
+        if let Some(node) = d.node {
             if !node.unschedulable {
                 let _ = self.cluster.cordon(&node.name, true);
             }
@@ -527,9 +542,14 @@ impl NodePoolActor {
                 taints.push(taint);
                 let _ = self.cluster.set_node_taints(&node.name, taints);
             }
-            let next = next_evictions(snap.pods_on(&node.name).map(|p| p.as_ref()));
-            if !next.is_empty() {
-                for p in next {
+            let step = drain_step(snap.pods_on(&node.name).map(|p| p.as_ref()), d.now, d.deadline);
+            if !step.is_done() {
+                for p in step.delete {
+                    if self.cluster.delete_pod(&p.key).is_ok() {
+                        self.stats.force_deleted += 1;
+                    }
+                }
+                for p in step.evict {
                     if self.cluster.evict(&p.key).is_ok() {
                         self.stats.evicted += 1;
                     }
@@ -537,12 +557,12 @@ impl NodePoolActor {
                 return;
             }
         }
-        match instance {
-            Some(instance) if !self.terminating.contains(id) => {
-                let Some(zone_actor) = self.zones.get(zone) else { return };
-                self.terminating.insert(id.to_string());
+        match d.instance {
+            Some(instance) if !self.terminating.contains(d.id) => {
+                let Some(zone_actor) = self.zones.get(d.zone) else { return };
+                self.terminating.insert(d.id.to_string());
                 let msg = Terminate {
-                    claim: id.to_string(),
+                    claim: d.id.to_string(),
                     instance: instance.to_string(),
                     reply: ctx.address().recipient(),
                 };
@@ -553,7 +573,7 @@ impl NodePoolActor {
             }
             Some(_) => {}
             // Never launched: nothing to terminate.
-            None => self.finish(ctx, id, node.map(|n| n.name.clone())),
+            None => self.finish(ctx, d.id, d.node.map(|n| n.name.clone())),
         }
     }
 

@@ -42,6 +42,8 @@ pub struct RouterStats {
     pub rerouted: u64,
     /// Pods no pool could take this batch.
     pub unschedulable: u64,
+    /// Queued pods that were bound or gone by the time their batch closed.
+    pub stale: u64,
 }
 
 /// A NodePool the Router routes to.
@@ -111,6 +113,17 @@ impl Router {
         if pods.is_empty() {
             return;
         }
+        // One view of the cluster for every group. Pods bound or gone since they were queued
+        // are dropped, and the rest are taken as the cluster has them now: a batch that waited
+        // must not provision for pods the scheduler has placed meanwhile.
+        let snap = self.cluster.snapshot();
+        let before = pods.len();
+        let pods: Vec<Pod> = pods
+            .into_iter()
+            .filter_map(|p| snap.pods.get(&p.key).filter(|c| c.node_name.is_none() && !c.terminal))
+            .map(|p| p.as_ref().clone())
+            .collect();
+        self.stats.stale += (before - pods.len()) as u64;
         // Pods are grouped by the pools still open to them; each group is one solve.
         let mut groups: BTreeMap<Vec<usize>, Vec<Pod>> = BTreeMap::new();
         for p in pods {
@@ -120,8 +133,6 @@ impl Router {
                 .collect();
             groups.entry(open).or_default().push(p);
         }
-        // One view of the cluster for every group.
-        let snap = self.cluster.snapshot();
         let nodes = if with_existing { snap.capacity_nodes() } else { Vec::new() };
         for (open, pods) in groups {
             if open.is_empty() {

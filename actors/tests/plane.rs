@@ -45,7 +45,6 @@ mod common {
         (Forward(tx).start(), rx)
     }
 
-    /// The ledger's committed state.
     /// A cloud whose launch calls take `delay` (the sim answers at once), so restarts land
     /// while calls are under way.
     pub struct SlowLaunch {
@@ -96,6 +95,7 @@ mod common {
         }
     }
 
+    /// The ledger's committed state.
     pub fn state(ledger: &InProcess) -> State {
         let mut out = None;
         ledger.read(&mut |s| out = Some(s.clone())).expect("read");
@@ -519,6 +519,52 @@ mod pool {
         assert!(w.cloud.list().await.expect("list").is_empty());
     }
 
+    /// A do-not-disrupt pod stalls the drain (it is not evicted) until the NodeClaim's
+    /// terminationGracePeriod runs out: it is deleted its own grace period (30 s) before the
+    /// deadline, and the instance goes.
+    #[actix_rt::test]
+    async fn do_not_disrupt_holds_the_drain_until_the_termination_grace_period() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let pool = NodePool {
+            termination_grace_period: Some(Duration::from_secs(600)),
+            ..m5_large_on_demand(ResourceList::new())
+        };
+        let w = world(pool, cloud, clock.clone()).await;
+        let mut pending = pods(2, 500);
+        pending[0].annotations.insert("karpenter.sh/do-not-disrupt".into(), "true".into());
+        for p in &pending {
+            w.cluster.apply_pod(p.clone());
+        }
+        w.pool.send(Provision { pods: pending.clone(), daemonsets: Vec::new() }).await.expect("mailbox");
+        launched(&w, 1).await;
+        register_all(&w).await;
+        assert_eq!(w.cluster.schedule(), 2);
+        let claim = state(&w.ledger).claims().keys().next().cloned().expect("a claim");
+        w.pool.send(dovetail_actors::pool::DeleteClaim { claim }).await.expect("mailbox");
+        let on_node = |w: &World| w.cluster.snapshot().pods.values().filter(|p| p.node_name.is_some()).count();
+        for _ in 0..20 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The other pod was evicted; the pinned one waits, and so does the instance.
+        assert_eq!(on_node(&w), 1);
+        assert!(w.cluster.snapshot().pods.contains_key(&pending[0].key));
+        assert_eq!(state(&w.ledger).claims().len(), 1, "the drain is stalled");
+        clock.advance(Duration::from_secs(569));
+        for _ in 0..5 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(on_node(&w), 1, "not before deadline - 30 s");
+        clock.advance(Duration::from_secs(1));
+        until_gone(&w).await;
+        assert!(!w.cluster.snapshot().pods.contains_key(&pending[0].key), "deleted at the deadline");
+        let stats = w.pool.send(GetPoolStats).await.expect("stats");
+        assert_eq!((stats.evicted, stats.force_deleted), (1, 1), "{stats:?}");
+        assert!(w.cloud.list().await.expect("list").is_empty());
+    }
+
     #[actix_rt::test]
     async fn a_restarted_plane_resumes_from_the_cluster_and_the_ledger_without_duplicates() {
         let clock = Arc::new(ManualClock::new());
@@ -772,6 +818,9 @@ mod router {
                 ..Pod::default()
             })
             .collect();
+        for p in &pods {
+            cluster.apply_pod(p.clone());
+        }
         router.send(PodsPending { pods }).await.expect("mailbox");
         let mut s = State::default();
         for _ in 0..400 {
@@ -786,6 +835,71 @@ mod router {
         let stats = router.send(GetRouterStats).await.expect("stats");
         assert_eq!(stats.batches, 1);
         assert_eq!(stats.rerouted, 2, "{stats:?}");
+    }
+
+    /// A batch routes the pods as the cluster has them when it closes: pods bound meanwhile
+    /// (or gone) get no claim.
+    #[actix_rt::test]
+    async fn pods_bound_while_their_batch_waited_are_not_provisioned_for() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cluster = Arc::new(SimCluster::new());
+        let window = BatchWindow { idle: 100, max: 1_000, adaptive: None };
+        let (cl, ck) = (cluster.clone(), clock.clone());
+        let pools = [pool("default", 0, None)];
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let ledger = Arc::new(InProcess::new());
+        let set = Command::SetPool { pool: "default".into(), limits: ResourceList::new() };
+        ledger.propose(Entry { at: 0, command: set }).await.expect("pool");
+        let zone = ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud, ledger.clone(), clock.clone()).start();
+        let router = Router::create(move |ctx| {
+            let wiring = PoolWiring {
+                view: cl.clone(),
+                cluster: cl.clone(),
+                ledger: ledger.clone(),
+                clock: ck.clone(),
+                zones: [("us-east-1a".to_string(), zone)].into_iter().collect(),
+                router: ctx.address().recipient(),
+            };
+            let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+            let actor = NodePoolActor::new(pools[0].clone(), types(), nc, wiring).start();
+            let mut input_pool = pools[0].clone();
+            input_pool.requirements.add(labels::ZONE, Requirement::is_in(["us-east-1a"]));
+            Router::new(
+                window,
+                cl.clone(),
+                ck.clone(),
+                vec![RoutedPool { input: PoolInput { pool: input_pool, instance_types: types() }, actor }],
+            )
+        });
+        cluster.apply_node(dovetail_core::node::Node { name: "n1".into(), ..Default::default() });
+        let pods: Vec<Pod> = (0..3)
+            .map(|i| Pod {
+                key: PodKey::new("default", &format!("web-{i}")),
+                requests: ResourceList::cpu_mem(1500, 1 << 30),
+                ..Pod::default()
+            })
+            .collect();
+        for p in &pods {
+            cluster.apply_pod(p.clone());
+        }
+        router.send(PodsPending { pods: pods.clone() }).await.expect("mailbox");
+        // Before the window closes: two are bound, one is deleted.
+        cluster.bind(&pods[0].key, "n1").expect("bind");
+        cluster.bind(&pods[1].key, "n1").expect("bind");
+        cluster.delete_pods(&[pods[2].key.clone()]);
+        let mut stats = router.send(GetRouterStats).await.expect("stats");
+        for _ in 0..200 {
+            if stats.batches == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            stats = router.send(GetRouterStats).await.expect("stats");
+        }
+        assert_eq!((stats.batches, stats.stale, stats.routed), (1, 3, 0), "{stats:?}");
+        assert!(
+            dovetail_cluster::ClusterView::snapshot(cluster.as_ref()).nodeclaims.is_empty(),
+            "no claim for placed pods"
+        );
     }
 }
 

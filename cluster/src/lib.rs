@@ -67,6 +67,8 @@ pub trait ClusterWriter: Send + Sync {
     /// Evicts a pod through the eviction API: refused while a PDB selecting it allows no
     /// disruption.
     fn evict(&self, pod: &PodKey) -> Result<u64, ClusterError>;
+    /// Deletes a pod directly, bypassing PDBs (a drain past its terminationGracePeriod).
+    fn delete_pod(&self, pod: &PodKey) -> Result<u64, ClusterError>;
     /// Deletes a node object.
     fn delete_node(&self, node: &str) -> Result<u64, ClusterError>;
 }

@@ -255,18 +255,67 @@ pub fn drain_tier(p: &Pod) -> usize {
     usize::from(p.priority >= CRITICAL_PRIORITY) * 2 + usize::from(p.daemon)
 }
 
-/// The pods a drain evicts now: those of the lowest tier that still has pods; pods that
-/// tolerate the disrupted taint or have finished are never evicted (and do not hold a tier).
-pub fn next_evictions<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<&'a Pod> {
+/// The annotation that keeps a pod (or node) from voluntary disruption and from eviction.
+pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+
+/// Whether a pod's do-not-disrupt is active: `"true"`, or a duration (dovetail does not know
+/// the pod's start time, so a duration counts as active until the pod goes).
+pub fn do_not_disrupt(p: &Pod) -> bool {
+    p.annotations
+        .get(DO_NOT_DISRUPT)
+        .is_some_and(|v| v == "true" || matches!(crate::nodepool::parse_duration(v), Ok(Some(_))))
+}
+
+/// What a drain does now (Karpenter's terminator).
+#[derive(Debug, Default, PartialEq)]
+pub struct DrainStep<'a> {
+    /// Evict through the eviction API (PDBs respected): the lowest tier that still has pods.
+    pub evict: Vec<&'a Pod>,
+    /// Delete now, bypassing PDBs and do-not-disrupt: the node's terminationGracePeriod is
+    /// running out for them.
+    pub delete: Vec<&'a Pod>,
+    /// do-not-disrupt pods of that tier: not evicted, but waited for (the drain stalls).
+    pub waiting: Vec<&'a Pod>,
+}
+
+impl DrainStep<'_> {
+    /// Nothing left to drain: the instance can go.
+    pub fn is_done(&self) -> bool {
+        self.evict.is_empty() && self.delete.is_empty() && self.waiting.is_empty()
+    }
+}
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_POD_GRACE_SECONDS: i64 = 30;
+
+/// The next step of draining `pods` at `now`. With a `deadline` (deletion time plus the
+/// NodeClaim's terminationGracePeriod), each pod is deleted from `deadline - its grace period`
+/// (at least 1 s) on. Pods that tolerate the disrupted taint or have finished are never
+/// evicted and do not hold a tier.
+pub fn drain_step<'a>(pods: impl IntoIterator<Item = &'a Pod>, now: Millis, deadline: Option<Millis>) -> DrainStep<'a> {
     let taint = disrupted_taint();
+    let mut step = DrainStep::default();
     let mut tiers: [Vec<&Pod>; 4] = Default::default();
     for p in pods {
         if p.terminal || p.tolerations.iter().any(|t| t.tolerates(&taint)) {
             continue;
         }
+        if let Some(deadline) = deadline {
+            let grace = p.termination_grace_seconds.unwrap_or(DEFAULT_POD_GRACE_SECONDS).max(1);
+            let grace_ms = u64::try_from(grace).unwrap_or(u64::MAX).saturating_mul(1000);
+            if now >= deadline.saturating_sub(grace_ms) {
+                step.delete.push(p);
+                continue;
+            }
+        }
         tiers[drain_tier(p)].push(p);
     }
-    tiers.into_iter().find(|t| !t.is_empty()).unwrap_or_default()
+    if let Some(tier) = tiers.into_iter().find(|t| !t.is_empty()) {
+        let (waiting, evict): (Vec<&Pod>, Vec<&Pod>) = tier.into_iter().partition(|p| do_not_disrupt(p));
+        step.evict = evict;
+        step.waiting = waiting;
+    }
+    step
 }
 
 #[cfg(test)]
@@ -373,14 +422,44 @@ mod tests {
             Pod { tolerations: vec![Toleration::exists("karpenter.sh/disrupted", None)], ..pod("tolerant", 0, false) },
         ];
         let names = |v: Vec<&Pod>| v.into_iter().map(|p| p.key.name.clone()).collect::<Vec<_>>();
-        assert_eq!(names(next_evictions(&pods)), vec!["web"]);
+        let next = |pods: &[Pod]| names(drain_step(pods, 0, None).evict);
+        assert_eq!(next(&pods), vec!["web"]);
         pods.retain(|p| p.key.name != "web");
-        assert_eq!(names(next_evictions(&pods)), vec!["ds"]);
+        assert_eq!(next(&pods), vec!["ds"]);
         pods.retain(|p| p.key.name != "ds");
-        assert_eq!(names(next_evictions(&pods)), vec!["critical"]);
+        assert_eq!(next(&pods), vec!["critical"]);
         pods.retain(|p| p.key.name != "critical");
-        assert_eq!(names(next_evictions(&pods)), vec!["critical-ds"]);
+        assert_eq!(next(&pods), vec!["critical-ds"]);
         pods.retain(|p| p.key.name != "critical-ds");
-        assert!(next_evictions(&pods).is_empty(), "the tolerating pod is never evicted");
+        assert!(drain_step(&pods, 0, None).is_done(), "the tolerating pod is never evicted");
+    }
+
+    #[test]
+    fn do_not_disrupt_pods_stall_their_tier_until_the_grace_period_runs_out() {
+        let annotated = |name: &str, v: &str| {
+            let mut p = Pod { key: PodKey::new("default", name), ..Pod::default() };
+            p.annotations.insert(DO_NOT_DISRUPT.to_string(), v.to_string());
+            p
+        };
+        let pods = vec![
+            annotated("pinned", "true"),
+            annotated("for-a-while", "30m"),
+            annotated("not-really", "false"),
+            Pod { termination_grace_seconds: Some(120), ..annotated("slow", "true") },
+            Pod { key: PodKey::new("kube-system", "ds"), daemon: true, ..Pod::default() },
+        ];
+        let names = |v: &[&Pod]| v.iter().map(|p| p.key.name.clone()).collect::<Vec<_>>();
+        // No grace period: evict what may go, wait for the rest; the DaemonSet tier waits.
+        let s = drain_step(&pods, 0, None);
+        assert_eq!(names(&s.evict), vec!["not-really"]);
+        assert_eq!(names(&s.waiting), vec!["pinned", "for-a-while", "slow"]);
+        assert!(s.delete.is_empty());
+        // Deadline at 600 s: the 30 s pods are deleted from 570 s, the 120 s one from 480 s.
+        assert!(drain_step(&pods, 479_999, Some(600_000)).delete.is_empty());
+        let s = drain_step(&pods, 480_000, Some(600_000));
+        assert_eq!(names(&s.delete), vec!["slow"]);
+        let s = drain_step(&pods, 570_000, Some(600_000));
+        assert_eq!(names(&s.delete), vec!["pinned", "for-a-while", "not-really", "slow", "ds"]);
+        assert!(s.evict.is_empty() && s.waiting.is_empty());
     }
 }

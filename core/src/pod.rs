@@ -139,6 +139,8 @@ pub struct Pod {
     pub volume_requirements: Vec<Requirements>,
     /// Annotations the scheduler reads (`karpenter.sh/do-not-disrupt`, ...).
     pub annotations: Labels,
+    /// `spec.terminationGracePeriodSeconds` (Kubernetes' default, 30, when unset).
+    pub termination_grace_seconds: Option<i64>,
 }
 
 impl Pod {

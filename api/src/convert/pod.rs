@@ -266,6 +266,7 @@ pub fn pod_from_spec(ctx: &Ctx, field: &str, meta: PodMeta, spec: &core::PodSpec
         terminal: meta.terminal,
         volume_requirements: Vec::new(),
         annotations: meta.annotations,
+        termination_grace_seconds: spec.termination_grace_period_seconds,
     })
 }
 

@@ -59,7 +59,9 @@ impl<'a> ExistingNode<'a> {
         ExistingNode { node, index, taints, requirements, remaining, host_ports, pods: Vec::new() }
     }
 
-    /// The requirements the node would have with the pod on it, or why it cannot take it.
+    /// The requirements the node would have with the pod on it, if it can take it. Every
+    /// solve asks this of most nodes for most pods, and the callers do not report why a node
+    /// was refused, so the cheap checks go first and no refusal is formatted.
     pub fn can_add(
         &self,
         topo: &Topology<'_>,
@@ -67,17 +69,17 @@ impl<'a> ExistingNode<'a> {
         pod: &Pod,
         data: &PodData,
         tolerations: &[taints::Toleration],
-    ) -> Result<Requirements, String> {
-        if let Some(t) = taints::first_untolerated(&self.taints, tolerations) {
-            return Err(format!("did not tolerate taint (taint={t})"));
+    ) -> Option<Requirements> {
+        if !data.requests.fits_in(&self.remaining) {
+            return None;
+        }
+        if taints::first_untolerated(&self.taints, tolerations).is_some() {
+            return None;
         }
         if pod.host_ports.iter().any(|p| self.host_ports.iter().any(|q| p.conflicts(q))) {
-            return Err("checking host port usage, host port conflict".into());
+            return None;
         }
-        if !data.requests.fits_in(&self.remaining) {
-            return Err("exceeds node resources".into());
-        }
-        self.requirements.compatible(&data.requirements, false).map_err(|e| e.to_string())?;
+        self.requirements.compatible(&data.requirements, false).ok()?;
         let mut base = self.requirements.clone();
         base.add_all(&data.requirements);
         try_volume_alternatives(pod, &base, false, |reqs| {
@@ -89,6 +91,7 @@ impl<'a> ExistingNode<'a> {
             reqs.add_all(&topo_reqs);
             Ok(reqs)
         })
+        .ok()
     }
 
     /// Places the pod.

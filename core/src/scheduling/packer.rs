@@ -227,7 +227,7 @@ impl<'a> Scheduler<'a> {
             let idx = class.pods[class.next];
             let pod = &self.pods[idx];
             let found = (start..self.existing.len()).find_map(|n| {
-                self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations).ok().map(|r| (n, r))
+                self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations).map(|r| (n, r))
             });
             match found {
                 Some((n, reqs)) => {

@@ -234,7 +234,7 @@ impl<'a> Scheduler<'a> {
         let pod = &self.pods[idx];
         // (a) existing nodes, in order.
         for n in 0..self.existing.len() {
-            if let Ok(reqs) = self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations) {
+            if let Some(reqs) = self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations) {
                 self.place_existing(n, idx, data, reqs);
                 return Ok(());
             }
