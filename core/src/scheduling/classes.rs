@@ -45,6 +45,17 @@ impl<'p> Key<'p> {
     }
 }
 
+/// The class of each pod in `which` (pods with the same key share an id).
+pub fn ids(pods: &[Pod], which: &[usize]) -> HashMap<usize, usize> {
+    let mut index: HashMap<Key<'_>, usize> = HashMap::new();
+    let mut out = HashMap::with_capacity(which.len());
+    for &i in which {
+        let n = index.len();
+        out.insert(i, *index.entry(Key::of(&pods[i])).or_insert(n));
+    }
+    out
+}
+
 /// A per-node cap shared by a group of classes: at most `cap` of the group's pods on one
 /// node (required hostname anti-affinity to itself: 1; hostname spread: `maxSkew`).
 #[derive(Clone, Debug, PartialEq)]

@@ -188,8 +188,26 @@ impl<'a> Scheduler<'a> {
 
     /// Karpenter's loop over a queue: each pod is tried (relaxing preferences on failure)
     /// and requeued until a whole pass makes no progress.
+    ///
+    /// A twin of a pod that failed, tried while nothing was placed since, fails the same way:
+    /// for pods with no topology (spread or pod affinity) and no preferences to relax, that
+    /// error is reused instead of trying every node and claim again. The outcome is the same;
+    /// a burst of pods that fit nowhere no longer costs pods x nodes.
     pub fn run_queue(&mut self, queue: Vec<usize>) -> HashMap<usize, String> {
         let mut errors: HashMap<usize, String> = HashMap::new();
+        let class = super::classes::ids(self.pods, &queue);
+        let tolerate = self.tolerate_prefer_no_schedule;
+        let plain = |p: &Pod| {
+            p.topology_spread.is_empty()
+                && p.pod_affinity.required.is_empty()
+                && p.pod_affinity.preferred.is_empty()
+                && p.pod_anti_affinity.required.is_empty()
+                && p.pod_anti_affinity.preferred.is_empty()
+                && PodView::new(p).relax(tolerate).is_none()
+        };
+        // Successful placements so far, and per class the last failure with that count.
+        let mut placed = 0usize;
+        let mut failed: HashMap<usize, (usize, String)> = HashMap::new();
         let mut queue: VecDeque<usize> = queue.into();
         let mut last_len: HashMap<usize, usize> = HashMap::new();
         while let Some(&idx) = queue.front() {
@@ -197,11 +215,23 @@ impl<'a> Scheduler<'a> {
                 break;
             }
             queue.pop_front();
-            match self.try_schedule(idx) {
+            let c = class.get(&idx).copied();
+            let known = c.and_then(|c| failed.get(&c)).filter(|(at, _)| *at == placed).map(|(_, e)| e.clone());
+            let result = match known {
+                Some(e) => Err(e),
+                None => self.try_schedule(idx),
+            };
+            match result {
                 Ok(()) => {
+                    placed += 1;
                     errors.remove(&idx);
                 }
                 Err(e) => {
+                    if let Some(c) = c
+                        && plain(&self.pods[idx])
+                    {
+                        failed.insert(c, (placed, e.clone()));
+                    }
                     errors.insert(idx, e);
                     let pod = &self.pods[idx];
                     self.topology.update(idx, pod, &PodView::new(pod));
