@@ -16,11 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dovetail_actors::feed::FeedConfig;
+use dovetail_actors::kubelet::registrations;
 use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
 use dovetail_cloud::sim::{ApiLimits, SimCloud, SimConfig};
 use dovetail_cloud::{Clock, CloudProvider, NodeClass, SystemClock};
 use dovetail_cluster::ClusterView;
-use dovetail_cluster::sim::{Deployment, Registrar, Registration, SimCluster, Workloads};
+use dovetail_cluster::sim::{Deployment, Registrar, SimCluster, Workloads};
 use dovetail_core::catalog::{Catalog, NodeClassSettings};
 use dovetail_core::labels;
 use dovetail_core::ledger::{ClaimState, Command, Entry};
@@ -150,21 +151,7 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
         IN_DRIVER.store(true, Ordering::Relaxed);
         let now = u64::try_from(clock.now().as_millis())?;
         workloads.step(&cluster, now);
-        let launched: Vec<Registration> = cloud
-            .list()
-            .await?
-            .into_iter()
-            .filter_map(|inst| {
-                Some(Registration {
-                    claim: inst.claim.clone()?,
-                    node_name: format!("ip-{}", inst.id),
-                    provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
-                    labels: inst.labels,
-                    capacity: inst.capacity,
-                    allocatable: inst.allocatable,
-                })
-            })
-            .collect();
+        let launched = registrations(&cloud.list().await?);
         registrar.step(&cluster, &launched, now);
         cluster.schedule();
         let snap = cluster.snapshot();

@@ -12,6 +12,7 @@
 //! `send` when a mailbox is full, so nothing is dropped and nothing grows without bound.
 
 pub mod feed;
+pub mod kubelet;
 pub mod limiter;
 pub mod plane;
 pub mod pool;

@@ -350,7 +350,7 @@ impl Handler<LaunchOutcome> for NodePoolActor {
                 }
                 self.stats.launched += 1;
                 let status = NodeClaimStatus {
-                    provider_id: Some(format!("aws:///{}/{}", inst.zone, inst.id)),
+                    provider_id: Some(crate::kubelet::provider_id(&inst)),
                     node_name: None,
                     capacity: inst.capacity.clone(),
                     allocatable: inst.allocatable.clone(),

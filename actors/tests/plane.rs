@@ -274,11 +274,12 @@ mod pool {
     use std::time::Duration;
 
     use actix::prelude::*;
+    use dovetail_actors::kubelet::registrations;
     use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cloud::{CloudProvider, LaunchRequest, ManualClock, NodeClass, OfferingKey};
-    use dovetail_cluster::sim::{Registration, SimCluster};
+    use dovetail_cluster::sim::SimCluster;
     use dovetail_cluster::{ClusterView, ClusterWriter, NodeClaim};
     use dovetail_core::catalog::CapacityType;
     use dovetail_core::labels;
@@ -420,15 +421,7 @@ mod pool {
 
     /// Registers every instance's node (the kubelets) and reconciles until all are initialized.
     async fn register_all(w: &World) {
-        for inst in w.cloud.list().await.expect("list") {
-            let reg = Registration {
-                claim: inst.claim.clone().expect("claim tag"),
-                node_name: format!("ip-{}", inst.id),
-                provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
-                labels: inst.labels.clone(),
-                capacity: inst.capacity.clone(),
-                allocatable: inst.allocatable.clone(),
-            };
+        for reg in registrations(&w.cloud.list().await.expect("list")) {
             w.cluster.register(&reg).expect("register");
         }
         for _ in 0..200 {
@@ -742,6 +735,62 @@ mod router {
         NodePool { weight, limits, ..NodePool::new(name, reqs) }
     }
 
+    /// A Router over `pools`, each a NodePoolActor over zone actors for `zones`.
+    fn start_router(
+        cluster: &Arc<SimCluster>,
+        ledger: &Arc<InProcess>,
+        cloud: &Arc<SimCloud>,
+        clock: &Arc<dyn Clock>,
+        pools: &[NodePool],
+        zones: &[&str],
+        window: BatchWindow,
+    ) -> Addr<Router> {
+        let zone_actors: Vec<(String, Addr<ZoneActor>)> = zones
+            .iter()
+            .map(|z| {
+                let actor = ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), clock.clone()).start();
+                (z.to_string(), actor)
+            })
+            .collect();
+        let (cl, le, ck) = (cluster.clone(), ledger.clone(), clock.clone());
+        let (pools, zones): (Vec<NodePool>, Vec<String>) =
+            (pools.to_vec(), zones.iter().map(|z| z.to_string()).collect());
+        Router::create(move |ctx| {
+            let routed = pools
+                .iter()
+                .map(|p| {
+                    let wiring = PoolWiring {
+                        view: cl.clone(),
+                        cluster: cl.clone(),
+                        ledger: le.clone(),
+                        clock: ck.clone(),
+                        zones: zone_actors.iter().cloned().collect(),
+                        router: ctx.address().recipient(),
+                    };
+                    let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+                    let actor = NodePoolActor::new(p.clone(), types(), nc, wiring).start();
+                    let mut input_pool = p.clone();
+                    input_pool.requirements.add(labels::ZONE, Requirement::is_in(zones.iter().map(String::as_str)));
+                    RoutedPool { input: PoolInput { pool: input_pool, instance_types: types() }, actor }
+                })
+                .collect();
+            Router::new(window, cl.clone(), ck.clone(), routed)
+        })
+    }
+
+    /// `n` pending pods of 1.5 vCPU (one per m5.large), in the cluster.
+    fn web_pods(cluster: &SimCluster, n: usize) -> Vec<Pod> {
+        let pods: Vec<Pod> = (0..n)
+            .map(|i| Pod {
+                key: PodKey::new("default", &format!("web-{i}")),
+                requests: ResourceList::cpu_mem(1500, 1 << 30),
+                ..Pod::default()
+            })
+            .collect();
+        cluster.apply_pods(pods.clone());
+        pods
+    }
+
     #[test]
     fn the_solver_itself_routes_by_weight_within_known_limits() {
         let limited = pool("weighted", 10, Some(1));
@@ -779,48 +828,9 @@ mod router {
                 .await
                 .expect("pool");
         }
-        let zones: Vec<(String, Addr<ZoneActor>)> = ["us-east-1a", "us-east-1b"]
-            .iter()
-            .map(|z| {
-                (
-                    z.to_string(),
-                    ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), clock.clone()).start(),
-                )
-            })
-            .collect();
         let window = BatchWindow { idle: 50, max: 500, adaptive: None };
-        let (cl, le, ck) = (cluster.clone(), ledger.clone(), clock.clone());
-        let router = Router::create(move |ctx| {
-            let routed = pools
-                .iter()
-                .map(|p| {
-                    let wiring = PoolWiring {
-                        view: cl.clone(),
-                        cluster: cl.clone(),
-                        ledger: le.clone(),
-                        clock: ck.clone(),
-                        zones: zones.iter().cloned().collect(),
-                        router: ctx.address().recipient(),
-                    };
-                    let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
-                    let actor = NodePoolActor::new(p.clone(), types(), nc, wiring).start();
-                    let mut input_pool = p.clone();
-                    input_pool.requirements.add(labels::ZONE, Requirement::is_in(["us-east-1a", "us-east-1b"]));
-                    RoutedPool { input: PoolInput { pool: input_pool, instance_types: types() }, actor }
-                })
-                .collect();
-            Router::new(window, cl.clone(), ck.clone(), routed)
-        });
-        let pods: Vec<Pod> = (0..3)
-            .map(|i| Pod {
-                key: PodKey::new("default", &format!("web-{i}")),
-                requests: ResourceList::cpu_mem(1500, 1 << 30),
-                ..Pod::default()
-            })
-            .collect();
-        for p in &pods {
-            cluster.apply_pod(p.clone());
-        }
+        let router = start_router(&cluster, &ledger, &cloud, &clock, &pools, &["us-east-1a", "us-east-1b"], window);
+        let pods = web_pods(&cluster, 3);
         router.send(PodsPending { pods }).await.expect("mailbox");
         let mut s = State::default();
         for _ in 0..400 {
@@ -844,44 +854,14 @@ mod router {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
         let cluster = Arc::new(SimCluster::new());
         let window = BatchWindow { idle: 100, max: 1_000, adaptive: None };
-        let (cl, ck) = (cluster.clone(), clock.clone());
-        let pools = [pool("default", 0, None)];
         let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
         let ledger = Arc::new(InProcess::new());
         let set = Command::SetPool { pool: "default".into(), limits: ResourceList::new() };
         ledger.propose(Entry { at: 0, command: set }).await.expect("pool");
-        let zone = ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud, ledger.clone(), clock.clone()).start();
-        let router = Router::create(move |ctx| {
-            let wiring = PoolWiring {
-                view: cl.clone(),
-                cluster: cl.clone(),
-                ledger: ledger.clone(),
-                clock: ck.clone(),
-                zones: [("us-east-1a".to_string(), zone)].into_iter().collect(),
-                router: ctx.address().recipient(),
-            };
-            let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
-            let actor = NodePoolActor::new(pools[0].clone(), types(), nc, wiring).start();
-            let mut input_pool = pools[0].clone();
-            input_pool.requirements.add(labels::ZONE, Requirement::is_in(["us-east-1a"]));
-            Router::new(
-                window,
-                cl.clone(),
-                ck.clone(),
-                vec![RoutedPool { input: PoolInput { pool: input_pool, instance_types: types() }, actor }],
-            )
-        });
+        let router =
+            start_router(&cluster, &ledger, &cloud, &clock, &[pool("default", 0, None)], &["us-east-1a"], window);
         cluster.apply_node(dovetail_core::node::Node { name: "n1".into(), ..Default::default() });
-        let pods: Vec<Pod> = (0..3)
-            .map(|i| Pod {
-                key: PodKey::new("default", &format!("web-{i}")),
-                requests: ResourceList::cpu_mem(1500, 1 << 30),
-                ..Pod::default()
-            })
-            .collect();
-        for p in &pods {
-            cluster.apply_pod(p.clone());
-        }
+        let pods = web_pods(&cluster, 3);
         router.send(PodsPending { pods: pods.clone() }).await.expect("mailbox");
         // Before the window closes: two are bound, one is deleted.
         cluster.bind(&pods[0].key, "n1").expect("bind");
@@ -913,6 +893,7 @@ mod integration {
 
     use actix::prelude::*;
     use dovetail_actors::feed::FeedConfig;
+    use dovetail_actors::kubelet::registrations;
     use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
     use dovetail_actors::pool::{GetPoolStats, Reconcile};
     use dovetail_actors::zone::{GetStats, ZoneActor};
@@ -920,7 +901,7 @@ mod integration {
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cloud::{Clock, CloudProvider, NodeClass, OfferingKey, SystemClock};
     use dovetail_cluster::ClusterView;
-    use dovetail_cluster::sim::{Deployment, Registrar, Registration, SimCluster, Workloads};
+    use dovetail_cluster::sim::{Deployment, Registrar, SimCluster, Workloads};
     use dovetail_core::catalog::CapacityType;
     use dovetail_core::labels;
     use dovetail_core::ledger::{ClaimState, Command, Entry};
@@ -1030,22 +1011,7 @@ mod integration {
                 }
             }
             // The kubelets.
-            let launched: Vec<Registration> = cloud
-                .list()
-                .await
-                .expect("list")
-                .into_iter()
-                .filter_map(|inst| {
-                    Some(Registration {
-                        claim: inst.claim.clone()?,
-                        node_name: format!("ip-{}", inst.id),
-                        provider_id: format!("aws:///{}/{}", inst.zone, inst.id),
-                        labels: inst.labels.clone(),
-                        capacity: inst.capacity.clone(),
-                        allocatable: inst.allocatable.clone(),
-                    })
-                })
-                .collect();
+            let launched = registrations(&cloud.list().await.expect("list"));
             registrar.step(&cluster, &launched, now);
             for p in &pool_addrs {
                 p.send(Reconcile).await.expect("pool");
