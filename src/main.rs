@@ -3,6 +3,7 @@
 
 mod bench_input;
 mod plan;
+mod simulate;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Writes a benchmark workload (or a trace) as plan YAML.
     BenchInput(bench_input::BenchInputArgs),
+    /// Runs the whole control plane against the sim cloud and cluster on a scenario.
+    Simulate(simulate::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,5 +37,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Plan(args) => plan::run(&args),
         Command::BenchInput(args) => bench_input::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
     }
 }

@@ -109,3 +109,35 @@ fn the_shipped_example_plans_cleanly() {
     assert_eq!(v["summary"]["pods"], 17);
     assert_eq!(v["summary"]["scheduled"], 17);
 }
+
+#[test]
+fn simulate_runs_a_scenario_file_and_writes_its_report() {
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let scenario = format!("{root}/loadtest/scenarios/small.yaml");
+    let out_dir = std::env::temp_dir().join(format!("dovetail-cli-sim-{}", std::process::id()));
+    let out_arg = out_dir.to_string_lossy().to_string();
+    let out = dovetail(&["simulate", "--scenario", &scenario, "--out", &out_arg], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    for field in ["pods placed", "nodes", "$/h", "R (cost / bound)", "decision latency p50", "report", "plot"] {
+        assert!(stdout.contains(field), "the summary has {field}: {stdout}");
+    }
+    // Not a terminal: progress as plain lines on stderr.
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(progress.lines().count() > 100 && !progress.contains('\r'), "{progress}");
+    assert!(out_dir.join("report.json").is_file() && out_dir.join("plot.svg").is_file());
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
+fn simulate_names_the_bad_field_of_a_scenario() {
+    let dir = std::env::temp_dir().join(format!("dovetail-cli-badsim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("bad.yaml");
+    std::fs::write(&path, "name: bad\nzones: [us-east-1a]\nduration: soon\ncluster: ''\n").expect("write");
+    let out = dovetail(&["simulate", "--scenario", &path.to_string_lossy()], None);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("scenario bad: duration:"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -12,7 +12,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use dovetail_cloud::Clock;
 use dovetail_cluster::ClusterView;
-use dovetail_core::plane::{Batch, BatchWindow};
+use dovetail_core::ledger::Millis;
+use dovetail_core::plane::{Batch, BatchWindow, Latencies};
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
 
@@ -44,6 +45,9 @@ pub struct RouterStats {
     pub unschedulable: u64,
     /// Queued pods that were bound or gone by the time their batch closed.
     pub stale: u64,
+    /// Per pod, from its arrival at the Router to its decision (placed on existing or
+    /// in-flight capacity, or sent to a pool), milliseconds of the plane's clock.
+    pub latency: Latencies,
 }
 
 /// A NodePool the Router routes to.
@@ -63,6 +67,8 @@ pub struct Router {
     timer: Option<SpawnHandle>,
     /// Pools each pod was offered to in this batch.
     tried: BTreeMap<PodKey, BTreeSet<String>>,
+    /// When each pod not yet decided arrived.
+    arrived: BTreeMap<PodKey, Millis>,
     stats: RouterStats,
 }
 
@@ -82,6 +88,7 @@ impl Router {
             batch: Batch::default(),
             timer: None,
             tried: BTreeMap::new(),
+            arrived: BTreeMap::new(),
             stats: RouterStats::default(),
         }
     }
@@ -124,6 +131,10 @@ impl Router {
             .map(|p| p.as_ref().clone())
             .collect();
         self.stats.stale += (before - pods.len()) as u64;
+        if before != pods.len() {
+            let live: BTreeSet<&PodKey> = pods.iter().map(|p| &p.key).collect();
+            self.arrived.retain(|k, _| live.contains(k) || self.queue.contains_key(k));
+        }
         // Pods are grouped by the pools still open to them; each group is one solve.
         let mut groups: BTreeMap<Vec<usize>, Vec<Pod>> = BTreeMap::new();
         for p in pods {
@@ -137,11 +148,25 @@ impl Router {
         for (open, pods) in groups {
             if open.is_empty() {
                 self.stats.unschedulable += pods.len() as u64;
+                for p in &pods {
+                    self.arrived.remove(&p.key);
+                }
                 continue;
             }
             let inputs: Vec<PoolInput> = open.iter().map(|&i| self.pools[i].input.clone()).collect();
             let snapshot = snap.scheduling_input(nodes.clone(), inputs);
             let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
+            let now = millis(self.clock.now());
+            let decided = results
+                .existing
+                .iter()
+                .flat_map(|e| e.pods.iter())
+                .chain(results.claims.iter().flat_map(|c| c.pods.iter()));
+            for &i in decided {
+                if let Some(at) = self.arrived.remove(&pods[i].key) {
+                    self.stats.latency.record(now.saturating_sub(at));
+                }
+            }
             self.stats.on_existing += results.existing.iter().map(|e| e.pods.len() as u64).sum::<u64>();
             self.stats.unschedulable += results.errors.len() as u64;
             let mut per_pool: BTreeMap<usize, Vec<Pod>> = BTreeMap::new();
@@ -194,6 +219,7 @@ impl Handler<PodsPending> for Router {
     fn handle(&mut self, msg: PodsPending, ctx: &mut Context<Self>) {
         let now = millis(self.clock.now());
         for p in msg.pods {
+            self.arrived.entry(p.key.clone()).or_insert(now);
             if self.queue.insert(p.key.clone(), p).is_none() {
                 self.batch.arrive(now);
             }

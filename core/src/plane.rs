@@ -318,6 +318,79 @@ pub fn drain_step<'a>(pods: impl IntoIterator<Item = &'a Pod>, now: Millis, dead
     step
 }
 
+/// A latency histogram in milliseconds with bounded memory: log-spaced buckets, each about 5%
+/// wide (exact below 20 ms), up to about 28 hours. Percentiles are the upper edge of their
+/// bucket, so they overstate by at most one bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Latencies {
+    counts: Vec<u64>,
+    total: u64,
+    max: Millis,
+}
+
+const LATENCY_BUCKETS: usize = 320;
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Latencies { counts: vec![0; LATENCY_BUCKETS], total: 0, max: 0 }
+    }
+}
+
+impl Latencies {
+    fn bucket(ms: Millis) -> usize {
+        if ms < 20 {
+            return ms as usize;
+        }
+        let b = 20.0 + ((ms as f64) / 20.0).ln() / 1.05f64.ln();
+        (b as usize).min(LATENCY_BUCKETS - 1)
+    }
+
+    fn upper(bucket: usize) -> Millis {
+        if bucket < 20 {
+            return bucket as Millis;
+        }
+        (20.0 * 1.05f64.powi(bucket as i32 - 19)).ceil() as Millis
+    }
+
+    pub fn record(&mut self, ms: Millis) {
+        self.counts[Self::bucket(ms)] += 1;
+        self.total += 1;
+        self.max = self.max.max(ms);
+    }
+
+    pub fn merge(&mut self, other: &Latencies) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.total += other.total;
+        self.max = self.max.max(other.max);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn max(&self) -> Millis {
+        self.max
+    }
+
+    /// The `q` quantile (0..=1), `None` when empty.
+    pub fn quantile(&self, q: f64) -> Option<Millis> {
+        if self.total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (b, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(Self::upper(b).min(self.max));
+            }
+        }
+        Some(self.max)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,6 +505,23 @@ mod tests {
         assert_eq!(next(&pods), vec!["critical-ds"]);
         pods.retain(|p| p.key.name != "critical-ds");
         assert!(drain_step(&pods, 0, None).is_done(), "the tolerating pod is never evicted");
+    }
+
+    #[test]
+    fn latency_quantiles_are_within_a_bucket() {
+        let mut l = Latencies::default();
+        assert_eq!(l.quantile(0.5), None);
+        for ms in 1..=1000 {
+            l.record(ms);
+        }
+        let p50 = l.quantile(0.5).expect("p50");
+        let p99 = l.quantile(0.99).expect("p99");
+        assert!((500..=526).contains(&p50), "{p50}");
+        assert!((990..=1000).contains(&p99), "{p99}");
+        assert_eq!(l.quantile(1.0), Some(1000));
+        l.record(100_000_000_000);
+        assert_eq!(l.count(), 1001);
+        assert_eq!(l.max(), 100_000_000_000);
     }
 
     #[test]

@@ -174,6 +174,11 @@ impl SimCloud {
         self.lock().capacity.insert(offering, left);
     }
 
+    /// Makes an offering's capacity unlimited again (the end of an ICE window).
+    pub fn clear_capacity(&self, offering: &OfferingKey) {
+        self.lock().capacity.remove(offering);
+    }
+
     /// Replaces the request buckets (full), as a load test that raises or lowers them does.
     pub fn set_limits(&self, limits: ApiLimits) {
         self.lock().limits = limits;

@@ -1,0 +1,155 @@
+//! The report of a run: what the cluster ended as, what it cost, how good the packing was
+//! against the lower bound, how fast decisions were, and the series behind the plot.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::run::Percentiles;
+
+/// One point of the series.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Sample {
+    pub at_ms: u64,
+    pub nodes: usize,
+    pub pending: usize,
+    pub bound: usize,
+    pub price_per_hour: f64,
+}
+
+/// The report (`report.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    /// Cluster time the run covered.
+    pub virtual_ms: u64,
+    pub wall_ms: u64,
+    pub realtime: bool,
+    /// Pods in the cluster at the end, bound and pending.
+    pub pods: usize,
+    pub pods_bound: usize,
+    pub pods_pending: usize,
+    pub nodes: usize,
+    pub peak_nodes: usize,
+    /// $/hour of the instances running at the end.
+    pub price_per_hour: f64,
+    /// $ spent over the run (sampled $/hour integrated).
+    pub spend: f64,
+    /// $/hour against the cost lower bound of the same pods, at the end and when the most
+    /// pods were bound (1.0 is the bound itself).
+    pub r_end: Option<f64>,
+    pub r_peak: Option<f64>,
+    pub peak_at_ms: u64,
+    pub peak_pods: usize,
+    /// Pod decisions (placed on existing or in-flight capacity, or sent to a NodePool) and
+    /// their latency from arrival at the Router, on the run's clock (virtual unless realtime).
+    pub decisions: u64,
+    pub latency_ms: Percentiles,
+    pub claims_created: u64,
+    /// Claims moved to another zone after insufficient capacity.
+    pub relaunched: u64,
+    pub samples: Vec<Sample>,
+}
+
+/// A plotted series: its name, colour and value.
+type Series = (&'static str, RGBColor, fn(&Sample) -> f64);
+
+fn hours(ms: u64) -> f64 {
+    ms as f64 / 3.6e6
+}
+
+fn opt_ms(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v} ms"))
+}
+
+fn opt_r(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
+}
+
+/// Where the report went.
+#[derive(Clone, Debug)]
+pub struct Written {
+    pub json: PathBuf,
+    pub plot: PathBuf,
+}
+
+impl Report {
+    /// The summary printed at the end.
+    pub fn text(&self, written: Option<&Written>) -> String {
+        let mut t = String::new();
+        let clock = if self.realtime { "wall clock" } else { "virtual" };
+        let _ = writeln!(
+            t,
+            "scenario {}: {:.1} h of cluster time ({clock}) in {:.1} s",
+            self.scenario,
+            hours(self.virtual_ms),
+            self.wall_ms as f64 / 1e3
+        );
+        let _ = writeln!(t, "pods placed      {} of {} ({} pending)", self.pods_bound, self.pods, self.pods_pending);
+        let _ = writeln!(t, "nodes            {} (peak {})", self.nodes, self.peak_nodes);
+        let _ = writeln!(t, "cost             {:.2} $/h now, {:.2} $ over the run", self.price_per_hour, self.spend);
+        let _ = writeln!(
+            t,
+            "R (cost / bound) {} at the peak ({} pods at {:.1} h), {} at the end",
+            opt_r(self.r_peak),
+            self.peak_pods,
+            hours(self.peak_at_ms),
+            opt_r(self.r_end)
+        );
+        let l = &self.latency_ms;
+        let _ = writeln!(
+            t,
+            "decision latency p50 {} / p90 {} / p99 {} / max {} over {} decisions ({clock})",
+            opt_ms(l.p50),
+            opt_ms(l.p90),
+            opt_ms(l.p99),
+            opt_ms(l.max),
+            self.decisions
+        );
+        let _ = writeln!(t, "claims           {} created, {} moved after ICE", self.claims_created, self.relaunched);
+        if let Some(w) = written {
+            let _ = writeln!(t, "report           {}", w.json.display());
+            let _ = writeln!(t, "plot             {}", w.plot.display());
+        }
+        t
+    }
+
+    /// Writes `report.json` and `plot.svg` into `dir`.
+    pub fn write(&self, dir: &Path) -> std::io::Result<Written> {
+        std::fs::create_dir_all(dir)?;
+        let json = dir.join("report.json");
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(&json, text)?;
+        let plot = dir.join("plot.svg");
+        self.plot(&plot).map_err(|e| std::io::Error::other(format!("plot {}: {e}", plot.display())))?;
+        Ok(Written { json, plot })
+    }
+
+    /// Nodes, pending pods and $/h over time, one panel each.
+    pub fn plot(&self, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (960, 720)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let panels = root.split_evenly((3, 1));
+        let end = hours(self.samples.last().map_or(self.virtual_ms, |s| s.at_ms)).max(1e-3);
+        let series: [Series; 3] = [
+            ("nodes", BLUE, |s| s.nodes as f64),
+            ("pending pods", RED, |s| s.pending as f64),
+            ("$/h", GREEN, |s| s.price_per_hour),
+        ];
+        for (panel, (name, color, value)) in panels.iter().zip(series.iter()) {
+            let top = self.samples.iter().map(value).fold(0.0f64, f64::max).max(1.0) * 1.1;
+            let mut chart = ChartBuilder::on(panel)
+                .caption(format!("{name} ({})", self.scenario), ("sans-serif", 16))
+                .margin(8)
+                .x_label_area_size(28)
+                .y_label_area_size(56)
+                .build_cartesian_2d(0.0..end, 0.0..top)?;
+            chart.configure_mesh().x_desc("hours").draw()?;
+            chart.draw_series(LineSeries::new(self.samples.iter().map(|s| (hours(s.at_ms), value(s))), color))?;
+        }
+        root.present()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,348 @@
+//! The driver: runs the whole control plane (actors + in-process ledger) against the sim
+//! cloud and the sim cluster, and plays what is around it (workload controllers, kubelets,
+//! kube-scheduler, faults) every tick of the scenario. On virtual time (tokio's paused clock,
+//! advanced whenever every task waits) a day runs in seconds; on the wall clock it runs in
+//! real time.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dovetail_actors::feed::FeedConfig;
+use dovetail_actors::kubelet::registrations;
+use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
+use dovetail_actors::pool::GetPoolStats;
+use dovetail_actors::router::GetRouterStats;
+use dovetail_cloud::limits::ApiLimits;
+use dovetail_cloud::sim::{SimCloud, SimConfig};
+use dovetail_cloud::{Clock, CloudProvider, NodeClass, OfferingKey};
+use dovetail_cluster::ClusterView;
+use dovetail_cluster::sim::{Deployment, Job, Registrar, SimCluster, Workloads};
+use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+use dovetail_core::ledger::{Command, Entry};
+use dovetail_core::plane::{BatchWindow, Latencies};
+use dovetail_core::pod::Pod;
+use dovetail_core::resources::ResourceList;
+use dovetail_core::scheduling::{self, PoolInput};
+use dovetail_raft::{InProcess, Ledger};
+
+use crate::report::{Report, Sample};
+use crate::scenario::{Ice, Scenario, Workload};
+
+/// The plane's clock on tokio's time: virtual when tokio's clock is paused.
+pub struct TokioClock {
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    pub fn new() -> Self {
+        TokioClock { start: tokio::time::Instant::now() }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        TokioClock::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+}
+
+/// How to run.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Pace by the wall clock instead of virtual time.
+    pub realtime: bool,
+}
+
+/// What the driver reports as it goes.
+pub trait Progress {
+    fn sample(&mut self, scenario: &Scenario, s: &Sample);
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("catalog: {0}")]
+    Catalog(String),
+    #[error("ledger: {0}")]
+    Ledger(String),
+    #[error("cloud: {0}")]
+    Cloud(String),
+}
+
+fn ms(clock: &dyn Clock) -> u64 {
+    u64::try_from(clock.now().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs a scenario to its end (inside an actix system) and reports.
+pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) -> Result<Report, RunError> {
+    if !opts.realtime {
+        tokio::time::pause();
+    }
+    let wall = std::time::Instant::now();
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+    let catalog = Catalog::embedded(&sc.region).map_err(|e| RunError::Catalog(e.to_string()))?;
+    let mut by_class: BTreeMap<String, Arc<Vec<InstanceType>>> = BTreeMap::new();
+    let mut pools = Vec::new();
+    for pool in &sc.cluster.nodepools {
+        let class = pool.node_class.name.clone();
+        let types = by_class
+            .entry(class.clone())
+            .or_insert_with(|| {
+                let settings = sc.cluster.nodeclasses.get(&class).cloned().unwrap_or_else(NodeClassSettings::default);
+                Arc::new(catalog.instance_types(&settings, None))
+            })
+            .clone();
+        pools.push((pool.clone(), types, NodeClass { name: class.clone(), hash: class, ..NodeClass::default() }));
+    }
+    let all_types: Arc<Vec<InstanceType>> = Arc::new(catalog.instance_types(&NodeClassSettings::default(), None));
+    let cloud = Arc::new(SimCloud::new(SimConfig::default(), all_types.clone(), clock.clone()));
+    let cluster = Arc::new(SimCluster::new());
+    for ds in &sc.cluster.daemonsets {
+        cluster.apply_daemonset(ds.clone());
+    }
+    let ledger = Arc::new(InProcess::new());
+    for (pool, _, _) in &pools {
+        let set = Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() };
+        ledger.propose(Entry { at: 0, command: set }).await.map_err(|e| RunError::Ledger(e.to_string()))?;
+    }
+    let plane = Plane::start(
+        PlaneConfig {
+            zones: sc.zones.clone(),
+            pools: pools.clone(),
+            window: BatchWindow::default(),
+            limits: ApiLimits::default(),
+            feed: FeedConfig::default(),
+        },
+        Seams {
+            cloud: cloud.clone(),
+            view: cluster.clone(),
+            cluster: cluster.clone(),
+            ledger: ledger.clone(),
+            clock: clock.clone(),
+        },
+    );
+    let mut workloads = Workloads::new();
+    let mut registrar = Registrar::new(sc.registration_delay);
+    let mut next_event = 0;
+    let mut iced: Vec<bool> = vec![false; sc.faults.len()];
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut next_sample = 0;
+    // The moment the most pods were bound, for R.
+    let mut peak: Option<(u64, Vec<Pod>, f64)> = None;
+    let steps = sc.duration / sc.tick + 1;
+    for _ in 0..steps {
+        let now = ms(clock.as_ref());
+        while let Some((at, w)) = sc.workloads.get(next_event)
+            && *at <= now
+        {
+            apply(&mut workloads, w);
+            next_event += 1;
+        }
+        for (i, ice) in sc.faults.iter().enumerate() {
+            let active = ice.from <= now && now < ice.until;
+            if active != iced[i] {
+                set_ice(&cloud, &all_types, ice, active);
+                iced[i] = active;
+            }
+        }
+        workloads.step(&cluster, now);
+        let instances = cloud.list().await.map_err(|e| RunError::Cloud(e.to_string()))?;
+        registrar.step(&cluster, &registrations(&instances), now);
+        cluster.schedule();
+        if now >= next_sample {
+            next_sample = now.saturating_add(sc.sample);
+            let snap = cluster.snapshot();
+            let bound: Vec<Pod> =
+                snap.pods.values().filter(|p| p.node_name.is_some()).map(|p| p.as_ref().clone()).collect();
+            let price: f64 = instances.iter().map(|i| i.price).sum();
+            let s = Sample {
+                at_ms: now,
+                nodes: snap.nodes.len(),
+                pending: snap.pending().count(),
+                bound: bound.len(),
+                price_per_hour: price,
+            };
+            if peak.as_ref().is_none_or(|(_, p, _)| bound.len() > p.len()) {
+                peak = Some((now, bound, price));
+            }
+            progress.sample(sc, &s);
+            samples.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(sc.tick)).await;
+    }
+    let (mut claims_created, mut relaunched) = (0, 0);
+    for p in plane.pools.values() {
+        if let Ok(stats) = p.send(GetPoolStats).await {
+            claims_created += stats.claims_created;
+            relaunched += stats.relaunched;
+        }
+    }
+    let router = plane.router.send(GetRouterStats).await.ok();
+    let latency = router.as_ref().map(|r| r.latency.clone()).unwrap_or_default();
+    let snap = cluster.snapshot();
+    let instances = cloud.list().await.map_err(|e| RunError::Cloud(e.to_string()))?;
+    let inputs: Vec<PoolInput> =
+        pools.iter().map(|(p, t, _)| PoolInput { pool: p.clone(), instance_types: t.clone() }).collect();
+    let r_of = |pods: &[Pod], price: f64| -> Option<f64> {
+        let input = scheduling::Snapshot {
+            nodepools: inputs.clone(),
+            daemonsets: snap.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
+            ..scheduling::Snapshot::default()
+        };
+        let all: Vec<usize> = (0..pods.len()).collect();
+        let lb = scheduling::lower_bound(&input, pods, &all);
+        (lb.value > 0.0).then(|| price / lb.value)
+    };
+    let end_pods: Vec<Pod> = snap.pods.values().filter(|p| !p.terminal).map(|p| p.as_ref().clone()).collect();
+    let end_price: f64 = instances.iter().map(|i| i.price).sum();
+    let (peak_at, peak_pods, peak_price) = peak.unwrap_or_default();
+    let spend: f64 = samples.windows(2).map(|w| w[0].price_per_hour * (w[1].at_ms - w[0].at_ms) as f64 / 3.6e6).sum();
+    Ok(Report {
+        scenario: sc.name.clone(),
+        virtual_ms: sc.duration,
+        wall_ms: u64::try_from(wall.elapsed().as_millis()).unwrap_or(u64::MAX),
+        realtime: opts.realtime,
+        pods: snap.pods.len(),
+        pods_bound: snap.pods.values().filter(|p| p.node_name.is_some()).count(),
+        pods_pending: snap.pending().count(),
+        nodes: snap.nodes.len(),
+        peak_nodes: samples.iter().map(|s| s.nodes).max().unwrap_or(0),
+        price_per_hour: end_price,
+        spend,
+        r_end: r_of(&end_pods, end_price),
+        r_peak: r_of(&peak_pods, peak_price),
+        peak_at_ms: peak_at,
+        peak_pods: peak_pods.len(),
+        decisions: latency.count(),
+        latency_ms: Percentiles::of(&latency),
+        claims_created,
+        relaunched,
+        samples,
+    })
+}
+
+/// Decision latency percentiles, milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Percentiles {
+    pub p50: Option<u64>,
+    pub p90: Option<u64>,
+    pub p99: Option<u64>,
+    pub max: Option<u64>,
+}
+
+impl Percentiles {
+    pub fn of(l: &Latencies) -> Percentiles {
+        Percentiles {
+            p50: l.quantile(0.5),
+            p90: l.quantile(0.9),
+            p99: l.quantile(0.99),
+            max: (l.count() > 0).then(|| l.max()),
+        }
+    }
+}
+
+fn pod(cpu_milli: i64, memory: i64) -> Pod {
+    Pod { requests: ResourceList::cpu_mem(cpu_milli, memory), ..Pod::default() }
+}
+
+fn apply(workloads: &mut Workloads, w: &Workload) {
+    match w {
+        Workload::Deployment { namespace, name, replicas, cpu_milli, memory } => {
+            workloads.apply_deployment(Deployment {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                replicas: *replicas,
+                template: pod(*cpu_milli, *memory),
+            });
+        }
+        // Checked at parse time: the Deployment exists.
+        Workload::Scale { namespace, name, replicas } => {
+            let _ = workloads.scale(namespace, name, *replicas);
+        }
+        Workload::Job { namespace, name, parallelism, completions, run_for, cpu_milli, memory } => {
+            workloads.apply_job(Job {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                parallelism: *parallelism,
+                completions: *completions,
+                run_for_ms: *run_for,
+                template: pod(*cpu_milli, *memory),
+            });
+        }
+    }
+}
+
+/// Starts or ends an ICE window: every matching offering in the zone has no capacity.
+fn set_ice(cloud: &SimCloud, types: &[InstanceType], ice: &Ice, on: bool) {
+    for t in types {
+        if !ice.instance_types.is_empty() && !ice.instance_types.contains(&t.name) {
+            continue;
+        }
+        for o in &t.offerings {
+            if o.zone != ice.zone || !ice.capacity_types.contains(&o.capacity_type) {
+                continue;
+            }
+            let key =
+                OfferingKey { instance_type: t.name.clone(), zone: o.zone.clone(), capacity_type: o.capacity_type };
+            if on {
+                cloud.set_capacity(key, 0);
+            } else {
+                cloud.clear_capacity(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::SMALL;
+
+    struct Count(usize);
+
+    impl Progress for Count {
+        fn sample(&mut self, _: &Scenario, _: &Sample) {
+            self.0 += 1;
+        }
+    }
+
+    /// The small scenario end to end on virtual time: every pod placed, the ICE routed
+    /// around, the Job done, decisions within the batch window, the report complete.
+    #[test]
+    fn the_small_scenario_places_every_pod_on_virtual_time() {
+        let sc = Scenario::parse(SMALL).expect("scenario");
+        let mut progress = Count(0);
+        let sys = actix_rt::System::new();
+        let report = sys.block_on(async { run(&sc, &RunOptions::default(), &mut progress).await }).expect("run");
+        // 200 web scaled to 50, 60 api; the Job's pods are gone.
+        assert_eq!((report.pods, report.pods_bound, report.pods_pending), (110, 110, 0), "{}", report.text(None));
+        assert_eq!(progress.0, report.samples.len());
+        assert_eq!(report.samples.len(), 121, "one per minute over two hours");
+        assert!(report.relaunched > 0, "the ICE'd zone was routed around");
+        assert!(report.peak_pods >= 300, "the Job's pods ran at the peak: {}", report.peak_pods);
+        let r = report.r_peak.expect("R at the peak");
+        assert!((1.0..2.0).contains(&r), "R {r}");
+        // Karpenter's 1 s idle window is the decision latency on virtual time.
+        let p50 = report.latency_ms.p50.expect("decisions");
+        assert!((1_000..=1_100).contains(&p50), "p50 {p50}");
+        assert!(report.decisions >= 340, "{}", report.decisions);
+        assert!(report.claims_created > 0 && report.nodes > 0 && report.price_per_hour > 0.0);
+        assert!(report.spend > 0.0);
+        let dir = std::env::temp_dir().join(format!("dovetail-sim-test-{}", std::process::id()));
+        let written = report.write(&dir).expect("write");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&written.json).expect("json")).expect("parse");
+        for field in ["pods_bound", "nodes", "price_per_hour", "r_peak", "latency_ms", "samples"] {
+            assert!(json.get(field).is_some(), "report.json has {field}");
+        }
+        let svg = std::fs::read_to_string(&written.plot).expect("svg");
+        assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() >= 3, "three series drawn");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,342 @@
+//! Scenarios as data (YAML): the cluster's NodePools in Karpenter's own format, workloads
+//! over time, faults, and the sim cloud's settings. `docs/scenarios.md` describes the format.
+
+use std::time::Duration;
+
+use dovetail_api::manifest::Manifest;
+use dovetail_core::nodepool::parse_duration;
+use dovetail_core::quantity::Quantity;
+use serde::Deserialize;
+
+/// The built-in scenario `dovetail simulate` runs with no flags.
+pub const DEFAULT: &str = include_str!("../scenarios/default.yaml");
+
+/// A small scenario (300 pods, two hours) for tests and CI.
+pub const SMALL: &str = include_str!("../scenarios/small.yaml");
+
+/// Why a scenario cannot run: the field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("scenario {scenario}: {field}: {message}")]
+pub struct ScenarioError {
+    pub scenario: String,
+    pub field: String,
+    pub message: String,
+}
+
+/// A scenario as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    pub name: String,
+    #[serde(default = "default_region")]
+    pub region: String,
+    pub zones: Vec<String>,
+    /// How long the cluster lives (a duration such as `24h`).
+    pub duration: String,
+    /// How often the driver steps Kubernetes (controllers, kubelets, scheduler); default 10s.
+    #[serde(default)]
+    pub tick: Option<String>,
+    /// How often the report samples nodes, pending pods and $/h; default 5m.
+    #[serde(default)]
+    pub sample: Option<String>,
+    /// From launch to a Ready node; default 30s.
+    #[serde(default)]
+    pub registration_delay: Option<String>,
+    /// Multi-document Kubernetes YAML: NodePools (karpenter.sh/v1), EC2NodeClasses, DaemonSets.
+    pub cluster: String,
+    #[serde(default)]
+    pub workloads: Vec<Event>,
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+/// A workload change at a time.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    pub at: String,
+    #[serde(flatten)]
+    pub action: Action,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Creates (or replaces) a Deployment.
+    Deployment(DeploymentSpec),
+    /// Sets a Deployment's replicas.
+    Scale(ScaleSpec),
+    /// Starts a Job.
+    Job(JobSpec),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentSpec {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    pub replicas: u32,
+    pub cpu: String,
+    pub memory: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleSpec {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    pub replicas: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    pub parallelism: u32,
+    pub completions: u32,
+    /// How long each pod runs once bound.
+    pub run_for: String,
+    pub cpu: String,
+    pub memory: String,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+/// A fault over a window of time.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    pub at: String,
+    pub until: String,
+    /// Insufficient capacity for offerings in a zone.
+    pub ice: IceSpec,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IceSpec {
+    pub zone: String,
+    /// `spot` or `on-demand`; both when absent.
+    #[serde(default)]
+    pub capacity_type: Option<String>,
+    /// Instance types; every type when absent.
+    #[serde(default)]
+    pub instance_types: Vec<String>,
+}
+
+/// A scenario checked and converted, times in milliseconds.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub region: String,
+    pub zones: Vec<String>,
+    pub duration: u64,
+    pub tick: u64,
+    pub sample: u64,
+    pub registration_delay: u64,
+    pub cluster: Manifest,
+    /// In time order.
+    pub workloads: Vec<(u64, Workload)>,
+    pub faults: Vec<Ice>,
+}
+
+/// A workload change with its quantities parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Workload {
+    Deployment {
+        namespace: String,
+        name: String,
+        replicas: u32,
+        cpu_milli: i64,
+        memory: i64,
+    },
+    Scale {
+        namespace: String,
+        name: String,
+        replicas: u32,
+    },
+    Job {
+        namespace: String,
+        name: String,
+        parallelism: u32,
+        completions: u32,
+        run_for: u64,
+        cpu_milli: i64,
+        memory: i64,
+    },
+}
+
+/// An ICE window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ice {
+    pub from: u64,
+    pub until: u64,
+    pub zone: String,
+    pub capacity_types: Vec<dovetail_core::catalog::CapacityType>,
+    pub instance_types: Vec<String>,
+}
+
+impl Scenario {
+    /// Parses and checks a scenario; errors name the field.
+    pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let file: ScenarioFile = serde_path_to_error::deserialize(de).map_err(|e| ScenarioError {
+            scenario: "?".into(),
+            field: e.path().to_string(),
+            message: e.inner().to_string(),
+        })?;
+        Scenario::from_file(file)
+    }
+
+    pub fn builtin() -> Result<Scenario, ScenarioError> {
+        Scenario::parse(DEFAULT)
+    }
+
+    fn from_file(f: ScenarioFile) -> Result<Scenario, ScenarioError> {
+        let name = f.name.clone();
+        let err = |field: &str, message: String| ScenarioError { scenario: name.clone(), field: field.into(), message };
+        let ms = |field: &str, v: &str| -> Result<u64, ScenarioError> {
+            match parse_duration(v) {
+                Ok(Some(d)) => Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                Ok(None) => Err(err(field, "Never is not a time here".into())),
+                Err(e) => Err(err(field, e)),
+            }
+        };
+        let opt = |field: &str, v: &Option<String>, default: Duration| -> Result<u64, ScenarioError> {
+            match v {
+                Some(v) => ms(field, v),
+                None => Ok(u64::try_from(default.as_millis()).unwrap_or(u64::MAX)),
+            }
+        };
+        let cpu = |field: &str, v: &str| -> Result<i64, ScenarioError> {
+            v.parse::<Quantity>().map(|q| q.milli_value()).map_err(|e| err(field, e.to_string()))
+        };
+        let mem = |field: &str, v: &str| -> Result<i64, ScenarioError> {
+            v.parse::<Quantity>().map(|q| q.value()).map_err(|e| err(field, e.to_string()))
+        };
+        if f.zones.is_empty() {
+            return Err(err("zones", "at least one zone".into()));
+        }
+        let duration = ms("duration", &f.duration)?;
+        let tick = opt("tick", &f.tick, Duration::from_secs(10))?.max(1);
+        let cluster = Manifest::parse(&f.cluster).map_err(|e| err("cluster", e.to_string()))?;
+        if cluster.nodepools.is_empty() {
+            return Err(err("cluster", "no NodePool".into()));
+        }
+        let mut workloads = Vec::new();
+        for (i, e) in f.workloads.iter().enumerate() {
+            let at = ms(&format!("workloads[{i}].at"), &e.at)?;
+            let w = match &e.action {
+                Action::Deployment(d) => Workload::Deployment {
+                    namespace: d.namespace.clone(),
+                    name: d.name.clone(),
+                    replicas: d.replicas,
+                    cpu_milli: cpu(&format!("workloads[{i}].deployment.cpu"), &d.cpu)?,
+                    memory: mem(&format!("workloads[{i}].deployment.memory"), &d.memory)?,
+                },
+                Action::Scale(s) => {
+                    let declared = f.workloads[..i]
+                        .iter()
+                        .any(|p| matches!(&p.action, Action::Deployment(d) if d.name == s.name && d.namespace == s.namespace));
+                    if !declared {
+                        return Err(err(
+                            &format!("workloads[{i}].scale.name"),
+                            format!("no Deployment {}/{} before it", s.namespace, s.name),
+                        ));
+                    }
+                    Workload::Scale { namespace: s.namespace.clone(), name: s.name.clone(), replicas: s.replicas }
+                }
+                Action::Job(j) => Workload::Job {
+                    namespace: j.namespace.clone(),
+                    name: j.name.clone(),
+                    parallelism: j.parallelism,
+                    completions: j.completions,
+                    run_for: ms(&format!("workloads[{i}].job.run_for"), &j.run_for)?,
+                    cpu_milli: cpu(&format!("workloads[{i}].job.cpu"), &j.cpu)?,
+                    memory: mem(&format!("workloads[{i}].job.memory"), &j.memory)?,
+                },
+            };
+            workloads.push((at, w));
+        }
+        workloads.sort_by_key(|(at, _)| *at);
+        let mut faults = Vec::new();
+        for (i, fault) in f.faults.iter().enumerate() {
+            let from = ms(&format!("faults[{i}].at"), &fault.at)?;
+            let until = ms(&format!("faults[{i}].until"), &fault.until)?;
+            if until <= from {
+                return Err(err(&format!("faults[{i}].until"), "must be after at".into()));
+            }
+            if !f.zones.contains(&fault.ice.zone) {
+                return Err(err(&format!("faults[{i}].ice.zone"), format!("{} is not one of zones", fault.ice.zone)));
+            }
+            use dovetail_core::catalog::CapacityType;
+            let capacity_types = match fault.ice.capacity_type.as_deref() {
+                None => vec![CapacityType::Spot, CapacityType::OnDemand],
+                Some("spot") => vec![CapacityType::Spot],
+                Some("on-demand") => vec![CapacityType::OnDemand],
+                Some(other) => {
+                    return Err(err(
+                        &format!("faults[{i}].ice.capacity_type"),
+                        format!("{other:?}: spot or on-demand"),
+                    ));
+                }
+            };
+            faults.push(Ice {
+                from,
+                until,
+                zone: fault.ice.zone.clone(),
+                capacity_types,
+                instance_types: fault.ice.instance_types.clone(),
+            });
+        }
+        Ok(Scenario {
+            name: f.name,
+            region: f.region,
+            zones: f.zones,
+            duration,
+            tick,
+            sample: opt("sample", &f.sample, Duration::from_secs(300))?.max(tick),
+            registration_delay: opt("registration_delay", &f.registration_delay, Duration::from_secs(30))?,
+            cluster,
+            workloads,
+            faults,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builtin_scenario_parses() {
+        let s = Scenario::builtin().expect("builtin");
+        assert_eq!(s.zones.len(), 3);
+        assert!(s.cluster.nodepools.len() >= 2);
+        assert!(s.cluster.nodepools.iter().any(|p| p.weight > 0), "one weighted pool");
+        assert!(!s.faults.is_empty(), "an ICE episode");
+        assert!(s.workloads.iter().any(|(_, w)| matches!(w, Workload::Scale { .. })), "a scale-down");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let bad = DEFAULT.replace("duration: 24h", "duration: 24x");
+        let e = Scenario::parse(&bad).expect_err("bad duration");
+        assert_eq!(e.field, "duration", "{e}");
+        let bad = DEFAULT.replace("cpu: 500m", "cpu: lots");
+        let e = Scenario::parse(&bad).expect_err("bad cpu");
+        assert!(e.field.starts_with("workloads[") && e.field.ends_with(".deployment.cpu"), "{e}");
+        let e = Scenario::parse("name: x\nzones: [a]\nduration: 1h\ncluster: ''\nbogus: 1\n").expect_err("unknown");
+        assert!(e.message.contains("bogus"), "{e}");
+    }
+}
