@@ -2,6 +2,7 @@
 //! clock, and wires the library crates together.
 
 mod bench_input;
+mod loadtest;
 mod plan;
 mod simulate;
 
@@ -30,6 +31,8 @@ enum Command {
     BenchInput(bench_input::BenchInputArgs),
     /// Runs the whole control plane against the sim cloud and cluster on a scenario.
     Simulate(simulate::SimulateArgs),
+    /// Runs a scenario on the wall clock and checks its thresholds (non-zero exit on a miss).
+    Loadtest(loadtest::LoadtestArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,5 +41,6 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan::run(&args),
         Command::BenchInput(args) => bench_input::run(&args),
         Command::Simulate(args) => simulate::run(&args),
+        Command::Loadtest(args) => loadtest::run(&args),
     }
 }

@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use dovetail_loadtest::{Progress, RunOptions, Sample, Scenario};
+use dovetail_loadtest::{Progress, Report, RunOptions, Sample, Scenario};
 
 #[derive(clap::Args)]
 pub struct SimulateArgs {
@@ -42,45 +42,55 @@ impl Progress for Status {
     }
 }
 
+/// Reads a scenario file, or the named built-in one, or the default.
+pub fn load(file: Option<&PathBuf>, builtin: Option<&str>) -> Result<Scenario, String> {
+    match (file, builtin) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            Scenario::parse(&text).map_err(|e| e.to_string())
+        }
+        (None, Some(name)) => {
+            let text = dovetail_loadtest::scenario::builtin_named(name).ok_or_else(|| {
+                let names: Vec<&str> = dovetail_loadtest::scenario::BUILTIN.iter().map(|(n, _)| *n).collect();
+                format!("no built-in scenario {name:?} (there are: {})", names.join(", "))
+            })?;
+            Scenario::parse(text).map_err(|e| e.to_string())
+        }
+        (None, None) => Scenario::builtin().map_err(|e| e.to_string()),
+    }
+}
+
+/// Runs a scenario with progress on stderr, writes the report into `out` and prints it.
+pub fn execute(scenario: &Scenario, realtime: bool, out: &std::path::Path) -> Result<Report, ExitCode> {
+    let opts = RunOptions { realtime };
+    let mut status = Status { tty: std::io::stderr().is_terminal() };
+    let sys = actix_rt::System::new();
+    let report = sys.block_on(async { dovetail_loadtest::run(scenario, &opts, &mut status).await });
+    if status.tty {
+        eprintln!();
+    }
+    let report = report.map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::FAILURE
+    })?;
+    let written = report.write(out).map_err(|e| eprintln!("error: writing the report to {}: {e}", out.display())).ok();
+    print!("{}", report.text(written.as_ref()));
+    if written.is_none() {
+        return Err(ExitCode::FAILURE);
+    }
+    Ok(report)
+}
+
 pub fn run(args: &SimulateArgs) -> ExitCode {
-    let scenario = match &args.scenario {
-        None => Scenario::builtin(),
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(text) => Scenario::parse(&text),
-            Err(e) => {
-                eprintln!("error: reading {}: {e}", path.display());
-                return ExitCode::from(2);
-            }
-        },
-    };
-    let scenario = match scenario {
+    let scenario = match load(args.scenario.as_ref(), None) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    let opts = RunOptions { realtime: args.realtime };
-    let mut status = Status { tty: std::io::stderr().is_terminal() };
-    let sys = actix_rt::System::new();
-    let report = sys.block_on(async { dovetail_loadtest::run(&scenario, &opts, &mut status).await });
-    if status.tty {
-        eprintln!();
+    match execute(&scenario, args.realtime, &args.out) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(code) => code,
     }
-    let report = match report {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let written = match report.write(&args.out) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            eprintln!("error: writing the report to {}: {e}", args.out.display());
-            None
-        }
-    };
-    print!("{}", report.text(written.as_ref()));
-    if written.is_some() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

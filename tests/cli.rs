@@ -141,3 +141,28 @@ fn simulate_names_the_bad_field_of_a_scenario() {
     assert!(err.contains("scenario bad: duration:"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn loadtest_runs_the_ci_scenario_on_the_wall_clock_and_checks_its_thresholds() {
+    let out_dir = std::env::temp_dir().join(format!("dovetail-cli-loadtest-{}", std::process::id()));
+    let out_arg = out_dir.to_string_lossy().to_string();
+    let out = dovetail(&["loadtest", "--builtin", "ci", "--out", &out_arg], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("(wall clock)") && stdout.contains("thresholds       all met"), "{stdout}");
+    assert!(stdout.contains("pods placed      300 of 300"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    // A scenario whose thresholds cannot be met fails, naming each.
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let text = std::fs::read_to_string(format!("{root}/loadtest/scenarios/ci.yaml")).expect("ci scenario");
+    let strict = text.replace("max_decision_p99: 3s", "max_decision_p99: 1ms").replace("duration: 20s", "duration: 5s");
+    let dir = std::env::temp_dir().join(format!("dovetail-cli-strict-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("strict.yaml");
+    std::fs::write(&path, strict).expect("write");
+    let out = dovetail(&["loadtest", "--scenario", &path.to_string_lossy(), "--out", &dir.to_string_lossy()], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("threshold missed decision latency p99"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

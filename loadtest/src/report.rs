@@ -50,6 +50,8 @@ pub struct Report {
     pub claims_created: u64,
     /// Claims moved to another zone after insufficient capacity.
     pub relaunched: u64,
+    /// Peak RSS of the whole process (plane, sim cloud, sim cluster, driver), MiB.
+    pub peak_rss_mib: Option<f64>,
     pub samples: Vec<Sample>,
 }
 
@@ -109,11 +111,50 @@ impl Report {
             self.decisions
         );
         let _ = writeln!(t, "claims           {} created, {} moved after ICE", self.claims_created, self.relaunched);
+        if let Some(rss) = self.peak_rss_mib {
+            let _ = writeln!(t, "peak RSS         {rss:.0} MiB (whole process)");
+        }
         if let Some(w) = written {
             let _ = writeln!(t, "report           {}", w.json.display());
             let _ = writeln!(t, "plot             {}", w.plot.display());
         }
         t
+    }
+
+    /// The thresholds this run missed, each as a sentence (empty: all met).
+    pub fn misses(&self, t: &crate::scenario::Thresholds) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut latency = |name: &str, got: Option<u64>, max: Option<u64>| {
+            if let Some(max) = max {
+                match got {
+                    Some(v) if v <= max => {}
+                    Some(v) => out.push(format!("decision latency {name} {v} ms > {max} ms")),
+                    None => out.push(format!("decision latency {name}: no decisions were made")),
+                }
+            }
+        };
+        latency("p99", self.latency_ms.p99, t.max_decision_p99_ms);
+        latency("p50", self.latency_ms.p50, t.max_decision_p50_ms);
+        if let Some(max) = t.max_r {
+            match self.r_peak {
+                Some(r) if r <= max => {}
+                Some(r) => out.push(format!("R at the peak {r:.3} > {max}")),
+                None => out.push("R at the peak: no lower bound (no pods)".into()),
+            }
+        }
+        if let Some(max) = t.max_rss_mib {
+            match self.peak_rss_mib {
+                Some(r) if r <= max => {}
+                Some(r) => out.push(format!("peak RSS {r:.0} MiB > {max} MiB")),
+                None => out.push("peak RSS: not measurable on this system".into()),
+            }
+        }
+        if let Some(max) = t.max_pending_at_end
+            && self.pods_pending > max
+        {
+            out.push(format!("{} pods pending at the end > {max}", self.pods_pending));
+        }
+        out
     }
 
     /// Writes `report.json` and `plot.svg` into `dir`.

@@ -101,7 +101,10 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         pools.push((pool.clone(), types, NodeClass { name: class.clone(), hash: class, ..NodeClass::default() }));
     }
     let all_types: Arc<Vec<InstanceType>> = Arc::new(catalog.instance_types(&NodeClassSettings::default(), None));
-    let cloud = Arc::new(SimCloud::new(SimConfig::default(), all_types.clone(), clock.clone()));
+    let limits =
+        if sc.api_limits_factor == 1.0 { ApiLimits::default() } else { ApiLimits::raised(sc.api_limits_factor) };
+    let config = SimConfig { limits: limits.clone(), ..SimConfig::default() };
+    let cloud = Arc::new(SimCloud::new(config, all_types.clone(), clock.clone()));
     let cluster = Arc::new(SimCluster::new());
     for ds in &sc.cluster.daemonsets {
         cluster.apply_daemonset(ds.clone());
@@ -116,7 +119,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             zones: sc.zones.clone(),
             pools: pools.clone(),
             window: BatchWindow::default(),
-            limits: ApiLimits::default(),
+            limits,
             feed: FeedConfig::default(),
         },
         Seams {
@@ -223,8 +226,16 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         latency_ms: Percentiles::of(&latency),
         claims_created,
         relaunched,
+        peak_rss_mib: peak_rss_mib(),
         samples,
     })
+}
+
+/// The process's peak RSS (VmHWM), MiB; `None` off Linux.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
 }
 
 /// Decision latency percentiles, milliseconds.
@@ -341,6 +352,26 @@ mod tests {
         for field in ["pods_bound", "nodes", "price_per_hour", "r_peak", "latency_ms", "samples"] {
             assert!(json.get(field).is_some(), "report.json has {field}");
         }
+        // Thresholds: met, and each kind missed.
+        use crate::scenario::Thresholds;
+        let easy = Thresholds {
+            max_decision_p99_ms: Some(5_000),
+            max_decision_p50_ms: Some(5_000),
+            max_r: Some(2.0),
+            max_rss_mib: Some(1e9),
+            max_pending_at_end: Some(0),
+        };
+        assert!(report.misses(&easy).is_empty(), "{:?}", report.misses(&easy));
+        let hard = Thresholds {
+            max_decision_p99_ms: Some(10),
+            max_decision_p50_ms: None,
+            max_r: Some(1.0),
+            max_rss_mib: Some(1.0),
+            max_pending_at_end: None,
+        };
+        let misses = report.misses(&hard);
+        assert_eq!(misses.len(), 3, "{misses:?}");
+        assert!(misses[0].starts_with("decision latency p99"), "{misses:?}");
         let svg = std::fs::read_to_string(&written.plot).expect("svg");
         assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() >= 3, "three series drawn");
         let _ = std::fs::remove_dir_all(&dir);

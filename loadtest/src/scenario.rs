@@ -14,6 +14,20 @@ pub const DEFAULT: &str = include_str!("../scenarios/default.yaml");
 /// A small scenario (300 pods, two hours) for tests and CI.
 pub const SMALL: &str = include_str!("../scenarios/small.yaml");
 
+/// The scenarios shipped in the binary, by name.
+pub const BUILTIN: [(&str, &str); 5] = [
+    ("default", DEFAULT),
+    ("small", SMALL),
+    ("ci", include_str!("../scenarios/ci.yaml")),
+    ("1k-nodes", include_str!("../scenarios/1k-nodes.yaml")),
+    ("10k-nodes", include_str!("../scenarios/10k-nodes.yaml")),
+];
+
+/// A shipped scenario's text.
+pub fn builtin_named(name: &str) -> Option<&'static str> {
+    BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
 /// Why a scenario cannot run: the field and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("scenario {scenario}: {field}: {message}")]
@@ -48,6 +62,51 @@ pub struct ScenarioFile {
     pub workloads: Vec<Event>,
     #[serde(default)]
     pub faults: Vec<Fault>,
+    /// The sim cloud's settings.
+    #[serde(default)]
+    pub cloud: CloudSpec,
+    /// What a loadtest run must meet; `dovetail loadtest` exits non-zero when one is missed.
+    #[serde(default)]
+    pub thresholds: ThresholdSpec,
+}
+
+/// The sim cloud in a scenario.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudSpec {
+    /// EC2's request buckets multiplied by this (default 1: EC2's own limits, which pace a
+    /// burst of more than 1,000 instances at 2 per second).
+    #[serde(default)]
+    pub api_limits_factor: Option<f64>,
+}
+
+/// Thresholds as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThresholdSpec {
+    #[serde(default)]
+    pub max_decision_p99: Option<String>,
+    #[serde(default)]
+    pub max_decision_p50: Option<String>,
+    /// R at the peak (cost over the lower bound).
+    #[serde(default)]
+    pub max_r: Option<f64>,
+    /// Peak RSS of the whole process, MiB.
+    #[serde(default)]
+    pub max_rss_mib: Option<f64>,
+    /// Pods still pending when the run ends.
+    #[serde(default)]
+    pub max_pending_at_end: Option<usize>,
+}
+
+/// Thresholds checked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Thresholds {
+    pub max_decision_p99_ms: Option<u64>,
+    pub max_decision_p50_ms: Option<u64>,
+    pub max_r: Option<f64>,
+    pub max_rss_mib: Option<f64>,
+    pub max_pending_at_end: Option<usize>,
 }
 
 fn default_region() -> String {
@@ -148,6 +207,8 @@ pub struct Scenario {
     /// In time order.
     pub workloads: Vec<(u64, Workload)>,
     pub faults: Vec<Ice>,
+    pub api_limits_factor: f64,
+    pub thresholds: Thresholds,
 }
 
 /// A workload change with its quantities parsed.
@@ -299,7 +360,29 @@ impl Scenario {
                 instance_types: fault.ice.instance_types.clone(),
             });
         }
+        let api_limits_factor = f.cloud.api_limits_factor.unwrap_or(1.0);
+        if !(api_limits_factor.is_finite() && api_limits_factor > 0.0) {
+            return Err(err("cloud.api_limits_factor", format!("{api_limits_factor}: a positive number")));
+        }
+        let t = &f.thresholds;
+        let thresholds = Thresholds {
+            max_decision_p99_ms: t
+                .max_decision_p99
+                .as_deref()
+                .map(|v| ms("thresholds.max_decision_p99", v))
+                .transpose()?,
+            max_decision_p50_ms: t
+                .max_decision_p50
+                .as_deref()
+                .map(|v| ms("thresholds.max_decision_p50", v))
+                .transpose()?,
+            max_r: t.max_r,
+            max_rss_mib: t.max_rss_mib,
+            max_pending_at_end: t.max_pending_at_end,
+        };
         Ok(Scenario {
+            api_limits_factor,
+            thresholds,
             name: f.name,
             region: f.region,
             zones: f.zones,
@@ -326,6 +409,17 @@ mod tests {
         assert!(s.cluster.nodepools.iter().any(|p| p.weight > 0), "one weighted pool");
         assert!(!s.faults.is_empty(), "an ICE episode");
         assert!(s.workloads.iter().any(|(_, w)| matches!(w, Workload::Scale { .. })), "a scale-down");
+    }
+
+    #[test]
+    fn every_shipped_scenario_parses() {
+        for (name, text) in BUILTIN {
+            let s = Scenario::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(s.name, name);
+        }
+        let big = Scenario::parse(builtin_named("10k-nodes").expect("10k")).expect("10k");
+        assert_eq!(big.api_limits_factor, 1000.0);
+        assert_eq!(big.thresholds.max_decision_p99_ms, Some(5_000));
     }
 
     #[test]

@@ -1,0 +1,43 @@
+//! `dovetail loadtest`: a scenario on the wall clock, at scale, checked against the thresholds
+//! it declares; the exit status is non-zero when one is missed.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::simulate;
+
+#[derive(clap::Args)]
+pub struct LoadtestArgs {
+    /// A scenario file (YAML; see docs/scenarios.md).
+    #[arg(long, short = 's', conflicts_with = "builtin")]
+    pub scenario: Option<PathBuf>,
+    /// A shipped scenario: ci, 1k-nodes, 10k-nodes, small, default.
+    #[arg(long, default_value = "ci")]
+    pub builtin: String,
+    /// Directory for report.json and plot.svg.
+    #[arg(long, default_value = "dovetail-loadtest")]
+    pub out: PathBuf,
+}
+
+pub fn run(args: &LoadtestArgs) -> ExitCode {
+    let scenario = match simulate::load(args.scenario.as_ref(), Some(&args.builtin)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match simulate::execute(&scenario, true, &args.out) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let misses = report.misses(&scenario.thresholds);
+    if misses.is_empty() {
+        println!("thresholds       all met");
+        return ExitCode::SUCCESS;
+    }
+    for m in &misses {
+        println!("threshold missed {m}");
+    }
+    ExitCode::FAILURE
+}
