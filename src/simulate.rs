@@ -15,6 +15,19 @@ pub struct SimulateArgs {
     /// Pace the run by the wall clock instead of virtual time.
     #[arg(long)]
     pub realtime: bool,
+    /// Replays a trace CSV (the normalized schema of the shared traces) instead of a scenario:
+    /// each row a pod arriving and departing at its times.
+    #[arg(long, conflicts_with = "scenario", requires = "nodepools")]
+    pub trace: Option<PathBuf>,
+    /// With --trace: the NodePools (and EC2NodeClasses) to provision with, as Kubernetes YAML.
+    #[arg(long)]
+    pub nodepools: Option<PathBuf>,
+    /// With --trace: every pod pending at once, none departing.
+    #[arg(long, requires = "trace")]
+    pub batch: bool,
+    /// With --trace: the zones.
+    #[arg(long, value_delimiter = ',', default_value = "us-east-1a,us-east-1b,us-east-1c")]
+    pub zones: Vec<String>,
     /// Directory for report.json and plot.svg.
     #[arg(long, default_value = "dovetail-simulate")]
     pub out: PathBuf,
@@ -81,8 +94,22 @@ pub fn execute(scenario: &Scenario, realtime: bool, out: &std::path::Path) -> Re
     Ok(report)
 }
 
+/// The scenario of a trace replay.
+fn from_trace(args: &SimulateArgs, trace: &PathBuf) -> Result<Scenario, String> {
+    let text = std::fs::read_to_string(trace).map_err(|e| format!("reading {}: {e}", trace.display()))?;
+    let pods = dovetail_loadtest::trace::parse(&text).map_err(|e| format!("trace {}: {e}", trace.display()))?;
+    let pools_path = args.nodepools.as_ref().ok_or("--trace needs --nodepools")?;
+    let pools = std::fs::read_to_string(pools_path).map_err(|e| format!("reading {}: {e}", pools_path.display()))?;
+    let name = trace.file_stem().map_or_else(|| "trace".into(), |s| s.to_string_lossy().to_string());
+    dovetail_loadtest::trace::scenario(&name, &pods, &pools, args.zones.clone(), args.batch).map_err(|e| e.to_string())
+}
+
 pub fn run(args: &SimulateArgs) -> ExitCode {
-    let scenario = match load(args.scenario.as_ref(), None) {
+    let loaded = match &args.trace {
+        Some(trace) => from_trace(args, trace),
+        None => load(args.scenario.as_ref(), None),
+    };
+    let scenario = match loaded {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");

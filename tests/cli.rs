@@ -166,3 +166,42 @@ fn loadtest_runs_the_ci_scenario_on_the_wall_clock_and_checks_its_thresholds() {
     assert!(stdout.contains("threshold missed decision latency p99"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn simulate_replays_a_trace_with_arrivals_and_departures_or_as_one_batch() {
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let full = std::fs::read_to_string(format!("{root}/core/data/traces/openb_default.csv")).expect("trace");
+    let dir = std::env::temp_dir().join(format!("dovetail-cli-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    // The first 150 pods of the openb trace with their times compressed (openb spans months;
+    // virtual time still costs the plane's timers), and an open on-demand NodePool.
+    let mut lines: Vec<String> = full.lines().take(1).map(str::to_string).collect();
+    for (i, row) in full.lines().skip(1).take(150).enumerate() {
+        let f: Vec<&str> = row.split(',').collect();
+        let departure = if i % 3 == 0 { String::new() } else { (i * 10 + 600).to_string() };
+        lines.push(format!("{},{},{}", f[..6].join(","), i * 10, departure));
+    }
+    let trace = dir.join("openb-150.csv");
+    std::fs::write(&trace, lines.join("\n")).expect("write trace");
+    let pools = dir.join("pools.yaml");
+    std::fs::write(
+        &pools,
+        "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n      requirements:\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n",
+    )
+    .expect("write pools");
+    let (t, p, o) = (trace.to_string_lossy(), pools.to_string_lossy(), dir.join("out").to_string_lossy().to_string());
+    let out = dovetail(&["simulate", "--trace", &t, "--nodepools", &p, "--batch", "--out", &o], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("scenario openb-150") && stdout.contains("pods placed      150 of 150"), "{stdout}");
+    // In arrival order, departed pods are gone by the end.
+    let out = dovetail(&["simulate", "--trace", &t, "--nodepools", &p, "--out", &o], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let placed = stdout.lines().find(|l| l.starts_with("pods placed")).expect("pods placed line");
+    assert!(placed.contains("50 of 50 (0 pending)"), "the 50 pods with no departure stay: {placed}");
+    // --trace needs --nodepools.
+    let out = dovetail(&["simulate", "--trace", &t], None);
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

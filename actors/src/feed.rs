@@ -1,5 +1,5 @@
-//! The pending-pod feed: watches the cluster and tells the Router about pods that need a
-//! node. A pod is sent when it first shows up pending and again every `resend` while it
+//! The pending-pod feed: watches the cluster (its change notifications, and a slow timer as a
+//! fallback) and tells the Router about pods that need a node. A pod is sent when it first shows up pending and again every `resend` while it
 //! stays pending (Karpenter re-solves pending pods each batch; by then the Router's solve
 //! finds the in-flight NodeClaims made for them, so a resend costs a solve, not a claim).
 //! DaemonSet pods and finished pods are never sent.
@@ -20,7 +20,8 @@ use crate::router::{PodsPending, Router};
 /// The feed's settings.
 #[derive(Clone, Copy, Debug)]
 pub struct FeedConfig {
-    /// How often the cluster is looked at (when it changed).
+    /// How often the cluster is looked at without a change notification (a fallback; every
+    /// change is looked at when it is notified).
     pub tick: Duration,
     /// How long a pod that stays pending waits before it is sent again.
     pub resend: Duration,
@@ -28,7 +29,7 @@ pub struct FeedConfig {
 
 impl Default for FeedConfig {
     fn default() -> Self {
-        FeedConfig { tick: Duration::from_millis(100), resend: Duration::from_secs(30) }
+        FeedConfig { tick: Duration::from_secs(5), resend: Duration::from_secs(30) }
     }
 }
 
@@ -101,7 +102,17 @@ impl Actor for PendingFeed {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(16);
-        ctx.run_interval(self.cfg.tick, |act, ctx| {
+        // Every change notification (a burst of changes wakes it once) is looked at.
+        let mut changes = self.view.changes();
+        let me = ctx.address();
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
+            while changes.changed().await.is_ok() {
+                if me.send(Poll).await.is_err() {
+                    break;
+                }
+            }
+        }));
+        ctx.run_interval(self.cfg.tick.min(self.cfg.resend), |act, ctx| {
             act.poll(ctx);
         });
     }

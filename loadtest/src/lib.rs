@@ -5,6 +5,7 @@
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod trace;
 
 pub use report::{Report, Sample};
 pub use run::{Progress, RunError, RunOptions, run};

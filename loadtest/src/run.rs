@@ -21,8 +21,8 @@ use dovetail_cluster::sim::{Deployment, Job, Registrar, SimCluster, Workloads};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
 use dovetail_core::ledger::{Command, Entry};
 use dovetail_core::plane::{BatchWindow, Latencies};
-use dovetail_core::pod::Pod;
-use dovetail_core::resources::ResourceList;
+use dovetail_core::pod::{Pod, PodKey};
+use dovetail_core::resources::{ResourceList, ResourceName};
 use dovetail_core::scheduling::{self, PoolInput};
 use dovetail_raft::{InProcess, Ledger};
 
@@ -141,12 +141,27 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let steps = sc.duration / sc.tick + 1;
     for _ in 0..steps {
         let now = ms(clock.as_ref());
+        let (mut bare, mut gone) = (Vec::new(), Vec::new());
         while let Some((at, w)) = sc.workloads.get(next_event)
             && *at <= now
         {
-            apply(&mut workloads, w);
+            match w {
+                Workload::Pod { name, cpu_milli, memory, gpus } => {
+                    let mut p = pod(*cpu_milli, *memory);
+                    if *gpus > 0 {
+                        p.requests.set(ResourceName::NvidiaGpu, *gpus);
+                    }
+                    p.key = PodKey::new("default", name);
+                    p.creation = i64::try_from(now).unwrap_or(i64::MAX);
+                    bare.push(p);
+                }
+                Workload::DeletePod { name } => gone.push(PodKey::new("default", name)),
+                w => apply(&mut workloads, w),
+            }
             next_event += 1;
         }
+        cluster.apply_pods(bare);
+        cluster.delete_pods(&gone);
         for (i, ice) in sc.faults.iter().enumerate() {
             let active = ice.from <= now && now < ice.until;
             if active != iced[i] {
@@ -286,6 +301,8 @@ fn apply(workloads: &mut Workloads, w: &Workload) {
                 template: pod(*cpu_milli, *memory),
             });
         }
+        // Bare pods are applied by the driver.
+        Workload::Pod { .. } | Workload::DeletePod { .. } => {}
     }
 }
 

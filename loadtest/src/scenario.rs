@@ -235,6 +235,17 @@ pub enum Workload {
         cpu_milli: i64,
         memory: i64,
     },
+    /// A bare pod (trace replay), in namespace `default`.
+    Pod {
+        name: String,
+        cpu_milli: i64,
+        memory: i64,
+        gpus: i64,
+    },
+    /// Deletes a bare pod (its departure).
+    DeletePod {
+        name: String,
+    },
 }
 
 /// An ICE window.
