@@ -178,7 +178,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             let snap = cluster.snapshot();
             let bound: Vec<Pod> =
                 snap.pods.values().filter(|p| p.node_name.is_some()).map(|p| p.as_ref().clone()).collect();
-            let price: f64 = instances.iter().map(|i| i.price).sum();
+            // `+ 0.0`: an empty f64 sum is -0.0.
+            let price: f64 = instances.iter().map(|i| i.price).sum::<f64>() + 0.0;
             let s = Sample {
                 at_ms: now,
                 nodes: snap.nodes.len(),
@@ -218,7 +219,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         (lb.value > 0.0).then(|| price / lb.value)
     };
     let end_pods: Vec<Pod> = snap.pods.values().filter(|p| !p.terminal).map(|p| p.as_ref().clone()).collect();
-    let end_price: f64 = instances.iter().map(|i| i.price).sum();
+    let end_price: f64 = instances.iter().map(|i| i.price).sum::<f64>() + 0.0;
     let (peak_at, peak_pods, peak_price) = peak.unwrap_or_default();
     let spend: f64 = samples.windows(2).map(|w| w[0].price_per_hour * (w[1].at_ms - w[0].at_ms) as f64 / 3.6e6).sum();
     Ok(Report {
