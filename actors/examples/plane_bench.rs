@@ -2,8 +2,9 @@
 //! cloud (request buckets raised 1,000-fold, instant launches) and the sim cluster:
 //! `cargo run --release -p dovetail-actors --example plane_bench -- N [IDLE_MS]`.
 //! The Router's batch window (IDLE_MS idle, default 1,000; 10 s max) is part of the time and
-//! is reported apart. A third argument `ec2` keeps EC2's own request buckets (launches are
-//! then paced by them).
+//! is reported apart. Further arguments: `ec2` keeps EC2's own request buckets (launches are
+//! then paced by them); `adaptive` adds the adaptive early close (a queue of at most 10 pods
+//! closes after 50 ms idle); `repeat=K` runs K times and prints the median.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,13 +32,30 @@ const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(1000);
     let idle: u64 = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(1000);
+    let flags: Vec<String> = std::env::args().skip(3).collect();
     // `ec2`: EC2's own request buckets instead of raised ones.
-    let ec2 = std::env::args().nth(3).is_some_and(|a| a == "ec2");
-    let sys = actix_rt::System::new();
-    sys.block_on(run(n, idle, ec2))
+    let ec2 = flags.iter().any(|a| a == "ec2");
+    let adaptive = flags.iter().any(|a| a == "adaptive");
+    let repeat: usize =
+        flags.iter().find_map(|a| a.strip_prefix("repeat=")).map(|k| k.parse()).transpose()?.unwrap_or(1).max(1);
+    let mut times = Vec::new();
+    for _ in 0..repeat {
+        let sys = actix_rt::System::new();
+        times.push(sys.block_on(run(n, idle, ec2, adaptive))?);
+    }
+    times.sort_by(f64::total_cmp);
+    if repeat > 1 {
+        println!(
+            "{repeat} runs: median {:.0} ms, min {:.0} ms, max {:.0} ms (pending -> every claim created and launched)",
+            times[repeat / 2],
+            times[0],
+            times[repeat - 1]
+        );
+    }
+    Ok(())
 }
 
-async fn run(n: usize, idle: u64, ec2: bool) -> Result<(), Box<dyn std::error::Error>> {
+async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<dyn std::error::Error>> {
     let catalog = Catalog::embedded("us-east-1")?;
     let types = Arc::new(catalog.instance_types(&NodeClassSettings::default(), None));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
@@ -74,7 +92,8 @@ async fn run(n: usize, idle: u64, ec2: bool) -> Result<(), Box<dyn std::error::E
         let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
         let actor = NodePoolActor::new(p.clone(), ty.clone(), nc, wiring).start();
         let _ = tx.send(actor.clone());
-        let window = BatchWindow { idle, max: 10_000, adaptive: None };
+        let adaptive = adaptive.then_some(dovetail_core::plane::Adaptive { short_queue: 10, short_idle: 50 });
+        let window = BatchWindow { idle, max: 10_000, adaptive };
         Router::new(
             window,
             cl.clone(),
@@ -127,5 +146,5 @@ async fn run(n: usize, idle: u64, ec2: bool) -> Result<(), Box<dyn std::error::E
         (done.as_secs_f64() * 1e3 - idle as f64).max(0.0),
     );
     System::current().stop();
-    Ok(())
+    Ok(done.as_secs_f64() * 1e3)
 }
