@@ -131,7 +131,10 @@ impl Router {
             .map(|p| p.as_ref().clone())
             .collect();
         self.stats.stale += (before - pods.len()) as u64;
-        if before != pods.len() {
+        // At a batch close, arrivals of pods neither routed now nor queued again are dropped
+        // (bound, deleted, or left unschedulable by an earlier batch: a resend restarts their
+        // clock), so the map stays as large as the pending queue.
+        if with_existing {
             let live: BTreeSet<&PodKey> = pods.iter().map(|p| &p.key).collect();
             self.arrived.retain(|k, _| live.contains(k) || self.queue.contains_key(k));
         }

@@ -246,6 +246,19 @@ struct PoolSpec {
     nodes_limit: Option<i64>,
 }
 
+/// The solver's input for generated pools: each with the embedded catalog's types.
+fn snapshot_of(pools: &[PoolSpec]) -> Snapshot {
+    let its = types();
+    Snapshot {
+        nodepools: pools
+            .iter()
+            .enumerate()
+            .map(|(i, s)| PoolInput { pool: make_pool(i, s), instance_types: its.clone() })
+            .collect(),
+        ..Default::default()
+    }
+}
+
 fn pool_spec() -> impl Strategy<Value = PoolSpec> {
     (
         0i32..3,
@@ -291,10 +304,7 @@ proptest! {
         pools in proptest::collection::vec(pool_spec(), 0..3),
     ) {
         let its = types();
-        let snapshot = Snapshot {
-            nodepools: pools.iter().enumerate().map(|(i, s)| PoolInput { pool: make_pool(i, s), instance_types: its.clone() }).collect(),
-            ..Default::default()
-        };
+        let snapshot = snapshot_of(&pools);
         let pods: Vec<Pod> = pods.iter().enumerate().map(|(i, s)| make_pod(i, s)).collect();
         let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
 
@@ -362,11 +372,7 @@ proptest! {
         pods in proptest::collection::vec(pod_spec(), 1..40),
         pools in proptest::collection::vec(pool_spec(), 1..3),
     ) {
-        let its = types();
-        let snapshot = Snapshot {
-            nodepools: pools.iter().enumerate().map(|(i, s)| PoolInput { pool: make_pool(i, s), instance_types: its.clone() }).collect(),
-            ..Default::default()
-        };
+        let snapshot = snapshot_of(&pools);
         let pods: Vec<Pod> = pods.iter().enumerate().map(|(i, s)| make_pod(i, s)).collect();
         for (packer, semantics) in [
             (scheduling::Packer::Dovetail, scheduling::Semantics::Strict),
@@ -579,15 +585,7 @@ fn known_defect_spread_order_of_a_pod_counted_by_another_pods_spread() {
         PoolSpec { weight: 1, arch: None, tainted: true, cpu_limit: None, nodes_limit: None },
         PoolSpec { weight: 0, arch: None, tainted: false, cpu_limit: None, nodes_limit: None },
     ];
-    let its = types();
-    let snapshot = Snapshot {
-        nodepools: pools
-            .iter()
-            .enumerate()
-            .map(|(i, s)| PoolInput { pool: make_pool(i, s), instance_types: its.clone() })
-            .collect(),
-        ..Default::default()
-    };
+    let snapshot = snapshot_of(&pools);
     let pods: Vec<Pod> = specs.iter().enumerate().map(|(i, s)| make_pod(i, s)).collect();
     let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
     for (ci, c) in results.claims.iter().enumerate() {
@@ -634,15 +632,7 @@ fn known_defect_spread_order_second_shape() {
         ps(100, 128, None, 0, None, None),
     ];
     let pools = [PoolSpec { weight: 0, arch: None, tainted: false, cpu_limit: None, nodes_limit: None }];
-    let its = types();
-    let snapshot = Snapshot {
-        nodepools: pools
-            .iter()
-            .enumerate()
-            .map(|(i, s)| PoolInput { pool: make_pool(i, s), instance_types: its.clone() })
-            .collect(),
-        ..Default::default()
-    };
+    let snapshot = snapshot_of(&pools);
     let pods: Vec<Pod> = specs.iter().enumerate().map(|(i, s)| make_pod(i, s)).collect();
     let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
     let v = scheduling::validate(&snapshot, &pods, &results, scheduling::Semantics::Strict);

@@ -178,8 +178,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             let snap = cluster.snapshot();
             let bound: Vec<Pod> =
                 snap.pods.values().filter(|p| p.node_name.is_some()).map(|p| p.as_ref().clone()).collect();
-            // `+ 0.0`: an empty f64 sum is -0.0.
-            let price: f64 = instances.iter().map(|i| i.price).sum::<f64>() + 0.0;
+            let price = price_per_hour(&instances);
             let s = Sample {
                 at_ms: now,
                 nodes: snap.nodes.len(),
@@ -219,7 +218,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         (lb.value > 0.0).then(|| price / lb.value)
     };
     let end_pods: Vec<Pod> = snap.pods.values().filter(|p| !p.terminal).map(|p| p.as_ref().clone()).collect();
-    let end_price: f64 = instances.iter().map(|i| i.price).sum::<f64>() + 0.0;
+    let end_price = price_per_hour(&instances);
     let (peak_at, peak_pods, peak_price) = peak.unwrap_or_default();
     let spend: f64 = samples.windows(2).map(|w| w[0].price_per_hour * (w[1].at_ms - w[0].at_ms) as f64 / 3.6e6).sum();
     Ok(Report {
@@ -245,6 +244,11 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         peak_rss_mib: peak_rss_mib(),
         samples,
     })
+}
+
+/// $/hour of the instances (`+ 0.0`: an empty f64 sum is -0.0).
+fn price_per_hour(instances: &[dovetail_cloud::Instance]) -> f64 {
+    instances.iter().map(|i| i.price).sum::<f64>() + 0.0
 }
 
 /// The process's peak RSS (VmHWM), MiB; `None` off Linux.
