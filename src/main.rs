@@ -5,6 +5,7 @@ mod bench_input;
 mod loadtest;
 mod plan;
 mod simulate;
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -21,6 +22,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    telemetry: telemetry::TelemetryArgs,
 }
 
 #[derive(Subcommand)]
@@ -37,10 +40,22 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let telemetry = match telemetry::install(&cli.telemetry) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = match cli.command {
         Command::Plan(args) => plan::run(&args),
         Command::BenchInput(args) => bench_input::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Loadtest(args) => loadtest::run(&args),
+    };
+    // Spans still queued are exported before the process ends.
+    if let Some(t) = telemetry {
+        t.shutdown();
     }
+    code
 }

@@ -1,11 +1,23 @@
 //! `dovetail plan` as a user runs it: flags, stdin, catalogs and errors.
 
+mod otlp;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 fn dovetail(args: &[&str], stdin: Option<&str>) -> Output {
+    dovetail_env(args, stdin, &[])
+}
+
+fn dovetail_env(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
         .args(args)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .env_remove("OTEL_SERVICE_NAME")
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -204,4 +216,105 @@ fn simulate_replays_a_trace_with_arrivals_and_departures_or_as_one_batch() {
     let out = dovetail(&["simulate", "--trace", &t], None);
     assert_eq!(out.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The spans of one trace, by id.
+struct Trace<'a> {
+    spans: Vec<&'a otlp::Span>,
+}
+
+impl<'a> Trace<'a> {
+    fn children(&self, of: &otlp::Span, name: &str) -> Vec<&'a otlp::Span> {
+        self.spans.iter().copied().filter(|s| s.parent == of.span_id && s.name == name).collect()
+    }
+}
+
+/// Whether `root`'s trace has the whole chain of a decision that launched capacity:
+/// nodepool.provision -> zone.launch (a type chosen) -> nodepool.register -> cluster.bind.
+fn launched_and_bound(t: &Trace<'_>, root: &otlp::Span) -> bool {
+    t.children(root, "nodepool.provision").into_iter().any(|round| {
+        let a = &round.attributes;
+        assert!(!a["nodepool"].is_empty(), "{round:?}");
+        assert_eq!(t.children(round, "nodepool.simulate").len(), 1, "{round:?}");
+        assert_eq!(t.children(round, "ledger.reserve").len(), 1, "{round:?}");
+        t.children(round, "zone.launch").into_iter().any(|launch| {
+            let a = &launch.attributes;
+            let chosen = a.get("instance_type").is_some_and(|v| !v.is_empty());
+            assert!(a["zone"].starts_with("us-east-1") && !a["nodeclaim"].is_empty(), "{launch:?}");
+            chosen
+                && a.get("capacity_type").is_some_and(|c| c == "on-demand")
+                && t.children(launch, "nodepool.register").into_iter().any(|reg| {
+                    assert_eq!(reg.attributes["nodeclaim"], a["nodeclaim"], "{reg:?}");
+                    t.children(reg, "cluster.bind").into_iter().any(|bind| {
+                        bind.attributes["nodeclaim"] == a["nodeclaim"]
+                            && bind.attributes.get("pods.bound").is_some_and(|n| n != "0")
+                    })
+                })
+        })
+    })
+}
+
+#[test]
+fn simulate_exports_one_connected_trace_per_decision_over_grpc_and_http_protobuf() {
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let scenario = format!("{root}/loadtest/scenarios/small.yaml");
+    for wire in [otlp::Wire::Grpc, otlp::Wire::HttpProtobuf] {
+        let receiver = otlp::Receiver::start(wire);
+        let out_dir =
+            std::env::temp_dir().join(format!("dovetail-cli-otlp-{}-{}", std::process::id(), wire.name().len()));
+        let out_arg = out_dir.to_string_lossy().to_string();
+        let mut args = vec!["simulate", "--scenario", &scenario, "--out", &out_arg];
+        // Both ways in: the flag with the protocol from the environment, and the reverse.
+        let out = match wire {
+            otlp::Wire::Grpc => {
+                args.extend(["--otlp-endpoint", &receiver.url]);
+                let env = [("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"), ("OTEL_SERVICE_NAME", "dovetail-under-test")];
+                dovetail_env(&args, None, &env)
+            }
+            otlp::Wire::HttpProtobuf => {
+                args.extend(["--otlp-protocol", "http/protobuf"]);
+                dovetail_env(&args, None, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.url)])
+            }
+        };
+        assert!(out.status.success(), "{:?}: {}", wire, String::from_utf8_lossy(&out.stderr));
+        let _ = std::fs::remove_dir_all(&out_dir);
+        // Flushed before exit: everything is here once the process has ended.
+        let spans = receiver.spans();
+        assert!(receiver.requests() > 0 && receiver.misrouted().is_empty(), "{:?}: {:?}", wire, receiver.misrouted());
+        let service = if wire == otlp::Wire::Grpc { "dovetail-under-test" } else { "dovetail" };
+        assert!(spans.iter().all(|s| s.service == service), "{wire:?}: service.name");
+        for s in &spans {
+            let prefix = s.name.split('.').next().unwrap_or_default();
+            assert!(["router", "nodepool", "ledger", "zone", "cluster"].contains(&prefix), "{s:?}");
+            assert_eq!((s.trace_id.len(), s.span_id.len()), (16, 8), "{s:?}");
+        }
+        let ids: BTreeSet<&[u8]> = spans.iter().map(|s| s.span_id.as_slice()).collect();
+        assert_eq!(ids.len(), spans.len(), "{wire:?}: span ids are unique");
+        let mut traces: BTreeMap<&[u8], Trace<'_>> = BTreeMap::new();
+        for s in &spans {
+            traces.entry(&s.trace_id).or_insert(Trace { spans: Vec::new() }).spans.push(s);
+        }
+        // One trace per class decision: a single router.route root, every other span's parent
+        // in the same trace.
+        let mut full = BTreeSet::new();
+        for t in traces.values() {
+            let roots: Vec<&otlp::Span> = t.spans.iter().copied().filter(|s| s.parent.is_empty()).collect();
+            assert_eq!(roots.len(), 1, "{wire:?}: one root per trace: {roots:?}");
+            let root = roots[0];
+            assert_eq!(root.name, "router.route", "{root:?}");
+            assert!(root.attributes["pods"].parse::<u64>().is_ok_and(|n| n > 0), "{root:?}");
+            let here: BTreeSet<&[u8]> = t.spans.iter().map(|s| s.span_id.as_slice()).collect();
+            for s in &t.spans {
+                assert!(s.parent.is_empty() || here.contains(s.parent.as_slice()), "{wire:?}: dangling parent: {s:?}");
+            }
+            assert_eq!(t.children(root, "router.simulate").len(), 1, "{root:?}");
+            if launched_and_bound(t, root) {
+                // The scenario's workloads: Deployments web and api, Job etl.
+                let class = &root.attributes["pod_class"];
+                full.extend(["web", "api", "etl"].into_iter().filter(|w| class.starts_with(&format!("default/{w}"))));
+            }
+        }
+        assert!(traces.len() >= 3, "{wire:?}: {} traces", traces.len());
+        assert_eq!(full.len(), 3, "{wire:?}: routing to binding traced for each workload: {full:?}");
+    }
 }

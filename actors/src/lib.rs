@@ -8,6 +8,8 @@
 //! - [`pool::NodePoolActor`]: one per NodePool; packs, reserves and drives claims' lifecycle.
 //! - [`zone::ZoneActor`]: one per availability zone, the only caller of launch for its zone.
 //!
+//! - [`trace`]: one trace per pending-pod class decision, its context carried in the messages.
+//!
 //! Mailboxes are bounded; sends between actors use `try_send`, falling back to an awaited
 //! `send` when a mailbox is full, so nothing is dropped and nothing grows without bound.
 
@@ -17,6 +19,7 @@ pub mod limiter;
 pub mod plane;
 pub mod pool;
 pub mod router;
+pub mod trace;
 pub mod zone;
 
 use std::time::Duration;

@@ -24,6 +24,7 @@ use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
 use dovetail_raft::Ledger;
 
 use crate::millis;
+use crate::trace::{self, Cause};
 
 /// The finalizer every NodeClaim carries until its instance is gone.
 const FINALIZER: &str = "karpenter.sh/termination";
@@ -37,6 +38,8 @@ use crate::zone::{Launch, LaunchOutcome, Terminate, Terminated, ZoneActor};
 #[rtype(result = "()")]
 pub struct Provision {
     pub pods: Vec<Pod>,
+    /// The trace of each pod's decision, parallel to `pods` (empty when untraced).
+    pub causes: Vec<Cause>,
     /// The cluster's DaemonSets (their overhead lands on every new node they would run on).
     pub daemonsets: Vec<Pod>,
 }
@@ -47,6 +50,8 @@ pub struct Provision {
 pub struct Unplaced {
     pub pool: String,
     pub pods: Vec<Pod>,
+    /// The trace each pod's next decision joins, parallel to `pods` (empty when untraced).
+    pub causes: Vec<Cause>,
     pub reason: String,
 }
 
@@ -99,17 +104,55 @@ struct Planned {
     reserve: ClaimRequest,
     claim: NodeClaim,
     request: LaunchRequest,
-    pods: Vec<Pod>,
+    pods: Traced,
     zones: Vec<String>,
+}
+
+/// Pods with the trace of each (the pool round's span of their decision; empty untraced).
+#[derive(Default)]
+struct Traced {
+    pods: Vec<Pod>,
+    causes: Vec<Cause>,
+}
+
+impl Traced {
+    fn push(&mut self, pod: Pod, cause: Cause) {
+        if cause.is_traced() {
+            self.causes.resize(self.pods.len(), Cause::default());
+            self.causes.push(cause);
+        } else if !self.causes.is_empty() {
+            self.causes.push(cause);
+        }
+        self.pods.push(pod);
+    }
+
+    fn extend(&mut self, other: Traced) {
+        for (i, pod) in other.pods.into_iter().enumerate() {
+            self.push(pod, trace::cause_at(&other.causes, i));
+        }
+    }
 }
 
 /// What the actor keeps per claim it is launching.
 struct Pending {
-    pods: Vec<Pod>,
+    pods: Traced,
     request: LaunchRequest,
     /// Zones the claim's requirements allow (a claim pinned by its pods' topology has one).
     zones: Vec<String>,
 }
+
+/// A launched claim whose decisions are traced, followed until its pods are bound: per
+/// decision, its `zone.launch` span, then its `cluster.bind` span (opened at registration),
+/// and the decision's pods on the claim.
+struct Follow {
+    since: dovetail_core::ledger::Millis,
+    instance_type: String,
+    capacity_type: String,
+    decisions: Vec<(Cause, Option<tracing::Span>, Vec<dovetail_core::pod::PodKey>)>,
+}
+
+/// How long a registered claim's traces wait for its pods to bind.
+const FOLLOW_FOR: dovetail_core::ledger::Millis = 15 * 60 * 1000;
 
 /// A claim being drained, as one reconcile sees it.
 struct Drain<'a> {
@@ -139,6 +182,7 @@ pub struct NodePoolActor {
     /// Claims of rounds whose reservation is under way (not yet created or launched).
     reserving: BTreeSet<String>,
     pending: BTreeMap<String, Pending>,
+    following: BTreeMap<String, Follow>,
     round: u64,
     stats: PoolStats,
 }
@@ -173,16 +217,17 @@ impl NodePoolActor {
             terminating: BTreeSet::new(),
             reserving: BTreeSet::new(),
             pending: BTreeMap::new(),
+            following: BTreeMap::new(),
             round: 0,
             stats: PoolStats::default(),
         }
     }
 
-    fn give_back(&mut self, ctx: &mut Context<Self>, pods: Vec<Pod>, reason: String) {
-        if pods.is_empty() {
+    fn give_back(&mut self, ctx: &mut Context<Self>, pods: Traced, reason: String) {
+        if pods.pods.is_empty() {
             return;
         }
-        let msg = Unplaced { pool: self.pool.name.clone(), pods, reason };
+        let msg = Unplaced { pool: self.pool.name.clone(), pods: pods.pods, causes: pods.causes, reason };
         if let Err(SendError::Full(msg)) = self.router.try_send(msg) {
             let router = self.router.clone();
             ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
@@ -201,7 +246,7 @@ impl NodePoolActor {
     }
 
     /// Deletes a claim that will not launch, frees its reservation and gives its pods back.
-    fn release(&mut self, ctx: &mut Context<Self>, claim: &str, pods: Vec<Pod>, reason: String) {
+    fn release(&mut self, ctx: &mut Context<Self>, claim: &str, pods: Traced, reason: String) {
         self.stats.released += 1;
         let (ledger, claim, at) = (self.ledger.clone(), claim.to_string(), millis(self.clock.now()));
         let _ = self.cluster.delete_nodeclaim(&claim);
@@ -212,9 +257,9 @@ impl NodePoolActor {
         self.give_back(ctx, pods, reason);
     }
 
-    fn send_launch(&self, ctx: &mut Context<Self>, request: LaunchRequest) -> bool {
+    fn send_launch(&self, ctx: &mut Context<Self>, request: LaunchRequest, causes: Vec<Cause>) -> bool {
         let Some(zone) = self.zones.get(&request.zone) else { return false };
-        let msg = Launch { requests: vec![request], reply: ctx.address().recipient() };
+        let msg = Launch { requests: vec![request], causes, reply: ctx.address().recipient() };
         let zone = zone.clone();
         ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
             let _ = zone.send(msg).await;
@@ -229,9 +274,10 @@ impl Actor for NodePoolActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
         // After a restart: the launches that were under way.
-        let requests: Vec<LaunchRequest> = self.pending.values().map(|p| p.request.clone()).collect();
-        for r in requests {
-            self.send_launch(ctx, r);
+        let requests: Vec<(LaunchRequest, Vec<Cause>)> =
+            self.pending.values().map(|p| (p.request.clone(), trace::distinct(&p.pods.causes))).collect();
+        for (r, causes) in requests {
+            self.send_launch(ctx, r, causes);
         }
         ctx.run_interval(std::time::Duration::from_secs(1), |_, ctx| {
             // Full mailbox: the next tick will do.
@@ -248,19 +294,57 @@ impl Handler<Provision> for NodePoolActor {
         self.stats.rounds += 1;
         let now = millis(self.clock.now());
         let batch = now.saturating_mul(1000).saturating_add(self.round % 1000);
+        // The round's span in each traced decision, and each pod's.
+        let rounds: Vec<(Cause, tracing::Span)> = trace::distinct(&msg.causes)
+            .into_iter()
+            .map(|cause| {
+                let span = tracing::info_span!(
+                    parent: None,
+                    "nodepool.provision",
+                    nodepool = %self.pool.name,
+                    round = self.round,
+                    round.pods = msg.pods.len(),
+                    pods = msg.causes.iter().filter(|c| c.span_id() == cause.span_id()).count(),
+                    claims = tracing::field::Empty,
+                    claims.granted = tracing::field::Empty,
+                );
+                cause.adopt(&span);
+                (cause, span)
+            })
+            .collect();
+        let round_causes: Vec<Cause> = rounds.iter().map(|(_, s)| Cause::of(s)).collect();
+        let pod_cause = |i: usize| -> Cause {
+            let cause = trace::cause_at(&msg.causes, i);
+            rounds
+                .iter()
+                .position(|(c, _)| cause.is_traced() && c.span_id() == cause.span_id())
+                .map(|k| round_causes[k].clone())
+                .unwrap_or_default()
+        };
         let input = PoolInput { pool: self.pool.clone(), instance_types: self.types.clone() };
         let snapshot = scheduling::Snapshot {
             nodepools: vec![input.clone()],
             daemonsets: msg.daemonsets,
             ..scheduling::Snapshot::default()
         };
+        let simulating: Vec<tracing::Span> = rounds
+            .iter()
+            .map(|(_, r)| tracing::info_span!(parent: r, "nodepool.simulate", nodepool = %self.pool.name))
+            .collect();
         let results = scheduling::solve(&snapshot, &msg.pods, &SolveOptions::default());
-        let mut unplaced: Vec<Pod> = results.errors.iter().map(|(i, _)| msg.pods[*i].clone()).collect();
+        drop(simulating);
+        let mut unplaced = Traced::default();
+        for (i, _) in &results.errors {
+            unplaced.push(msg.pods[*i].clone(), pod_cause(*i));
+        }
         let mut planned: Vec<Planned> = Vec::new();
         let zones: Vec<String> = self.zones.keys().cloned().collect();
         for (i, c) in results.claims.iter().enumerate() {
             let spec = c.to_spec(&input);
-            let pods: Vec<Pod> = c.pods.iter().map(|&p| msg.pods[p].clone()).collect();
+            let mut pods = Traced::default();
+            for &p in &c.pods {
+                pods.push(msg.pods[p].clone(), pod_cause(p));
+            }
             let Some(plan) = plan_claim(c, &spec, &self.types, &zones) else {
                 unplaced.extend(pods);
                 continue;
@@ -297,13 +381,20 @@ impl Handler<Provision> for NodePoolActor {
             });
         }
         self.reserving.extend(planned.iter().map(|p| p.reserve.id.clone()));
+        let reserving: Vec<tracing::Span> = rounds
+            .iter()
+            .map(|(_, r)| {
+                r.record("claims", planned.len());
+                tracing::info_span!(parent: r, "ledger.reserve", nodepool = %self.pool.name, claims = planned.len(), claims.granted = tracing::field::Empty)
+            })
+            .collect();
         let (ledger, cluster, pool) = (self.ledger.clone(), self.cluster.clone(), self.pool.name.clone());
         let reserve = Command::Reserve { pool, batch, claims: planned.iter().map(|p| p.reserve.clone()).collect() };
         let work = async move {
             let outcome = ledger.propose(Entry { at: now, command: reserve }).await;
             (outcome, planned, unplaced, cluster)
         };
-        ctx.spawn(work.into_actor(self).map(|(outcome, planned, mut unplaced, cluster), act, ctx| {
+        ctx.spawn(work.into_actor(self).map(move |(outcome, planned, mut unplaced, cluster), act, ctx| {
             let granted: BTreeSet<String> = match outcome {
                 Ok(c) => match c.outcome {
                     Outcome::Reserved { granted, .. } => granted.into_iter().collect(),
@@ -311,6 +402,10 @@ impl Handler<Provision> for NodePoolActor {
                 },
                 Err(_) => BTreeSet::new(),
             };
+            for span in reserving.iter().chain(rounds.iter().map(|(_, r)| r)) {
+                span.record("claims.granted", granted.len());
+            }
+            drop(reserving);
             for Planned { reserve: req, claim, request, pods, zones } in planned {
                 act.reserving.remove(&req.id);
                 if !granted.contains(&req.id) {
@@ -326,8 +421,9 @@ impl Handler<Provision> for NodePoolActor {
                         continue;
                     }
                 }
+                let causes = trace::distinct(&pods.causes);
                 act.pending.insert(req.id.clone(), Pending { pods, request: request.clone(), zones });
-                if !act.send_launch(ctx, request)
+                if !act.send_launch(ctx, request, causes)
                     && let Some(p) = act.pending.remove(&req.id)
                 {
                     act.release(ctx, &req.id, p.pods, format!("no zone actor for zone {}", req.zone));
@@ -345,10 +441,9 @@ impl Handler<LaunchOutcome> for NodePoolActor {
         match msg.result {
             Ok(inst) => {
                 // Answered already (a launch sent again after a restart).
-                if self.pending.remove(&msg.claim).is_none() {
-                    return;
-                }
+                let Some(p) = self.pending.remove(&msg.claim) else { return };
                 self.stats.launched += 1;
+                self.follow(&msg.claim, &inst, p.pods, msg.causes);
                 let status = NodeClaimStatus {
                     provider_id: Some(crate::kubelet::provider_id(&inst)),
                     node_name: None,
@@ -382,9 +477,9 @@ impl Handler<LaunchOutcome> for NodePoolActor {
                         relaunch_zone(&self.types, &r.instance_types, &r.capacity_types, &p.zones, unavailable)
                     {
                         p.request.zone = choice.zone;
-                        let request = p.request.clone();
+                        let (request, causes) = (p.request.clone(), trace::distinct(&p.pods.causes));
                         self.pending.insert(msg.claim.clone(), p);
-                        if self.send_launch(ctx, request) {
+                        if self.send_launch(ctx, request, causes) {
                             self.stats.relaunched += 1;
                             return;
                         }
@@ -460,9 +555,10 @@ impl Handler<Reconcile> for NodePoolActor {
                     };
                     let all: Vec<String> = self.zones.keys().cloned().collect();
                     let zones = allowed_zones(&nc.spec.requirements, &all);
-                    self.pending.insert(id.clone(), Pending { pods: Vec::new(), request: request.clone(), zones });
+                    self.pending
+                        .insert(id.clone(), Pending { pods: Traced::default(), request: request.clone(), zones });
                     self.stats.resumed += 1;
-                    self.send_launch(ctx, request);
+                    self.send_launch(ctx, request, Vec::new());
                 } else if state == ClaimState::Reserved {
                     // Its round stopped before the NodeClaim was created (a restart): nothing
                     // was launched; the pods are still pending and come back from the Router.
@@ -489,6 +585,7 @@ impl Handler<Reconcile> for NodePoolActor {
                         && self.cluster.update_nodeclaim_status(&id, status).is_ok();
                     if ok {
                         self.stats.registered += 1;
+                        self.traced_registration(&id, &node.name);
                         steps.push((id, Step::Registered));
                     }
                 }
@@ -515,6 +612,7 @@ impl Handler<Reconcile> for NodePoolActor {
                 _ => {}
             }
         }
+        self.traced_binding(&snap);
         if steps.is_empty() {
             return;
         }
@@ -528,6 +626,94 @@ impl Handler<Reconcile> for NodePoolActor {
 }
 
 impl NodePoolActor {
+    /// Keeps a launched claim's traces, with each decision's pods on it, until they bind.
+    fn follow(&mut self, claim: &str, inst: &dovetail_cloud::Instance, pods: Traced, launches: Vec<Cause>) {
+        let rounds = trace::distinct(&pods.causes);
+        if rounds.is_empty() {
+            return;
+        }
+        let decisions = rounds
+            .iter()
+            .enumerate()
+            .map(|(k, round)| {
+                let keys = (0..pods.pods.len())
+                    .filter(|&i| trace::cause_at(&pods.causes, i).span_id() == round.span_id())
+                    .map(|i| pods.pods[i].key.clone())
+                    .collect();
+                // The zone's span of this decision's launch (the round's when the zone sent none).
+                (launches.get(k).cloned().unwrap_or_else(|| round.clone()), None, keys)
+            })
+            .collect();
+        let follow = Follow {
+            since: millis(self.clock.now()),
+            instance_type: inst.instance_type.clone(),
+            capacity_type: inst.capacity_type.to_string(),
+            decisions,
+        };
+        self.following.insert(claim.to_string(), follow);
+    }
+
+    /// The claim's node registered: a `nodepool.register` span in each decision's trace, and a
+    /// `cluster.bind` span under it that stays open until the decision's pods are bound.
+    fn traced_registration(&mut self, claim: &str, node: &str) {
+        let now = millis(self.clock.now());
+        let Some(f) = self.following.get_mut(claim) else { return };
+        f.since = now;
+        for (cause, bind, pods) in &mut f.decisions {
+            let register = tracing::info_span!(
+                parent: None,
+                "nodepool.register",
+                nodepool = %self.pool.name,
+                nodeclaim = claim,
+                node,
+                instance_type = %f.instance_type,
+                capacity_type = %f.capacity_type,
+            );
+            cause.adopt(&register);
+            *bind = Some(tracing::info_span!(
+                parent: &register,
+                "cluster.bind",
+                nodepool = %self.pool.name,
+                nodeclaim = claim,
+                node,
+                pods = pods.len(),
+                pods.bound = tracing::field::Empty,
+                pods.elsewhere = tracing::field::Empty,
+            ));
+        }
+    }
+
+    /// Closes the `cluster.bind` spans whose pods are all bound (or gone), and those of claims
+    /// that waited past `FOLLOW_FOR` or are no longer live.
+    fn traced_binding(&mut self, snap: &dovetail_cluster::Snapshot) {
+        if self.following.is_empty() {
+            return;
+        }
+        let now = millis(self.clock.now());
+        self.following.retain(|id, f| {
+            let node = snap.nodeclaims.get(id).and_then(|nc| nc.status.node_name.clone());
+            let expired = now.saturating_sub(f.since) > FOLLOW_FOR || !snap.nodeclaims.contains_key(id);
+            f.decisions.retain(|(_, bind, pods)| {
+                let Some(bind) = bind else { return !expired };
+                let (mut here, mut elsewhere, mut waiting) = (0u64, 0u64, 0u64);
+                for k in pods {
+                    match snap.pods.get(k).map(|p| p.node_name.as_deref()) {
+                        Some(Some(n)) if Some(n) == node.as_deref() => here += 1,
+                        Some(Some(_)) | None => elsewhere += 1,
+                        Some(None) => waiting += 1,
+                    }
+                }
+                if waiting > 0 && !expired {
+                    return true;
+                }
+                bind.record("pods.bound", here);
+                bind.record("pods.elsewhere", elsewhere);
+                false
+            });
+            !f.decisions.is_empty()
+        });
+    }
+
     /// One step of a claim's termination: cordon and taint its node, evict the next tier
     /// (do-not-disrupt pods are waited for; past the grace deadline pods are deleted), and
     /// once the node is empty (or absent) terminate the instance.

@@ -19,6 +19,7 @@ use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
 
 use crate::millis;
 use crate::pool::{NodePoolActor, Provision, Unplaced};
+use crate::trace::{self, Cause};
 
 /// Pods that became pending (from the cluster watch).
 #[derive(Message)]
@@ -116,7 +117,9 @@ impl Router {
     }
 
     /// Solves `pods` over the pools each has not tried and sends every pool its share.
-    fn route(&mut self, pods: Vec<Pod>, with_existing: bool) {
+    /// `causes` is parallel to `pods` (pods a pool gave back carry the trace of their
+    /// decision), or empty.
+    fn route(&mut self, pods: Vec<Pod>, causes: Vec<Cause>, with_existing: bool) {
         if pods.is_empty() {
             return;
         }
@@ -125,40 +128,50 @@ impl Router {
         // must not provision for pods the scheduler has placed meanwhile.
         let snap = self.cluster.snapshot();
         let before = pods.len();
-        let pods: Vec<Pod> = pods
+        let pods: Vec<(Pod, Cause)> = pods
             .into_iter()
-            .filter_map(|p| snap.pods.get(&p.key).filter(|c| c.node_name.is_none() && !c.terminal))
-            .map(|p| p.as_ref().clone())
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let p = snap.pods.get(&p.key).filter(|c| c.node_name.is_none() && !c.terminal)?;
+                Some((p.as_ref().clone(), trace::cause_at(&causes, i)))
+            })
             .collect();
         self.stats.stale += (before - pods.len()) as u64;
         // At a batch close, arrivals of pods neither routed now nor queued again are dropped
         // (bound, deleted, or left unschedulable by an earlier batch: a resend restarts their
         // clock), so the map stays as large as the pending queue.
         if with_existing {
-            let live: BTreeSet<&PodKey> = pods.iter().map(|p| &p.key).collect();
+            let live: BTreeSet<&PodKey> = pods.iter().map(|(p, _)| &p.key).collect();
             self.arrived.retain(|k, _| live.contains(k) || self.queue.contains_key(k));
         }
         // Pods are grouped by the pools still open to them; each group is one solve.
-        let mut groups: BTreeMap<Vec<usize>, Vec<Pod>> = BTreeMap::new();
-        for p in pods {
+        let mut groups: BTreeMap<Vec<usize>, Vec<(Pod, Cause)>> = BTreeMap::new();
+        for (p, cause) in pods {
             let tried = self.tried.get(&p.key);
             let open: Vec<usize> = (0..self.pools.len())
                 .filter(|&i| tried.is_none_or(|t| !t.contains(&self.pools[i].input.pool.name)))
                 .collect();
-            groups.entry(open).or_default().push(p);
+            groups.entry(open).or_default().push((p, cause));
         }
         let nodes = if with_existing { snap.capacity_nodes() } else { Vec::new() };
-        for (open, pods) in groups {
+        for (open, group) in groups {
+            let (pods, causes): (Vec<Pod>, Vec<Cause>) = group.into_iter().unzip();
+            let mut decisions = Decisions::open(&pods, &causes, self.stats.batches);
             if open.is_empty() {
                 self.stats.unschedulable += pods.len() as u64;
-                for p in &pods {
+                for (i, p) in pods.iter().enumerate() {
                     self.arrived.remove(&p.key);
+                    decisions.unschedulable(i, "every NodePool was tried");
                 }
+                decisions.record();
                 continue;
             }
             let inputs: Vec<PoolInput> = open.iter().map(|&i| self.pools[i].input.clone()).collect();
             let snapshot = snap.scheduling_input(nodes.clone(), inputs);
+            let simulating =
+                decisions.children(|d| tracing::info_span!(parent: d, "router.simulate", pods = pods.len()));
             let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
+            drop(simulating);
             let now = millis(self.clock.now());
             let decided = results
                 .existing
@@ -170,20 +183,33 @@ impl Router {
                     self.stats.latency.record(now.saturating_sub(at));
                 }
             }
+            for &i in results.existing.iter().flat_map(|e| e.pods.iter()) {
+                decisions.on_existing(i);
+            }
+            for (i, reason) in &results.errors {
+                decisions.unschedulable(*i, reason);
+            }
             self.stats.on_existing += results.existing.iter().map(|e| e.pods.len() as u64).sum::<u64>();
             self.stats.unschedulable += results.errors.len() as u64;
-            let mut per_pool: BTreeMap<usize, Vec<Pod>> = BTreeMap::new();
+            let mut per_pool: BTreeMap<usize, (Vec<Pod>, Vec<Cause>)> = BTreeMap::new();
             for c in &results.claims {
                 let pool = open[c.pool];
-                per_pool.entry(pool).or_default().extend(c.pods.iter().map(|&i| pods[i].clone()));
+                let (to, causes) = per_pool.entry(pool).or_default();
+                for &i in &c.pods {
+                    to.push(pods[i].clone());
+                    if let Some(cause) = decisions.routed(i) {
+                        causes.push(cause);
+                    }
+                }
             }
-            for (pool, pods) in per_pool {
+            decisions.record();
+            for (pool, (pods, causes)) in per_pool {
                 let name = self.pools[pool].input.pool.name.clone();
                 for p in &pods {
                     self.tried.entry(p.key.clone()).or_default().insert(name.clone());
                 }
                 self.stats.routed += pods.len() as u64;
-                let msg = Provision { pods, daemonsets: snapshot.daemonsets.clone() };
+                let msg = Provision { pods, causes, daemonsets: snapshot.daemonsets.clone() };
                 if let Err(SendError::Full(msg)) | Err(SendError::Closed(msg)) = self.pools[pool].actor.try_send(msg) {
                     let actor = self.pools[pool].actor.clone();
                     actix::spawn(async move {
@@ -200,7 +226,104 @@ impl Router {
         self.stats.batches += 1;
         self.tried.clear();
         let pods: Vec<Pod> = std::mem::take(&mut self.queue).into_values().collect();
-        self.route(pods, true);
+        self.route(pods, Vec::new(), true);
+    }
+}
+
+/// The class decisions of one solve, when traced: a root span `router.route` per class of
+/// pods (per class and cause for pods a pool gave back: those join their decision's trace),
+/// and what became of each class's pods. Empty when tracing is off.
+#[derive(Default)]
+struct Decisions {
+    spans: Vec<tracing::Span>,
+    causes: Vec<Cause>,
+    /// Each pod's decision.
+    of_pod: Vec<usize>,
+    /// Per decision: pods on existing capacity, routed to a pool, unschedulable.
+    counts: Vec<(u64, u64, u64)>,
+    reasons: Vec<Option<String>>,
+}
+
+impl Decisions {
+    fn open(pods: &[Pod], causes: &[Cause], batch: u64) -> Self {
+        if !trace::enabled() {
+            return Decisions::default();
+        }
+        let mut d = Decisions::default();
+        let mut index: std::collections::HashMap<(usize, opentelemetry::trace::SpanId), usize> =
+            std::collections::HashMap::new();
+        for (i, class) in scheduling::pod_classes(pods).into_iter().enumerate() {
+            let cause = trace::cause_at(causes, i);
+            let k = *index.entry((class, cause.span_id())).or_insert_with(|| {
+                let p = &pods[i].key;
+                let span = tracing::info_span!(
+                    parent: None,
+                    "router.route",
+                    pod_class = %format_args!("{}/{}", p.namespace, p.name),
+                    pods = tracing::field::Empty,
+                    batch,
+                    rerouted = cause.is_traced(),
+                    pods.on_existing = tracing::field::Empty,
+                    pods.routed = tracing::field::Empty,
+                    pods.unschedulable = tracing::field::Empty,
+                    reason = tracing::field::Empty,
+                );
+                cause.adopt(&span);
+                d.causes.push(Cause::of(&span));
+                d.spans.push(span);
+                d.spans.len() - 1
+            });
+            d.of_pod.push(k);
+        }
+        d.counts = vec![(0, 0, 0); d.spans.len()];
+        d.reasons = vec![None; d.spans.len()];
+        let mut sizes = vec![0u64; d.spans.len()];
+        for &k in &d.of_pod {
+            sizes[k] += 1;
+        }
+        for (span, n) in d.spans.iter().zip(sizes) {
+            span.record("pods", n);
+        }
+        d
+    }
+
+    /// A child span of every decision.
+    fn children(&self, f: impl Fn(&tracing::Span) -> tracing::Span) -> Vec<tracing::Span> {
+        self.spans.iter().map(f).collect()
+    }
+
+    fn count(&mut self, pod: usize, f: impl Fn(&mut (u64, u64, u64))) -> Option<usize> {
+        let k = *self.of_pod.get(pod)?;
+        f(&mut self.counts[k]);
+        Some(k)
+    }
+
+    fn on_existing(&mut self, pod: usize) {
+        self.count(pod, |c| c.0 += 1);
+    }
+
+    /// The pod goes to a pool: the cause its pool's work joins.
+    fn routed(&mut self, pod: usize) -> Option<Cause> {
+        self.count(pod, |c| c.1 += 1).map(|k| self.causes[k].clone())
+    }
+
+    fn unschedulable(&mut self, pod: usize, reason: &str) {
+        if let Some(k) = self.count(pod, |c| c.2 += 1) {
+            self.reasons[k].get_or_insert_with(|| reason.to_string());
+        }
+    }
+
+    /// Writes the counts onto the spans.
+    fn record(&self) {
+        for (k, span) in self.spans.iter().enumerate() {
+            let (existing, routed, unschedulable) = self.counts[k];
+            span.record("pods.on_existing", existing);
+            span.record("pods.routed", routed);
+            span.record("pods.unschedulable", unschedulable);
+            if let Some(reason) = self.reasons[k].as_deref() {
+                span.record("reason", reason);
+            }
+        }
     }
 }
 
@@ -237,7 +360,7 @@ impl Handler<Unplaced> for Router {
     fn handle(&mut self, msg: Unplaced, _: &mut Context<Self>) {
         self.stats.rerouted += msg.pods.len() as u64;
         // Existing capacity was offered already; the next pools are.
-        self.route(msg.pods, false);
+        self.route(msg.pods, msg.causes, false);
     }
 }
 

@@ -16,6 +16,8 @@ use dovetail_raft::Ledger;
 
 use crate::limiter::RegionLimiter;
 use crate::millis;
+use crate::trace::Cause;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// A ZoneActor's settings.
 #[derive(Clone, Debug)]
@@ -44,6 +46,9 @@ impl ZoneConfig {
 #[rtype(result = "()")]
 pub struct Launch {
     pub requests: Vec<LaunchRequest>,
+    /// The traced decisions these claims serve: each launch gets a `zone.launch` span in each
+    /// of their traces (empty when untraced).
+    pub causes: Vec<Cause>,
     pub reply: Recipient<LaunchOutcome>,
 }
 
@@ -53,6 +58,8 @@ pub struct Launch {
 pub struct LaunchOutcome {
     pub claim: String,
     pub result: Result<Instance, CloudError>,
+    /// The launch's span in each traced decision, in the order of the `Launch`'s causes.
+    pub causes: Vec<Cause>,
 }
 
 /// Terminate a claim's instance.
@@ -92,6 +99,14 @@ pub struct ZoneStats {
     pub requeued: u64,
 }
 
+/// A claim handed over and not yet answered.
+#[derive(Clone)]
+struct InFlight {
+    request: LaunchRequest,
+    reply: Recipient<LaunchOutcome>,
+    causes: Vec<Cause>,
+}
+
 /// The actor.
 pub struct ZoneActor {
     cfg: ZoneConfig,
@@ -102,7 +117,7 @@ pub struct ZoneActor {
     pending: Vec<String>,
     flush_scheduled: bool,
     /// Every claim handed over and not yet answered (queued or in a call), with its reply.
-    in_flight: BTreeMap<String, (LaunchRequest, Recipient<LaunchOutcome>)>,
+    in_flight: BTreeMap<String, InFlight>,
     limiter: Option<Arc<RegionLimiter>>,
     stats: ZoneStats,
 }
@@ -161,7 +176,7 @@ impl ZoneActor {
             },
             None => self.pending.len(),
         };
-        let batch: Vec<(LaunchRequest, Recipient<LaunchOutcome>)> = self
+        let batch: Vec<InFlight> = self
             .pending
             .drain(..take.min(self.pending.len()))
             .filter_map(|claim| self.in_flight.get(&claim).cloned())
@@ -176,7 +191,32 @@ impl ZoneActor {
         self.stats.launch_calls += 1;
         let (cloud, ledger, clock, ice_ttl) =
             (self.cloud.clone(), self.ledger.clone(), self.clock.clone(), self.cfg.ice_ttl);
-        let requests: Vec<LaunchRequest> = batch.iter().map(|(r, _)| r.clone()).collect();
+        let requests: Vec<LaunchRequest> = batch.iter().map(|f| f.request.clone()).collect();
+        // This call's span in each traced decision of each claim.
+        let spans: Vec<Vec<tracing::Span>> = batch
+            .iter()
+            .map(|f| {
+                f.causes
+                    .iter()
+                    .map(|cause| {
+                        let span = tracing::info_span!(
+                            parent: None,
+                            "zone.launch",
+                            zone = %self.cfg.zone,
+                            nodepool = %f.request.nodepool,
+                            nodeclaim = %f.request.claim,
+                            instance_types = f.request.instance_types.len(),
+                            instance_type = tracing::field::Empty,
+                            capacity_type = tracing::field::Empty,
+                            instance = tracing::field::Empty,
+                            error = tracing::field::Empty,
+                        );
+                        cause.adopt(&span);
+                        span
+                    })
+                    .collect()
+            })
+            .collect();
         let work = async move {
             let at = millis(clock.now());
             for r in &requests {
@@ -218,10 +258,23 @@ impl ZoneActor {
         };
         ctx.spawn(work.into_actor(self).map(move |results, act, ctx| {
             let mut retry_after: Option<Duration> = None;
-            for ((request, reply), result) in batch.into_iter().zip(results) {
+            for ((InFlight { request, reply, .. }, result), spans) in batch.into_iter().zip(results).zip(spans) {
                 // Stale: answered already (a call from before a restart).
                 if !act.in_flight.contains_key(&request.claim) {
                     continue;
+                }
+                for span in &spans {
+                    match &result {
+                        Ok(inst) => {
+                            span.record("instance_type", inst.instance_type.as_str());
+                            span.record("capacity_type", inst.capacity_type.to_string());
+                            span.record("instance", inst.id.as_str());
+                        }
+                        Err(e) => {
+                            span.record("error", e.to_string());
+                            span.set_status(opentelemetry::trace::Status::error(e.to_string()));
+                        }
+                    }
                 }
                 match result {
                     Err(CloudError::Throttled { retry_after: after, .. }) => {
@@ -236,7 +289,8 @@ impl ZoneActor {
                             Err(_) => {}
                         }
                         act.in_flight.remove(&request.claim);
-                        deliver(ctx, reply, LaunchOutcome { claim: request.claim, result });
+                        let causes = spans.iter().map(Cause::of).collect();
+                        deliver(ctx, reply, LaunchOutcome { claim: request.claim, result, causes });
                     }
                 }
             }
@@ -279,7 +333,7 @@ impl Handler<Launch> for ZoneActor {
                     what: format!("zone of nodeclaim {}", r.claim),
                     reason: format!("sent to the actor of zone {}", self.cfg.zone),
                 });
-                deliver(ctx, msg.reply.clone(), LaunchOutcome { claim: r.claim, result });
+                deliver(ctx, msg.reply.clone(), LaunchOutcome { claim: r.claim, result, causes: Vec::new() });
                 continue;
             }
             // A claim already being launched is answered once, by that launch.
@@ -287,7 +341,8 @@ impl Handler<Launch> for ZoneActor {
                 continue;
             }
             self.pending.push(r.claim.clone());
-            self.in_flight.insert(r.claim.clone(), (r, msg.reply.clone()));
+            let flight = InFlight { request: r, reply: msg.reply.clone(), causes: msg.causes.clone() };
+            self.in_flight.insert(flight.request.claim.clone(), flight);
         }
         let window = self.cfg.window;
         self.schedule_flush(ctx, window);

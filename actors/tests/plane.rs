@@ -178,7 +178,10 @@ mod zone {
         let mut w = world(6, ApiLimits::default()).await;
         for part in [0..2, 2..4, 4..6] {
             let requests = part.map(|i| request(&format!("claim-{i}"), "us-east-1a")).collect();
-            w.zone.send(Launch { requests, reply: w.collector.clone().recipient() }).await.expect("mailbox");
+            w.zone
+                .send(Launch { causes: Vec::new(), requests, reply: w.collector.clone().recipient() })
+                .await
+                .expect("mailbox");
         }
         let mut launched = Vec::new();
         for _ in 0..6 {
@@ -213,7 +216,10 @@ mod zone {
         }
         w.clock.advance(Duration::from_secs(100));
         let reply = w.collector.clone().recipient();
-        w.zone.send(Launch { requests: vec![request("claim-0", "us-east-1a")], reply }).await.expect("mailbox");
+        w.zone
+            .send(Launch { causes: Vec::new(), requests: vec![request("claim-0", "us-east-1a")], reply })
+            .await
+            .expect("mailbox");
         let o = next(&mut w).await;
         assert!(
             matches!(o.result, Err(CloudError::InsufficientCapacity { ref offerings }) if offerings.len() == 3),
@@ -241,18 +247,21 @@ mod zone {
         let mut w = world(2, limits).await;
         let reply = w.collector.clone().recipient();
         w.zone
-            .send(Launch { requests: vec![request("claim-0", "us-east-1a")], reply: reply.clone() })
+            .send(Launch { causes: Vec::new(), requests: vec![request("claim-0", "us-east-1a")], reply: reply.clone() })
             .await
             .expect("mailbox");
         assert!(next(&mut w).await.result.is_ok());
         // The bucket is empty now: the next launch is throttled until the sim clock moves.
         w.zone
-            .send(Launch { requests: vec![request("claim-1", "us-east-1b")], reply: reply.clone() })
+            .send(Launch { causes: Vec::new(), requests: vec![request("claim-1", "us-east-1b")], reply: reply.clone() })
             .await
             .expect("mailbox");
         let wrong = next(&mut w).await;
         assert!(matches!(wrong.result, Err(CloudError::Invalid { .. })), "a claim for another zone is refused");
-        w.zone.send(Launch { requests: vec![request("claim-1", "us-east-1a")], reply }).await.expect("mailbox");
+        w.zone
+            .send(Launch { causes: Vec::new(), requests: vec![request("claim-1", "us-east-1a")], reply })
+            .await
+            .expect("mailbox");
         for _ in 0..100 {
             if w.zone.send(GetStats).await.expect("stats").throttled > 0 {
                 break;
@@ -379,7 +388,10 @@ mod pool {
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
         let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
         // 12 pods of 1.5 cpu: one per m5.large.
-        w.pool.send(Provision { pods: pods(12, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool
+            .send(Provision { causes: Vec::new(), pods: pods(12, 1500), daemonsets: Vec::new() })
+            .await
+            .expect("mailbox");
         let s = launched(&w, 12).await;
         let snap = w.cluster.snapshot();
         assert_eq!(snap.nodeclaims.len(), 12, "claims = NodeClaims");
@@ -402,7 +414,7 @@ mod pool {
         for p in &pending {
             w.cluster.apply_pod(p.clone());
         }
-        w.pool.send(Provision { pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool.send(Provision { causes: Vec::new(), pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
         launched(&w, 4).await;
         assert_eq!(w.cluster.schedule(), 0, "no nodes yet");
         register_all(&w).await;
@@ -451,7 +463,10 @@ mod pool {
         let clock = Arc::new(ManualClock::new());
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
         let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock.clone()).await;
-        w.pool.send(Provision { pods: pods(1, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool
+            .send(Provision { causes: Vec::new(), pods: pods(1, 1500), daemonsets: Vec::new() })
+            .await
+            .expect("mailbox");
         launched(&w, 1).await;
         clock.advance(Duration::from_secs(14 * 60));
         w.pool.send(Reconcile).await.expect("mailbox");
@@ -473,7 +488,7 @@ mod pool {
         for p in &pending {
             w.cluster.apply_pod(p.clone());
         }
-        w.pool.send(Provision { pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool.send(Provision { causes: Vec::new(), pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
         launched(&w, 1).await;
         register_all(&w).await;
         assert_eq!(w.cluster.schedule(), 2);
@@ -529,7 +544,10 @@ mod pool {
         for p in &pending {
             w.cluster.apply_pod(p.clone());
         }
-        w.pool.send(Provision { pods: pending.clone(), daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool
+            .send(Provision { causes: Vec::new(), pods: pending.clone(), daemonsets: Vec::new() })
+            .await
+            .expect("mailbox");
         launched(&w, 1).await;
         register_all(&w).await;
         assert_eq!(w.cluster.schedule(), 2);
@@ -641,7 +659,10 @@ mod pool {
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
         let limits = ResourceList::from_pairs([(ResourceName::Nodes, 3)]);
         let mut w = world(m5_large_on_demand(limits), cloud, clock).await;
-        w.pool.send(Provision { pods: pods(5, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool
+            .send(Provision { causes: Vec::new(), pods: pods(5, 1500), daemonsets: Vec::new() })
+            .await
+            .expect("mailbox");
         let back =
             tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
         assert_eq!(back.pods.len(), 2, "{back:?}");
@@ -660,7 +681,10 @@ mod pool {
         let cap = 3 * micro_dollars(0.096);
         let caps = Caps { resources: ResourceList::new(), price_per_hour: Some(cap) };
         w.ledger.propose(Entry { at: 0, command: Command::SetCaps(caps) }).await.expect("caps");
-        w.pool.send(Provision { pods: pods(5, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool
+            .send(Provision { causes: Vec::new(), pods: pods(5, 1500), daemonsets: Vec::new() })
+            .await
+            .expect("mailbox");
         let back =
             tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
         assert_eq!(back.pods.len(), 2, "{back:?}");
@@ -668,7 +692,10 @@ mod pool {
         assert!(s.total_price() <= cap, "spend {} over the cap {cap}", s.total_price());
         assert_eq!(s.claims().len(), 3);
         // A second round finds no room either.
-        w.pool.send(Provision { pods: pods(1, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool
+            .send(Provision { causes: Vec::new(), pods: pods(1, 1500), daemonsets: Vec::new() })
+            .await
+            .expect("mailbox");
         let back =
             tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
         assert_eq!(back.pods.len(), 1);
@@ -694,7 +721,10 @@ mod pool {
             .collect();
         let cloud = SimCloud::new(SimConfig { capacity, ..SimConfig::default() }, types(), clock.clone());
         let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
-        w.pool.send(Provision { pods: pods(1, 1500), daemonsets: Vec::new() }).await.expect("mailbox");
+        w.pool
+            .send(Provision { causes: Vec::new(), pods: pods(1, 1500), daemonsets: Vec::new() })
+            .await
+            .expect("mailbox");
         let s = launched(&w, 1).await;
         let instances = w.cloud.list().await.expect("list");
         assert_eq!(instances.len(), 1);
@@ -1152,7 +1182,10 @@ mod limiter {
                 labels: BTreeMap::new(),
                 tags: BTreeMap::new(),
             };
-            zones[i % 2].send(Launch { requests: vec![r], reply: sink.clone().recipient() }).await.expect("mailbox");
+            zones[i % 2]
+                .send(Launch { causes: Vec::new(), requests: vec![r], reply: sink.clone().recipient() })
+                .await
+                .expect("mailbox");
         }
         let mut got = 0;
         for step in 0..400 {

@@ -226,6 +226,14 @@ impl Results {
     }
 }
 
+/// The equivalence class of each pod: pods whose scheduling inputs are identical (their names
+/// and creation order aside) share an id; ids count from 0 in order of first appearance.
+pub fn pod_classes(pods: &[Pod]) -> Vec<usize> {
+    let all: Vec<usize> = (0..pods.len()).collect();
+    let ids = classes::ids(pods, &all);
+    all.iter().map(|i| ids.get(i).copied().unwrap_or(*i)).collect()
+}
+
 /// Runs the Karpenter-parity provisioning simulation of `pods` against `snapshot`.
 pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results {
     let mut s = scheduler::Scheduler::new(snapshot, pods, opts);

@@ -163,3 +163,12 @@ fn best_effort_min_values_relaxes_and_marks_the_claim() {
     assert!(relaxed.claims[0].min_values_relaxed);
     assert_eq!(relaxed.claims[0].requirements.get(labels::INSTANCE_FAMILY).min_values, Some(1));
 }
+
+#[test]
+fn pod_classes_group_identical_pods_whatever_their_names() {
+    let mut labelled = pod("c", 500);
+    labelled.labels.insert("app".into(), "web".into());
+    let pods = vec![pod("a", 500), pod("b", 1000), labelled, pod("d", 500), pod("e", 1000)];
+    assert_eq!(pod_classes(&pods), vec![0, 1, 2, 0, 1]);
+    assert!(pod_classes(&[]).is_empty());
+}
