@@ -11,17 +11,20 @@ pub struct LoadtestArgs {
     /// A scenario file (YAML; see docs/scenarios.md).
     #[arg(long, short = 's', conflicts_with = "builtin")]
     pub scenario: Option<PathBuf>,
-    /// A shipped scenario: ci, 1k-nodes, 10k-nodes, small, default.
+    /// A shipped scenario: ci, 1k-nodes, 10k-nodes, spot-storm, small, default.
     #[arg(long, default_value = "ci")]
     pub builtin: String,
     /// Directory for report.json and plot.svg.
     #[arg(long, default_value = "dovetail-loadtest")]
     pub out: PathBuf,
+    /// The Router's batch window, instead of the scenario's.
+    #[arg(long, value_enum)]
+    pub window: Option<simulate::Window>,
 }
 
 pub fn run(args: &LoadtestArgs) -> ExitCode {
     let scenario = match simulate::load(args.scenario.as_ref(), Some(&args.builtin)) {
-        Ok(s) => s,
+        Ok(s) => simulate::with_window(s, args.window),
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);

@@ -28,9 +28,35 @@ pub struct SimulateArgs {
     /// With --trace: the zones.
     #[arg(long, value_delimiter = ',', default_value = "us-east-1a,us-east-1b,us-east-1c")]
     pub zones: Vec<String>,
+    /// The Router's batch window, instead of the scenario's.
+    #[arg(long, value_enum)]
+    pub window: Option<Window>,
     /// Directory for report.json and plot.svg.
     #[arg(long, default_value = "dovetail-simulate")]
     pub out: PathBuf,
+}
+
+/// The Router's batch window.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Window {
+    /// Karpenter's: closes after 1 s without a new pod, or 10 s after it opened.
+    Default,
+    /// Also closes 50 ms after the last pod while at most 10 wait.
+    Adaptive,
+}
+
+/// Sets the scenario's batch window from the flag, when given.
+pub fn with_window(mut scenario: Scenario, window: Option<Window>) -> Scenario {
+    use dovetail_core::plane::{Adaptive, BatchWindow};
+    match window {
+        None => {}
+        Some(Window::Default) => scenario.window = BatchWindow::default(),
+        Some(Window::Adaptive) => {
+            scenario.window =
+                BatchWindow { adaptive: Some(Adaptive { short_queue: 10, short_idle: 50 }), ..BatchWindow::default() }
+        }
+    }
+    scenario
 }
 
 /// A live status line on a terminal, plain lines otherwise (stderr).
@@ -110,7 +136,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         None => load(args.scenario.as_ref(), None),
     };
     let scenario = match loaded {
-        Ok(s) => s,
+        Ok(s) => with_window(s, args.window),
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);

@@ -28,6 +28,10 @@ use actix::Message;
 
 use dovetail_core::ledger::Millis;
 
+/// The longest a throttled call waits before it is tried again, whatever retry-after the cloud
+/// gave (the AWS SDKs cap their backoff at 20 s; a longer hint is probed rather than obeyed).
+pub const MAX_RETRY_WAIT: Duration = Duration::from_secs(30);
+
 /// Ledger timestamps from the plane's clock.
 pub(crate) fn millis(d: Duration) -> Millis {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

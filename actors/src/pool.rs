@@ -91,6 +91,9 @@ pub struct PoolStats {
     pub initialized: u64,
     /// Claims past a liveness timeout.
     pub expired: u64,
+    /// Registered claims whose node went away (deleted when its instance was gone: a spot
+    /// reclaim, a lost zone): terminated, and their pods provisioned for again.
+    pub lost: u64,
     /// Claims found reserved or launching after a restart and launched again.
     pub resumed: u64,
     pub evicted: u64,
@@ -151,6 +154,9 @@ struct Follow {
     decisions: Vec<(Cause, Option<tracing::Span>, Vec<dovetail_core::pod::PodKey>)>,
 }
 
+/// How long a failed termination (other than throttling) waits before it is asked again.
+const TERMINATE_RETRY_MS: dovetail_core::ledger::Millis = 5_000;
+
 /// How long a registered claim's traces wait for its pods to bind.
 const FOLLOW_FOR: dovetail_core::ledger::Millis = 15 * 60 * 1000;
 
@@ -179,6 +185,9 @@ pub struct NodePoolActor {
     liveness: Liveness,
     /// Claims whose instance termination was asked, not yet answered.
     terminating: BTreeSet<String>,
+    /// Claims whose termination failed, with when to ask again (a throttled call waits for the
+    /// retry-after the cloud gave; other errors for `TERMINATE_RETRY_MS`).
+    terminate_retry: BTreeMap<String, dovetail_core::ledger::Millis>,
     /// Claims of rounds whose reservation is under way (not yet created or launched).
     reserving: BTreeSet<String>,
     pending: BTreeMap<String, Pending>,
@@ -215,6 +224,7 @@ impl NodePoolActor {
             router: w.router,
             liveness: Liveness::default(),
             terminating: BTreeSet::new(),
+            terminate_retry: BTreeMap::new(),
             reserving: BTreeSet::new(),
             pending: BTreeMap::new(),
             following: BTreeMap::new(),
@@ -242,6 +252,7 @@ impl NodePoolActor {
     /// launched are sent again when the actor starts (the zone answers each claim once).
     pub(crate) fn restarting(&mut self) {
         self.terminating.clear();
+        self.terminate_retry.clear();
         self.reserving.clear();
     }
 
@@ -569,6 +580,13 @@ impl Handler<Reconcile> for NodePoolActor {
             let Some(nc) = snap.nodeclaims.get(&id) else { continue };
             let Some(provider_id) = nc.status.provider_id.as_deref() else { continue };
             let Some(node) = by_provider.get(provider_id) else {
+                // A registered claim's node is gone (deleted with its instance): the claim
+                // goes too (Karpenter deletes the NodeClaim of a deleted Node); terminating a
+                // gone instance finds it gone.
+                if matches!(state, ClaimState::Registered { .. } | ClaimState::Initialized { .. }) {
+                    self.stats.lost += 1;
+                    steps.push((id, Step::Terminating));
+                }
                 continue;
             };
             match state {
@@ -744,7 +762,9 @@ impl NodePoolActor {
             }
         }
         match d.instance {
-            Some(instance) if !self.terminating.contains(d.id) => {
+            Some(instance)
+                if !self.terminating.contains(d.id) && self.terminate_retry.get(d.id).is_none_or(|at| d.now >= *at) =>
+            {
                 let Some(zone_actor) = self.zones.get(d.zone) else { return };
                 self.terminating.insert(d.id.to_string());
                 let msg = Terminate {
@@ -798,10 +818,16 @@ impl Handler<Terminated> for NodePoolActor {
 
     fn handle(&mut self, msg: Terminated, ctx: &mut Context<Self>) {
         self.terminating.remove(&msg.claim);
-        if msg.result.is_err() {
-            // Retried on the next reconcile.
+        if let Err(e) = &msg.result {
+            // Asked again by a reconcile once the wait is over.
+            let wait = match e {
+                CloudError::Throttled { retry_after, .. } => millis((*retry_after).min(crate::MAX_RETRY_WAIT)),
+                _ => TERMINATE_RETRY_MS,
+            };
+            self.terminate_retry.insert(msg.claim, millis(self.clock.now()).saturating_add(wait));
             return;
         }
+        self.terminate_retry.remove(&msg.claim);
         self.stats.terminated += 1;
         let snap = self.view.snapshot();
         let provider_id = snap.nodeclaims.get(&msg.claim).and_then(|nc| nc.status.provider_id.clone());

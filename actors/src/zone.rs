@@ -295,7 +295,7 @@ impl ZoneActor {
                 }
             }
             if let Some(after) = retry_after {
-                act.schedule_flush(ctx, after);
+                act.schedule_flush(ctx, after.min(crate::MAX_RETRY_WAIT));
             }
         }));
     }

@@ -27,6 +27,8 @@ pub struct Report {
     pub virtual_ms: u64,
     pub wall_ms: u64,
     pub realtime: bool,
+    /// The Router's batch window.
+    pub window: String,
     /// Pods in the cluster at the end, bound and pending.
     pub pods: usize,
     pub pods_bound: usize,
@@ -50,9 +52,25 @@ pub struct Report {
     pub claims_created: u64,
     /// Claims moved to another zone after insufficient capacity.
     pub relaunched: u64,
+    /// What the scenario's faults did.
+    pub faults: FaultCounts,
     /// Peak RSS of the whole process (plane, sim cloud, sim cluster, driver), MiB.
     pub peak_rss_mib: Option<f64>,
     pub samples: Vec<Sample>,
+}
+
+/// What the faults did over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FaultCounts {
+    /// Spot instances EC2 reclaimed after their two-minute warning.
+    pub interrupted: u64,
+    /// Instances gone with a lost zone.
+    pub zone_lost: u64,
+    /// Claims whose node went away under them (deleted when its instance was gone), which
+    /// dovetail then terminated and replaced.
+    pub nodes_lost: u64,
+    /// EC2 calls the sim cloud throttled.
+    pub throttled: u64,
 }
 
 /// A plotted series: its name, colour and value.
@@ -103,14 +121,23 @@ impl Report {
         let l = &self.latency_ms;
         let _ = writeln!(
             t,
-            "decision latency p50 {} / p90 {} / p99 {} / max {} over {} decisions ({clock})",
+            "decision latency p50 {} / p90 {} / p99 {} / max {} over {} decisions ({clock}; window {})",
             opt_ms(l.p50),
             opt_ms(l.p90),
             opt_ms(l.p99),
             opt_ms(l.max),
-            self.decisions
+            self.decisions,
+            self.window
         );
         let _ = writeln!(t, "claims           {} created, {} moved after ICE", self.claims_created, self.relaunched);
+        let f = &self.faults;
+        if *f != FaultCounts::default() {
+            let _ = writeln!(
+                t,
+                "faults           {} spot reclaimed, {} lost with a zone, {} nodes lost and replaced, {} calls throttled",
+                f.interrupted, f.zone_lost, f.nodes_lost, f.throttled
+            );
+        }
         if let Some(rss) = self.peak_rss_mib {
             let _ = writeln!(t, "peak RSS         {rss:.0} MiB (whole process)");
         }

@@ -15,19 +15,20 @@ use dovetail_actors::pool::GetPoolStats;
 use dovetail_actors::router::GetRouterStats;
 use dovetail_cloud::limits::ApiLimits;
 use dovetail_cloud::sim::{SimCloud, SimConfig};
-use dovetail_cloud::{Clock, CloudProvider, NodeClass, OfferingKey};
+use dovetail_cloud::{Clock, NodeClass, OfferingKey};
 use dovetail_cluster::ClusterView;
 use dovetail_cluster::sim::{Deployment, Job, Registrar, SimCluster, Workloads};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
 use dovetail_core::ledger::{Command, Entry};
-use dovetail_core::plane::{BatchWindow, Latencies};
+use dovetail_core::plane::Latencies;
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::resources::{ResourceList, ResourceName};
 use dovetail_core::scheduling::{self, PoolInput};
 use dovetail_raft::{InProcess, Ledger};
 
+use crate::report::FaultCounts;
 use crate::report::{Report, Sample};
-use crate::scenario::{Ice, Scenario, Workload};
+use crate::scenario::{FaultKind, Ice, Scenario, Workload};
 
 /// The plane's clock on tokio's time: virtual when tokio's clock is paused.
 pub struct TokioClock {
@@ -118,7 +119,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         PlaneConfig {
             zones: sc.zones.clone(),
             pools: pools.clone(),
-            window: BatchWindow::default(),
+            window: sc.window.clone(),
             limits,
             feed: FeedConfig::default(),
         },
@@ -133,7 +134,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let mut workloads = Workloads::new();
     let mut registrar = Registrar::new(sc.registration_delay);
     let mut next_event = 0;
-    let mut iced: Vec<bool> = vec![false; sc.faults.len()];
+    let mut faults = Faults::new(sc.faults.len(), sc.api_limits_factor);
     let mut samples: Vec<Sample> = Vec::new();
     let mut next_sample = 0;
     // The moment the most pods were bound, for R.
@@ -162,15 +163,9 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         }
         cluster.apply_pods(bare);
         cluster.delete_pods(&gone);
-        for (i, ice) in sc.faults.iter().enumerate() {
-            let active = ice.from <= now && now < ice.until;
-            if active != iced[i] {
-                set_ice(&cloud, &all_types, ice, active);
-                iced[i] = active;
-            }
-        }
+        faults.step(sc, &cloud, &all_types, now);
         workloads.step(&cluster, now);
-        let instances = cloud.list().await.map_err(|e| RunError::Cloud(e.to_string()))?;
+        let instances = cloud.instances();
         registrar.step(&cluster, &registrations(&instances), now);
         cluster.schedule();
         if now >= next_sample {
@@ -194,17 +189,19 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         }
         tokio::time::sleep(Duration::from_millis(sc.tick)).await;
     }
-    let (mut claims_created, mut relaunched) = (0, 0);
+    let (mut claims_created, mut relaunched, mut nodes_lost) = (0, 0, 0);
     for p in plane.pools.values() {
         if let Ok(stats) = p.send(GetPoolStats).await {
             claims_created += stats.claims_created;
             relaunched += stats.relaunched;
+            nodes_lost += stats.lost;
         }
     }
+    let throttled = cloud.stats().throttled;
     let router = plane.router.send(GetRouterStats).await.ok();
     let latency = router.as_ref().map(|r| r.latency.clone()).unwrap_or_default();
     let snap = cluster.snapshot();
-    let instances = cloud.list().await.map_err(|e| RunError::Cloud(e.to_string()))?;
+    let instances = cloud.instances();
     let inputs: Vec<PoolInput> =
         pools.iter().map(|(p, t, _)| PoolInput { pool: p.clone(), instance_types: t.clone() }).collect();
     let r_of = |pods: &[Pod], price: f64| -> Option<f64> {
@@ -226,6 +223,13 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         virtual_ms: sc.duration,
         wall_ms: u64::try_from(wall.elapsed().as_millis()).unwrap_or(u64::MAX),
         realtime: opts.realtime,
+        window: match &sc.window.adaptive {
+            None => format!("{} ms idle / {} ms max", sc.window.idle, sc.window.max),
+            Some(a) => format!(
+                "{} ms idle / {} ms max, adaptive: {} ms idle with at most {} pods",
+                sc.window.idle, sc.window.max, a.short_idle, a.short_queue
+            ),
+        },
         pods: snap.pods.len(),
         pods_bound: snap.pods.values().filter(|p| p.node_name.is_some()).count(),
         pods_pending: snap.pending().count(),
@@ -241,6 +245,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         latency_ms: Percentiles::of(&latency),
         claims_created,
         relaunched,
+        faults: FaultCounts { interrupted: faults.interrupted, zone_lost: faults.zone_lost, nodes_lost, throttled },
         peak_rss_mib: peak_rss_mib(),
         samples,
     })
@@ -311,6 +316,85 @@ fn apply(workloads: &mut Workloads, w: &Workload) {
     }
 }
 
+/// The faults' state as the run goes: which are active, and what they did.
+struct Faults {
+    active: Vec<bool>,
+    /// The scenario's own EC2 bucket factor, which a throttle scales down.
+    base: f64,
+    throttle: Option<f64>,
+    spot_rate: f64,
+    /// Spot instances warned, with when EC2 takes each back (two minutes after the warning).
+    reclaims: Vec<(u64, String)>,
+    interrupted: u64,
+    zone_lost: u64,
+}
+
+/// EC2's notice before it reclaims a spot instance.
+const SPOT_WARNING_MS: u64 = 120_000;
+
+impl Faults {
+    fn new(n: usize, base: f64) -> Self {
+        Faults {
+            active: vec![false; n],
+            base,
+            throttle: None,
+            spot_rate: 0.0,
+            reclaims: Vec::new(),
+            interrupted: 0,
+            zone_lost: 0,
+        }
+    }
+
+    /// Starts and ends the faults at `now`, and plays EC2's side of the active ones.
+    fn step(&mut self, sc: &Scenario, cloud: &SimCloud, types: &[InstanceType], now: u64) {
+        let (mut throttle, mut spot_rate) = (None::<f64>, 0.0);
+        for (i, f) in sc.faults.iter().enumerate() {
+            let on = f.from <= now && now < f.until;
+            match &f.kind {
+                FaultKind::Throttle { factor } if on => throttle = Some(throttle.map_or(*factor, |t| t.min(*factor))),
+                FaultKind::SpotInterruptions { per_hour } if on => spot_rate += per_hour,
+                _ => {}
+            }
+            if on == self.active[i] {
+                continue;
+            }
+            self.active[i] = on;
+            match &f.kind {
+                FaultKind::Ice(ice) => set_ice(cloud, types, ice, on),
+                FaultKind::ZoneLost { zone } => {
+                    use dovetail_core::catalog::CapacityType;
+                    let all = Ice {
+                        zone: zone.clone(),
+                        capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
+                        instance_types: Vec::new(),
+                    };
+                    set_ice(cloud, types, &all, on);
+                    if on {
+                        self.zone_lost += cloud.reclaim(&cloud.instances_in(zone)) as u64;
+                    }
+                }
+                FaultKind::Throttle { .. } | FaultKind::SpotInterruptions { .. } => {}
+            }
+        }
+        if throttle != self.throttle {
+            self.throttle = throttle;
+            let factor = self.base * throttle.unwrap_or(1.0);
+            cloud.set_limits(if factor == 1.0 { ApiLimits::default() } else { ApiLimits::raised(factor) });
+        }
+        if spot_rate != self.spot_rate {
+            self.spot_rate = spot_rate;
+            cloud.set_spot_interruption_rate(spot_rate);
+        }
+        let due = now.saturating_add(SPOT_WARNING_MS);
+        self.reclaims.extend(cloud.tick().into_iter().map(|id| (due, id)));
+        let (now_due, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.reclaims).into_iter().partition(|(at, _)| *at <= now);
+        self.reclaims = later;
+        let ids: Vec<String> = now_due.into_iter().map(|(_, id)| id).collect();
+        self.interrupted += cloud.reclaim(&ids) as u64;
+    }
+}
+
 /// Starts or ends an ICE window: every matching offering in the zone has no capacity.
 fn set_ice(cloud: &SimCloud, types: &[InstanceType], ice: &Ice, on: bool) {
     for t in types {
@@ -343,6 +427,65 @@ mod tests {
         fn sample(&mut self, _: &Scenario, _: &Sample) {
             self.0 += 1;
         }
+    }
+
+    /// Every kind of fault on virtual time: spot instances reclaimed two minutes after their
+    /// warning, a zone lost with its instances, EC2 throttling; the nodes that went away are
+    /// terminated and replaced, and every pod ends up placed.
+    #[test]
+    fn a_spot_storm_a_lost_zone_and_throttling_are_recovered_from() {
+        let text = r#"
+name: chaos
+zones: [us-east-1a, us-east-1b, us-east-1c]
+duration: 40m
+tick: 10s
+sample: 1m
+registration_delay: 30s
+cluster: |
+  apiVersion: karpenter.sh/v1
+  kind: NodePool
+  metadata: {name: spot}
+  spec:
+    weight: 50
+    template:
+      spec:
+        nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}
+        requirements:
+          - {key: karpenter.sh/capacity-type, operator: In, values: [spot]}
+          - {key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m]}
+  ---
+  apiVersion: karpenter.sh/v1
+  kind: NodePool
+  metadata: {name: on-demand}
+  spec:
+    template:
+      spec:
+        nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}
+        requirements:
+          - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}
+workloads:
+  - at: 0s
+    deployment: {name: web, replicas: 300, cpu: 500m, memory: 1Gi}
+faults:
+  - {at: 5m, until: 15m, spot_interruptions: {per_hour: 6}}
+  - {at: 20m, until: 30m, zone_lost: {zone: us-east-1b}}
+  - {at: 20m, until: 25m, throttle: {factor: 0.001}}
+"#;
+        let sc = Scenario::parse(text).expect("scenario");
+        let sys = actix_rt::System::new();
+        let report = sys.block_on(async { run(&sc, &RunOptions::default(), &mut Count(0)).await }).expect("run");
+        let f = report.faults;
+        let t = report.text(None);
+        assert!(f.interrupted > 0 && f.zone_lost > 0 && f.throttled > 0, "{t}");
+        assert!(f.nodes_lost >= f.interrupted, "every reclaimed node was noticed: {t}");
+        // Throttled calls wait for the retry-after (at most 30 s) instead of being asked again
+        // every reconcile: about 100 claims over the 5-minute window. Asking every second made
+        // 28,000 throttled calls.
+        assert!(f.throttled < 3_000, "{t}");
+        assert!(t.contains("spot reclaimed"), "{t}");
+        assert_eq!((report.pods, report.pods_bound, report.pods_pending), (300, 300, 0), "{t}");
+        // Nothing of the lost nodes is left behind: the nodes running are the claims alive.
+        assert_eq!(report.nodes, report.samples.last().map_or(0, |s| s.nodes), "{t}");
     }
 
     /// The small scenario end to end on virtual time: every pod placed, the ICE routed

@@ -15,12 +15,13 @@ pub const DEFAULT: &str = include_str!("../scenarios/default.yaml");
 pub const SMALL: &str = include_str!("../scenarios/small.yaml");
 
 /// The scenarios shipped in the binary, by name.
-pub const BUILTIN: [(&str, &str); 5] = [
+pub const BUILTIN: [(&str, &str); 6] = [
     ("default", DEFAULT),
     ("small", SMALL),
     ("ci", include_str!("../scenarios/ci.yaml")),
     ("1k-nodes", include_str!("../scenarios/1k-nodes.yaml")),
     ("10k-nodes", include_str!("../scenarios/10k-nodes.yaml")),
+    ("spot-storm", include_str!("../scenarios/spot-storm.yaml")),
 ];
 
 /// A shipped scenario's text.
@@ -56,12 +57,16 @@ pub struct ScenarioFile {
     /// From launch to a Ready node; default 30s.
     #[serde(default)]
     pub registration_delay: Option<String>,
+    /// The Router's batch window: `default` (Karpenter's 1 s idle / 10 s max) or `adaptive`
+    /// (also closes 50 ms after the last arrival while at most 10 pods wait).
+    #[serde(default)]
+    pub window: Option<String>,
     /// Multi-document Kubernetes YAML: NodePools (karpenter.sh/v1), EC2NodeClasses, DaemonSets.
     pub cluster: String,
     #[serde(default)]
     pub workloads: Vec<Event>,
     #[serde(default)]
-    pub faults: Vec<Fault>,
+    pub faults: Vec<FaultSpec>,
     /// The sim cloud's settings.
     #[serde(default)]
     pub cloud: CloudSpec,
@@ -171,14 +176,45 @@ fn default_namespace() -> String {
     "default".into()
 }
 
-/// A fault over a window of time.
+/// A fault over a window of time: exactly one of its kinds.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Fault {
+pub struct FaultSpec {
     pub at: String,
     pub until: String,
     /// Insufficient capacity for offerings in a zone.
-    pub ice: IceSpec,
+    #[serde(default)]
+    pub ice: Option<IceSpec>,
+    /// EC2's request buckets scaled down: launches and terminations get throttled.
+    #[serde(default)]
+    pub throttle: Option<ThrottleSpec>,
+    /// A zone lost: its instances are gone at `at`, and it has no capacity until `until`.
+    #[serde(default)]
+    pub zone_lost: Option<ZoneSpec>,
+    /// Spot instances interrupted at a rate: each gets EC2's two-minute warning (in the
+    /// interruption queue) and is reclaimed when it runs out.
+    #[serde(default)]
+    pub spot_interruptions: Option<RateSpec>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleSpec {
+    /// The buckets' size and refill rate multiplied by this (0 < factor < 1 throttles).
+    pub factor: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneSpec {
+    pub zone: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateSpec {
+    /// Interruptions per spot instance-hour (0.5: about 40% of spot instances in an hour).
+    pub per_hour: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -203,10 +239,11 @@ pub struct Scenario {
     pub tick: u64,
     pub sample: u64,
     pub registration_delay: u64,
+    pub window: dovetail_core::plane::BatchWindow,
     pub cluster: Manifest,
     /// In time order.
     pub workloads: Vec<(u64, Workload)>,
-    pub faults: Vec<Ice>,
+    pub faults: Vec<Fault>,
     pub api_limits_factor: f64,
     pub thresholds: Thresholds,
 }
@@ -248,11 +285,32 @@ pub enum Workload {
     },
 }
 
-/// An ICE window.
+/// A fault over `[from, until)`, milliseconds of the scenario.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Ice {
+pub struct Fault {
     pub from: u64,
     pub until: u64,
+    pub kind: FaultKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum FaultKind {
+    Ice(Ice),
+    /// EC2's buckets multiplied by this.
+    Throttle {
+        factor: f64,
+    },
+    ZoneLost {
+        zone: String,
+    },
+    SpotInterruptions {
+        per_hour: f64,
+    },
+}
+
+/// Offerings with no capacity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ice {
     pub zone: String,
     pub capacity_types: Vec<dovetail_core::catalog::CapacityType>,
     pub instance_types: Vec<String>,
@@ -348,29 +406,64 @@ impl Scenario {
             if until <= from {
                 return Err(err(&format!("faults[{i}].until"), "must be after at".into()));
             }
-            if !f.zones.contains(&fault.ice.zone) {
-                return Err(err(&format!("faults[{i}].ice.zone"), format!("{} is not one of zones", fault.ice.zone)));
-            }
-            use dovetail_core::catalog::CapacityType;
-            let capacity_types = match fault.ice.capacity_type.as_deref() {
-                None => vec![CapacityType::Spot, CapacityType::OnDemand],
-                Some("spot") => vec![CapacityType::Spot],
-                Some("on-demand") => vec![CapacityType::OnDemand],
-                Some(other) => {
+            let field = |k: &str| format!("faults[{i}].{k}");
+            let zone = |k: &str, z: &str| {
+                if f.zones.iter().any(|x| x == z) {
+                    Ok(z.to_string())
+                } else {
+                    Err(err(&field(k), format!("{z} is not one of zones")))
+                }
+            };
+            let kind = match (&fault.ice, &fault.throttle, &fault.zone_lost, &fault.spot_interruptions) {
+                (Some(ice), None, None, None) => {
+                    use dovetail_core::catalog::CapacityType;
+                    let capacity_types = match ice.capacity_type.as_deref() {
+                        None => vec![CapacityType::Spot, CapacityType::OnDemand],
+                        Some("spot") => vec![CapacityType::Spot],
+                        Some("on-demand") => vec![CapacityType::OnDemand],
+                        Some(other) => {
+                            return Err(err(&field("ice.capacity_type"), format!("{other:?}: spot or on-demand")));
+                        }
+                    };
+                    FaultKind::Ice(Ice {
+                        zone: zone("ice.zone", &ice.zone)?,
+                        capacity_types,
+                        instance_types: ice.instance_types.clone(),
+                    })
+                }
+                (None, Some(t), None, None) => {
+                    if !(t.factor.is_finite() && t.factor > 0.0) {
+                        return Err(err(&field("throttle.factor"), format!("{}: a positive number", t.factor)));
+                    }
+                    FaultKind::Throttle { factor: t.factor }
+                }
+                (None, None, Some(z), None) => FaultKind::ZoneLost { zone: zone("zone_lost.zone", &z.zone)? },
+                (None, None, None, Some(r)) => {
+                    if !(r.per_hour.is_finite() && r.per_hour >= 0.0) {
+                        return Err(err(
+                            &field("spot_interruptions.per_hour"),
+                            format!("{}: zero or more", r.per_hour),
+                        ));
+                    }
+                    FaultKind::SpotInterruptions { per_hour: r.per_hour }
+                }
+                _ => {
                     return Err(err(
-                        &format!("faults[{i}].ice.capacity_type"),
-                        format!("{other:?}: spot or on-demand"),
+                        &format!("faults[{i}]"),
+                        "exactly one of ice, throttle, zone_lost, spot_interruptions".into(),
                     ));
                 }
             };
-            faults.push(Ice {
-                from,
-                until,
-                zone: fault.ice.zone.clone(),
-                capacity_types,
-                instance_types: fault.ice.instance_types.clone(),
-            });
+            faults.push(Fault { from, until, kind });
         }
+        let window = match f.window.as_deref() {
+            None | Some("default") => dovetail_core::plane::BatchWindow::default(),
+            Some("adaptive") => dovetail_core::plane::BatchWindow {
+                adaptive: Some(dovetail_core::plane::Adaptive { short_queue: 10, short_idle: 50 }),
+                ..dovetail_core::plane::BatchWindow::default()
+            },
+            Some(other) => return Err(err("window", format!("{other:?}: default or adaptive"))),
+        };
         let api_limits_factor = f.cloud.api_limits_factor.unwrap_or(1.0);
         if !(api_limits_factor.is_finite() && api_limits_factor > 0.0) {
             return Err(err("cloud.api_limits_factor", format!("{api_limits_factor}: a positive number")));
@@ -401,6 +494,7 @@ impl Scenario {
             tick,
             sample: opt("sample", &f.sample, Duration::from_secs(300))?.max(tick),
             registration_delay: opt("registration_delay", &f.registration_delay, Duration::from_secs(30))?,
+            window,
             cluster,
             workloads,
             faults,
@@ -443,5 +537,32 @@ mod tests {
         assert!(e.field.starts_with("workloads[") && e.field.ends_with(".deployment.cpu"), "{e}");
         let e = Scenario::parse("name: x\nzones: [a]\nduration: 1h\ncluster: ''\nbogus: 1\n").expect_err("unknown");
         assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn faults_of_every_kind_parse_and_a_fault_has_exactly_one_kind() {
+        let faults = "faults:\n  - {at: 0s, until: 20m, ice: {zone: us-east-1a, capacity_type: on-demand}}\n  - {at: 1h, until: 1h10m, throttle: {factor: 0.01}}\n  - {at: 2h, until: 3h, zone_lost: {zone: us-east-1c}}\n  - {at: 4h, until: 5h, spot_interruptions: {per_hour: 2}}\n";
+        let text = format!(
+            "name: f\nzones: [us-east-1a, us-east-1c]\nduration: 6h\ncluster: |\n{}\n{faults}",
+            indent(SMALL_POOL)
+        );
+        let s = Scenario::parse(&text).expect("faults");
+        let kinds: Vec<&FaultKind> = s.faults.iter().map(|f| &f.kind).collect();
+        assert!(matches!(kinds[0], FaultKind::Ice(i) if i.zone == "us-east-1a"));
+        assert_eq!(kinds[1], &FaultKind::Throttle { factor: 0.01 });
+        assert_eq!(kinds[2], &FaultKind::ZoneLost { zone: "us-east-1c".into() });
+        assert_eq!(kinds[3], &FaultKind::SpotInterruptions { per_hour: 2.0 });
+        assert_eq!((s.faults[2].from, s.faults[2].until), (7_200_000, 10_800_000));
+        let two = text.replace("throttle: {factor: 0.01}", "throttle: {factor: 0.01}, zone_lost: {zone: us-east-1a}");
+        let e = Scenario::parse(&two).expect_err("two kinds");
+        assert_eq!(e.field, "faults[1]", "{e}");
+        let e = Scenario::parse(&text.replace("zone: us-east-1c}", "zone: us-west-2a}")).expect_err("zone");
+        assert_eq!(e.field, "faults[2].zone_lost.zone", "{e}");
+    }
+
+    const SMALL_POOL: &str = "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n";
+
+    fn indent(s: &str) -> String {
+        s.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
     }
 }

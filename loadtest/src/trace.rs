@@ -99,6 +99,7 @@ pub fn scenario(
         tick: ms(Duration::from_secs(10)).max(end / 20_000),
         sample: ms(Duration::from_secs(60)).max(end / 500),
         registration_delay: ms(Duration::from_secs(30)),
+        window: dovetail_core::plane::BatchWindow::default(),
         cluster: manifest,
         workloads,
         faults: Vec::new(),

@@ -119,6 +119,8 @@ struct State {
     rng: SplitMix64,
     next_event: u64,
     last_tick: Duration,
+    /// Spot interruptions per instance-hour (the config's, until changed).
+    spot_rate: f64,
     stats: SimStats,
 }
 
@@ -145,6 +147,7 @@ impl SimCloud {
             rng: SplitMix64::new(config.seed),
             next_event: 0,
             last_tick: Duration::ZERO,
+            spot_rate: config.spot_interruptions_per_hour,
             stats: SimStats::default(),
         };
         SimCloud { config, clock, types, index, queue, state: Mutex::new(state) }
@@ -184,6 +187,41 @@ impl SimCloud {
         self.lock().limits = limits;
     }
 
+    /// Sets the spot interruption rate (per instance-hour) from now on: a spot storm.
+    pub fn set_spot_interruption_rate(&self, per_hour: f64) {
+        let mut s = self.lock();
+        s.last_tick = self.clock.now();
+        s.spot_rate = per_hour.max(0.0);
+    }
+
+    /// EC2 takes instances back (a spot reclaim after its warning, a zone lost): they are gone
+    /// at once, outside the account's API limits. Returns how many there were.
+    pub fn reclaim(&self, ids: &[String]) -> usize {
+        let mut s = self.lock();
+        let mut n = 0;
+        for id in ids {
+            if let Some(inst) = s.instances.remove(id.as_str()) {
+                s.by_claim.remove(&inst.claim);
+                n += 1;
+            }
+        }
+        s.stats.terminated += n as u64;
+        n
+    }
+
+    /// Every instance as EC2 itself sees it (for the sim's kubelets and reports): not an API
+    /// call, so outside the account's limits, unlike `list`.
+    pub fn instances(&self) -> Vec<Instance> {
+        let now = self.clock.now();
+        let s = self.lock();
+        s.instances.values().map(|i| self.view(i, now)).collect()
+    }
+
+    /// The ids of its instances in `zone`.
+    pub fn instances_in(&self, zone: &str) -> Vec<String> {
+        self.lock().instances.values().filter(|i| i.zone == zone).map(|i| i.id.clone()).collect()
+    }
+
     /// Emits an event for an instance now (an interruption warning, a scheduled change...).
     pub fn inject(&self, kind: EventKind, instance_id: &str) {
         let body = {
@@ -201,10 +239,10 @@ impl SimCloud {
         let mut s = self.lock();
         let hours = (now.saturating_sub(s.last_tick)).as_secs_f64() / 3600.0;
         s.last_tick = now;
-        if self.config.spot_interruptions_per_hour <= 0.0 || hours <= 0.0 {
+        if s.spot_rate <= 0.0 || hours <= 0.0 {
             return Vec::new();
         }
-        let p = 1.0 - (-self.config.spot_interruptions_per_hour * hours).exp();
+        let p = 1.0 - (-s.spot_rate * hours).exp();
         let spot: Vec<String> =
             s.instances.values().filter(|i| i.capacity_type == CapacityType::Spot).map(|i| i.id.clone()).collect();
         let mut hit = Vec::new();
@@ -618,6 +656,28 @@ mod tests {
         assert_eq!(a, run(7).0, "same seed, same interruptions");
         assert!(!a.is_empty() && a.len() < 200, "about 40% of 200 expected, got {}", a.len());
         assert_eq!(queued, a.len());
+    }
+
+    #[test]
+    fn a_storm_raises_the_rate_and_reclaimed_instances_are_gone_without_an_api_call() {
+        let (c, clock) = cloud(SimConfig::default());
+        let reqs: Vec<LaunchRequest> = (0..20).map(|i| request(&format!("c{i}"), vec![CapacityType::Spot])).collect();
+        let mut limits = ApiLimits::raised(10.0);
+        limits.mutating = Bucket::new(1000.0, 100.0);
+        c.set_limits(limits);
+        assert!(block(c.launch(&reqs)).iter().all(Result::is_ok));
+        clock.advance(Duration::from_secs(3600));
+        assert!(c.tick().is_empty(), "no storm, no interruptions");
+        c.set_spot_interruption_rate(50.0);
+        clock.advance(Duration::from_secs(600));
+        let hit = c.tick();
+        assert_eq!(hit.len(), 20, "at 50 per hour for 10 minutes every instance is hit");
+        let calls = c.stats().terminate_calls;
+        assert_eq!(c.reclaim(&hit[..5]), 5);
+        assert_eq!((c.len(), c.stats().terminate_calls), (15, calls));
+        let zone = &block(c.get(&hit[5])).expect("still there").zone;
+        assert_eq!(c.instances_in(zone).len(), 15);
+        assert_eq!(c.reclaim(&hit[..5]), 0, "gone already");
     }
 
     #[test]

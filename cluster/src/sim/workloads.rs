@@ -216,22 +216,37 @@ impl Workloads {
 }
 
 /// The kwok-like registrar: an instance becomes a Ready node (`SimCluster::register`) once it
-/// has been seen launched for `delay_ms`.
+/// has been seen launched for `delay_ms`. It also plays the cloud node lifecycle controller: a
+/// node whose instance is gone (reclaimed, or lost with its zone) is deleted.
 pub struct Registrar {
     pub delay_ms: u64,
     seen: BTreeMap<String, u64>,
+    /// Nodes deleted because their instance was gone.
+    pub deleted: u64,
 }
 
 impl Registrar {
     pub fn new(delay_ms: u64) -> Self {
-        Registrar { delay_ms, seen: BTreeMap::new() }
+        Registrar { delay_ms, seen: BTreeMap::new(), deleted: 0 }
     }
 
     /// Registers the `launched` instances (by provider id) whose delay has passed; forgets
-    /// those no longer launched. Returns how many nodes it registered.
+    /// those no longer launched and deletes their nodes. Returns how many nodes it registered.
     pub fn step(&mut self, cluster: &SimCluster, launched: &[Registration], now: u64) -> usize {
         let live: BTreeSet<&str> = launched.iter().map(|r| r.provider_id.as_str()).collect();
         self.seen.retain(|p, _| live.contains(p.as_str()));
+        let orphans: Vec<String> = cluster
+            .snapshot()
+            .nodes
+            .values()
+            .filter(|n| n.provider_id.as_deref().is_some_and(|p| !live.contains(p)))
+            .map(|n| n.name.clone())
+            .collect();
+        for n in orphans {
+            if crate::ClusterWriter::delete_node(cluster, &n).is_ok() {
+                self.deleted += 1;
+            }
+        }
         let snap = cluster.snapshot();
         let registered: BTreeSet<&str> = snap.nodes.values().filter_map(|n| n.provider_id.as_deref()).collect();
         let mut count = 0;
