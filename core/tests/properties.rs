@@ -540,14 +540,15 @@ mod ledger_props {
     }
 }
 
-/// A counterexample the property test found (2026-11-22): the dovetail packer places p-4
+/// A counterexample the property test found (2026-11-22): the dovetail packer placed p-4
 /// (arm64, hard zone spread over app-2) into us-east-1b after p-1 (app-2, no spread of its
-/// own) while other eligible zones still had no app-2 pod, so the validator, replaying the
-/// packer's placement order, sees skew 2 against a minimum of 0. The final layout is within
-/// maxSkew; whether the packer's order or the validator's replay is at fault is open.
+/// own) while another zone still had no app-2 pod on a node p-4's node selector takes. The
+/// packer had counted app-2 pods on claims that left the architecture open, and those were
+/// then right-sized to amd64 types, whose nodes kube-scheduler does not count for p-4.
+/// Fixed by pinning, on the packer's claims, the labels spread node filters read (see
+/// `Scheduler::new_packed`).
 #[test]
-#[ignore = "known defect, found by plans_validate_and_never_cost_less_than_the_lower_bound; see docs/scheduling.md"]
-fn known_defect_spread_order_of_a_pod_counted_by_another_pods_spread() {
+fn spread_order_of_a_pod_counted_by_another_pods_spread() {
     let h = |k: &'static str, b: bool| Some((k, b));
     let z = "topology.kubernetes.io/zone";
     let ps = |cpu, mem_mib, gpu, arch, zone, app, spread, anti, tolerates| PodSpec {
@@ -588,22 +589,16 @@ fn known_defect_spread_order_of_a_pod_counted_by_another_pods_spread() {
     let snapshot = snapshot_of(&pools);
     let pods: Vec<Pod> = specs.iter().enumerate().map(|(i, s)| make_pod(i, s)).collect();
     let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
-    for (ci, c) in results.claims.iter().enumerate() {
-        let zone = c.launch.as_ref().map(|l| l.zone.clone());
-        let names: Vec<String> =
-            c.pods.iter().map(|&i| format!("{}({})", pods[i].key.name, pods[i].labels["app"])).collect();
-        eprintln!("claim {ci} pool {} zone {zone:?} pods {names:?}", c.pool);
-    }
     let v = scheduling::validate(&snapshot, &pods, &results, scheduling::Semantics::Strict);
     assert!(v.is_empty(), "{v:#?}");
 }
 
-/// A second shape of the same defect, found in CI on 2026-11-22 (it reproduces on the commit
-/// before that session's changes, so it is not new): p-7 (amd64, hard zone spread over app 2)
-/// lands in us-east-1a, which already holds an app-2 pod, while another eligible zone has none.
+/// A second shape of the same defect, found in CI on 2026-11-22: p-7 (amd64, hard zone spread
+/// over app 2) landed in us-east-1a, which already held an app-2 pod, while us-east-1b held
+/// app-2 pods only on a claim that could be right-sized to an arm64 type (a node p-7's spread
+/// does not count).
 #[test]
-#[ignore = "known defect, found by plans_validate_and_never_cost_less_than_the_lower_bound; see docs/scheduling.md"]
-fn known_defect_spread_order_second_shape() {
+fn spread_order_second_shape() {
     let h = |k: &'static str, b: bool| Some((k, b));
     let (z, host) = ("topology.kubernetes.io/zone", "kubernetes.io/hostname");
     let ps = |cpu, mem_mib, arch, app, spread, anti| PodSpec {

@@ -221,6 +221,22 @@ impl<'a> Scheduler<'a> {
     }
 
     /// Places pods of a class on existing nodes until one does not fit anywhere.
+    /// A claim of template `t` opened for instance type `it`. The labels some spread
+    /// constraint's node filter reads (the architecture, say) are pinned to the type's: a
+    /// claim that left them open would be counted as a node the filter takes, and could then
+    /// be right-sized to a type it does not take (kube-scheduler would not count its pods
+    /// there, and a spread placed against that count would be off).
+    fn new_packed(&self, t: usize, it: usize) -> super::nodes::PlannedNode {
+        let mut node = self.new_planned(t, vec![it]);
+        let labels = &self.templates[t].instance_types[it].requirements;
+        for key in self.topology.filter_keys() {
+            if labels.has(key) && !node.requirements.has(key) {
+                node.requirements.add(key, labels.get(key).clone());
+            }
+        }
+        node
+    }
+
     fn fill_existing(&mut self, class: &mut Class, data: &PodData, view: &PodView) {
         let mut start = 0;
         while class.remaining() > 0 {
@@ -439,7 +455,7 @@ impl<'a> Scheduler<'a> {
                 break;
             };
             loop {
-                let mut bin = self.new_planned(t, vec![columns[col].it]);
+                let mut bin = self.new_packed(t, columns[col].it);
                 self.next_hostname += 1;
                 if pin_all {
                     // Zones in turn, as the claims of phase 1 do (see `pack_round`).
@@ -621,7 +637,7 @@ impl<'a> Scheduler<'a> {
                 if !self.within_limits(t, col.it) {
                     break;
                 }
-                let mut node = self.new_planned(t, vec![col.it]);
+                let mut node = self.new_packed(t, col.it);
                 self.next_hostname += 1;
                 // Reserve the pool's limits now; given back if the claim stays empty.
                 self.subtract_limits(t, &node);
@@ -818,7 +834,7 @@ impl<'a> Scheduler<'a> {
                                     })
                                     .min_by(|&a, &b| sub_columns[a].price.total_cmp(&sub_columns[b].price))
                             {
-                                let node = self.new_planned(t, vec![sub_columns[k].it]);
+                                let node = self.new_packed(t, sub_columns[k].it);
                                 self.next_hostname += 1;
                                 self.subtract_limits(t, &node);
                                 bins.push(Bin {

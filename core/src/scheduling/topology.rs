@@ -716,6 +716,28 @@ impl<'a> Topology<'a> {
         }
     }
 
+    /// The node label keys that decide whether a node takes part in some group (the keys of
+    /// spread constraints' node filters under `nodeAffinityPolicy: Honor`), beyond the zone
+    /// and the hostname. A claim that leaves one of them open is counted as compatible, so
+    /// the packer pins them on its claims to keep every count exact.
+    pub fn filter_keys(&self) -> BTreeSet<&str> {
+        let mut keys = BTreeSet::new();
+        for g in self.groups.iter().chain(self.inverse.iter()) {
+            let Some(f) = &g.id.node_filter else { continue };
+            if f.affinity_policy == InclusionPolicy::Ignore {
+                continue;
+            }
+            for r in &f.requirements {
+                for (k, _) in r.iter() {
+                    if k != labels::ZONE && k != labels::HOSTNAME {
+                        keys.insert(k);
+                    }
+                }
+            }
+        }
+        keys
+    }
+
     /// Whether some group keyed on anything but the hostname would count this pod: then the
     /// pod's node must be pinned to one domain when it is placed, or the count is lost
     /// (Karpenter skips pods on claims whose zone is still open).
