@@ -80,6 +80,12 @@ fn wire(args: &TelemetryArgs) -> Result<Wire, String> {
 
 /// Installs the exporter and the global subscriber when an endpoint is configured.
 pub fn install(args: &TelemetryArgs) -> Result<Option<Telemetry>, String> {
+    let configured = args.otlp_endpoint.as_deref().is_some_and(|s| !s.is_empty())
+        || std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_ok_and(|s| !s.is_empty());
+    // Without an endpoint the other settings are not read (they may be meant for another tool).
+    if !configured {
+        return Ok(None);
+    }
     let wire = wire(args)?;
     let Some((url, source)) = endpoint(args, wire)? else { return Ok(None) };
     let runtime = tokio::runtime::Builder::new_multi_thread()

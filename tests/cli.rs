@@ -318,3 +318,18 @@ fn simulate_exports_one_connected_trace_per_decision_over_grpc_and_http_protobuf
         assert_eq!(full.len(), 3, "{wire:?}: routing to binding traced for each workload: {full:?}");
     }
 }
+
+#[test]
+fn otlp_settings_are_checked_only_when_an_endpoint_is_set() {
+    // Settings meant for another tool do not stop a command that exports nothing.
+    let out = dovetail_env(&["plan", "-f", "-"], Some(POD), &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let env = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")];
+    let out = dovetail_env(&["plan", "-f", "-"], Some(POD), &env);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && err.contains("http/json"), "{err}");
+    let out = dovetail_env(&["plan", "-f", "-", "--otlp-endpoint", "127.0.0.1:4317"], Some(POD), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--otlp-endpoint"));
+}
