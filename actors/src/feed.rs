@@ -1,17 +1,18 @@
 //! The pending-pod feed: watches the cluster (its change notifications, and a slow timer as a
-//! fallback) and tells the Router about pods that need a node. A pod is sent when it first shows up pending and again every `resend` while it
-//! stays pending (Karpenter re-solves pending pods each batch; by then the Router's solve
-//! finds the in-flight NodeClaims made for them, so a resend costs a solve, not a claim).
+//! fallback) and tells the Router about pods that need a node. What is due is decided by
+//! `core::plane::Resend`: a pod is sent when it first shows up pending, again every `resend`
+//! while it stays pending, and again `settle` after new nodes appeared if it is still pending
+//! (Karpenter re-solves pending pods each batch; the Router's solve finds the in-flight
+//! NodeClaims made for them, so a resend costs a solve, not a claim).
 //! DaemonSet pods and finished pods are never sent.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use dovetail_cloud::Clock;
 use dovetail_cluster::ClusterView;
-use dovetail_core::ledger::Millis;
+use dovetail_core::plane::Resend;
 use dovetail_core::pod::{Pod, PodKey};
 
 use crate::millis;
@@ -25,11 +26,14 @@ pub struct FeedConfig {
     pub tick: Duration,
     /// How long a pod that stays pending waits before it is sent again.
     pub resend: Duration,
+    /// After new nodes appear, how long before pods sent earlier and still pending are sent
+    /// again (the capacity they were counted against went to other pods).
+    pub settle: Duration,
 }
 
 impl Default for FeedConfig {
     fn default() -> Self {
-        FeedConfig { tick: Duration::from_secs(5), resend: Duration::from_secs(30) }
+        FeedConfig { tick: Duration::from_secs(5), resend: Duration::from_secs(30), settle: Duration::from_secs(5) }
     }
 }
 
@@ -40,49 +44,39 @@ pub struct Poll;
 
 /// The actor.
 pub struct PendingFeed {
-    cfg: FeedConfig,
     view: Arc<dyn ClusterView>,
     clock: Arc<dyn Clock>,
     router: Addr<Router>,
-    /// When each pending pod was last sent.
-    sent: BTreeMap<PodKey, Millis>,
+    tick: Duration,
+    resend: Resend,
     seen_version: Option<u64>,
-    last_sweep: Millis,
 }
 
 impl PendingFeed {
     pub fn new(cfg: FeedConfig, view: Arc<dyn ClusterView>, clock: Arc<dyn Clock>, router: Addr<Router>) -> Self {
-        PendingFeed { cfg, view, clock, router, sent: BTreeMap::new(), seen_version: None, last_sweep: 0 }
+        PendingFeed {
+            view,
+            clock,
+            router,
+            tick: cfg.tick.min(cfg.resend),
+            resend: Resend::new(millis(cfg.resend), millis(cfg.settle)),
+            seen_version: None,
+        }
     }
 
     /// Sends what is due; returns how many pods it sent.
     fn poll(&mut self, ctx: &mut Context<Self>) -> usize {
         let now = millis(self.clock.now());
-        let resend = millis(self.cfg.resend);
         let snap = self.view.snapshot();
-        // Nothing changed and no resend is due.
-        if self.seen_version == Some(snap.resource_version) && now.saturating_sub(self.last_sweep) < resend {
+        // Nothing changed and nothing is due.
+        if self.seen_version == Some(snap.resource_version) && !self.resend.due_without_change(now) {
             return 0;
         }
         self.seen_version = Some(snap.resource_version);
-        let mut due: Vec<Pod> = Vec::new();
-        let mut still: BTreeMap<PodKey, Millis> = BTreeMap::new();
-        for p in snap.pending().filter(|p| !p.daemon) {
-            match self.sent.get(&p.key) {
-                Some(&at) if now.saturating_sub(at) < resend => {
-                    still.insert(p.key.clone(), at);
-                }
-                _ => {
-                    still.insert(p.key.clone(), now);
-                    due.push(p.as_ref().clone());
-                }
-            }
-        }
-        if now.saturating_sub(self.last_sweep) >= resend {
-            self.last_sweep = now;
-        }
-        // Pods no longer pending are forgotten.
-        self.sent = still;
+        let pending: Vec<&Arc<Pod>> = snap.pending().filter(|p| !p.daemon).collect();
+        let due: std::collections::HashSet<PodKey> =
+            self.resend.look(now, pending.iter().map(|p| &p.key), snap.nodes.len()).into_iter().cloned().collect();
+        let due: Vec<Pod> = pending.iter().filter(|p| due.contains(&p.key)).map(|p| p.as_ref().clone()).collect();
         let n = due.len();
         if n > 0 {
             let msg = PodsPending { pods: due };
@@ -112,7 +106,7 @@ impl Actor for PendingFeed {
                 }
             }
         }));
-        ctx.run_interval(self.cfg.tick.min(self.cfg.resend), |act, ctx| {
+        ctx.run_interval(self.tick, |act, ctx| {
             act.poll(ctx);
         });
     }

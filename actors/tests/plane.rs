@@ -997,7 +997,11 @@ mod integration {
                 pools: pools.iter().map(|p| (p.clone(), types(), nc.clone())).collect(),
                 window: BatchWindow { idle: 100, max: 1_000, adaptive: None },
                 limits: ApiLimits::default(),
-                feed: FeedConfig { tick: Duration::from_millis(50), resend: Duration::from_secs(2) },
+                feed: FeedConfig {
+                    tick: Duration::from_millis(50),
+                    resend: Duration::from_secs(2),
+                    settle: Duration::from_millis(500),
+                },
             },
             Seams {
                 // Under restarts, launch calls take a while so some are cut off mid-call.

@@ -8,7 +8,7 @@ use crate::catalog::{CapacityType, InstanceType, Offering};
 use crate::labels;
 use crate::ledger::{ClaimState, MicroDollars, Millis, micro_dollars};
 use crate::nodepool::NodeClaimSpec;
-use crate::pod::Pod;
+use crate::pod::{Pod, PodKey};
 use crate::requirements::Requirements;
 use crate::resources::ResourceList;
 use crate::scheduling::NewClaim;
@@ -204,6 +204,75 @@ pub fn relaunch_zone(
     pick_zone(offerings, capacity_types, unavailable, &BTreeMap::new())
 }
 
+/// The pending-pod feed's bookkeeping: which pending pods to send the Router, and when.
+///
+/// A pod is sent when it first shows up pending, and again `every` while it stays pending
+/// (the Router counted it onto existing or in-flight capacity, or no pool could take it). It
+/// is also sent again `settle` after new nodes appeared, if it was sent before they did and
+/// is still pending: the capacity it was counted against has registered and the scheduler
+/// has had its turn, so other pods took it; waiting for `every` would leave it pending for
+/// nothing.
+#[derive(Clone, Debug)]
+pub struct Resend {
+    pub every: Millis,
+    pub settle: Millis,
+    /// When each pending pod was last sent.
+    sent: BTreeMap<PodKey, Millis>,
+    /// Nodes at the last look.
+    nodes: usize,
+    /// When nodes last grew, until a look after it has settled.
+    grew: Option<Millis>,
+    last_sweep: Millis,
+}
+
+impl Resend {
+    pub fn new(every: Millis, settle: Millis) -> Self {
+        Resend { every, settle, sent: BTreeMap::new(), nodes: 0, grew: None, last_sweep: 0 }
+    }
+
+    /// Whether a look is due at `now` without any change in the cluster: a periodic resend,
+    /// or pods waiting since nodes grew.
+    pub fn due_without_change(&self, now: Millis) -> bool {
+        now.saturating_sub(self.last_sweep) >= self.every
+            || self.grew.is_some_and(|g| now.saturating_sub(g) >= self.settle)
+    }
+
+    /// One look at the cluster: the pods pending now and its node count. Returns the pods to
+    /// send; forgets pods no longer pending.
+    pub fn look<'p>(
+        &mut self,
+        now: Millis,
+        pending: impl IntoIterator<Item = &'p PodKey>,
+        nodes: usize,
+    ) -> Vec<&'p PodKey> {
+        if nodes > self.nodes {
+            self.grew = Some(now);
+        }
+        self.nodes = nodes;
+        let settled = self.grew.filter(|g| now.saturating_sub(*g) >= self.settle);
+        let mut due = Vec::new();
+        let mut still = BTreeMap::new();
+        for key in pending {
+            let at = match self.sent.get(key) {
+                Some(&at) if now.saturating_sub(at) < self.every && settled.is_none_or(|g| at >= g) => at,
+                _ => {
+                    due.push(key);
+                    now
+                }
+            };
+            still.insert(key.clone(), at);
+        }
+        if settled.is_some() {
+            self.grew = None;
+        }
+        if now.saturating_sub(self.last_sweep) >= self.every {
+            self.last_sweep = now;
+        }
+        self.sent = still;
+        due
+    }
+}
+
 /// Karpenter's liveness timeouts of a NodeClaim.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Liveness {
@@ -394,7 +463,26 @@ impl Latencies {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod::PodKey;
+
+    #[test]
+    fn pending_pods_are_sent_at_once_again_every_period_and_again_once_new_nodes_settled() {
+        let (a, b) = (PodKey::new("default", "a"), PodKey::new("default", "b"));
+        let mut r = Resend::new(30_000, 5_000);
+        assert_eq!(r.look(0, [&a], 0), vec![&a], "new: at once");
+        assert!(r.look(1_000, [&a], 0).is_empty());
+        assert_eq!(r.look(2_000, [&a, &b], 0), vec![&b]);
+        // Nodes register at 10 s; a and b are still pending once that settled.
+        assert!(r.look(10_000, [&a, &b], 3).is_empty(), "the scheduler gets its turn first");
+        assert!(!r.due_without_change(14_000) && r.due_without_change(15_000));
+        assert_eq!(r.look(15_000, [&a, &b], 3), vec![&a, &b]);
+        assert!(!r.due_without_change(16_000), "settled once");
+        // A pod sent after the nodes grew waits for the period.
+        assert!(r.look(20_000, [&a, &b], 3).is_empty());
+        assert!(r.look(44_000, [&a], 3).is_empty(), "b is forgotten");
+        assert_eq!(r.look(45_000, [&a, &b], 3), vec![&a, &b], "a after 30 s; b is new again");
+        // Nodes going away are not new capacity.
+        assert!(r.look(46_000, [&a], 1).is_empty() && !r.due_without_change(52_000));
+    }
     use crate::taints::Toleration;
 
     #[test]
