@@ -13,7 +13,7 @@ use actix::prelude::*;
 use dovetail_cloud::Clock;
 use dovetail_cluster::ClusterView;
 use dovetail_core::plane::Resend;
-use dovetail_core::pod::{Pod, PodKey};
+use dovetail_core::pod::Pod;
 
 use crate::millis;
 use crate::router::{PodsPending, Router};
@@ -74,9 +74,8 @@ impl PendingFeed {
         }
         self.seen_version = Some(snap.resource_version);
         let pending: Vec<&Arc<Pod>> = snap.pending().filter(|p| !p.daemon).collect();
-        let due: std::collections::HashSet<PodKey> =
-            self.resend.look(now, pending.iter().map(|p| &p.key), snap.nodes.len()).into_iter().cloned().collect();
-        let due: Vec<Pod> = pending.iter().filter(|p| due.contains(&p.key)).map(|p| p.as_ref().clone()).collect();
+        let due = self.resend.look(now, pending.iter().map(|p| &p.key), snap.nodes.len());
+        let due: Vec<Pod> = due.into_iter().map(|i| pending[i].as_ref().clone()).collect();
         let n = due.len();
         if n > 0 {
             let msg = PodsPending { pods: due };

@@ -237,14 +237,9 @@ impl Resend {
             || self.grew.is_some_and(|g| now.saturating_sub(g) >= self.settle)
     }
 
-    /// One look at the cluster: the pods pending now and its node count. Returns the pods to
-    /// send; forgets pods no longer pending.
-    pub fn look<'p>(
-        &mut self,
-        now: Millis,
-        pending: impl IntoIterator<Item = &'p PodKey>,
-        nodes: usize,
-    ) -> Vec<&'p PodKey> {
+    /// One look at the cluster: the pods pending now and its node count. Returns the indices
+    /// (into `pending`) of the pods to send; forgets pods no longer pending.
+    pub fn look<'p>(&mut self, now: Millis, pending: impl IntoIterator<Item = &'p PodKey>, nodes: usize) -> Vec<usize> {
         if nodes > self.nodes {
             self.grew = Some(now);
         }
@@ -252,11 +247,11 @@ impl Resend {
         let settled = self.grew.filter(|g| now.saturating_sub(*g) >= self.settle);
         let mut due = Vec::new();
         let mut still = BTreeMap::new();
-        for key in pending {
+        for (i, key) in pending.into_iter().enumerate() {
             let at = match self.sent.get(key) {
                 Some(&at) if now.saturating_sub(at) < self.every && settled.is_none_or(|g| at >= g) => at,
                 _ => {
-                    due.push(key);
+                    due.push(i);
                     now
                 }
             };
@@ -468,18 +463,18 @@ mod tests {
     fn pending_pods_are_sent_at_once_again_every_period_and_again_once_new_nodes_settled() {
         let (a, b) = (PodKey::new("default", "a"), PodKey::new("default", "b"));
         let mut r = Resend::new(30_000, 5_000);
-        assert_eq!(r.look(0, [&a], 0), vec![&a], "new: at once");
+        assert_eq!(r.look(0, [&a], 0), vec![0], "new: at once");
         assert!(r.look(1_000, [&a], 0).is_empty());
-        assert_eq!(r.look(2_000, [&a, &b], 0), vec![&b]);
+        assert_eq!(r.look(2_000, [&a, &b], 0), vec![1]);
         // Nodes register at 10 s; a and b are still pending once that settled.
         assert!(r.look(10_000, [&a, &b], 3).is_empty(), "the scheduler gets its turn first");
         assert!(!r.due_without_change(14_000) && r.due_without_change(15_000));
-        assert_eq!(r.look(15_000, [&a, &b], 3), vec![&a, &b]);
+        assert_eq!(r.look(15_000, [&a, &b], 3), vec![0, 1]);
         assert!(!r.due_without_change(16_000), "settled once");
         // A pod sent after the nodes grew waits for the period.
         assert!(r.look(20_000, [&a, &b], 3).is_empty());
         assert!(r.look(44_000, [&a], 3).is_empty(), "b is forgotten");
-        assert_eq!(r.look(45_000, [&a, &b], 3), vec![&a, &b], "a after 30 s; b is new again");
+        assert_eq!(r.look(45_000, [&a, &b], 3), vec![0, 1], "a after 30 s; b is new again");
         // Nodes going away are not new capacity.
         assert!(r.look(46_000, [&a], 1).is_empty() && !r.due_without_change(52_000));
     }
