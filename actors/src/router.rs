@@ -128,34 +128,38 @@ impl Router {
         // must not provision for pods the scheduler has placed meanwhile.
         let snap = self.cluster.snapshot();
         let before = pods.len();
-        let pods: Vec<(Pod, Cause)> = pods
-            .into_iter()
+        // (the pod as the cluster has it, its index in `pods`)
+        let live: Vec<(&Arc<Pod>, usize)> = pods
+            .iter()
             .enumerate()
-            .filter_map(|(i, p)| {
-                let p = snap.pods.get(&p.key).filter(|c| c.node_name.is_none() && !c.terminal)?;
-                Some((p.as_ref().clone(), trace::cause_at(&causes, i)))
-            })
+            .filter_map(|(i, p)| Some((snap.pods.get(&p.key).filter(|c| c.node_name.is_none() && !c.terminal)?, i)))
             .collect();
-        self.stats.stale += (before - pods.len()) as u64;
+        self.stats.stale += (before - live.len()) as u64;
         // At a batch close, arrivals of pods neither routed now nor queued again are dropped
         // (bound, deleted, or left unschedulable by an earlier batch: a resend restarts their
         // clock), so the map stays as large as the pending queue.
         if with_existing {
-            let live: BTreeSet<&PodKey> = pods.iter().map(|(p, _)| &p.key).collect();
-            self.arrived.retain(|k, _| live.contains(k) || self.queue.contains_key(k));
+            let keys: BTreeSet<&PodKey> = live.iter().map(|(p, _)| &p.key).collect();
+            self.arrived.retain(|k, _| keys.contains(k) || self.queue.contains_key(k));
         }
         // Pods are grouped by the pools still open to them; each group is one solve.
-        let mut groups: BTreeMap<Vec<usize>, Vec<(Pod, Cause)>> = BTreeMap::new();
-        for (p, cause) in pods {
+        let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+        for (k, (p, _)) in live.iter().enumerate() {
             let tried = self.tried.get(&p.key);
             let open: Vec<usize> = (0..self.pools.len())
                 .filter(|&i| tried.is_none_or(|t| !t.contains(&self.pools[i].input.pool.name)))
                 .collect();
-            groups.entry(open).or_default().push((p, cause));
+            groups.entry(open).or_default().push(k);
         }
         let nodes = if with_existing { snap.capacity_nodes() } else { Vec::new() };
         for (open, group) in groups {
-            let (pods, causes): (Vec<Pod>, Vec<Cause>) = group.into_iter().unzip();
+            let pods: Vec<Pod> = group.iter().map(|&k| live[k].0.as_ref().clone()).collect();
+            // Untraced senders send no causes; none are made up for them.
+            let causes: Vec<Cause> = if causes.is_empty() {
+                Vec::new()
+            } else {
+                group.iter().map(|&k| trace::cause_at(&causes, live[k].1)).collect()
+            };
             let mut decisions = Decisions::open(&pods, &causes, self.stats.batches);
             if open.is_empty() {
                 self.stats.unschedulable += pods.len() as u64;

@@ -102,8 +102,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         pools.push((pool.clone(), types, NodeClass { name: class.clone(), hash: class, ..NodeClass::default() }));
     }
     let all_types: Arc<Vec<InstanceType>> = Arc::new(catalog.instance_types(&NodeClassSettings::default(), None));
-    let limits =
-        if sc.api_limits_factor == 1.0 { ApiLimits::default() } else { ApiLimits::raised(sc.api_limits_factor) };
+    let limits = limits_times(sc.api_limits_factor);
     let config = SimConfig { limits: limits.clone(), ..SimConfig::default() };
     let cloud = Arc::new(SimCloud::new(config, all_types.clone(), clock.clone()));
     let cluster = Arc::new(SimCluster::new());
@@ -329,6 +328,11 @@ struct Faults {
     zone_lost: u64,
 }
 
+/// EC2's request buckets multiplied by `factor` (EC2's own at 1).
+fn limits_times(factor: f64) -> ApiLimits {
+    if factor == 1.0 { ApiLimits::default() } else { ApiLimits::raised(factor) }
+}
+
 /// EC2's notice before it reclaims a spot instance.
 const SPOT_WARNING_MS: u64 = 120_000;
 
@@ -379,7 +383,7 @@ impl Faults {
         if throttle != self.throttle {
             self.throttle = throttle;
             let factor = self.base * throttle.unwrap_or(1.0);
-            cloud.set_limits(if factor == 1.0 { ApiLimits::default() } else { ApiLimits::raised(factor) });
+            cloud.set_limits(limits_times(factor));
         }
         if spot_rate != self.spot_rate {
             self.spot_rate = spot_rate;

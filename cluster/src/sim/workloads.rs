@@ -235,19 +235,13 @@ impl Registrar {
     pub fn step(&mut self, cluster: &SimCluster, launched: &[Registration], now: u64) -> usize {
         let live: BTreeSet<&str> = launched.iter().map(|r| r.provider_id.as_str()).collect();
         self.seen.retain(|p, _| live.contains(p.as_str()));
-        let orphans: Vec<String> = cluster
-            .snapshot()
-            .nodes
-            .values()
-            .filter(|n| n.provider_id.as_deref().is_some_and(|p| !live.contains(p)))
-            .map(|n| n.name.clone())
-            .collect();
-        for n in orphans {
-            if crate::ClusterWriter::delete_node(cluster, &n).is_ok() {
+        // One snapshot serves both: the nodes deleted here are not among `launched`.
+        let snap = cluster.snapshot();
+        for n in snap.nodes.values().filter(|n| n.provider_id.as_deref().is_some_and(|p| !live.contains(p))) {
+            if crate::ClusterWriter::delete_node(cluster, &n.name).is_ok() {
                 self.deleted += 1;
             }
         }
-        let snap = cluster.snapshot();
         let registered: BTreeSet<&str> = snap.nodes.values().filter_map(|n| n.provider_id.as_deref()).collect();
         let mut count = 0;
         for r in launched {
