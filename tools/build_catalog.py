@@ -2,7 +2,9 @@
 """Builds core/data/catalog-us-east-1.json from the EC2 reference data.
 
 Facts only: instance-type shapes, zone offerings and prices, converted from
-../shared/data (see its README for the sources). Run from the repository root:
+../shared/data (see its README for the sources), and the network and EBS bandwidth of
+each type from tools/data/ec2-bandwidth.json (its "sources" say where each came from).
+Run from the repository root:
 
     python3 tools/build_catalog.py ../shared/data core/data/catalog-us-east-1.json
 
@@ -23,6 +25,7 @@ NEURON = {
     "trn2u": ("Trainium2", 8),
 }
 DEFAULT_SPOT_RATIO = 0.37
+BANDWIDTH = "tools/data/ec2-bandwidth.json"
 
 
 def main(src, out):
@@ -30,6 +33,7 @@ def main(src, out):
     offerings = json.load(open(f"{src}/ec2-offerings.json"))["regions"][REGION]
     prices = json.load(open(f"{src}/ec2-prices-us-east-1.json"))["regions"][REGION]
     spot = json.load(open(f"{src}/ec2-spot-prices-sample.json"))["rows"]
+    bandwidth = json.load(open(BANDWIDTH))
 
     ratios = {}
     for row in spot:
@@ -43,7 +47,7 @@ def main(src, out):
         "region": REGION,
         "sources": "ec2-instance-types.json, ec2-offerings.json, ec2-prices-us-east-1.json, "
         "ec2-spot-prices-sample.json (spot = on-demand x the type's median sampled spot/on-demand "
-        f"ratio, else {DEFAULT_SPOT_RATIO})",
+        f"ratio, else {DEFAULT_SPOT_RATIO}); {BANDWIDTH}",
         "zones": [{"name": z, "id": offerings["zone_name_to_id_inferred"][z]} for z in offerings["zones"]],
         "instance_types": [],
     }
@@ -73,6 +77,9 @@ def main(src, out):
             "branch_enis": t["branch_enis"] if t["trunking_compatible"] else None,
             "efa": 1 if t["efa_supported"] else 0,
             "local_nvme_gb": t["local_nvme_gb"],
+            "local_storage_gb": t["local_storage_gb"],
+            "network_bandwidth_mbps": bandwidth["network_mbps"].get(t["name"]),
+            "ebs_bandwidth_mbps": bandwidth["ebs_mbps"].get(t["name"]),
             "usage_classes": [u for u in t["supported_usage_classes"] if u in ("on-demand", "spot")],
             "zones": sorted(zones),
             "on_demand_price": od,

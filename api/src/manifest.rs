@@ -375,4 +375,32 @@ spec:
             matches!(s.kubelet.eviction_memory, Some(dovetail_core::catalog::overhead::EvictionThreshold::Percent(p)) if p == 5.0)
         );
     }
+
+    #[test]
+    fn instance_store_policy_is_read_and_unknown_policies_name_the_field() {
+        let m = Manifest::parse(
+            r#"
+apiVersion: karpenter.k8s.aws/v1
+kind: EC2NodeClass
+metadata: {name: nvme}
+spec: {instanceStorePolicy: RAID0}
+"#,
+        )
+        .expect("valid manifest");
+        assert_eq!(
+            m.nodeclasses["nvme"].instance_store_policy,
+            Some(dovetail_core::catalog::InstanceStorePolicy::Raid0)
+        );
+        let err = Manifest::parse(
+            r#"
+apiVersion: karpenter.k8s.aws/v1
+kind: EC2NodeClass
+metadata: {name: nvme}
+spec: {instanceStorePolicy: RAID5}
+"#,
+        )
+        .expect_err("RAID5 is not a policy");
+        assert!(err.message.contains("EC2NodeClass \"nvme\": spec.instanceStorePolicy"), "{}", err.message);
+        assert!(err.message.contains("RAID5"), "{}", err.message);
+    }
 }

@@ -187,12 +187,22 @@ impl ContainerResources {
     }
 }
 
+/// Whether a resource may be set at pod level (`spec.resources`, PodLevelResources): cpu,
+/// memory and hugepages.
+pub fn is_pod_level_resource(name: &ResourceName) -> bool {
+    matches!(name, ResourceName::Cpu | ResourceName::Memory) || name.as_str().starts_with("hugepages-")
+}
+
 /// Computes a pod's requests as Kubernetes' `PodRequests`: the sum of containers and
 /// sidecars (init containers with `restartPolicy: Always`), at least the largest init
-/// container step, plus pod overhead.
+/// container step; then, for each resource the pod sets at pod level (`spec.resources`,
+/// PodLevelResources: cpu, memory, hugepages), the pod-level request instead (a pod-level
+/// limit stands in for a request no container and no pod-level request sets, as API
+/// defaulting does); plus pod overhead.
 pub fn pod_requests(
     containers: &[ContainerResources],
     init_containers: &[(ContainerResources, bool)],
+    pod_level: &ContainerResources,
     overhead: &ResourceList,
 ) -> ResourceList {
     let mut reqs = ResourceList::new();
@@ -213,6 +223,16 @@ pub fn pod_requests(
         init_max = init_max.max_with(&step);
     }
     let mut out = reqs.max_with(&init_max);
+    for (n, v) in pod_level.requests.iter() {
+        if is_pod_level_resource(n) {
+            out.set(n.clone(), v);
+        }
+    }
+    for (n, v) in pod_level.limits.iter() {
+        if is_pod_level_resource(n) && !pod_level.requests.contains(n) && out.get(n) == 0 {
+            out.set(n.clone(), v);
+        }
+    }
     out.add(overhead);
     out
 }
@@ -256,7 +276,7 @@ mod tests {
     #[test]
     fn limits_default_requests() {
         let c = ContainerResources { requests: ResourceList::new(), limits: cpu(500) };
-        assert_eq!(pod_requests(&[c], &[], &ResourceList::new()), cpu(500));
+        assert_eq!(pod_requests(&[c], &[], &ContainerResources::default(), &ResourceList::new()), cpu(500));
     }
 
     #[test]
@@ -266,12 +286,44 @@ mod tests {
         let sidecar = ContainerResources { requests: cpu(50), limits: ResourceList::new() };
         // A plain init container larger than the steady state dominates.
         assert_eq!(
-            pod_requests(std::slice::from_ref(&main), &[(init.clone(), false)], &ResourceList::new()),
+            pod_requests(
+                std::slice::from_ref(&main),
+                &[(init.clone(), false)],
+                &ContainerResources::default(),
+                &ResourceList::new()
+            ),
             cpu(1000)
         );
         // A sidecar adds to the steady state and to later init steps.
-        let r = pod_requests(std::slice::from_ref(&main), &[(sidecar, true), (init, false)], &cpu(10));
+        let r = pod_requests(
+            std::slice::from_ref(&main),
+            &[(sidecar, true), (init, false)],
+            &ContainerResources::default(),
+            &cpu(10),
+        );
         assert_eq!(r, cpu(1050 + 10));
+    }
+
+    #[test]
+    fn pod_level_resources_replace_the_containers_sum() {
+        let main = ContainerResources { requests: cpu(100), limits: ResourceList::new() };
+        let mem = |b: i64| ResourceList::from_pairs([(ResourceName::Memory, b)]);
+        // Pod-level cpu replaces the containers' cpu; overhead still adds.
+        let pod = ContainerResources { requests: cpu(2000), limits: ResourceList::new() };
+        assert_eq!(pod_requests(std::slice::from_ref(&main), &[], &pod, &cpu(10)), cpu(2010));
+        // Containers that request nothing: the pod-level request is the pod's request.
+        let empty = ContainerResources::default();
+        let pod = ContainerResources { requests: cpu(100).merged(&mem(128 << 20)), limits: ResourceList::new() };
+        assert_eq!(pod_requests(&[empty.clone(), empty.clone()], &[], &pod, &ResourceList::new()), pod.requests);
+        // A pod-level limit alone defaults the request when no container sets it.
+        let pod = ContainerResources { requests: ResourceList::new(), limits: mem(1 << 30) };
+        assert_eq!(pod_requests(&[empty], &[], &pod, &ResourceList::new()), mem(1 << 30));
+        let pod = ContainerResources { requests: ResourceList::new(), limits: cpu(4000) };
+        assert_eq!(pod_requests(std::slice::from_ref(&main), &[], &pod, &ResourceList::new()), cpu(100));
+        // Extended resources are never pod-level.
+        let gpu = ResourceList::from_pairs([(ResourceName::NvidiaGpu, 1)]);
+        let pod = ContainerResources { requests: gpu, limits: ResourceList::new() };
+        assert_eq!(pod_requests(std::slice::from_ref(&main), &[], &pod, &ResourceList::new()), cpu(100));
     }
 
     #[test]

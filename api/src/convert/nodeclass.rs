@@ -1,7 +1,7 @@
-//! EC2NodeClass settings that shape instance types (kubelet, root volume).
+//! EC2NodeClass settings that shape instance types (kubelet, root volume, instance store).
 
 use dovetail_core::catalog::overhead::EvictionThreshold;
-use dovetail_core::catalog::{KubeletConfig, NodeClassSettings};
+use dovetail_core::catalog::{InstanceStorePolicy, KubeletConfig, NodeClassSettings};
 use dovetail_core::resources::{ResourceList, ResourceName};
 
 use super::{ConversionError, Ctx, quantity};
@@ -77,6 +77,15 @@ pub fn node_class_settings(nc: &EC2NodeClass) -> Result<NodeClassSettings, Conve
                 quantity(&ctx, &format!("spec.blockDeviceMappings[{i}].ebs.volumeSize"), size)?.value();
         }
     }
+    s.instance_store_policy = match nc.spec.instance_store_policy.as_deref() {
+        None => None,
+        Some("RAID0") => Some(InstanceStorePolicy::Raid0),
+        Some(other) => {
+            return Err(
+                ctx.err("spec.instanceStorePolicy", format!("unknown policy {other:?}; the only policy is RAID0"))
+            );
+        }
+    };
     if let Some(f) = &nc.spec.ami_family
         && !matches!(f.as_str(), "AL2023" | "AL2" | "Custom")
     {

@@ -193,7 +193,19 @@ pub fn pod_from_spec(ctx: &Ctx, field: &str, meta: PodMeta, spec: &core::PodSpec
         host_ports(ctx, &f, c, &mut ports)?;
     }
     let overhead = resource_list(ctx, &format!("{field}.overhead"), spec.overhead.as_ref())?;
-    let requests = pod::pod_requests(&containers, &inits, &overhead);
+    let pod_level = ContainerResources {
+        requests: resource_list(
+            ctx,
+            &format!("{field}.resources.requests"),
+            spec.resources.as_ref().and_then(|r| r.requests.as_ref()),
+        )?,
+        limits: resource_list(
+            ctx,
+            &format!("{field}.resources.limits"),
+            spec.resources.as_ref().and_then(|r| r.limits.as_ref()),
+        )?,
+    };
+    let requests = pod::pod_requests(&containers, &inits, &pod_level, &overhead);
 
     let mut node_affinity = NodeAffinity::default();
     let mut uses_match_fields = false;

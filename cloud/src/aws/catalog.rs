@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_ec2::Client;
-use aws_sdk_ec2::types::{Filter, LocationType};
+use aws_sdk_ec2::types::{EbsOptimizedSupport, EphemeralNvmeSupport, Filter, LocationType};
 use dovetail_core::catalog::{Catalog, GpuInfo, InstanceTypeInfo, Zone};
 
 use super::errors::from_sdk;
@@ -26,6 +26,12 @@ pub async fn load(ec2: &Client, region: &str, spot: SpotPrices) -> Result<Catalo
     let builtin_prices: HashMap<&str, (Option<f64>, Option<f64>)> = builtin
         .as_ref()
         .map(|c| c.instance_types.iter().map(|t| (t.name.as_str(), (t.on_demand_price, t.spot_price))).collect())
+        .unwrap_or_default();
+    // Karpenter takes the network bandwidth label from its own table (the API has only
+    // vague text for many types); the built-in catalog carries that table.
+    let builtin_network: HashMap<&str, u64> = builtin
+        .as_ref()
+        .map(|c| c.instance_types.iter().filter_map(|t| Some((t.name.as_str(), t.network_bandwidth_mbps?))).collect())
         .unwrap_or_default();
 
     let azs = ec2.describe_availability_zones().send().await.map_err(|e| from_sdk("DescribeAvailabilityZones", e))?;
@@ -115,7 +121,19 @@ pub async fn load(ec2: &Client, region: &str, spot: SpotPrices) -> Result<Catalo
                 ipv4_per_eni: net.and_then(|n| n.ipv4_addresses_per_interface()).unwrap_or(1).max(1) as u32,
                 branch_enis: None,
                 efa: u32::from(net.and_then(|n| n.efa_supported()).unwrap_or(false)),
-                local_nvme_gb: t.instance_storage_info().and_then(|s| s.total_size_in_gb()).map(|g| g.max(0) as u64),
+                local_nvme_gb: t
+                    .instance_storage_info()
+                    .filter(|s| s.nvme_support().is_some_and(|n| *n != EphemeralNvmeSupport::Unsupported))
+                    .and_then(|s| s.total_size_in_gb())
+                    .map(|g| g.max(0) as u64),
+                local_storage_gb: t.instance_storage_info().and_then(|s| s.total_size_in_gb()).map(|g| g.max(0) as u64),
+                network_bandwidth_mbps: builtin_network.get(name.as_str()).copied(),
+                ebs_bandwidth_mbps: t
+                    .ebs_info()
+                    .filter(|e| e.ebs_optimized_support() == Some(&EbsOptimizedSupport::Default))
+                    .and_then(|e| e.ebs_optimized_info())
+                    .and_then(|o| o.maximum_bandwidth_in_mbps())
+                    .map(|b| b.max(0) as u64),
                 gpu,
                 neuron: None,
                 usage_classes: t.supported_usage_classes().iter().map(|u| u.as_str().to_string()).collect(),

@@ -7,7 +7,7 @@ use crate::labels;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::{ResourceList, ResourceName};
 
-use super::overhead::{max_pods, memory_capacity, overhead};
+use super::overhead::{ephemeral_storage, max_pods, memory_capacity, overhead};
 use super::{Catalog, InstanceTypeInfo, NodeClassSettings};
 
 /// `karpenter.sh/capacity-type`.
@@ -225,8 +225,9 @@ impl InstanceType {
             info.sustained_clock_ghz.map(|g| is(&((g * 1000.0).round() as i64).to_string())).unwrap_or_else(none),
         );
         r.add(labels::INSTANCE_MEMORY, is(&info.memory_mib.to_string()));
-        r.add(labels::INSTANCE_EBS_BANDWIDTH, none());
-        r.add(labels::INSTANCE_NETWORK_BANDWIDTH, none());
+        let mbps = |v: Option<u64>| v.map(|b| is(&b.to_string())).unwrap_or_else(none);
+        r.add(labels::INSTANCE_EBS_BANDWIDTH, mbps(info.ebs_bandwidth_mbps));
+        r.add(labels::INSTANCE_NETWORK_BANDWIDTH, mbps(info.network_bandwidth_mbps));
         let (family, size) = info.name.split_once('.').unwrap_or((&info.name, ""));
         match category_and_generation(&info.name) {
             Some((c, g)) => {
@@ -289,10 +290,11 @@ impl InstanceType {
         r.add(labels::CAPACITY_RESERVATION_INTERRUPTIBLE, none());
 
         let mem = memory_capacity(info, settings);
+        let storage = ephemeral_storage(info, settings);
         let mut capacity = ResourceList::from_pairs([
             (ResourceName::Cpu, info.vcpu as i64 * 1000),
             (ResourceName::Memory, mem),
-            (ResourceName::EphemeralStorage, settings.root_volume_bytes),
+            (ResourceName::EphemeralStorage, storage),
             (ResourceName::Pods, max_pods(info, settings)),
         ]);
         let mut extended = |name: ResourceName, n: i64| {
@@ -317,7 +319,7 @@ impl InstanceType {
             extended(ResourceName::AwsNeuronCore, (n.devices * n.cores_per_device) as i64);
         }
         extended(ResourceName::Efa, info.efa as i64);
-        let overhead = overhead(info, settings, mem);
+        let overhead = overhead(info, settings, mem, storage);
         let allocatable = capacity.subtracted(&overhead);
         let exotic = size.contains("metal") || capacity.iter().any(|(n, v)| n.is_exotic() && v > 0);
         InstanceType { name: info.name.clone(), requirements: r, capacity, overhead, allocatable, offerings, exotic }

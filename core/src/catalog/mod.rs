@@ -12,7 +12,7 @@ pub mod overhead;
 use serde::Deserialize;
 
 pub use instance_type::{CapacityType, InstanceType, Offering, OfferingFilter};
-pub use overhead::{DEFAULT_VM_MEMORY_OVERHEAD_PERCENT, KubeletConfig, NodeClassSettings};
+pub use overhead::{DEFAULT_VM_MEMORY_OVERHEAD_PERCENT, InstanceStorePolicy, KubeletConfig, NodeClassSettings};
 
 /// The format tag every catalog file carries.
 pub const FORMAT: &str = "dovetail-catalog/v1";
@@ -86,6 +86,16 @@ pub struct InstanceTypeInfo {
     pub efa: u32,
     #[serde(default)]
     pub local_nvme_gb: Option<u64>,
+    /// Total instance-store size in GB (10^9 bytes), NVMe or not: node ephemeral storage
+    /// under `instanceStorePolicy: RAID0`.
+    #[serde(default)]
+    pub local_storage_gb: Option<u64>,
+    /// Baseline network bandwidth, `karpenter.k8s.aws/instance-network-bandwidth`.
+    #[serde(default)]
+    pub network_bandwidth_mbps: Option<u64>,
+    /// Maximum EBS bandwidth, `karpenter.k8s.aws/instance-ebs-bandwidth`.
+    #[serde(default)]
+    pub ebs_bandwidth_mbps: Option<u64>,
     #[serde(default)]
     pub gpu: Option<GpuInfo>,
     #[serde(default)]

@@ -32,12 +32,22 @@ pub struct KubeletConfig {
     pub eviction_nodefs: Option<EvictionThreshold>,
 }
 
+/// `EC2NodeClass.spec.instanceStorePolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceStorePolicy {
+    /// The instance-store disks are striped into one array that holds the node's
+    /// ephemeral storage (kubelet and container images) instead of the root volume.
+    Raid0,
+}
+
 /// Everything about a node class that shapes its instance types.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeClassSettings {
     pub kubelet: KubeletConfig,
     /// Root volume size in bytes; AL2023's default is 20Gi.
     pub root_volume_bytes: i64,
+    /// With RAID0, a type with instance storage gets its total as ephemeral storage.
+    pub instance_store_policy: Option<InstanceStorePolicy>,
     pub vm_memory_overhead_percent: f64,
     /// ENIs reserved for other uses (`RESERVED_ENIS`).
     pub reserved_enis: u32,
@@ -48,9 +58,19 @@ impl Default for NodeClassSettings {
         NodeClassSettings {
             kubelet: KubeletConfig::default(),
             root_volume_bytes: 20 * GIB,
+            instance_store_policy: None,
             vm_memory_overhead_percent: DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
             reserved_enis: 0,
         }
+    }
+}
+
+/// The node's ephemeral-storage capacity in bytes: the instance store's total (GB are
+/// 10^9 bytes, as Karpenter's `%dG`) under RAID0 when the type has one, else the root volume.
+pub fn ephemeral_storage(info: &InstanceTypeInfo, s: &NodeClassSettings) -> i64 {
+    match (s.instance_store_policy, info.local_storage_gb) {
+        (Some(InstanceStorePolicy::Raid0), Some(gb)) if gb > 0 => gb as i64 * 1_000_000_000,
+        _ => s.root_volume_bytes,
     }
 }
 
@@ -101,8 +121,9 @@ pub fn kube_reserved_cpu_milli(vcpu: u32) -> i64 {
     total
 }
 
-/// The node overhead (kube-reserved + system-reserved + eviction threshold).
-pub fn overhead(info: &InstanceTypeInfo, s: &NodeClassSettings, memory_capacity: i64) -> ResourceList {
+/// The node overhead (kube-reserved + system-reserved + eviction threshold); the
+/// `nodefs.available` threshold is a share of `storage`, the node's ephemeral storage.
+pub fn overhead(info: &InstanceTypeInfo, s: &NodeClassSettings, memory_capacity: i64, storage: i64) -> ResourceList {
     // AL2023 sizes kube-reserved memory by ENI-limited pods, whatever maxPods says.
     let pods_for_memory = eni_limited_pods(info, 0);
     let mut kube = ResourceList::from_pairs([
@@ -125,11 +146,7 @@ pub fn overhead(info: &InstanceTypeInfo, s: &NodeClassSettings, memory_capacity:
         (ResourceName::Memory, eviction_amount(s.kubelet.eviction_memory, memory_capacity, 100 * MIB)),
         (
             ResourceName::EphemeralStorage,
-            eviction_amount(
-                s.kubelet.eviction_nodefs,
-                s.root_volume_bytes,
-                (s.root_volume_bytes as f64 / 100.0 * 10.0).ceil() as i64,
-            ),
+            eviction_amount(s.kubelet.eviction_nodefs, storage, (storage as f64 / 100.0 * 10.0).ceil() as i64),
         ),
     ]);
     let mut total = kube;
