@@ -294,6 +294,9 @@ impl Bench {
         Bench::Openb,
     ];
 
+    /// Inputs reported by the benchmarks beyond [`Bench::ALL`].
+    pub const EXTRA: [Bench; 0] = [];
+
     /// A short name (`mix-10k`).
     pub fn name(&self) -> String {
         let k = |n: usize| if n.is_multiple_of(1000) { format!("{}k", n / 1000) } else { n.to_string() };

@@ -30,9 +30,9 @@ use crate::requirements::Requirements;
 use crate::resources::{ResourceList, ResourceName};
 use crate::taints::{self, Effect, Taint};
 
+use super::input::{MinValuesPolicy, Snapshot};
 use super::template::Template;
 use super::view::PodView;
-use super::{MinValuesPolicy, Snapshot};
 
 /// The lower bound of a set of pods, in $/hour.
 #[derive(Clone, Debug, PartialEq)]

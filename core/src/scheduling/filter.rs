@@ -9,7 +9,15 @@ use crate::pod::HostPort;
 use crate::requirements::Requirements;
 use crate::resources::ResourceList;
 
-use super::template::DaemonGroup;
+/// Instance types of a template that the same set of DaemonSets would run on.
+#[derive(Clone, Debug)]
+pub struct DaemonGroup {
+    /// Summed requests of the DaemonSets (with `pods`), empty when there are none.
+    pub overhead: ResourceList,
+    pub host_ports: Vec<HostPort>,
+    /// Indices into the pool's instance types.
+    pub types: Vec<usize>,
+}
 
 /// What to filter.
 pub struct FilterInput<'x> {

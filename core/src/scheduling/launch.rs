@@ -9,40 +9,23 @@ use crate::catalog::CapacityType;
 use crate::labels;
 use crate::requirements::Requirements;
 
-use super::{Launch, NewClaim, SolveOptions};
+use super::input::SolveOptions;
+use super::output::{Launch, NewClaim};
+use super::right_size::Finalized;
+use super::template::Template;
 
-/// Per-solve memo: claims with the same requirements in the same template share the list
-/// of types that meet them, cheapest first.
+/// Per-solve memo: claims with the same requirements in the same template share the
+/// price table of their offerings.
 #[derive(Default)]
 pub struct Cache {
-    by_price: HashMap<(Requirements, usize), Vec<usize>>,
     /// Per template, per requirements.
     prices: Vec<HashMap<Requirements, Vec<[f64; 2]>>>,
 }
 
 impl Cache {
-    /// The template's types that meet `reqs` and have an offering they allow, ordered by
-    /// their cheapest such offering, then name.
-    pub fn by_price(&mut self, template: &super::template::Template<'_>, t: usize, reqs: Requirements) -> &[usize] {
-        self.by_price.entry((reqs, t)).or_insert_with_key(|(reqs, _)| {
-            let its = template.instance_types;
-            let filter = crate::catalog::OfferingFilter::new(reqs);
-            // The template's types meet its requirements; check only what `reqs` adds.
-            let beyond = reqs.keys_beyond(&template.requirements);
-            let mut keyed: Vec<(f64, &str, usize)> = template
-                .types
-                .iter()
-                .map(|&i| (its[i].cheapest_price_with(&filter), its[i].name.as_str(), i))
-                .filter(|(p, _, i)| *p < f64::MAX && its[*i].requirements.intersects_ok_on(&beyond))
-                .collect();
-            keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-            keyed.into_iter().map(|(_, _, i)| i).collect()
-        })
-    }
-
     /// Per type of the template, the cheapest spot and on-demand offering `reqs` accept
     /// (`f64::MAX` when none), indexed like the pool's instance types.
-    fn prices(&mut self, template: &super::template::Template<'_>, t: usize, reqs: &Requirements) -> &[[f64; 2]] {
+    fn prices(&mut self, template: &Template<'_>, t: usize, reqs: &Requirements) -> &[[f64; 2]] {
         if self.prices.len() <= t {
             self.prices.resize_with(t + 1, HashMap::new);
         }
@@ -81,7 +64,7 @@ impl Cache {
     /// name), which spreads identical claims over zones.
     pub fn choose(
         &mut self,
-        template: &super::template::Template<'_>,
+        template: &Template<'_>,
         t: usize,
         claim: &NewClaim,
         opts: &SolveOptions,
@@ -148,4 +131,110 @@ impl Cache {
         *zone_use.entry(zone.to_string()).or_insert(0) += 1;
         Some(Launch { instance_type: i, zone: zone.to_string(), capacity_type, price: best })
     }
+}
+
+/// Chooses the launch of every finalized claim, in order, spreading equally cheap
+/// offerings over zones across the whole solve.
+pub fn choose_all(templates: &[Template<'_>], finalized: &mut [Finalized], opts: &SolveOptions) {
+    let mut zone_use: BTreeMap<String, usize> = BTreeMap::new();
+    let mut cache = Cache::default();
+    for f in finalized {
+        f.claim.launch = cache.choose(&templates[f.template], f.template, &f.claim, opts, &mut zone_use);
+    }
+}
+
+/// A candidate instance type as the launch sees it, under a claim's requirements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rung {
+    /// Index into the pool's instance types.
+    pub ty: usize,
+    /// Its cheapest accepted offering: the right-sizing order.
+    pub key: f64,
+    /// Its cheapest accepted spot and on-demand offerings (`f64::MAX` when none).
+    pub spot: f64,
+    pub od: f64,
+    pub exotic: bool,
+}
+
+/// The capacity types a claim's requirements leave open, as the launch reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Market {
+    /// Spot is allowed.
+    pub spot: bool,
+    /// Spot and on-demand are both allowed (spot pricier than on-demand is then dropped).
+    pub mixed: bool,
+    /// The requirements carry `minValues` (no exotic or spot filtering then).
+    pub min_values: bool,
+}
+
+impl Market {
+    /// The market of some requirements.
+    pub fn of(reqs: &Requirements) -> Market {
+        let ct = reqs.get(labels::CAPACITY_TYPE);
+        Market { spot: ct.has("spot"), mixed: ct.has("spot") && ct.has("on-demand"), min_values: reqs.has_min_values() }
+    }
+}
+
+/// The price [`Cache::choose`] would launch a claim at, given its candidates (the types
+/// that fit it) as rungs; `None` when no offering is left. The same filter chain: exotic
+/// types dropped unless nothing else remains (or minValues applies), spot offerings
+/// pricier than the cheapest on-demand one dropped when both are allowed, the
+/// `max_launch` cheapest types, spot if any of them keeps a spot offering.
+pub fn decide(rungs: &[Rung], market: Market, max_launch: usize) -> Option<(f64, usize)> {
+    let drop_exotic = !market.min_values && rungs.iter().any(|r| !r.exotic);
+    let kept_types = || rungs.iter().filter(move |r| !(drop_exotic && r.exotic));
+    let cheapest_od =
+        if market.mixed && !market.min_values { kept_types().map(|r| r.od).fold(f64::MAX, f64::min) } else { f64::MAX };
+    let kept_spot = |r: &Rung| r.spot < f64::MAX && r.spot <= cheapest_od;
+    let kept = |r: &Rung| if kept_spot(r) { r.spot.min(r.od) } else { r.od };
+    let mut keyed: Vec<(f64, usize, &Rung)> = kept_types().enumerate().map(|(i, r)| (kept(r), i, r)).collect();
+    // Rungs come in right-sizing order (price, then name), so their position breaks ties
+    // as `choose` does by name.
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    keyed.truncate(max_launch);
+    let spot = market.spot && keyed.iter().any(|(_, _, r)| kept_spot(r));
+    let mut best: Option<(f64, usize)> = None;
+    for (_, _, r) in &keyed {
+        let p = if spot { r.spot } else { r.od };
+        if p < f64::MAX && best.is_none_or(|(b, _)| p < b) {
+            best = Some((p, r.ty));
+        }
+    }
+    best
+}
+
+/// [`decide`] (the price and a type launched at it) over candidates read one at a time in
+/// right-sizing order, stopping as soon
+/// as no later candidate can change the answer: once a type that is kept for sure has
+/// been seen, a candidate whose cheapest offering costs more than both the answer so far
+/// and (with both markets open) the cheapest on-demand offering so far cannot be picked,
+/// cannot lower the on-demand floor that drops spot offerings, and cannot turn the choice
+/// to spot. At most `max_types` candidates are read (the claim keeps that many).
+pub fn launch_price_and_type(
+    candidates: impl IntoIterator<Item = Rung>,
+    market: Market,
+    max_types: usize,
+    max_launch: usize,
+) -> Option<(f64, usize)> {
+    let mut seen: Vec<Rung> = Vec::new();
+    let mut settled = false;
+    let mut bound = f64::NEG_INFINITY;
+    for r in candidates.into_iter().take(max_types) {
+        if settled && r.key > bound {
+            // Recompute with what was seen: the bound only grows, so this runs rarely.
+            let answer = decide(&seen, market, max_launch);
+            let floor = if market.mixed && !market.min_values {
+                seen.iter().filter(|s| market.min_values || !s.exotic).map(|s| s.od).fold(f64::MAX, f64::min)
+            } else {
+                f64::NEG_INFINITY
+            };
+            bound = answer.map_or(f64::MAX, |(p, _)| p).max(floor);
+            if r.key > bound {
+                return answer;
+            }
+        }
+        settled |= market.min_values || !r.exotic;
+        seen.push(r);
+    }
+    decide(&seen, market, max_launch)
 }

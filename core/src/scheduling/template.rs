@@ -3,24 +3,15 @@
 use crate::catalog::InstanceType;
 use crate::labels;
 use crate::nodepool::NodePool;
-use crate::pod::{HostPort, Pod};
+use crate::pod::Pod;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::{ResourceList, ResourceName};
 use crate::taints::{self, Effect, Taint, Toleration, TolerationOp};
 
+pub use super::filter::DaemonGroup;
 use super::filter::{self, FilterInput};
+use super::input::{MinValuesPolicy, PoolInput};
 use super::view::PodView;
-use super::{MinValuesPolicy, PoolInput};
-
-/// Instance types of a template that the same set of DaemonSets would run on.
-#[derive(Clone, Debug)]
-pub struct DaemonGroup {
-    /// Summed requests of the DaemonSets (with `pods`), empty when there are none.
-    pub overhead: ResourceList,
-    pub host_ports: Vec<HostPort>,
-    /// Indices into the pool's instance types.
-    pub types: Vec<usize>,
-}
 
 /// A NodePool prepared for scheduling (Karpenter's `NodeClaimTemplate`).
 pub struct Template<'a> {

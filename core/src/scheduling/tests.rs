@@ -3,9 +3,10 @@
 use std::sync::{Arc, OnceLock};
 
 use super::*;
-use crate::catalog::{Catalog, NodeClassSettings};
+use crate::catalog::{Catalog, InstanceType, NodeClassSettings};
 use crate::labels;
 use crate::node::Node;
+use crate::nodepool::NodePool;
 use crate::pod::Pod;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::{ResourceList, ResourceName};

@@ -8,7 +8,7 @@ use crate::requirements::Requirements;
 use crate::resources::ResourceList;
 use crate::taints::{Effect, Toleration, TolerationOp};
 
-use super::PreferencePolicy;
+use super::input::PreferencePolicy;
 
 /// The relaxable constraints of one pod.
 #[derive(Clone, Debug)]
