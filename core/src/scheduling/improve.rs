@@ -20,6 +20,7 @@
 //! [`Scheduler`] state, which a consolidation simulation builds the same way.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use crate::labels;
 use crate::pod::Pod;
@@ -41,6 +42,9 @@ const EXACT_STATES: usize = 20_000;
 const MOVE_BUDGET: usize = 40_000;
 /// Claims considered per round of local moves (the least filled).
 const CANDIDATES: usize = 48;
+/// Only claims fuller than this (their largest share of a resource on the type they were
+/// sized for) are left alone: a full claim is neither closed nor split with profit.
+const CANDIDATE_FILL: f64 = 0.9;
 /// Claims each pod of a closed claim may move to (those with the most room).
 const RECEIVERS: usize = 24;
 /// Types tried for the first half of a split (the cheapest below the claim's price).
@@ -64,7 +68,26 @@ struct Improve {
     position: HashMap<usize, usize>,
     /// Prices computed by local moves so far.
     spent: usize,
+    /// Per claim: its price and launch type as it stands (pools without limits only; a
+    /// claim's entry is dropped when it changes).
+    known: Vec<Option<(f64, usize)>>,
+    /// Per claim: no move was found for it since it last changed.
+    settled: Vec<bool>,
+    /// Per pending pod: its equivalence class, and per class its derived data and requests.
+    class_of: Vec<u32>,
+    class_data: HashMap<usize, Rc<ClassData>>,
+    /// Per claim: its pods grouped by class, until it changes.
+    grouped: HashMap<usize, Rc<Vec<Group>>>,
+    /// The resources pending pods request: the dense vectors' dimensions.
+    dims: Vec<ResourceName>,
 }
+
+/// What the moves read of a class: its pods' data, the requests of one, and those as a
+/// dense vector over [`Improve::dims`].
+type ClassData = (PodData, ResourceList, Vec<i64>);
+
+/// Pods of one class: the class's data and the pods.
+type Group = (Rc<ClassData>, Vec<usize>);
 
 /// A claim's requirements as right-sizing reads them (no hostname placeholder).
 fn node_requirements(c: &PlannedNode) -> Requirements {
@@ -82,7 +105,28 @@ impl Improve {
             }
         }
         let position = state.order.iter().enumerate().map(|(i, p)| (p.pod, i)).collect();
-        Improve { pricer: Pricer::new(state.opts), free, position, spent: 0 }
+        let placed: Vec<usize> = state.planned.iter().flat_map(|c| c.pods.iter().copied()).collect();
+        let class_of = state.class_of.clone();
+        let mut dims: Vec<ResourceName> = Vec::new();
+        for &p in &placed {
+            for (n, v) in state.pods[p].requests_with_pod_slot().iter() {
+                if v > 0 && !dims.contains(n) {
+                    dims.push(n.clone());
+                }
+            }
+        }
+        Improve {
+            pricer: Pricer::new(state.opts),
+            free,
+            position,
+            spent: 0,
+            known: Vec::new(),
+            settled: Vec::new(),
+            class_of,
+            class_data: HashMap::new(),
+            grouped: HashMap::new(),
+            dims,
+        }
     }
 
     /// Whether claim `c` holds only free pods (and any).
@@ -101,6 +145,14 @@ impl Improve {
         ))
     }
 
+    /// How many more claims template `t`'s `limits.nodes` allows (unbounded without one).
+    fn nodes_left(state: &Scheduler<'_>, t: usize) -> i64 {
+        match &state.remaining[t] {
+            Some(r) if r.contains(&ResourceName::Nodes) => r.get(&ResourceName::Nodes),
+            _ => i64::MAX,
+        }
+    }
+
     /// The price of a node of template `t` with `reqs` holding `requests` and `ports`.
     fn price(
         &mut self,
@@ -117,9 +169,50 @@ impl Improve {
 
     /// The price of claim `c` as it stands.
     fn claim_price(&mut self, state: &Scheduler<'_>, c: usize) -> Option<(f64, usize)> {
+        if let Some(Some(known)) = self.known.get(c) {
+            return Some(*known);
+        }
         let claim = &state.planned[c];
         let cap = Self::cap(state, Some(c), claim.template);
-        self.price(state, claim.template, &node_requirements(claim), &claim.requests, &claim.pod_ports, cap.as_ref())
+        let price = self.price(
+            state,
+            claim.template,
+            &node_requirements(claim),
+            &claim.requests,
+            &claim.pod_ports,
+            cap.as_ref(),
+        );
+        if cap.is_none()
+            && let Some(p) = price
+        {
+            if self.known.len() <= c {
+                self.known.resize(c + 1, None);
+            }
+            self.known[c] = Some(p);
+        }
+        price
+    }
+
+    /// Forgets what was known of claim `c` (it changed).
+    fn touch(&mut self, c: usize) {
+        if let Some(k) = self.known.get_mut(c) {
+            *k = None;
+        }
+        if let Some(s) = self.settled.get_mut(c) {
+            *s = false;
+        }
+        self.grouped.remove(&c);
+    }
+
+    /// Claim `c`'s pods grouped by class (see [`Improve::groups`]).
+    fn claim_groups(&mut self, state: &Scheduler<'_>, c: usize) -> Rc<Vec<Group>> {
+        if let Some(g) = self.grouped.get(&c) {
+            return g.clone();
+        }
+        let own = state.planned[c].pods.clone();
+        let g = Rc::new(self.groups(state, &own));
+        self.grouped.insert(c, g.clone());
+        g
     }
 
     // ---------------------------------------------------------------- exact re-pack
@@ -144,8 +237,17 @@ impl Improve {
         if cost >= current - EPSILON {
             return;
         }
+        // The pools' node limits: the claims replaced give back their nodes.
+        for t in 0..state.templates.len() {
+            let released = claims.iter().filter(|&&c| state.planned[c].template == t).count() as i64;
+            let opened = nodes.iter().filter(|n| n.group == t).count() as i64;
+            if opened > released && opened - released > Self::nodes_left(state, t) {
+                return;
+            }
+        }
         // Replace the claims: take every pod out, then open one claim per node.
         for &c in &claims {
+            self.touch(c);
             let old = state.planned[c].clone();
             state.release_limits(old.template, &old);
             let claim = &mut state.planned[c];
@@ -185,6 +287,9 @@ impl Improve {
             let data = pod_data(state, p);
             let Some(merged) = merge_requirements(&reqs, &data.requirements) else { return false };
             reqs = merged;
+        }
+        if Self::nodes_left(state, t) < 1 {
+            return false;
         }
         let cap = Self::cap(state, None, t);
         let Some((_, ty)) = self.pricer.price(&state.templates[t], t, &reqs, &requests, &[], cap.as_ref()) else {
@@ -268,6 +373,48 @@ impl Improve {
         }
     }
 
+    /// The pods of `pods` grouped by class (identical requests and requirements), largest
+    /// first.
+    fn groups(&mut self, state: &Scheduler<'_>, pods: &[usize]) -> Vec<Group> {
+        let mut by_class: Vec<(usize, Vec<usize>)> = Vec::new();
+        for &p in pods {
+            let k = match self.class_of.get(p) {
+                Some(&k) if k != u32::MAX => k as usize,
+                _ => usize::MAX - p,
+            };
+            match by_class.iter_mut().find(|(x, _)| *x == k) {
+                Some((_, members)) => members.push(p),
+                None => by_class.push((k, vec![p])),
+            }
+        }
+        let mut out: Vec<Group> = Vec::with_capacity(by_class.len());
+        for (k, members) in by_class {
+            let data = match self.class_data.get(&k) {
+                Some(d) => d.clone(),
+                None => {
+                    let requests = state.pods[members[0]].requests_with_pod_slot();
+                    let dense = self.dense(&requests);
+                    let d = Rc::new((pod_data(state, members[0]), requests, dense));
+                    self.class_data.insert(k, d.clone());
+                    d
+                }
+            };
+            out.push((data, members));
+        }
+        out.sort_by_key(|(d, _)| std::cmp::Reverse((d.1.get(&ResourceName::Cpu), d.1.get(&ResourceName::Memory))));
+        out
+    }
+
+    /// `r` over [`Improve::dims`].
+    fn dense(&self, r: &ResourceList) -> Vec<i64> {
+        self.dims.iter().map(|d| r.get(d)).collect()
+    }
+
+    /// A dense vector as a resource list.
+    fn sparse(&self, v: &[i64]) -> ResourceList {
+        ResourceList::from_pairs(self.dims.iter().cloned().zip(v.iter().copied()).filter(|(_, x)| *x != 0))
+    }
+
     // ---------------------------------------------------------------- local moves
 
     /// Rounds of close and split moves over the least-filled free claims.
@@ -276,24 +423,54 @@ impl Improve {
             if self.spent >= MOVE_BUDGET {
                 return;
             }
+            // Per round: how full each claim is, and per pool the claims with the most room
+            // in the types they launch as (the receivers a closed claim's pods try).
             let mut fill: Vec<(f64, usize)> = Vec::new();
+            let mut room: Vec<(usize, i64, usize)> = Vec::new();
             for c in 0..state.planned.len() {
-                if !self.all_free(state, c) {
+                let claim = &state.planned[c];
+                if !claim.right_size || claim.pods.is_empty() {
                     continue;
                 }
-                let Some((_, ty)) = self.claim_price(state, c) else { continue };
-                fill.push((utilization(state, c, ty), c));
+                // Ranked by the type the claim was sized for (its first candidate): pricing
+                // every claim of a large plan each round would cost more than the moves.
+                let Some(&ty) = claim.types.first() else { continue };
+                let alloc = state.templates[claim.template].instance_types[ty].allocatable.get(&ResourceName::Cpu);
+                room.push((claim.template, alloc - claim.requests.get(&ResourceName::Cpu), c));
+                let full = utilization(state, c, ty);
+                if full < CANDIDATE_FILL && self.all_free(state, c) {
+                    fill.push((full, c));
+                }
+            }
+            room.sort_by_key(|&(t, left, c)| (t, std::cmp::Reverse(left), c));
+            let mut receivers: HashMap<usize, Vec<usize>> = HashMap::new();
+            for (t, _, c) in room {
+                let list = receivers.entry(t).or_default();
+                if list.len() <= RECEIVERS {
+                    list.push(c);
+                }
             }
             fill.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            if self.settled.len() < state.planned.len() {
+                self.settled.resize(state.planned.len(), false);
+            }
+            let candidates: Vec<usize> =
+                fill.iter().map(|&(_, c)| c).filter(|&c| !self.settled[c]).take(CANDIDATES).collect();
             let mut improved = false;
-            for &(_, c) in fill.iter().take(CANDIDATES) {
+            for c in candidates {
                 if self.spent >= MOVE_BUDGET {
                     return;
                 }
                 if !self.all_free(state, c) {
                     continue;
                 }
-                improved |= self.close(state, c) || self.split(state, c);
+                let t = state.planned[c].template;
+                let list = receivers.get(&t).cloned().unwrap_or_default();
+                if self.close(state, c, &list) || self.split(state, c) {
+                    improved = true;
+                } else if let Some(s) = self.settled.get_mut(c) {
+                    *s = true;
+                }
             }
             if !improved {
                 return;
@@ -302,66 +479,110 @@ impl Improve {
     }
 
     /// Closes claim `a` if its pods fit, for less than it costs, on other claims of its
-    /// pool (each pod where it raises the price least).
-    fn close(&mut self, state: &mut Scheduler<'_>, a: usize) -> bool {
+    /// pool. Its pods go, class by class (largest first), into the room the receivers have
+    /// in the types they launch as (which costs nothing), and what is left to the receiver
+    /// whose price it raises least (it may grow into a larger type: a merge when everything
+    /// goes to one claim).
+    fn close(&mut self, state: &mut Scheduler<'_>, a: usize, candidates: &[usize]) -> bool {
         let Some((saved, _)) = self.claim_price(state, a) else { return false };
         let t = state.planned[a].template;
-        // Receivers: other claims of the pool, most room first.
-        let mut receivers: Vec<(i64, usize)> = Vec::new();
-        for (b, claim) in state.planned.iter().enumerate() {
+        let template = &state.templates[t];
+        let mut receivers: Vec<Receiver> = Vec::new();
+        for &b in candidates {
+            let claim = &state.planned[b];
             if b == a || claim.template != t || claim.pods.is_empty() || !claim.right_size {
                 continue;
             }
-            let cpu = claim.requests.get(&ResourceName::Cpu);
-            receivers.push((cpu, b));
+            let Some((price, ty)) = self.claim_price(state, b) else { continue };
+            let claim = &state.planned[b];
+            let room = template.group_of[ty].map(|g| {
+                self.dense(
+                    &template.instance_types[ty]
+                        .allocatable
+                        .subtracted(&template.daemon_groups[g].overhead)
+                        .subtracted(&claim.requests),
+                )
+            });
+            receivers.push(Receiver {
+                b,
+                reqs: node_requirements(claim),
+                requests: claim.requests.clone(),
+                price,
+                room,
+                free: self.all_free(state, b),
+            });
         }
-        receivers.sort();
+        receivers.sort_by_key(|r| std::cmp::Reverse(r.room.as_ref().map_or(0, |x| x.first().copied().unwrap_or(0))));
         receivers.truncate(RECEIVERS);
         if receivers.is_empty() {
             return false;
         }
-        // Tentative contents of the receivers.
-        let mut tentative: HashMap<usize, (Requirements, ResourceList, f64)> = HashMap::new();
         let mut moves: Vec<(usize, usize)> = Vec::new();
-        let mut pods = state.planned[a].pods.clone();
-        pods.sort_by_key(|&p| std::cmp::Reverse(size_key(&state.pods[p])));
-        let mut added = 0.0;
-        for p in pods {
-            let data = pod_data(state, p);
-            let requests = state.pods[p].requests_with_pod_slot();
-            let mut best: Option<(f64, usize, Requirements, ResourceList, f64)> = None;
-            for &(_, b) in &receivers {
-                let claim = &state.planned[b];
-                let (reqs, held, price) = match tentative.get(&b) {
-                    Some((r, q, p)) => (r.clone(), q.clone(), *p),
-                    None => {
-                        let Some((price, _)) = self.claim_price(state, b) else { continue };
-                        (node_requirements(claim), claim.requests.clone(), price)
+        let mut left: Vec<(PodData, ResourceList, Vec<usize>)> = Vec::new();
+        for (class, pods) in self.claim_groups(state, a).iter() {
+            let (data, requests, dense) = &**class;
+            let mut pods = pods.clone();
+            // Free room first: the receiver keeps its type and its price.
+            for r in receivers.iter_mut() {
+                if pods.is_empty() {
+                    break;
+                }
+                let Some(room) = r.room.as_mut() else { continue };
+                if !data.requirements.is_empty()
+                    && merge_requirements(&r.reqs, &data.requirements).as_ref() != Some(&r.reqs)
+                {
+                    continue;
+                }
+                let take = fit_count(room, dense, pods.len());
+                if take > 0 {
+                    for (x, d) in room.iter_mut().zip(dense) {
+                        *x -= d * take as i64;
                     }
-                };
-                let Some(merged) = merge_requirements(&reqs, &data.requirements) else { continue };
-                // A claim with pods the moves do not own keeps its requirements as they are.
-                if merged != reqs && !self.all_free(state, b) {
-                    continue;
-                }
-                let total = held.merged(&requests);
-                let cap = Self::cap(state, Some(b), t);
-                let Some((after, _)) = self.price(state, t, &merged, &total, &claim.pod_ports, cap.as_ref()) else {
-                    continue;
-                };
-                let delta = after - price;
-                if best.as_ref().is_none_or(|(d, ..)| delta < *d) {
-                    best = Some((delta, b, merged, total, after));
+                    r.requests.add(&requests.scaled(take as i64));
+                    moves.extend(pods.split_off(pods.len() - take).into_iter().map(|p| (p, r.b)));
                 }
             }
-            let Some((delta, b, merged, total, after)) = best else { return false };
-            added += delta;
-            if added >= saved - EPSILON {
-                return false;
+            if !pods.is_empty() {
+                left.push((data.clone(), requests.clone(), pods));
             }
-            tentative.insert(b, (merged, total, after));
-            moves.push((p, b));
         }
+        // The rest, all together, to the receiver whose price it raises least. When most of
+        // the claim does not fit free room, closing it means buying about as much room as it
+        // has: not tried.
+        let leftover: usize = left.iter().map(|(_, _, pods)| pods.len()).sum();
+        if leftover == 0 {
+            return self.commit_moves(state, a, &moves);
+        }
+        if 2 * leftover > state.planned[a].pods.len() {
+            return false;
+        }
+        let mut extra = ResourceList::new();
+        for (_, requests, pods) in &left {
+            extra.add(&requests.scaled(pods.len() as i64));
+        }
+        let mut best: Option<(f64, usize)> = None;
+        for (i, r) in receivers.iter().enumerate() {
+            let mut merged = Some(r.reqs.clone());
+            for (data, _, _) in &left {
+                merged = merged.and_then(|m| merge_requirements(&m, &data.requirements));
+            }
+            let Some(merged) = merged else { continue };
+            // A claim with pods the moves do not own keeps its requirements as they are.
+            if merged != r.reqs && !r.free {
+                continue;
+            }
+            let total = r.requests.merged(&extra);
+            let cap = Self::cap(state, Some(r.b), t);
+            let ports = &state.planned[r.b].pod_ports;
+            let Some((after, _)) = self.price(state, t, &merged, &total, ports, cap.as_ref()) else { continue };
+            let delta = after - r.price;
+            if delta < saved - EPSILON && best.is_none_or(|(d, _)| delta < d) {
+                best = Some((delta, i));
+            }
+        }
+        let Some((_, i)) = best else { return false };
+        let b = receivers[i].b;
+        moves.extend(left.into_iter().flat_map(|(_, _, pods)| pods.into_iter().map(move |p| (p, b))));
         self.commit_moves(state, a, &moves)
     }
 
@@ -375,9 +596,12 @@ impl Improve {
         }
         let Some((price, _)) = self.claim_price(state, a) else { return false };
         let t = claim.template;
+        if Self::nodes_left(state, t) < 1 {
+            return false;
+        }
         let reqs = node_requirements(claim);
-        let mut pods = claim.pods.clone();
-        pods.sort_by_key(|&p| std::cmp::Reverse(size_key(&state.pods[p])));
+        let pod_count = claim.pods.len();
+        let groups = self.claim_groups(state, a);
         let rungs = self.pricer.rungs(&state.templates[t], t, &reqs);
         let template = &state.templates[t];
         let cap = Self::cap(state, Some(a), t);
@@ -386,24 +610,25 @@ impl Improve {
             if self.spent >= MOVE_BUDGET {
                 break;
             }
-            // First fit into this type.
+            // First fit into this type, class by class, largest first.
             let Some(g) = template.group_of[r.ty] else { continue };
-            let overhead = &template.daemon_groups[g].overhead;
-            let alloc = &template.instance_types[r.ty].allocatable;
-            let mut first = ResourceList::new();
-            let mut rest = ResourceList::new();
+            let mut room =
+                self.dense(&template.instance_types[r.ty].allocatable.subtracted(&template.daemon_groups[g].overhead));
+            let mut first = vec![0i64; self.dims.len()];
+            let mut rest = vec![0i64; self.dims.len()];
             let mut second: Vec<usize> = Vec::new();
-            for &p in &pods {
-                let req = state.pods[p].requests_with_pod_slot();
-                let with = first.merged(&req);
-                if with.fits_in_with(overhead, alloc) {
-                    first = with;
-                } else {
-                    rest.add(&req);
-                    second.push(p);
+            for (class, pods) in groups.iter() {
+                let dense = &class.2;
+                let fits = fit_count(&room, dense, pods.len());
+                for ((x, f), (q, d)) in room.iter_mut().zip(first.iter_mut()).zip(rest.iter_mut().zip(dense)) {
+                    *x -= d * fits as i64;
+                    *f += d * fits as i64;
+                    *q += d * (pods.len() - fits) as i64;
                 }
+                second.extend_from_slice(&pods[fits..]);
             }
-            if second.is_empty() || second.len() == pods.len() {
+            let (first, rest) = (self.sparse(&first), self.sparse(&rest));
+            if second.is_empty() || second.len() == pod_count {
                 continue;
             }
             let Some((p1, _)) = self.price(state, t, &reqs, &first, &[], cap.as_ref()) else { continue };
@@ -417,6 +642,7 @@ impl Improve {
         for &p in &second {
             take_out(state, a, p);
         }
+        self.touch(a);
         self.settle(state, a);
         if self.open_with(state, t, &second) {
             return true;
@@ -429,6 +655,7 @@ impl Improve {
         }
         if back {
             state.planned[a] = claim;
+            self.touch(a);
             self.settle(state, a);
         } else {
             self.place_stranded(state, second.into_iter().map(|p| (p, t)).collect());
@@ -440,28 +667,50 @@ impl Improve {
     fn commit_moves(&mut self, state: &mut Scheduler<'_>, a: usize, moves: &[(usize, usize)]) -> bool {
         let old = state.planned[a].clone();
         state.release_limits(old.template, &old);
-        let mut stranded: Vec<(usize, usize)> = Vec::new();
+        self.touch(a);
+        let mut by_receiver: Vec<(usize, Vec<usize>)> = Vec::new();
         for &(p, b) in moves {
             take_out(state, a, p);
+            match by_receiver.iter_mut().find(|(x, _)| *x == b) {
+                Some((_, pods)) => pods.push(p),
+                None => by_receiver.push((b, vec![p])),
+            }
+        }
+        state.planned[a].types.clear();
+        let mut stranded: Vec<(usize, usize)> = Vec::new();
+        for (b, pods) in by_receiver {
+            self.touch(b);
             let t = state.planned[b].template;
             let held = state.planned[b].clone();
             state.release_limits(t, &held);
-            let mut claim = held.clone();
+            let mut claim = held;
             // Let the receiver grow into any type its pool (and limits) allow.
-            let cap = Self::cap(state, None, t);
-            let wide = self.fitting_types(state, &claim, &state.pods[p].requests_with_pod_slot(), cap.as_ref());
-            claim.set_types(&state.templates[t], wide);
-            if self.add_to(state, &mut claim, p) {
-                let id = claim.id;
-                state.planned[b] = claim;
-                self.retarget(state, p, id);
-            } else {
-                stranded.push((p, t));
+            let mut extra = ResourceList::new();
+            for &p in &pods {
+                extra.add(&state.pods[p].requests_with_pod_slot());
             }
-            state.subtract_limits(t, &state.planned[b].clone());
+            let cap = Self::cap(state, None, t);
+            let wide = self.fitting_types(state, &claim, &extra, cap.as_ref());
+            // The cheapest type that takes them all: each pod's check is then one type.
+            let types = wide.first().map_or(wide.clone(), |&ty| vec![ty]);
+            claim.set_types(&state.templates[t], types);
+            let mut added = Vec::new();
+            for p in pods {
+                if self.add_to(state, &mut claim, p) {
+                    added.push(p);
+                } else {
+                    stranded.push((p, t));
+                }
+            }
+            let id = claim.id;
+            state.planned[b] = claim;
+            for p in added {
+                self.retarget(state, p, id);
+            }
+            let claim = state.planned[b].clone();
+            state.subtract_limits(t, &claim);
             self.settle(state, b);
         }
-        state.planned[a].types.clear();
         self.place_stranded(state, stranded);
         true
     }
@@ -523,6 +772,31 @@ impl Improve {
     }
 }
 
+/// A claim that may take the pods of a closed one.
+struct Receiver {
+    b: usize,
+    /// Its requirements and requests with the pods it would take so far.
+    reqs: Requirements,
+    requests: ResourceList,
+    price: f64,
+    /// What its launch type has left (over the stage's dimensions), until a move makes it
+    /// grow.
+    room: Option<Vec<i64>>,
+    /// Whether it holds only free pods (then it may take pods that narrow its requirements).
+    free: bool,
+}
+
+/// How many of `n` pods of demand `d` fit in `room` (dense vectors).
+fn fit_count(room: &[i64], d: &[i64], n: usize) -> usize {
+    let mut fits = n as i64;
+    for (r, x) in room.iter().zip(d) {
+        if *x > 0 {
+            fits = fits.min((r / x).max(0));
+        }
+    }
+    fits.max(0) as usize
+}
+
 /// Removes free pod `p` from claim `c` (its requirements stay as narrowed as they were).
 fn take_out(state: &mut Scheduler<'_>, c: usize, p: usize) {
     let requests = state.pods[p].requests_with_pod_slot();
@@ -544,13 +818,11 @@ fn pod_data(state: &Scheduler<'_>, p: usize) -> PodData {
     PodData::new(pod, &PodView::new(pod), state.opts.preference_policy)
 }
 
-/// Orders pods largest first (cpu, then memory).
-fn size_key(pod: &Pod) -> (i64, i64) {
-    (pod.requests.get(&ResourceName::Cpu), pod.requests.get(&ResourceName::Memory))
-}
-
 /// `a ∩ b`, `None` when they exclude each other.
 fn merge_requirements(a: &Requirements, b: &Requirements) -> Option<Requirements> {
+    if b.is_empty() {
+        return Some(a.clone());
+    }
     a.compatible(b, true).ok()?;
     let mut m = a.clone();
     m.add_all(b);

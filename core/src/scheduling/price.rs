@@ -21,7 +21,8 @@ use super::template::Template;
 /// Per-solve memo of each (template, requirements)'s candidate rungs in right-sizing order.
 pub struct Pricer {
     order: PriceOrder,
-    rungs: HashMap<(usize, Requirements), Rc<Vec<Rung>>>,
+    /// Per template, per requirements.
+    rungs: Vec<HashMap<Requirements, Rc<Vec<Rung>>>>,
     max_types: usize,
     max_launch: usize,
 }
@@ -31,7 +32,7 @@ impl Pricer {
     pub fn new(opts: &SolveOptions) -> Self {
         Pricer {
             order: PriceOrder::default(),
-            rungs: HashMap::new(),
+            rungs: Vec::new(),
             max_types: opts.max_instance_types,
             max_launch: opts.max_launch_types,
         }
@@ -40,7 +41,7 @@ impl Pricer {
     /// The template's types that meet `reqs` and have an offering they allow, as rungs in
     /// right-sizing order.
     pub fn rungs(&mut self, template: &Template<'_>, t: usize, reqs: &Requirements) -> Rc<Vec<Rung>> {
-        if let Some(r) = self.rungs.get(&(t, reqs.clone())) {
+        if let Some(r) = self.rungs.get(t).and_then(|m| m.get(reqs)) {
             return r.clone();
         }
         let its = template.instance_types;
@@ -62,7 +63,10 @@ impl Pricer {
             })
             .collect();
         let rungs = Rc::new(rungs);
-        self.rungs.insert((t, reqs.clone()), rungs.clone());
+        if self.rungs.len() <= t {
+            self.rungs.resize_with(t + 1, HashMap::new);
+        }
+        self.rungs[t].insert(reqs.clone(), rungs.clone());
         rungs
     }
 

@@ -48,6 +48,8 @@ pub struct Scheduler<'a> {
     /// Reasons for pods a later stage (improve) handed back to the per-pod loop and that
     /// stayed unplaced.
     pub(super) leftover_errors: HashMap<usize, String>,
+    /// The dovetail packer's equivalence class of each pending pod (`u32::MAX`: none).
+    pub(super) class_of: Vec<u32>,
 }
 
 impl<'a> Scheduler<'a> {
@@ -142,6 +144,7 @@ impl<'a> Scheduler<'a> {
             pin_cursor: 0,
             max_weight,
             leftover_errors: HashMap::new(),
+            class_of: Vec::new(),
         }
     }
 

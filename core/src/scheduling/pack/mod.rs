@@ -59,6 +59,12 @@ impl Scheduler<'_> {
         self.pin_counted = true;
         let (mut errors, queue) = self.validate_pods();
         let (mut classes, caps) = classes::build(self.pods, &queue);
+        self.class_of = vec![u32::MAX; self.pods.len()];
+        for (k, class) in classes.iter().enumerate() {
+            for &p in &class.pods {
+                self.class_of[p] = k as u32;
+            }
+        }
         let data: Vec<PodData> = classes
             .iter()
             .map(|c| {
