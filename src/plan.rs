@@ -120,9 +120,16 @@ pub struct Summary {
     pub new_nodes: usize,
     pub cost_per_hour: f64,
     pub lower_bound_per_hour: Option<f64>,
+    /// For plans too small for the fluid bound to judge (it is below ten times the cheapest
+    /// node used) with at most 50 pods on new nodes: the cost of the cheapest plan for them,
+    /// by exact search (topology other than hostname anti-affinity and spread left out, so
+    /// never above any plan's cost).
+    pub optimum_per_hour: Option<f64>,
+    /// `cost_per_hour` over `lower_bound_per_hour`, or over `optimum_per_hour` for small
+    /// plans; null when neither applies.
     pub ratio: Option<f64>,
     pub solve_ms: f64,
-    /// Time to compute the lower bound.
+    /// Time to compute the lower bound (and, for small plans, the cheapest plan).
     pub lb_ms: f64,
 }
 
@@ -264,12 +271,15 @@ fn plan(args: &PlanArgs) -> anyhow::Result<(PlanOut, Vec<String>, Vec<String>)> 
     let mut out = render(&snap, &manifest.pending, results, solve_ms);
     let start = Instant::now();
     let lb = scheduling::lower_bound(&snap, &manifest.pending, &on_new);
-    out.summary.lb_ms = start.elapsed().as_secs_f64() * 1000.0;
     out.summary.lower_bound_per_hour = Some(lb.value);
     let cheapest_used = out.nodeclaims.iter().map(|c| c.price_per_hour).fold(f64::INFINITY, f64::min);
     if lb.value > 0.0 && cheapest_used.is_finite() && lb.value >= 10.0 * cheapest_used {
         out.summary.ratio = Some(out.summary.cost_per_hour / lb.value);
+    } else if let Some(best) = scheduling::optimum(&snap, &manifest.pending, &on_new).filter(|b| *b > 0.0) {
+        out.summary.optimum_per_hour = Some(best);
+        out.summary.ratio = Some(out.summary.cost_per_hour / best);
     }
+    out.summary.lb_ms = start.elapsed().as_secs_f64() * 1000.0;
     Ok((out, warnings, violations))
 }
 
@@ -327,6 +337,7 @@ pub fn render(snap: &Snapshot, pods: &[Pod], mut results: Results, solve_ms: f64
             new_nodes: nodeclaims.len(),
             cost_per_hour: cost,
             lower_bound_per_hour: None,
+            optimum_per_hour: None,
             ratio: None,
             solve_ms,
             lb_ms: 0.0,
@@ -403,11 +414,17 @@ pub fn table(out: &PlanOut) -> String {
     }
     let sm = &out.summary;
     if let Some(lb) = sm.lower_bound_per_hour {
-        s.push_str(&format!(
-            "lower bound ${lb:.4}/hour ({:.1} ms); cost/bound {}\n",
-            sm.lb_ms,
-            sm.ratio.map_or("n/a (bound below 10 cheapest nodes)".to_string(), |r| format!("{r:.3}"))
-        ));
+        match (sm.optimum_per_hour, sm.ratio) {
+            (Some(best), Some(r)) => s.push_str(&format!(
+                "lower bound ${lb:.4}/hour, cheapest plan ${best:.4}/hour ({:.1} ms); cost/cheapest {r:.3}\n",
+                sm.lb_ms
+            )),
+            (_, Some(r)) => s.push_str(&format!("lower bound ${lb:.4}/hour ({:.1} ms); cost/bound {r:.3}\n", sm.lb_ms)),
+            _ => s.push_str(&format!(
+                "lower bound ${lb:.4}/hour ({:.1} ms); cost/bound n/a (bound below 10 cheapest nodes)\n",
+                sm.lb_ms
+            )),
+        }
     }
     s.push_str(&format!(
         "{} pending pods: {} scheduled ({} on {} new nodes, {} on existing nodes), {} unschedulable; ${:.4}/hour; solve {:.1} ms\n",

@@ -60,10 +60,15 @@ fn plan_json_has_the_documented_shape() {
     for k in ["pods", "scheduled", "new_nodes", "cost_per_hour", "solve_ms"] {
         assert!(v["summary"][k].is_number(), "summary.{k} missing");
     }
-    // One small pod: the bound is filled, but below 10 node-equivalents the ratio is null.
+    // One small pod: the bound is filled; below 10 node-equivalents R is taken against the
+    // cheapest plan (exact search), which for one pod is its cheapest node: R 1.
     let (lb, cost) = (&v["summary"]["lower_bound_per_hour"], &v["summary"]["cost_per_hour"]);
-    assert!(lb.as_f64().is_some_and(|lb| lb > 0.0 && lb <= cost.as_f64().unwrap_or(0.0) + 1e-9), "{}", v["summary"]);
-    assert!(v["summary"]["ratio"].is_null() && v["summary"]["lb_ms"].is_number(), "{}", v["summary"]);
+    let cost = cost.as_f64().unwrap_or(0.0);
+    assert!(lb.as_f64().is_some_and(|lb| lb > 0.0 && lb <= cost + 1e-9), "{}", v["summary"]);
+    let best = v["summary"]["optimum_per_hour"].as_f64().unwrap_or(0.0);
+    assert!(best > 0.0 && (best - cost).abs() < 1e-9, "{}", v["summary"]);
+    assert!(v["summary"]["ratio"].as_f64().is_some_and(|r| (r - 1.0).abs() < 1e-9), "{}", v["summary"]);
+    assert!(v["summary"]["lb_ms"].is_number(), "{}", v["summary"]);
     assert!(v["existing"].is_array() && v["unschedulable"].is_array());
 }
 

@@ -47,7 +47,7 @@ const CANDIDATES: usize = 48;
 const CANDIDATE_FILL: f64 = 0.9;
 /// Claims each pod of a closed claim may move to (those with the most room).
 const RECEIVERS: usize = 24;
-/// Types tried for the first half of a split (the cheapest below the claim's price).
+/// Types tried for the first half of a split (the dearest below the claim's price).
 const SPLIT_TYPES: usize = 8;
 /// A move must save at least this much ($/hour) to be made.
 const EPSILON: f64 = 1e-9;
@@ -587,8 +587,8 @@ impl Improve {
     }
 
     /// Splits claim `a` in two when two smaller claims cost less: its pods, largest first,
-    /// fill the first node (each candidate type cheaper than the claim in turn) and the rest
-    /// go to a second one.
+    /// fill the first node (each of the dearest types cheaper than the claim in turn) and
+    /// the rest go to a second one.
     fn split(&mut self, state: &mut Scheduler<'_>, a: usize) -> bool {
         let claim = &state.planned[a];
         if claim.pods.len() < 2 {
@@ -606,7 +606,9 @@ impl Improve {
         let template = &state.templates[t];
         let cap = Self::cap(state, Some(a), t);
         let mut best: Option<(f64, Vec<usize>)> = None;
-        for r in rungs.iter().filter(|r| r.key < price - EPSILON && !r.exotic).take(SPLIT_TYPES) {
+        // The first node is tried as each of the largest types cheaper than the claim (the
+        // dearest first): a split pays when one node takes most of the pods.
+        for r in rungs.iter().rev().filter(|r| r.key < price - EPSILON && !r.exotic).take(SPLIT_TYPES) {
             if self.spent >= MOVE_BUDGET {
                 break;
             }

@@ -21,8 +21,8 @@
 //! 6. [`right_size`]: each claim's final candidate types and requests;
 //! 7. [`launch`]: the offering each claim would launch as.
 //!
-//! [`bound`] (the cost lower bound) and [`validate`] (the independent plan checker) stand
-//! apart. `docs/scheduling.md` describes the algorithm; where Karpenter is
+//! [`bound`] (the cost lower bound), [`optimum`] (the cheapest plan for small inputs, by
+//! exact search) and [`validate`] (the independent plan checker) stand apart. `docs/scheduling.md` describes the algorithm; where Karpenter is
 //! non-deterministic (Go map order, unstable sorts) dovetail breaks ties by name.
 
 mod bound;
@@ -33,6 +33,7 @@ mod improve;
 mod input;
 mod launch;
 mod nodes;
+mod optimum;
 mod output;
 mod pack;
 mod parity;
@@ -51,6 +52,7 @@ use crate::pod::Pod;
 pub use bound::{LowerBound, lower_bound};
 pub use filter::unmet_min_values;
 pub use input::{MinValuesPolicy, Packer, PoolInput, PreferencePolicy, Snapshot, SolveOptions};
+pub use optimum::{OPTIMUM_MAX_PODS, optimum};
 pub use output::{ExistingPlacement, Launch, NewClaim, Placement, Results, Target};
 pub use topology::{TopologyError, TopologyType};
 pub use validate::{Semantics, validate};
