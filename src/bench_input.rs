@@ -15,6 +15,9 @@ pub enum MixArg {
     Diverse,
     /// Resource-only pods.
     Generic,
+    /// Large pods (48-96 vCPU, 200-960 GiB) and 1-GPU pods (8 vCPU, 16-120 GiB); every
+    /// family by default.
+    Large,
 }
 
 /// Instance families the NodePool allows.
@@ -45,7 +48,8 @@ pub struct BenchInputArgs {
     /// Which pods.
     #[arg(long, value_enum, default_value = "diverse")]
     pub mix: MixArg,
-    /// Which instance families the NodePool allows (default c/m/r; `all` with --trace).
+    /// Which instance families the NodePool allows (default c/m/r; `all` with --trace and
+    /// the large mix).
     #[arg(long, value_enum)]
     pub families: Option<FamiliesArg>,
     /// Which capacity types the NodePool allows (default: any for the diverse mix,
@@ -73,7 +77,8 @@ pub fn run(args: &BenchInputArgs) -> ExitCode {
 }
 
 fn render(args: &BenchInputArgs) -> anyhow::Result<String> {
-    let default_families = if args.trace.is_some() { FamiliesArg::All } else { FamiliesArg::Cmr };
+    let default_families =
+        if args.trace.is_some() || matches!(args.mix, MixArg::Large) { FamiliesArg::All } else { FamiliesArg::Cmr };
     let families = match args.families.unwrap_or(default_families) {
         FamiliesArg::Cmr => Families::Cmr,
         FamiliesArg::All => Families::All,
@@ -100,6 +105,7 @@ fn render(args: &BenchInputArgs) -> anyhow::Result<String> {
             let mix = match args.mix {
                 MixArg::Diverse => Mix::Diverse,
                 MixArg::Generic => Mix::Generic,
+                MixArg::Large => Mix::Large,
             };
             for g in workload::groups(args.pods, args.seed, mix) {
                 out.push_str(&group_yaml(&g));
@@ -154,6 +160,9 @@ fn deployment(
 }
 
 fn group_yaml(g: &PodGroup) -> String {
+    if g.kind >= 5 {
+        return deployment(&g.name(), g.count, &BTreeMap::new(), g.cpu_milli, g.memory_mib, g.gpus, "");
+    }
     let (key, value) = if g.kind == 4 { ("app", "nginx".to_string()) } else { ("my-label", format!("v{}", g.label)) };
     let labels = BTreeMap::from([(key, value.clone())]);
     let sel = format!("{{matchLabels: {{{key}: {value}}}}}");

@@ -7,14 +7,15 @@
 //!
 //! NAME filters inputs by name (`mix-1k`, `openb`, ...); P is `dovetail`, `karpenter` or
 //! `both` (the default; the parity packer is skipped above 10,000 pods, where it takes
-//! minutes).
+//! minutes). The large mix also gets a line for first-fit-decreasing with right-sizing
+//! (`workload::first_fit_decreasing`), the plan goals.md compares it against.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 use dovetail_core::scheduling::{self, Packer, Results, SolveOptions};
-use dovetail_core::workload::Bench;
+use dovetail_core::workload::{self, Bench};
 
 /// The allocator the `dovetail` binary uses.
 #[global_allocator]
@@ -75,6 +76,22 @@ fn main() {
             continue;
         }
         let input = bench.input();
+        if matches!(bench, Bench::Large(_)) {
+            let all: Vec<usize> = (0..input.pods.len()).collect();
+            let lb = scheduling::lower_bound(&input.snapshot, &input.pods, &all);
+            let (cost, nodes) = workload::first_fit_decreasing(&input);
+            println!(
+                "{:<16} {:<9} {:>7} {:>12.3} {:>12.3} {:>7.3} {:>7} {:>10}",
+                bench.name(),
+                "ffd",
+                nodes,
+                cost,
+                lb.value,
+                cost / lb.value,
+                "",
+                ""
+            );
+        }
         for &packer in &packers {
             if packer == Packer::Karpenter && input.pods.len() > 10_000 {
                 continue;

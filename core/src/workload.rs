@@ -6,6 +6,11 @@
 //! and its spread/affinity selector matches its own value. Spread: maxSkew 1,
 //! DoNotSchedule. CPU uniform from {100m, 250m, 500m, 1, 1500m}, memory from {100Mi, 256Mi,
 //! 512Mi, 1Gi, 2Gi, 4Gi}. Identical pods are grouped (as one Deployment each in YAML).
+//!
+//! The large mix (goals.md, "large pods") is resource-only: pod `i` is a 1-GPU pod (kind 6:
+//! 8 vCPU, one `nvidia.com/gpu`, memory uniform from {16, 32, 64, 120} GiB) when `i % 4 == 3`,
+//! else a large pod (kind 5: CPU uniform from {48, 64, 96} vCPU, memory from {200, 256, 384,
+//! 512, 768, 960} GiB), so one to three fit a node.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,6 +56,8 @@ pub enum Mix {
     Diverse,
     /// Kind 0 only (resource-only pods).
     Generic,
+    /// Large pods and 1-GPU pods (kinds 5 and 6).
+    Large,
 }
 
 /// Which instance types the NodePool allows.
@@ -73,6 +80,11 @@ pub enum Capacity {
 pub const CPU_MILLI: [i64; 5] = [100, 250, 500, 1000, 1500];
 pub const MEMORY_MIB: [i64; 6] = [100, 256, 512, 1024, 2048, 4096];
 pub const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+/// The large mix's large pods: vCPU and GiB.
+pub const LARGE_CPU: [i64; 3] = [48, 64, 96];
+pub const LARGE_MEMORY_GIB: [i64; 6] = [200, 256, 384, 512, 768, 960];
+/// The large mix's 1-GPU pods: 8 vCPU and GiB.
+pub const GPU_POD_MEMORY_GIB: [i64; 4] = [16, 32, 64, 120];
 
 /// Identical pods of the workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,16 +92,18 @@ pub struct PodGroup {
     pub kind: u8,
     pub cpu_milli: i64,
     pub memory_mib: i64,
-    /// `k` of `my-label: v<k>`; unused for kind 4.
+    /// `k` of `my-label: v<k>`; unused for kinds 4 and up.
     pub label: u8,
+    /// Whole `nvidia.com/gpu` devices (kind 6).
+    pub gpus: i64,
     pub count: usize,
 }
 
 impl PodGroup {
     /// The Deployment name of the group.
     pub fn name(&self) -> String {
-        if self.kind == 4 {
-            format!("k4-c{}-m{}", self.cpu_milli, self.memory_mib)
+        if self.kind >= 4 {
+            format!("k{}-c{}-m{}", self.kind, self.cpu_milli, self.memory_mib)
         } else {
             format!("k{}-c{}-m{}-v{}", self.kind, self.cpu_milli, self.memory_mib, self.label)
         }
@@ -101,19 +115,26 @@ pub fn groups(n: usize, seed: u64, mix: Mix) -> Vec<PodGroup> {
     let mut rng = SplitMix64::new(seed);
     let mut out: Vec<PodGroup> = Vec::new();
     for i in 0..n {
-        let kind = match mix {
-            Mix::Diverse => (i % 5) as u8,
-            Mix::Generic => 0,
+        let (kind, cpu_milli, memory_mib, label, gpus) = match mix {
+            Mix::Large if i % 4 == 3 => (6, 8_000, GPU_POD_MEMORY_GIB[rng.below(GPU_POD_MEMORY_GIB.len())] << 10, 0, 1),
+            Mix::Large => {
+                let cpu = LARGE_CPU[rng.below(LARGE_CPU.len())] * 1000;
+                (5, cpu, LARGE_MEMORY_GIB[rng.below(LARGE_MEMORY_GIB.len())] << 10, 0, 0)
+            }
+            _ => {
+                let kind = if mix == Mix::Diverse { (i % 5) as u8 } else { 0 };
+                let cpu_milli = CPU_MILLI[rng.below(CPU_MILLI.len())];
+                let memory_mib = MEMORY_MIB[rng.below(MEMORY_MIB.len())];
+                let label = if kind == 4 { 0 } else { rng.below(7) as u8 };
+                (kind, cpu_milli, memory_mib, label, 0)
+            }
         };
-        let cpu_milli = CPU_MILLI[rng.below(CPU_MILLI.len())];
-        let memory_mib = MEMORY_MIB[rng.below(MEMORY_MIB.len())];
-        let label = if kind == 4 { 0 } else { rng.below(7) as u8 };
         match out
             .iter_mut()
             .find(|g| g.kind == kind && g.cpu_milli == cpu_milli && g.memory_mib == memory_mib && g.label == label)
         {
             Some(g) => g.count += 1,
-            None => out.push(PodGroup { kind, cpu_milli, memory_mib, label, count: 1 }),
+            None => out.push(PodGroup { kind, cpu_milli, memory_mib, label, gpus, count: 1 }),
         }
     }
     out.sort_by_key(|g| (g.kind, g.cpu_milli, g.memory_mib, g.label));
@@ -137,7 +158,15 @@ pub fn pods(groups: &[PodGroup]) -> Vec<Pod> {
 }
 
 fn template_pod(g: &PodGroup) -> Pod {
-    let mut p = Pod::new("default", &g.name(), ResourceList::cpu_mem(g.cpu_milli, g.memory_mib << 20));
+    let mut requests = ResourceList::cpu_mem(g.cpu_milli, g.memory_mib << 20);
+    if g.gpus > 0 {
+        requests.set(ResourceName::NvidiaGpu, g.gpus);
+    }
+    let mut p = Pod::new("default", &g.name(), requests);
+    if g.kind >= 5 {
+        p.labels.insert("bench".to_string(), g.name());
+        return p;
+    }
     let (key, value) = if g.kind == 4 { ("app", "nginx".to_string()) } else { ("my-label", format!("v{}", g.label)) };
     p.labels.insert(key.to_string(), value.clone());
     let selector = Some(LabelSelector::from_labels([(key, value.as_str())]));
@@ -280,6 +309,8 @@ pub enum Bench {
     GenericAll(usize),
     /// The openb trace, every family, on-demand.
     Openb,
+    /// The large mix of `n` pods (seed 1), every family, on-demand.
+    Large(usize),
 }
 
 impl Bench {
@@ -295,7 +326,7 @@ impl Bench {
     ];
 
     /// Inputs reported by the benchmarks beyond [`Bench::ALL`].
-    pub const EXTRA: [Bench; 0] = [];
+    pub const EXTRA: [Bench; 1] = [Bench::Large(1000)];
 
     /// A short name (`mix-10k`).
     pub fn name(&self) -> String {
@@ -305,6 +336,7 @@ impl Bench {
             Bench::Generic(n) => format!("generic-{}", k(*n)),
             Bench::GenericAll(n) => format!("generic-all-{}", k(*n)),
             Bench::Openb => "openb".to_string(),
+            Bench::Large(n) => format!("large-{}", k(*n)),
         }
     }
 
@@ -314,6 +346,7 @@ impl Bench {
             Bench::Mix(n) => (nodepool(Families::Cmr, Capacity::Any), pods(&groups(n, 1, Mix::Diverse))),
             Bench::Generic(n) => (nodepool(Families::Cmr, Capacity::OnDemand), pods(&groups(n, 1, Mix::Generic))),
             Bench::GenericAll(n) => (nodepool(Families::All, Capacity::OnDemand), pods(&groups(n, 1, Mix::Generic))),
+            Bench::Large(n) => (nodepool(Families::All, Capacity::OnDemand), pods(&groups(n, 1, Mix::Large))),
             Bench::Openb => (
                 nodepool(Families::All, Capacity::OnDemand),
                 trace_pods(&trace_groups(OPENB_DEFAULT).expect("invariant: the shipped trace parses")),
@@ -326,6 +359,65 @@ impl Bench {
             pods,
         }
     }
+}
+
+/// The reference plan goals.md compares the large mix against: first-fit-decreasing with
+/// right-sizing. Pods, largest first (GPUs, then CPU, then memory), go into the first open
+/// node whose type still has room for them; a pod that fits no open node opens one of the
+/// type that is cheapest per copy of that pod it could hold (`per_copy`) or simply the
+/// cheapest type that fits it (not `per_copy`). Each node then launches as its cheapest type
+/// that fits what it holds (a non-exotic one when any does, as the AWS provider launches).
+/// Returns the $/hour and node count of the better of the two ways of opening nodes; pods
+/// that fit no type are left out. Reads the benchmark's one NodePool, with no DaemonSets.
+pub fn first_fit_decreasing(input: &BenchInput) -> (f64, usize) {
+    let a = first_fit(input, true);
+    let b = first_fit(input, false);
+    if a.0 <= b.0 { a } else { b }
+}
+
+fn first_fit(input: &BenchInput, per_copy: bool) -> (f64, usize) {
+    let Some(pool) = input.snapshot.nodepools.first() else { return (0.0, 0) };
+    let reqs = &pool.pool.requirements;
+    let types: Vec<(f64, &crate::catalog::InstanceType)> = pool
+        .instance_types
+        .iter()
+        .filter(|it| it.requirements.intersects_ok(reqs))
+        .map(|it| (it.cheapest_price(reqs), it))
+        .filter(|(p, _)| *p < f64::MAX)
+        .collect();
+    let mut pods: Vec<ResourceList> = input.pods.iter().map(Pod::requests_with_pod_slot).collect();
+    let key =
+        |r: &ResourceList| (r.get(&ResourceName::NvidiaGpu), r.get(&ResourceName::Cpu), r.get(&ResourceName::Memory));
+    pods.sort_by_key(|r| std::cmp::Reverse(key(r)));
+    // Open nodes: (type, what they hold).
+    let mut nodes: Vec<(usize, ResourceList)> = Vec::new();
+    for pod in pods {
+        if let Some((_, held)) = nodes.iter_mut().find(|(t, held)| held.merged(&pod).fits_in(&types[*t].1.allocatable))
+        {
+            held.add(&pod);
+            continue;
+        }
+        let copies = |t: usize| {
+            let alloc = &types[t].1.allocatable;
+            pod.iter().filter(|(_, v)| *v > 0).map(|(n, v)| alloc.get(n) / v).min().unwrap_or(0)
+        };
+        let open = (0..types.len()).filter(|&t| copies(t) >= 1).min_by(|&a, &b| {
+            let cost = |t: usize| if per_copy { types[t].0 / copies(t) as f64 } else { types[t].0 };
+            cost(a).total_cmp(&cost(b)).then(a.cmp(&b))
+        });
+        if let Some(t) = open {
+            nodes.push((t, pod));
+        }
+    }
+    let cost = nodes
+        .iter()
+        .map(|(_, n)| {
+            let fitting = || types.iter().filter(|(_, it)| n.fits_in(&it.allocatable));
+            let plain = fitting().filter(|(_, it)| !it.exotic).map(|(p, _)| *p).fold(f64::INFINITY, f64::min);
+            if plain.is_finite() { plain } else { fitting().map(|(p, _)| *p).fold(f64::INFINITY, f64::min) }
+        })
+        .sum();
+    (cost, nodes.len())
 }
 
 #[cfg(test)]
@@ -346,6 +438,10 @@ mod tests {
         let nginx = p.iter().filter(|p| p.labels.get("app").is_some_and(|v| v == "nginx")).count();
         assert_eq!(nginx, 200);
         assert!(groups(500, 1, Mix::Generic).iter().all(|g| g.kind == 0));
+        let large = groups(1000, 1, Mix::Large);
+        assert_eq!(large.iter().filter(|g| g.kind == 6).map(|g| g.count).sum::<usize>(), 250);
+        assert!(large.iter().all(|g| (g.kind == 6) == (g.gpus == 1)));
+        assert!(large.iter().filter(|g| g.kind == 5).all(|g| (48_000..=96_000).contains(&g.cpu_milli)));
     }
 
     #[test]

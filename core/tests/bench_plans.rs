@@ -1,9 +1,10 @@
 //! Every benchmark input of `docs/benchmarks.md`, solved by both packers: each plan passes
 //! the independent validator (the dovetail packer under strict zone semantics, the parity
-//! packer under Karpenter's), places every pod, and costs at least the lower bound.
+//! packer under Karpenter's), places every pod, and costs at least the lower bound; on the
+//! large mix the dovetail plan also beats first-fit-decreasing.
 
 use dovetail_core::scheduling::{self, Packer, Semantics, SolveOptions};
-use dovetail_core::workload::Bench;
+use dovetail_core::workload::{self, Bench};
 
 fn check(bench: Bench, packer: Packer) {
     let input = bench.input();
@@ -32,9 +33,24 @@ fn check(bench: Bench, packer: Packer) {
 
 #[test]
 fn dovetail_plans_of_every_benchmark_validate() {
-    for bench in Bench::ALL.into_iter().chain([Bench::Mix(50_000)]) {
+    for bench in Bench::ALL.into_iter().chain([Bench::Mix(50_000)]).chain(Bench::EXTRA) {
         check(bench, Packer::Dovetail);
     }
+}
+
+/// goals.md, large pods: on the large mix the dovetail plan is no dearer than
+/// first-fit-decreasing with right-sizing, and within 1.20 of the lower bound.
+#[test]
+fn large_pods_beat_first_fit_decreasing() {
+    let input = Bench::Large(1000).input();
+    let results = scheduling::solve(&input.snapshot, &input.pods, &SolveOptions::default());
+    assert!(results.errors.is_empty(), "unplaced: {:?}", &results.errors[..results.errors.len().min(3)]);
+    let (ffd, _) = workload::first_fit_decreasing(&input);
+    let cost = results.cost_per_hour();
+    assert!(cost <= ffd + 1e-9, "dovetail {cost} $/h, first-fit-decreasing {ffd} $/h");
+    let all: Vec<usize> = (0..input.pods.len()).collect();
+    let lb = scheduling::lower_bound(&input.snapshot, &input.pods, &all);
+    assert!(cost / lb.value <= 1.20, "R {} above 1.20 ({cost} $/h, bound {})", cost / lb.value, lb.value);
 }
 
 #[test]

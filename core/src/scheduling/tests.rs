@@ -173,3 +173,84 @@ fn pod_classes_group_identical_pods_whatever_their_names() {
     assert_eq!(pod_classes(&pods), vec![0, 1, 2, 0, 1]);
     assert!(pod_classes(&[]).is_empty());
 }
+
+/// The layout the module docs describe: every file of the scheduling module stays under
+/// 500 lines of code before its tests, and its stages (the modules beside `mod.rs`) depend
+/// on each other without a cycle, so the pipeline reads in one direction. Read from the
+/// source tree when the test runs.
+#[test]
+fn scheduling_modules_are_small_and_acyclic() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let root =
+        std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).join("src/scheduling");
+    // Every .rs file under the module, with the stage (top-level module) it belongs to.
+    let mut files: Vec<(String, std::path::PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(&root).expect("scheduling dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+        if path.is_dir() {
+            for inner in std::fs::read_dir(&path).expect("stage dir") {
+                files.push((name.clone(), inner.expect("entry").path()));
+            }
+        } else if name != "mod" && name != "tests" {
+            files.push((name, path));
+        }
+    }
+    let stages: BTreeSet<String> = files.iter().map(|(s, _)| s.clone()).collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (stage, path) in &files {
+        let text = std::fs::read_to_string(path).expect("source");
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let lines = code.lines().count();
+        assert!(lines <= 500, "{}: {lines} lines of code (at most 500)", path.display());
+        let nested = path.parent() != Some(root.as_path());
+        for other in &stages {
+            if other == stage {
+                continue;
+            }
+            let direct = !nested
+                && (code.contains(&format!("super::{other}::"))
+                    || code.contains(&format!("super::{other};"))
+                    || code.contains(&format!("super::{{{other}")));
+            let absolute = code.contains(&format!("crate::scheduling::{other}::"))
+                || code.contains(&format!("crate::scheduling::{other};"));
+            if direct || absolute {
+                edges.entry(stage.clone()).or_default().insert(other.clone());
+            }
+        }
+    }
+    // Depth-first search for a cycle.
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match state.get(n) {
+            Some(2) => return None,
+            Some(1) => {
+                let start = path.iter().position(|p| p == n).unwrap_or(0);
+                let mut cycle = path[start..].to_vec();
+                cycle.push(n.to_string());
+                return Some(cycle);
+            }
+            _ => {}
+        }
+        state.insert(n.to_string(), 1);
+        path.push(n.to_string());
+        for m in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, edges, state, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for s in &stages {
+        let cycle = visit(s, &edges, &mut state, &mut Vec::new());
+        assert!(cycle.is_none(), "module cycle: {}", cycle.unwrap_or_default().join(" -> "));
+    }
+    assert!(edges.get("pack").is_some_and(|e| e.contains("scheduler")), "the scan sees pack's imports: {edges:?}");
+}

@@ -8,7 +8,8 @@
 //!    LP over the remaining demand (resources, plus one "slot" per node for groups that allow
 //!    only a few pods per node) value each class; the assignment LP splits classes over types
 //!    (`round`); what is left goes, type by type, to the column worth the most per dollar
-//!    (`pool`).
+//!    (`pool`). Classes of which only a few pods fit a node are packed first, by patterns
+//!    (`patterns`).
 //! 5. Whatever could not be placed that way goes through Karpenter's per-pod loop, which
 //!    also produces the reasons for unschedulable pods.
 //! 6. Each claim's candidate types are re-derived from its final contents, so it launches
@@ -16,6 +17,7 @@
 
 mod bins;
 mod columns;
+mod patterns;
 mod pool;
 mod round;
 mod zones;

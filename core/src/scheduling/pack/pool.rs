@@ -51,6 +51,15 @@ impl Scheduler<'_> {
         let mut packing = Packing { dims: &dims, caps, demand, value: vec![0.0; members.len()], prices: Vec::new() };
         self.reprice(&mut packing, members, classes, &columns);
 
+        // Large pods first, by patterns (see `patterns`).
+        {
+            let ctx = Ctx { t, members, data, views, packing: &packing, columns: &columns, compat: &compat };
+            self.pack_patterns(&ctx, classes);
+        }
+        if members.iter().any(|&c| classes[c].remaining() > 0) {
+            self.reprice(&mut packing, members, classes, &columns);
+        }
+
         // Phase 1: rounds of the assignment LP (see `round`).
         const ROUNDS: usize = 1;
         for round in 0..ROUNDS {
