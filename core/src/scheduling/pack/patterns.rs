@@ -56,28 +56,33 @@ fn copies(demand: &[f64], alloc: &[f64]) -> usize {
 
 impl Scheduler<'_> {
     /// Packs the template's large classes by patterns; the rest is left to the later phases.
-    pub(super) fn pack_patterns(&mut self, ctx: &Ctx<'_>, classes: &mut [Class]) {
+    /// Returns whether it placed any pod.
+    pub(super) fn pack_patterns(&mut self, ctx: &Ctx<'_>, classes: &mut [Class]) -> bool {
         let cols: Vec<usize> =
             (0..ctx.columns.len()).filter(|&j| self.within_limits(ctx.t, ctx.columns[j].it)).collect();
-        // A class is large when few of its pods fit the type that holds them most cheaply.
+        // A class is large when few of its pods fit the type that holds them most cheaply, by
+        // resources (a per-node cap of its hostname anti-affinity or spread does not make a
+        // small pod large).
+        let nres = ctx.packing.dims.len();
         let large: Vec<usize> = (0..ctx.members.len())
             .filter(|&m| {
                 let c = &classes[ctx.members[m]];
+                if c.remaining() == 0 || c.zonal_spread || c.zonal_affinity {
+                    return false;
+                }
+                let demand = &ctx.packing.demand[m][..nres];
                 let best = cols
                     .iter()
                     .filter(|&&j| ctx.compat[m][j])
-                    .map(|&j| (copies(&ctx.packing.demand[m], &ctx.columns[j].alloc), ctx.columns[j].price))
+                    .map(|&j| (copies(demand, &ctx.columns[j].alloc[..nres]), ctx.columns[j].price))
                     .filter(|(n, _)| *n > 0)
                     .min_by(|a, b| (a.1 / a.0 as f64).total_cmp(&(b.1 / b.0 as f64)));
-                c.remaining() > 0
-                    && !c.zonal_spread
-                    && !c.zonal_affinity
+                best.is_some_and(|(n, _)| n <= LARGE_COPIES)
                     && !self.topology.counted_beyond_hostname(&self.pods[c.pods[0]])
-                    && best.is_some_and(|(n, _)| n <= LARGE_COPIES)
             })
             .collect();
         if large.is_empty() || large.len() > MAX_CLASSES {
-            return;
+            return false;
         }
         let mut opened: Vec<(usize, Vec<f64>)> = Vec::new();
         for last in [false, true] {
@@ -98,6 +103,7 @@ impl Scheduler<'_> {
                 break;
             }
         }
+        let placed = !opened.is_empty();
         // The room the large pods leave is paid for: the other classes fill it first (not the
         // pods zone-keyed topology counts: these claims are not pinned to a zone).
         let small: Vec<usize> = (0..ctx.members.len())
@@ -112,6 +118,7 @@ impl Scheduler<'_> {
             }
             self.planned[c] = bin;
         }
+        placed
     }
 
     /// Opens one claim of the pattern's type and places its pods; its index among the

@@ -52,11 +52,11 @@ impl Scheduler<'_> {
         self.reprice(&mut packing, members, classes, &columns);
 
         // Large pods first, by patterns (see `patterns`).
-        {
+        let patterned = {
             let ctx = Ctx { t, members, data, views, packing: &packing, columns: &columns, compat: &compat };
-            self.pack_patterns(&ctx, classes);
-        }
-        if members.iter().any(|&c| classes[c].remaining() > 0) {
+            self.pack_patterns(&ctx, classes)
+        };
+        if patterned && members.iter().any(|&c| classes[c].remaining() > 0) {
             self.reprice(&mut packing, members, classes, &columns);
         }
 
