@@ -1,5 +1,5 @@
 //! Solve time on the goals' benchmark workloads (`docs/benchmarks.md`): the mix at 1k, 10k
-//! and 50k pods and 10k resource-only pods, with the dovetail packer. Each iteration runs a
+//! and 50k pods, 10k resource-only pods and the large mix at 1k, with the dovetail packer. Each iteration runs a
 //! whole `solve` (index building included) from the parsed input; nothing carries over
 //! between iterations. The lower bound is timed separately, as the goals exclude it.
 //!
@@ -17,9 +17,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn solve(c: &mut Criterion) {
     let mut group = c.benchmark_group("solve");
-    for (bench, samples) in
-        [(Bench::Mix(1000), 60), (Bench::Mix(10_000), 20), (Bench::Mix(50_000), 10), (Bench::Generic(10_000), 30)]
-    {
+    for (bench, samples) in [
+        (Bench::Mix(1000), 60),
+        (Bench::Mix(10_000), 20),
+        (Bench::Mix(50_000), 10),
+        (Bench::Generic(10_000), 30),
+        (Bench::Large(1000), 30),
+    ] {
         let input = bench.input();
         let opts = SolveOptions::default();
         group.sample_size(samples).measurement_time(Duration::from_secs(if samples == 10 { 30 } else { 10 }));
