@@ -72,6 +72,21 @@ fn plan_json_has_the_documented_shape() {
     assert!(v["existing"].is_array() && v["unschedulable"].is_array());
 }
 
+/// `bench-input --mix large` writes the goals' large-pod workload (every family, 1-GPU pods
+/// among the large ones), and `plan` places it all with a plan the validator accepts.
+#[test]
+fn bench_input_large_mix_plans_and_validates() {
+    let out = dovetail(&["bench-input", "--pods", "80", "--mix", "large"], None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(yaml.contains("instance-category, operator: NotIn, values: [t]"), "every family:\n{yaml}");
+    assert!(yaml.contains("nvidia.com/gpu: \"1\"") && yaml.contains("cpu: 96000m"), "{yaml}");
+    let out = dovetail(&["plan", "-f", "-", "-o", "json", "--validate"], Some(&yaml));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["summary"]["scheduled"], 80, "{}", v["summary"]);
+}
+
 #[test]
 fn another_region_needs_a_catalog() {
     let out = dovetail(&["plan", "-f", "-", "--region", "eu-west-1"], Some(POD));

@@ -66,8 +66,8 @@ struct Improve {
     pricer: Pricer,
     /// Per pending pod: free to move.
     free: Vec<bool>,
-    /// Per pending pod: its position in the placement order.
-    position: HashMap<usize, usize>,
+    /// Per pending pod: its position in the placement order (`usize::MAX`: none).
+    position: Vec<usize>,
     /// Prices computed by local moves so far.
     spent: usize,
     /// Per claim: its price and launch type as it stands (pools without limits only; a
@@ -106,11 +106,21 @@ impl Improve {
                 free[p] = is_free(state, p, &state.pods[p]);
             }
         }
-        let position = state.order.iter().enumerate().map(|(i, p)| (p.pod, i)).collect();
-        let placed: Vec<usize> = state.planned.iter().flat_map(|c| c.pods.iter().copied()).collect();
+        let position = positions(state);
         let class_of = state.class_of.clone();
+        // One pod per class is enough to name the resources requested.
+        let classes = class_of.iter().filter(|&&k| k != u32::MAX).max().map_or(0, |&k| k as usize + 1);
+        let mut seen = vec![false; classes];
         let mut dims: Vec<ResourceName> = Vec::new();
-        for &p in &placed {
+        for &p in state.planned.iter().flat_map(|c| c.pods.iter()) {
+            if let Some(&k) = class_of.get(p)
+                && let Some(s) = seen.get_mut(k as usize)
+            {
+                if *s {
+                    continue;
+                }
+                *s = true;
+            }
             for (n, v) in state.pods[p].requests_with_pod_slot().iter() {
                 if v > 0 && !dims.contains(n) {
                     dims.push(n.clone());
@@ -276,7 +286,7 @@ impl Improve {
     /// Points pod `p`'s placement at claim `id`.
     fn retarget(&self, state: &mut Scheduler<'_>, p: usize, id: usize) {
         let zone = state.planned.iter().find(|c| c.id == id).and_then(|c| pinned_zone(&c.requirements));
-        if let Some(&i) = self.position.get(&p)
+        if let Some(&i) = self.position.get(p)
             && let Some(entry) = state.order.get_mut(i)
         {
             entry.target = Target::Planned(id);
@@ -286,7 +296,7 @@ impl Improve {
 
     /// Marks pod `p` as not placed (its placement entry points nowhere until placed again).
     fn unplace(&self, state: &mut Scheduler<'_>, p: usize) {
-        if let Some(&i) = self.position.get(&p)
+        if let Some(&i) = self.position.get(p)
             && let Some(entry) = state.order.get_mut(i)
         {
             entry.target = Target::Planned(usize::MAX);
@@ -307,7 +317,7 @@ impl Improve {
             // Drop their stale entries; the loop records new ones.
             let set: std::collections::HashSet<usize> = loop_pods.iter().copied().collect();
             state.order.retain(|e| !set.contains(&e.pod));
-            self.position = state.order.iter().enumerate().map(|(i, e)| (e.pod, i)).collect();
+            self.position = positions(state);
             let errors = state.run_queue(loop_pods);
             state.leftover_errors.extend(errors);
         }
@@ -357,6 +367,17 @@ impl Improve {
 }
 
 /// Removes free pod `p` from claim `c` (its requirements stay as narrowed as they were).
+/// Per pending pod: its position in the placement order (`usize::MAX`: none).
+fn positions(state: &Scheduler<'_>) -> Vec<usize> {
+    let mut position = vec![usize::MAX; state.pods.len()];
+    for (i, e) in state.order.iter().enumerate() {
+        if let Some(slot) = position.get_mut(e.pod) {
+            *slot = i;
+        }
+    }
+    position
+}
+
 fn take_out(state: &mut Scheduler<'_>, c: usize, p: usize) {
     let requests = state.pods[p].requests_with_pod_slot();
     let claim = &mut state.planned[c];
