@@ -412,8 +412,22 @@ proptest! {
         let ours = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
         let violations = scheduling::validate(&snapshot, &pods, &ours, scheduling::Semantics::Strict);
         prop_assert!(violations.is_empty(), "dovetail: {:#?}", violations);
+        // The packer's own plan, before the small-input fallback keeps the cheaper of it and
+        // Karpenter's: it must hold on its own (the fallback must not hide an invalid plan).
+        let own_opts = SolveOptions { parity_fallback: false, ..SolveOptions::default() };
+        let own = scheduling::solve(&snapshot, &pods, &own_opts);
+        let violations = scheduling::validate(&snapshot, &pods, &own, scheduling::Semantics::Strict);
+        prop_assert!(violations.is_empty(), "dovetail without the fallback: {:#?}", violations);
         let opts = SolveOptions { packer: scheduling::Packer::Karpenter, ..SolveOptions::default() };
         let theirs = scheduling::solve(&snapshot, &pods, &opts);
+        // The fallback only ever replaces the packer's plan with a better one.
+        prop_assert!(
+            ours.scheduled() >= own.scheduled(),
+            "the fallback placed {} pods, the packer alone {}", ours.scheduled(), own.scheduled()
+        );
+        if ours.scheduled() == own.scheduled() {
+            prop_assert!(ours.cost_per_hour() <= own.cost_per_hour() + 1e-9, "the fallback cost more");
+        }
         if scheduling::validate(&snapshot, &pods, &theirs, scheduling::Semantics::Strict).is_empty() {
             prop_assert!(
                 ours.scheduled() >= theirs.scheduled(),

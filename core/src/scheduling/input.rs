@@ -51,6 +51,9 @@ pub struct SolveOptions {
     pub max_instance_types: usize,
     /// Instance types considered per launch (AWS provider: 60).
     pub max_launch_types: usize,
+    /// With the dovetail packer on small inputs, also compute Karpenter's plan and keep the
+    /// cheaper (`super::PARITY_CHECK_PODS`). Off only to look at the packer's own plan.
+    pub parity_fallback: bool,
 }
 
 impl Default for SolveOptions {
@@ -61,6 +64,7 @@ impl Default for SolveOptions {
             min_values_policy: MinValuesPolicy::Strict,
             max_instance_types: 600,
             max_launch_types: 60,
+            parity_fallback: true,
         }
     }
 }

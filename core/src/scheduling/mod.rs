@@ -22,14 +22,16 @@
 //! 7. [`launch`]: the offering each claim would launch as.
 //!
 //! [`bound`] (the cost lower bound), [`optimum`] (the cheapest plan for small inputs, by
-//! exact search) and [`validate`] (the independent plan checker) stand apart. `docs/scheduling.md` describes the algorithm; where Karpenter is
-//! non-deterministic (Go map order, unstable sorts) dovetail breaks ties by name.
+//! exact search) and [`validate`] (the independent plan checker) stand apart.
+//! `docs/scheduling.md` describes the algorithm; where Karpenter is non-deterministic (Go map
+//! order, unstable sorts) dovetail breaks ties by name.
 
 mod bound;
 mod classes;
 mod exact;
 mod filter;
-mod improve;
+// Crate-visible: disruption's consolidation runs the same moves on running nodes.
+pub(crate) mod improve;
 mod input;
 mod launch;
 mod nodes;
@@ -39,7 +41,7 @@ mod pack;
 mod parity;
 mod price;
 mod right_size;
-mod scheduler;
+pub(crate) mod scheduler;
 mod template;
 mod topology;
 mod validate;
@@ -80,7 +82,7 @@ pub const PARITY_CHECK_PODS: usize = 100;
 /// zone-keyed rules count, and that plan is the one compared.
 pub fn solve(snapshot: &Snapshot, pods: &[Pod], opts: &SolveOptions) -> Results {
     let results = run(snapshot, pods, opts, false);
-    if opts.packer != Packer::Dovetail || pods.len() > PARITY_CHECK_PODS {
+    if opts.packer != Packer::Dovetail || pods.len() > PARITY_CHECK_PODS || !opts.parity_fallback {
         return results;
     }
     let parity_opts = SolveOptions { packer: Packer::Karpenter, ..opts.clone() };

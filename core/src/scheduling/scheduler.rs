@@ -269,7 +269,11 @@ impl<'a> Scheduler<'a> {
                 .planned
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| c.template == t && !c.pods.is_empty() && c.types.len() > 1)
+                // A claim whose requirements ask for minValues keeps its candidates: narrowing
+                // them could leave fewer values than the pool asks for.
+                .filter(|(_, c)| {
+                    c.template == t && !c.pods.is_empty() && c.types.len() > 1 && !asks_min_values(&c.requirements)
+                })
                 .map(|(i, c)| {
                     let caps = c.types.iter().map(|&ty| its[ty].capacity.get(r));
                     let (lo, hi) = caps.fold((i64::MAX, 0), |(lo, hi), v| (lo.min(v), hi.max(v)));
@@ -351,7 +355,9 @@ impl<'a> Scheduler<'a> {
             .copied()
             .filter(|&i| limited.iter().all(|n| its[i].capacity.get(n) <= bound.get(n)))
             .collect();
-        if tight.len() == claim.types.len() {
+        if tight.len() == claim.types.len()
+            || !super::filter::unmet_min_values(its, &tight, &claim.requirements).is_empty()
+        {
             return false;
         }
         let before = self.reservation(t, claim);
@@ -420,4 +426,9 @@ impl<'a> Scheduler<'a> {
             }
         }
     }
+}
+
+/// Whether any of `reqs` asks for a minimum number of values (`minValues`).
+pub(super) fn asks_min_values(reqs: &crate::requirements::Requirements) -> bool {
+    reqs.iter().any(|(_, r)| r.min_values.is_some())
 }

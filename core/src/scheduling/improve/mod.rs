@@ -55,14 +55,14 @@ const SPLIT_TYPES: usize = 8;
 const EPSILON: f64 = 1e-9;
 
 /// Runs the stage on the packer's plan.
-pub fn improve(state: &mut Scheduler<'_>) {
+pub(crate) fn improve(state: &mut Scheduler<'_>) {
     let mut run = Improve::new(state);
     run.exact(state);
     run.local(state);
 }
 
 /// The stage's working state.
-struct Improve {
+pub(crate) struct Improve {
     pricer: Pricer,
     /// Per pending pod: free to move.
     free: Vec<bool>,
@@ -99,7 +99,7 @@ fn node_requirements(c: &PlannedNode) -> Requirements {
 }
 
 impl Improve {
-    fn new(state: &Scheduler<'_>) -> Self {
+    pub(crate) fn new(state: &Scheduler<'_>) -> Self {
         let mut free = vec![false; state.pods.len()];
         for c in state.planned.iter().filter(|c| c.right_size) {
             for &p in &c.pods {
@@ -366,7 +366,6 @@ impl Improve {
     }
 }
 
-/// Removes free pod `p` from claim `c` (its requirements stay as narrowed as they were).
 /// Per pending pod: its position in the placement order (`usize::MAX`: none).
 fn positions(state: &Scheduler<'_>) -> Vec<usize> {
     let mut position = vec![usize::MAX; state.pods.len()];
@@ -378,6 +377,7 @@ fn positions(state: &Scheduler<'_>) -> Vec<usize> {
     position
 }
 
+/// Removes free pod `p` from claim `c` (its requirements stay as narrowed as they were).
 fn take_out(state: &mut Scheduler<'_>, c: usize, p: usize) {
     let requests = state.pods[p].requests_with_pod_slot();
     let claim = &mut state.planned[c];
@@ -407,4 +407,114 @@ fn merge_requirements(a: &Requirements, b: &Requirements) -> Option<Requirements
     let mut m = a.clone();
     m.add_all(b);
     Some(m)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each move on a plan built by hand: claims opened as the packer would, then one move.
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::catalog::{Catalog, NodeClassSettings};
+    use crate::nodepool::NodePool;
+    use crate::scheduling::{PoolInput, Snapshot, SolveOptions};
+
+    fn snapshot(families: &[&str]) -> Snapshot {
+        let c = Catalog::embedded("us-east-1").expect("catalog");
+        let types: Vec<_> = c
+            .instance_types(&NodeClassSettings::default(), None)
+            .into_iter()
+            .filter(|t| families.iter().any(|f| t.name.starts_with(f)))
+            .collect();
+        let mut reqs = Requirements::new();
+        reqs.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["on-demand"]));
+        Snapshot {
+            nodepools: vec![PoolInput { pool: NodePool::new("default", reqs), instance_types: Arc::new(types) }],
+            ..Default::default()
+        }
+    }
+
+    fn pod(name: &str, cpu_milli: i64, mem_mib: i64) -> Pod {
+        Pod::new("default", name, ResourceList::cpu_mem(cpu_milli, mem_mib << 20))
+    }
+
+    /// Opens one claim per group of pods and returns the stage's state over them.
+    fn planned(state: &mut Scheduler<'_>, groups: &[&[usize]]) -> Improve {
+        let mut opener = Improve::new(state);
+        for g in groups {
+            assert!(opener.open_with(state, 0, g), "claim for {g:?}");
+        }
+        Improve::new(state)
+    }
+
+    /// The plan's cost and its claims that hold pods.
+    fn plan(run: &mut Improve, state: &Scheduler<'_>) -> (f64, Vec<usize>) {
+        let live: Vec<usize> = (0..state.planned.len()).filter(|&c| !state.planned[c].pods.is_empty()).collect();
+        let cost = live.iter().map(|&c| run.claim_price(state, c).expect("priced").0).sum();
+        (cost, live)
+    }
+
+    #[test]
+    fn merge_puts_two_claims_on_one_node_when_that_is_cheaper() {
+        // A cpu-heavy pod alone is a c5.large; a memory-heavy one an r5.large. Together they
+        // fit one r5.large: one node for less than two.
+        let snap = snapshot(&["c5.", "r5."]);
+        let pods = vec![pod("cpu", 1500, 1024), pod("mem", 200, 12 * 1024)];
+        let opts = SolveOptions::default();
+        let mut state = Scheduler::new(&snap, &pods, &opts);
+        let mut run = planned(&mut state, &[&[0], &[1]]);
+        let (before, live) = plan(&mut run, &state);
+        assert_eq!(live.len(), 2);
+        assert!(run.merge(&mut state, live[0], &live), "merged");
+        let (after, live) = plan(&mut run, &state);
+        assert_eq!(live.len(), 1, "one claim holds both");
+        assert_eq!(state.planned[live[0]].pods.len(), 2);
+        assert!(after < before - EPSILON, "{after} < {before}");
+    }
+
+    #[test]
+    fn merge_is_refused_when_one_node_costs_as_much_as_two() {
+        // m5 prices are linear in size: one m5.xlarge costs what two m5.large do.
+        let snap = snapshot(&["m5."]);
+        let pods = vec![pod("a", 1500, 1024), pod("b", 1500, 1024)];
+        let opts = SolveOptions::default();
+        let mut state = Scheduler::new(&snap, &pods, &opts);
+        let mut run = planned(&mut state, &[&[0], &[1]]);
+        let (_, live) = plan(&mut run, &state);
+        assert!(!run.merge(&mut state, live[0], &live));
+        assert_eq!(plan(&mut run, &state).1.len(), 2, "nothing moved");
+    }
+
+    #[test]
+    fn close_moves_pods_into_free_room_elsewhere() {
+        // The second claim (an r5.large with one small pod) has room for the first's pod.
+        let snap = snapshot(&["c5.", "r5."]);
+        let pods = vec![pod("cpu", 1000, 1024), pod("mem", 200, 8 * 1024)];
+        let opts = SolveOptions::default();
+        let mut state = Scheduler::new(&snap, &pods, &opts);
+        let mut run = planned(&mut state, &[&[0], &[1]]);
+        let (before, live) = plan(&mut run, &state);
+        assert!(run.close(&mut state, live[0], &live), "closed");
+        let (after, live) = plan(&mut run, &state);
+        assert_eq!(live.len(), 1);
+        assert!(after < before - EPSILON, "{after} < {before}");
+    }
+
+    #[test]
+    fn split_makes_two_smaller_nodes_when_they_cost_less() {
+        // Three pods of 1.5 vCPU need an m5.2xlarge together ($0.384); an m5.xlarge takes
+        // two and an m5.large the third ($0.288).
+        let snap = snapshot(&["m5."]);
+        let pods = vec![pod("a", 1500, 1024), pod("b", 1500, 1024), pod("c", 1500, 1024)];
+        let opts = SolveOptions::default();
+        let mut state = Scheduler::new(&snap, &pods, &opts);
+        let mut run = planned(&mut state, &[&[0, 1, 2]]);
+        let (before, live) = plan(&mut run, &state);
+        assert!(run.split(&mut state, live[0]), "split");
+        let (after, live) = plan(&mut run, &state);
+        assert_eq!(live.len(), 2);
+        assert!(after < before - EPSILON, "{after} < {before}");
+        assert!((after - 0.288).abs() < 1e-6, "{after}");
+    }
 }

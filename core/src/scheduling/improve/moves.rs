@@ -11,7 +11,7 @@ use crate::scheduling::view::PodData;
 
 use super::{
     CANDIDATE_FILL, CANDIDATES, EPSILON, Improve, MOVE_BUDGET, RECEIVERS, SPLIT_TYPES, merge_requirements,
-    node_requirements, take_out,
+    node_requirements, pod_data, take_out,
 };
 
 impl Improve {
@@ -64,7 +64,7 @@ impl Improve {
                 }
                 let t = state.planned[c].template;
                 let list = receivers.get(&t).cloned().unwrap_or_default();
-                if self.close(state, c, &list) || self.split(state, c) {
+                if self.close(state, c, &list) || self.merge(state, c, &list) || self.split(state, c) {
                     improved = true;
                 } else if let Some(s) = self.settled.get_mut(c) {
                     *s = true;
@@ -81,7 +81,7 @@ impl Improve {
     /// in the types they launch as (which costs nothing), and what is left to the receiver
     /// whose price it raises least (it may grow into a larger type: a merge when everything
     /// goes to one claim).
-    fn close(&mut self, state: &mut Scheduler<'_>, a: usize, candidates: &[usize]) -> bool {
+    pub(crate) fn close(&mut self, state: &mut Scheduler<'_>, a: usize, candidates: &[usize]) -> bool {
         let Some((saved, _)) = self.claim_price(state, a) else { return false };
         let t = state.planned[a].template;
         let template = &state.templates[t];
@@ -184,10 +184,57 @@ impl Improve {
         self.commit_moves(state, a, &moves)
     }
 
+    /// Merges claim `a` into another claim `b` of its pool when one node that takes both
+    /// (their requirements merged; it may be a larger type than either) costs less than the
+    /// two. `close` turns this down when most of `a` does not fit free room; a merge prices
+    /// exactly that case, one receiver at a time.
+    pub(crate) fn merge(&mut self, state: &mut Scheduler<'_>, a: usize, candidates: &[usize]) -> bool {
+        let Some((price_a, _)) = self.claim_price(state, a) else { return false };
+        let t = state.planned[a].template;
+        let reqs_a = node_requirements(&state.planned[a]);
+        let pods: Vec<usize> = state.planned[a].pods.clone();
+        let mut extra = ResourceList::new();
+        for &p in &pods {
+            extra.add(&state.pods[p].requests_with_pod_slot());
+        }
+        let held_a = state.remaining_limit_types(&state.planned[a]).unwrap_or_default();
+        let mut best: Option<(f64, usize)> = None;
+        for &b in candidates {
+            if self.spent >= MOVE_BUDGET {
+                break;
+            }
+            let claim = &state.planned[b];
+            if b == a || claim.template != t || !self.all_free(state, b) {
+                continue;
+            }
+            let Some(merged) = merge_requirements(&node_requirements(claim), &reqs_a) else { continue };
+            let total = claim.requests.merged(&extra);
+            let Some((price_b, _)) = self.claim_price(state, b) else { continue };
+            // What the merged claim may reserve: what both hold plus what is left.
+            let cap = Self::cap(state, Some(b), t).map(|mut cap| {
+                for (n, v) in held_a.iter() {
+                    if cap.contains(n) {
+                        cap.set(n.clone(), cap.get(n).saturating_add(v));
+                    }
+                }
+                cap
+            });
+            let ports = state.planned[b].pod_ports.clone();
+            let Some((after, _)) = self.price(state, t, &merged, &total, &ports, cap.as_ref()) else { continue };
+            let gain = price_a + price_b - after;
+            if gain > EPSILON && best.is_none_or(|(g, _)| gain > g) {
+                best = Some((gain, b));
+            }
+        }
+        let Some((_, b)) = best else { return false };
+        let moves: Vec<(usize, usize)> = pods.into_iter().map(|p| (p, b)).collect();
+        self.commit_moves(state, a, &moves)
+    }
+
     /// Splits claim `a` in two when two smaller claims cost less: its pods, largest first,
     /// fill the first node (each of the dearest types cheaper than the claim in turn) and
     /// the rest go to a second one.
-    fn split(&mut self, state: &mut Scheduler<'_>, a: usize) -> bool {
+    pub(crate) fn split(&mut self, state: &mut Scheduler<'_>, a: usize) -> bool {
         let claim = &state.planned[a];
         if claim.pods.len() < 2 {
             return false;
@@ -264,36 +311,56 @@ impl Improve {
     }
 
     /// Moves pods `(pod, to)` out of claim `a`, which ends empty.
+    ///
+    /// Nothing changes (and it returns false) unless every receiver has a type that meets
+    /// its requirements merged with its new pods' and fits them all: a committed move never
+    /// leaves a claim with no candidates.
     fn commit_moves(&mut self, state: &mut Scheduler<'_>, a: usize, moves: &[(usize, usize)]) -> bool {
-        let old = state.planned[a].clone();
-        state.release_limits(old.template, &old);
-        self.touch(a);
         let mut by_receiver: Vec<(usize, Vec<usize>)> = Vec::new();
         for &(p, b) in moves {
-            take_out(state, a, p);
             match by_receiver.iter_mut().find(|(x, _)| *x == b) {
                 Some((_, pods)) => pods.push(p),
                 None => by_receiver.push((b, vec![p])),
             }
         }
+        // Each receiver's type, checked before anything moves: the cheapest type of its pool
+        // (within its limits) that meets the merged requirements and takes every pod.
+        let mut chosen: Vec<usize> = Vec::with_capacity(by_receiver.len());
+        for (b, pods) in &by_receiver {
+            let claim = &state.planned[*b];
+            let t = claim.template;
+            let mut reqs = Some(node_requirements(claim));
+            let mut extra = ResourceList::new();
+            for &p in pods {
+                extra.add(&state.pods[p].requests_with_pod_slot());
+                reqs = reqs.and_then(|r| merge_requirements(&r, &pod_data(state, p).requirements));
+            }
+            let Some(reqs) = reqs else { return false };
+            let held = claim.clone();
+            state.release_limits(t, &held);
+            let cap = Self::cap(state, None, t);
+            state.subtract_limits(t, &held);
+            let Some(&ty) = self.fitting_types(state, &held, &reqs, &extra, cap.as_ref()).first() else {
+                return false;
+            };
+            chosen.push(ty);
+        }
+        let old = state.planned[a].clone();
+        state.release_limits(old.template, &old);
+        self.touch(a);
+        for &(p, _) in moves {
+            take_out(state, a, p);
+        }
         state.planned[a].types.clear();
         let mut stranded: Vec<(usize, usize)> = Vec::new();
-        for (b, pods) in by_receiver {
+        for ((b, pods), ty) in by_receiver.into_iter().zip(chosen) {
             self.touch(b);
             let t = state.planned[b].template;
             let held = state.planned[b].clone();
             state.release_limits(t, &held);
             let mut claim = held;
-            // Let the receiver grow into any type its pool (and limits) allow.
-            let mut extra = ResourceList::new();
-            for &p in &pods {
-                extra.add(&state.pods[p].requests_with_pod_slot());
-            }
-            let cap = Self::cap(state, None, t);
-            let wide = self.fitting_types(state, &claim, &extra, cap.as_ref());
             // The cheapest type that takes them all: each pod's check is then one type.
-            let types = wide.first().map_or(wide.clone(), |&ty| vec![ty]);
-            claim.set_types(&state.templates[t], types);
+            claim.set_types(&state.templates[t], vec![ty]);
             let mut added = Vec::new();
             for p in pods {
                 if self.add_to(state, &mut claim, p) {
@@ -315,18 +382,19 @@ impl Improve {
         true
     }
 
-    /// Every type of claim `c`'s pool that meets its requirements and fits its pods plus
-    /// `extra`, within `cap`.
+    /// Every type of claim `c`'s pool that meets `reqs` and fits its pods plus `extra`,
+    /// within `cap`.
     fn fitting_types(
         &mut self,
         state: &Scheduler<'_>,
         claim: &PlannedNode,
+        reqs: &Requirements,
         extra: &ResourceList,
         cap: Option<&ResourceList>,
     ) -> Vec<usize> {
         let t = claim.template;
         let template = &state.templates[t];
-        let rungs = self.pricer.rungs(template, t, &node_requirements(claim));
+        let rungs = self.pricer.rungs(template, t, reqs);
         let need = template.need(&claim.requests.merged(extra));
         rungs
             .iter()
@@ -349,7 +417,7 @@ impl Improve {
         let t = claim.template;
         state.release_limits(t, &claim);
         let cap = Self::cap(state, None, t);
-        let types = self.fitting_types(state, &claim, &ResourceList::new(), cap.as_ref());
+        let types = self.fitting_types(state, &claim, &node_requirements(&claim), &ResourceList::new(), cap.as_ref());
         if let Some(&cheapest) = types.first() {
             let its = state.templates[t].instance_types;
             let bound = &its[cheapest].capacity;
@@ -365,7 +433,11 @@ impl Improve {
                         .all(|n| its[i].capacity.get(n) <= bound.get(n))
                 })
                 .collect();
-            state.planned[c].set_types(&state.templates[t], tight);
+            // minValues counts values over the candidates: narrowing must not go below it.
+            let its = state.templates[t].instance_types;
+            if crate::scheduling::filter::unmet_min_values(its, &tight, &claim.requirements).is_empty() {
+                state.planned[c].set_types(&state.templates[t], tight);
+            }
         }
         let claim = state.planned[c].clone();
         state.subtract_limits(t, &claim);
