@@ -4,7 +4,9 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
+use dovetail_core::clock::SystemClock;
 use dovetail_loadtest::{Progress, Report, RunOptions, Sample, Scenario};
 
 #[derive(clap::Args)]
@@ -101,7 +103,7 @@ pub fn load(file: Option<&PathBuf>, builtin: Option<&str>) -> Result<Scenario, S
 
 /// Runs a scenario with progress on stderr, writes the report into `out` and prints it.
 pub fn execute(scenario: &Scenario, realtime: bool, out: &std::path::Path) -> Result<Report, ExitCode> {
-    let opts = RunOptions { realtime };
+    let opts = RunOptions { realtime, wall: Some(Arc::new(SystemClock)) };
     let mut status = Status { tty: std::io::stderr().is_terminal() };
     let sys = actix_rt::System::new();
     let report = sys.block_on(async { dovetail_loadtest::run(scenario, &opts, &mut status).await });

@@ -438,7 +438,7 @@ fn check_run(
 fn scenarios() -> Vec<PathBuf> {
     // Read when the test runs, not when it was built: a build cached from another checkout
     // would otherwise point there.
-    let root = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = root.join("tests/behaviour");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("tests/behaviour exists")

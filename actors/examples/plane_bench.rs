@@ -6,6 +6,8 @@
 //! then paced by them); `adaptive` adds the adaptive early close (a queue of at most 10 pods
 //! closes after 50 ms idle); `repeat=K` runs K times and prints the median.
 
+#![allow(clippy::disallowed_methods, reason = "a benchmark measures wall time")]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,10 +15,11 @@ use actix::prelude::*;
 use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring};
 use dovetail_actors::router::{PodsPending, RoutedPool, Router};
 use dovetail_actors::zone::{ZoneActor, ZoneConfig};
+use dovetail_cloud::NodeClass;
 use dovetail_cloud::sim::{ApiLimits, SimCloud, SimConfig};
-use dovetail_cloud::{Clock, NodeClass, SystemClock};
 use dovetail_cluster::sim::SimCluster;
 use dovetail_core::catalog::{Catalog, NodeClassSettings};
+use dovetail_core::clock::{Clock, SystemClock};
 use dovetail_core::labels;
 use dovetail_core::ledger::{ClaimState, Command, Entry};
 use dovetail_core::nodepool::NodePool;

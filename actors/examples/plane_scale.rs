@@ -10,6 +10,8 @@
 //! EC2 (the sim cluster's objects and the sim cloud's instances); the sim cluster's objects
 //! are what the real plane's reflectors would cache, so they count as the plane's.
 
+#![allow(clippy::disallowed_methods, reason = "a benchmark measures wall time")]
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,10 +21,11 @@ use dovetail_actors::feed::FeedConfig;
 use dovetail_actors::kubelet::registrations;
 use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
 use dovetail_cloud::sim::{ApiLimits, SimCloud, SimConfig};
-use dovetail_cloud::{Clock, CloudProvider, NodeClass, SystemClock};
+use dovetail_cloud::{CloudProvider, NodeClass};
 use dovetail_cluster::ClusterView;
 use dovetail_cluster::sim::{Deployment, Registrar, SimCluster, Workloads};
 use dovetail_core::catalog::{Catalog, NodeClassSettings};
+use dovetail_core::clock::{Clock, SystemClock};
 use dovetail_core::labels;
 use dovetail_core::ledger::{ClaimState, Command, Entry};
 use dovetail_core::nodepool::NodePool;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use dovetail_cloud::Clock;
 use dovetail_cluster::ClusterView;
+use dovetail_core::clock::Clock;
 use dovetail_core::plane::Resend;
 use dovetail_core::pod::Pod;
 

@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dovetail_cloud::Clock;
 use dovetail_cloud::limits::ApiLimits;
+use dovetail_core::clock::Clock;
 
 /// EC2's buckets on the plane's clock.
 pub struct RegionLimiter {
@@ -37,8 +37,8 @@ impl RegionLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dovetail_cloud::ManualClock;
     use dovetail_cloud::limits::Bucket;
+    use dovetail_core::clock::ManualClock;
 
     #[test]
     fn launches_are_cut_to_the_tokens_there_and_wait_when_none_are() {

@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use dovetail_cloud::limits::ApiLimits;
-use dovetail_cloud::{Clock, CloudProvider, NodeClass};
+use dovetail_cloud::{CloudProvider, NodeClass};
 use dovetail_cluster::{ClusterView, ClusterWriter};
 use dovetail_core::catalog::InstanceType;
+use dovetail_core::clock::Clock;
 use dovetail_core::labels;
 use dovetail_core::nodepool::NodePool;
 use dovetail_core::plane::BatchWindow;

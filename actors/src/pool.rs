@@ -9,9 +9,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use dovetail_cloud::{Clock, CloudError, LaunchRequest, NodeClass};
+use dovetail_cloud::{CloudError, LaunchRequest, NodeClass};
 use dovetail_cluster::{ClusterView, ClusterWriter, Condition, NodeClaim, NodeClaimStatus};
 use dovetail_core::catalog::InstanceType;
+use dovetail_core::clock::Clock;
 use dovetail_core::labels;
 use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering, Outcome, Step};
 use dovetail_core::node::Node;

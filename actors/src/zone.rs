@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use dovetail_cloud::{Clock, CloudError, CloudProvider, Instance, LaunchRequest};
+use dovetail_cloud::{CloudError, CloudProvider, Instance, LaunchRequest};
+use dovetail_core::clock::Clock;
 use dovetail_core::ledger::{Command, Entry, Offering, Step, micro_dollars};
 use dovetail_raft::Ledger;
 

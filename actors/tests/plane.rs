@@ -112,8 +112,9 @@ mod zone {
     use actix::prelude::*;
     use dovetail_actors::zone::{GetStats, Launch, LaunchOutcome, ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{ApiLimits, Bucket, SimCloud, SimConfig};
-    use dovetail_cloud::{CloudError, LaunchRequest, ManualClock, NodeClass, OfferingKey};
+    use dovetail_cloud::{CloudError, LaunchRequest, NodeClass, OfferingKey};
     use dovetail_core::catalog::CapacityType;
+    use dovetail_core::clock::ManualClock;
     use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering};
     use dovetail_core::resources::{ResourceList, ResourceName};
     use dovetail_raft::{InProcess, Ledger};
@@ -231,8 +232,9 @@ mod zone {
             zone: "us-east-1a".into(),
             capacity_type: CapacityType::OnDemand,
         };
-        assert!(s.is_unavailable(&m5, 100_000));
-        assert!(!s.is_unavailable(&m5, 280_000), "for Karpenter's 3 minutes");
+        let epoch = dovetail_core::clock::to_millis(dovetail_core::clock::DEFAULT_EPOCH);
+        assert!(s.is_unavailable(&m5, epoch + 100_000));
+        assert!(!s.is_unavailable(&m5, epoch + 280_000), "for Karpenter's 3 minutes");
         assert_eq!(
             s.claim("claim-0").map(|c| c.state.clone()),
             Some(ClaimState::Launching),
@@ -287,10 +289,11 @@ mod pool {
     use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{CloudProvider, LaunchRequest, ManualClock, NodeClass, OfferingKey};
+    use dovetail_cloud::{CloudProvider, LaunchRequest, NodeClass, OfferingKey};
     use dovetail_cluster::sim::SimCluster;
     use dovetail_cluster::{ClusterView, ClusterWriter, NodeClaim};
     use dovetail_core::catalog::CapacityType;
+    use dovetail_core::clock::{Clock, ManualClock};
     use dovetail_core::labels;
     use dovetail_core::ledger::{Caps, ClaimRequest, ClaimState, Command, Entry, State, micro_dollars};
     use dovetail_core::nodepool::NodeClaimSpec;
@@ -596,7 +599,7 @@ mod pool {
             })
             .to_vec();
         let reserve = Command::Reserve { pool: "default".into(), batch: 9, claims: reqs };
-        first.ledger.propose(Entry { at: 0, command: reserve }).await.expect("reserve");
+        first.ledger.propose(Entry { at: clock.now_millis(), command: reserve }).await.expect("reserve");
         let mut reqs = Requirements::new();
         reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large"]));
         reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
@@ -744,9 +747,10 @@ mod router {
     use dovetail_actors::pool::{NodePoolActor, PoolWiring};
     use dovetail_actors::router::{GetRouterStats, PodsPending, RoutedPool, Router};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
+    use dovetail_cloud::NodeClass;
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{Clock, NodeClass, SystemClock};
     use dovetail_cluster::sim::SimCluster;
+    use dovetail_core::clock::{Clock, SystemClock};
     use dovetail_core::labels;
     use dovetail_core::ledger::{Command, Entry, State};
     use dovetail_core::nodepool::NodePool;
@@ -929,10 +933,11 @@ mod integration {
     use dovetail_actors::zone::{GetStats, ZoneActor};
     use dovetail_cloud::limits::ApiLimits;
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{Clock, CloudProvider, NodeClass, OfferingKey, SystemClock};
+    use dovetail_cloud::{CloudProvider, NodeClass, OfferingKey};
     use dovetail_cluster::ClusterView;
     use dovetail_cluster::sim::{Deployment, Registrar, SimCluster, Workloads};
     use dovetail_core::catalog::CapacityType;
+    use dovetail_core::clock::{Clock, SystemClock};
     use dovetail_core::labels;
     use dovetail_core::ledger::{ClaimState, Command, Entry};
     use dovetail_core::nodepool::NodePool;
@@ -1129,8 +1134,9 @@ mod limiter {
     use dovetail_actors::zone::{GetStats, Launch, LaunchOutcome, ZoneActor, ZoneConfig};
     use dovetail_cloud::limits::{ApiLimits, Bucket};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{LaunchRequest, ManualClock, NodeClass};
+    use dovetail_cloud::{LaunchRequest, NodeClass};
     use dovetail_core::catalog::CapacityType;
+    use dovetail_core::clock::ManualClock;
     use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry};
     use dovetail_core::resources::ResourceList;
     use dovetail_raft::{InProcess, Ledger};

@@ -3,13 +3,16 @@
 //! `/usr/bin/time -v` for the peak RSS). The request buckets are raised 1,000-fold (EC2's
 //! would take about 75 minutes for 10,000 launches), so what is measured is the sim itself.
 
+#![allow(clippy::disallowed_methods, reason = "a benchmark measures wall time")]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dovetail_cloud::batch::{BatchWindow, Batched};
 use dovetail_cloud::sim::{ApiLimits, SimCloud, SimConfig};
-use dovetail_cloud::{CloudProvider, LaunchRequest, ManualClock, NodeClass};
+use dovetail_cloud::{CloudProvider, LaunchRequest, NodeClass};
 use dovetail_core::catalog::{CapacityType, Catalog, NodeClassSettings};
+use dovetail_core::clock::ManualClock;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -135,9 +135,9 @@ impl CloudProvider for Batched {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ManualClock;
     use crate::sim::{SimCloud, SimConfig};
     use dovetail_core::catalog::{CapacityType, Catalog, NodeClassSettings};
+    use dovetail_core::clock::ManualClock;
     use std::collections::BTreeMap;
 
     fn request(claim: &str, zone: &str) -> LaunchRequest {

@@ -11,7 +11,6 @@
 
 pub mod aws;
 pub mod batch;
-pub mod clock;
 pub mod events;
 pub mod limits;
 pub mod sim;
@@ -21,7 +20,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use types::{
     DriftReason, Instance, InstanceState, LaunchRequest, NodeClass, OfferingKey, QueueMessage, TAG_CLUSTER_PREFIX,
     TAG_NODECLAIM, TAG_NODEPOOL,

@@ -10,6 +10,8 @@
 //! minutes). The large mix also gets a line for first-fit-decreasing with right-sizing
 //! (`workload::first_fit_decreasing`), the plan goals.md compares it against.
 
+#![allow(clippy::disallowed_methods, reason = "a benchmark measures wall time")]
+
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;

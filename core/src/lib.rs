@@ -9,11 +9,13 @@
 //! - [`pod`], [`node`], [`nodepool`]: the objects the scheduler reasons about.
 //! - [`catalog`]: EC2 instance types, offerings, prices and Karpenter's overhead model.
 //! - [`scheduling`]: the provisioning simulation at Karpenter parity, and the cost lower bound.
+//! - [`clock`]: the `Clock` seam every crate reads time through (Unix epoch time).
 //! - [`ledger`]: the replicated state machine: limits, global caps, the claim registry, ICE marks.
 //! - [`plane`]: the control plane's small decisions: batch windows, zone choice, liveness, drain order.
 //! - [`workload`]: the benchmark workloads, generated from a seed.
 
 pub mod catalog;
+pub mod clock;
 pub mod labels;
 pub mod ledger;
 pub mod node;

@@ -177,7 +177,8 @@ pub fn parse_duration(s: &str) -> Result<Option<Duration>, String> {
         total += n * secs;
         rest = &rest[unit_end..];
     }
-    Ok(Some(Duration::from_secs_f64(total)))
+    // A number too large for a duration is an error, not a panic (user data reaches here).
+    Duration::try_from_secs_f64(total).map(Some).map_err(|_| format!("invalid duration {s:?}: out of range"))
 }
 
 #[cfg(test)]
@@ -193,6 +194,14 @@ mod tests {
         assert_eq!(parse_duration("Never").unwrap(), None);
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn a_duration_too_large_is_an_error_not_a_panic() {
+        let huge = format!("{}h", "9".repeat(400));
+        assert!(parse_duration(&huge).is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
+        assert!(parse_duration("1.5.5h").is_err());
     }
 
     #[test]

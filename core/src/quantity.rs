@@ -257,7 +257,8 @@ impl FromStr for Quantity {
         let mut exp10: i32 = -(denom.len() as i32) + 9; // nanos
         let (exp2, format) = match scale {
             Scale::Ten(e, f) => {
-                exp10 += e;
+                // An exponent this far out cannot give a value in range (`1e2147483647`).
+                exp10 = exp10.checked_add(e).ok_or(QuantityError::Range)?;
                 (0, f)
             }
             Scale::Two(e) => (e, Format::BinarySi),
@@ -272,7 +273,7 @@ impl FromStr for Quantity {
             }
         } else {
             let mut inexact = false;
-            for _ in 0..(-exp10) {
+            for _ in 0..exp10.unsigned_abs() {
                 if v % 10 != 0 {
                     inexact = true;
                 }
@@ -408,6 +409,14 @@ mod tests {
         assert_eq!(q("1.0000000001").nanos(), 1_000_000_001);
         assert_eq!(q("1m").value(), 1, "Value() rounds up");
         assert_eq!(q("0.1m").milli_value(), 1, "MilliValue() rounds up");
+    }
+
+    #[test]
+    fn exponents_at_the_ends_of_i32_are_out_of_range_not_a_panic() {
+        assert_eq!("1e2147483647".parse::<Quantity>(), Err(QuantityError::Range));
+        assert_eq!("1e99999999999".parse::<Quantity>(), Err(QuantityError::Suffix));
+        assert_eq!(q("1e-2147483648").nanos(), 1, "rounds away from zero");
+        assert_eq!(q("0.000000001e-2147483648").nanos(), 1);
     }
 
     #[test]

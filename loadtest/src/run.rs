@@ -15,10 +15,11 @@ use dovetail_actors::pool::GetPoolStats;
 use dovetail_actors::router::GetRouterStats;
 use dovetail_cloud::limits::ApiLimits;
 use dovetail_cloud::sim::{SimCloud, SimConfig};
-use dovetail_cloud::{Clock, NodeClass, OfferingKey};
+use dovetail_cloud::{NodeClass, OfferingKey};
 use dovetail_cluster::ClusterView;
 use dovetail_cluster::sim::{Deployment, Job, Registrar, SimCluster, Workloads};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+use dovetail_core::clock::{Clock, DEFAULT_EPOCH, to_millis};
 use dovetail_core::ledger::{Command, Entry};
 use dovetail_core::plane::Latencies;
 use dovetail_core::pod::{Pod, PodKey};
@@ -48,16 +49,26 @@ impl Default for TokioClock {
 }
 
 impl Clock for TokioClock {
+    /// [`DEFAULT_EPOCH`] plus tokio's time since the clock was made.
     fn now(&self) -> Duration {
-        self.start.elapsed()
+        DEFAULT_EPOCH.saturating_add(self.start.elapsed())
     }
 }
 
 /// How to run.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct RunOptions {
     /// Pace by the wall clock instead of virtual time.
     pub realtime: bool,
+    /// The wall clock the run's duration is read from (the binary's); without one the report
+    /// gives 0 s.
+    pub wall: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions").field("realtime", &self.realtime).field("wall", &self.wall.is_some()).finish()
+    }
 }
 
 /// What the driver reports as it goes.
@@ -76,8 +87,9 @@ pub enum RunError {
     Cloud(String),
 }
 
+/// Scenario time: milliseconds since the run started.
 fn ms(clock: &dyn Clock) -> u64 {
-    u64::try_from(clock.now().as_millis()).unwrap_or(u64::MAX)
+    clock.now_millis().saturating_sub(to_millis(DEFAULT_EPOCH))
 }
 
 /// Runs a scenario to its end (inside an actix system) and reports.
@@ -85,7 +97,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     if !opts.realtime {
         tokio::time::pause();
     }
-    let wall = std::time::Instant::now();
+    let wall_start = opts.wall.as_ref().map(|w| w.now());
     let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
     let catalog = Catalog::embedded(&sc.region).map_err(|e| RunError::Catalog(e.to_string()))?;
     let mut by_class: BTreeMap<String, Arc<Vec<InstanceType>>> = BTreeMap::new();
@@ -220,7 +232,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     Ok(Report {
         scenario: sc.name.clone(),
         virtual_ms: sc.duration,
-        wall_ms: u64::try_from(wall.elapsed().as_millis()).unwrap_or(u64::MAX),
+        wall_ms: opts.wall.as_ref().zip(wall_start).map_or(0, |(w, s)| to_millis(w.now().saturating_sub(s))),
         realtime: opts.realtime,
         window: match &sc.window.adaptive {
             None => format!("{} ms idle / {} ms max", sc.window.idle, sc.window.max),

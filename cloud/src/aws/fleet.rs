@@ -4,7 +4,6 @@
 //! [`CloudError`]s naming the offerings that failed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime};
 
 use aws_sdk_ec2::types::{
     DefaultTargetCapacityType, Filter, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
@@ -400,7 +399,7 @@ fn instance(
     labels.insert(dovetail_core::labels::NODEPOOL.into(), r.nodepool.clone());
     let mut tags = tags(p, r);
     tags.insert(TAG_NODECLAIM.into(), r.claim.clone());
-    let launched_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let launched_at = p.clock.now();
     Instance {
         id: l.id,
         claim: Some(r.claim.clone()),

@@ -10,7 +10,9 @@ mod queue;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant as Clock};
+use std::time::Duration;
+
+use dovetail_core::clock::Clock;
 
 use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
@@ -121,23 +123,24 @@ pub async fn sdk_config(cfg: &AwsConfig) -> aws_config::SdkConfig {
 struct Types {
     catalog: Catalog,
     by_name: HashMap<String, InstanceType>,
-    loaded: Clock,
+    /// When it was loaded, on the provider's clock.
+    loaded: Duration,
 }
 
 impl Types {
-    fn new(catalog: Catalog) -> Self {
+    fn new(catalog: Catalog, now: Duration) -> Self {
         let by_name = catalog
             .instance_types(&NodeClassSettings::default(), None)
             .into_iter()
             .map(|t| (t.name.clone(), t))
             .collect();
-        Types { catalog, by_name, loaded: Clock::now() }
+        Types { catalog, by_name, loaded: now }
     }
 }
 
 #[derive(Default)]
 struct Caches {
-    resolved: HashMap<(String, String), (Arc<Resolved>, Clock)>,
+    resolved: HashMap<(String, String), (Arc<Resolved>, Duration)>,
     /// Launch template names by content key.
     templates: HashMap<String, String>,
 }
@@ -161,11 +164,13 @@ pub struct AwsProvider {
     types: tokio::sync::Mutex<Option<Arc<Types>>>,
     caches: Mutex<Caches>,
     stats: Mutex<AwsStats>,
+    clock: Arc<dyn Clock>,
 }
 
 impl AwsProvider {
-    /// A provider on the SDK configuration `cfg` describes.
-    pub async fn connect(cfg: AwsConfig) -> Result<Self, CloudError> {
+    /// A provider on the SDK configuration `cfg` describes; cache ages and launch times are
+    /// read from `clock`.
+    pub async fn connect(cfg: AwsConfig, clock: Arc<dyn Clock>) -> Result<Self, CloudError> {
         let sdk = sdk_config(&cfg).await;
         let region = sdk.region().map(ToString::to_string).ok_or_else(|| CloudError::Invalid {
             what: "AWS region".into(),
@@ -183,12 +188,13 @@ impl AwsProvider {
             types: tokio::sync::Mutex::new(None),
             caches: Mutex::new(Caches::default()),
             stats: Mutex::new(AwsStats::default()),
+            clock,
         })
     }
 
     /// Uses `catalog` instead of reading it from EC2 (an offline catalog, or a test's shared one).
     pub async fn with_catalog(self, catalog: Catalog) -> Self {
-        *self.types.lock().await = Some(Arc::new(Types::new(catalog)));
+        *self.types.lock().await = Some(Arc::new(Types::new(catalog, self.clock.now())));
         self
     }
 
@@ -219,7 +225,10 @@ impl AwsProvider {
     async fn types(&self) -> Result<Arc<Types>, CloudError> {
         let mut slot = self.types.lock().await;
         match slot.as_ref() {
-            Some(t) if self.cfg.spot_prices == SpotPrices::BuiltIn || t.loaded.elapsed() < self.cfg.price_refresh => {
+            Some(t)
+                if self.cfg.spot_prices == SpotPrices::BuiltIn
+                    || self.clock.now().saturating_sub(t.loaded) < self.cfg.price_refresh =>
+            {
                 return Ok(t.clone());
             }
             Some(t) => {
@@ -228,14 +237,14 @@ impl AwsProvider {
                 for info in &mut catalog.instance_types {
                     info.spot_price = spot.get(&info.name).copied();
                 }
-                let fresh = Arc::new(Types::new(catalog));
+                let fresh = Arc::new(Types::new(catalog, self.clock.now()));
                 *slot = Some(fresh.clone());
                 return Ok(fresh);
             }
             None => {}
         }
         let catalog = catalog::load(&self.ec2, &self.region, self.cfg.spot_prices).await?;
-        let fresh = Arc::new(Types::new(catalog));
+        let fresh = Arc::new(Types::new(catalog, self.clock.now()));
         *slot = Some(fresh.clone());
         Ok(fresh)
     }
@@ -244,12 +253,12 @@ impl AwsProvider {
     pub async fn resolve(&self, nc: &NodeClass) -> Result<Arc<Resolved>, CloudError> {
         let key = (nc.name.clone(), nc.hash.clone());
         if let Some((r, at)) = lock(&self.caches).resolved.get(&key)
-            && at.elapsed() < self.cfg.resolve_ttl
+            && self.clock.now().saturating_sub(*at) < self.cfg.resolve_ttl
         {
             return Ok(r.clone());
         }
         let r = Arc::new(nodeclass::resolve(&self.ec2, &self.ssm, &self.amis, nc).await?);
-        lock(&self.caches).resolved.insert(key, (r.clone(), Clock::now()));
+        lock(&self.caches).resolved.insert(key, (r.clone(), self.clock.now()));
         Ok(r)
     }
 

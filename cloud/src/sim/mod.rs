@@ -16,13 +16,13 @@ use dovetail_core::workload::SplitMix64;
 pub use crate::limits::{ApiLimits, Bucket};
 pub use queue::SimQueue;
 
-use crate::clock::Clock;
 use crate::events::{self, EventKind, Origin};
 use crate::types::{group_identical, type_labels};
 use crate::{
     BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchRequest, NodeClass, OfferingKey,
     TAG_CLUSTER_PREFIX, TAG_NODECLAIM, TAG_NODEPOOL,
 };
+use dovetail_core::clock::Clock;
 
 /// How long launched instances take to run: uniform between `min` and `max`.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,8 +39,6 @@ pub struct SimConfig {
     pub region: String,
     pub account: String,
     pub seed: u64,
-    /// Unix seconds at clock zero (event timestamps).
-    pub epoch_unix: u64,
     /// From launch to running.
     pub boot: Latency,
     /// Instances each offering can still launch; offerings not listed are unlimited.
@@ -62,7 +60,6 @@ impl Default for SimConfig {
             region: "us-east-1".into(),
             account: "123456789012".into(),
             seed: 1,
-            epoch_unix: 1_767_225_600,
             boot: Latency { min: Duration::from_secs(20), max: Duration::from_secs(40) },
             capacity: BTreeMap::new(),
             limits: ApiLimits::default(),
@@ -146,7 +143,7 @@ impl SimCloud {
             limits: config.limits.clone(),
             rng: SplitMix64::new(config.seed),
             next_event: 0,
-            last_tick: Duration::ZERO,
+            last_tick: clock.now(),
             spot_rate: config.spot_interruptions_per_hour,
             stats: SimStats::default(),
         };
@@ -273,7 +270,7 @@ impl SimCloud {
             event_id: &id,
             account: &self.config.account,
             region: &self.config.region,
-            unix_seconds: self.config.epoch_unix + self.clock.now().as_secs(),
+            unix_seconds: self.clock.now().as_secs(),
         };
         events::event(kind, instance_id, &origin)
     }
@@ -557,8 +554,8 @@ impl CloudProvider for SimCloud {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ManualClock;
     use dovetail_core::catalog::{Catalog, NodeClassSettings};
+    use dovetail_core::clock::ManualClock;
 
     fn cloud(config: SimConfig) -> (SimCloud, Arc<ManualClock>) {
         let c = Catalog::embedded("us-east-1").expect("catalog");

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::clock::Clock;
 use crate::{BoxFuture, CloudError, InterruptionQueue, QueueMessage};
+use dovetail_core::clock::Clock;
 
 struct Message {
     body: String,

@@ -9,6 +9,7 @@ use dovetail_cloud::aws::{AwsConfig, AwsProvider, TAG_NODECLASS_HASH};
 use dovetail_cloud::batch::{BatchWindow, Batched};
 use dovetail_cloud::{CloudError, CloudProvider, DriftReason, NodeClass, OfferingKey, TAG_NODECLAIM};
 use dovetail_core::catalog::CapacityType;
+use dovetail_core::clock::SystemClock;
 
 use crate::conformance::aws::{Aws, moto_catalog};
 use crate::conformance::suite::{Harness, request};
@@ -105,9 +106,10 @@ async fn identical_concurrent_launches_are_one_create_fleet() {
     let h = Arc::new(Aws::new("merge").await);
     let batched = Arc::new(Batched::new(
         Arc::new(
-            AwsProvider::connect(AwsConfig {
-                ..crate::conformance::aws::config("merge", &format!("http://{}", h.proxy.addr))
-            })
+            AwsProvider::connect(
+                AwsConfig { ..crate::conformance::aws::config("merge", &format!("http://{}", h.proxy.addr)) },
+                Arc::new(SystemClock),
+            )
             .await
             .expect("connect")
             .with_catalog(moto_catalog().await)
@@ -152,7 +154,7 @@ async fn the_iam_policy_allows_every_call_the_provider_makes() {
         ..crate::conformance::aws::config("iam", &format!("http://{}", h.proxy.addr))
     };
     let sdk = dovetail_cloud::aws::sdk_config(&cfg).await;
-    let cloud = AwsProvider::connect(cfg).await.expect("connect");
+    let cloud = AwsProvider::connect(cfg, Arc::new(SystemClock)).await.expect("connect");
     let types = cloud.instance_types(&h.node_class()).await.expect("catalog with spot price history");
     assert!(types.iter().any(|t| t.offerings.iter().any(|o| o.capacity_type == CapacityType::Spot)));
     let mut r = request(&h, "claim-iam");
@@ -239,15 +241,19 @@ async fn instances_no_claim_knows_are_listed_for_garbage_collection() {
 /// default chain, `DOVETAIL_SUBNET_TAG`/`DOVETAIL_SG_TAG` as `key=value` selectors.
 #[tokio::test]
 #[ignore = "needs AWS"]
+#[allow(clippy::disallowed_methods, reason = "a test against a real account reads its selectors from the environment")]
 async fn real_account_round_trip() {
     let tag = |var: &str| {
         let v = std::env::var(var).unwrap_or_else(|_| panic!("set {var}=key=value"));
         let (k, v) = v.split_once('=').unwrap_or_else(|| panic!("{var} must be key=value"));
         BTreeMap::from([(k.to_string(), v.to_string())])
     };
-    let cloud = AwsProvider::connect(AwsConfig { cluster: "dovetail-real-test".into(), ..AwsConfig::default() })
-        .await
-        .expect("connect");
+    let cloud = AwsProvider::connect(
+        AwsConfig { cluster: "dovetail-real-test".into(), ..AwsConfig::default() },
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("connect");
     let nc = NodeClass {
         name: "default".into(),
         subnet_selector: vec![tag("DOVETAIL_SUBNET_TAG")],

@@ -1,11 +1,13 @@
 //! The suite on the AWS provider, against moto's server behind the fault-injecting proxy.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dovetail_cloud::aws::{AwsConfig, AwsProvider, SpotPrices, SqsQueue, StaticCredentials, sdk_config};
 use dovetail_cloud::{CloudProvider, InterruptionQueue, NodeClass, OfferingKey};
 use dovetail_core::catalog::Catalog;
+use dovetail_core::clock::SystemClock;
 use tokio::sync::OnceCell;
 
 use super::moto::{Proxy, moto};
@@ -70,7 +72,9 @@ pub async fn moto_catalog() -> Catalog {
     static CATALOG: OnceCell<Catalog> = OnceCell::const_new();
     CATALOG
         .get_or_init(|| async {
-            let p = AwsProvider::connect(config("catalog", &format!("http://{}", moto().addr))).await.expect("connect");
+            let p = AwsProvider::connect(config("catalog", &format!("http://{}", moto().addr)), Arc::new(SystemClock))
+                .await
+                .expect("connect");
             p.catalog().await.expect("catalog from moto")
         })
         .await
@@ -91,7 +95,11 @@ impl Aws {
     pub async fn new(cluster: &str) -> Aws {
         let proxy = Proxy::start(moto().addr).await;
         let cfg = config(cluster, &format!("http://{}", proxy.addr));
-        let cloud = AwsProvider::connect(cfg.clone()).await.expect("connect").with_catalog(moto_catalog().await).await;
+        let cloud = AwsProvider::connect(cfg.clone(), Arc::new(SystemClock))
+            .await
+            .expect("connect")
+            .with_catalog(moto_catalog().await)
+            .await;
         let ec2 = cloud.ec2();
         let subnets = ec2.describe_subnets().send().await.expect("subnets");
         let groups = ec2

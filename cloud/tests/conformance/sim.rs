@@ -4,8 +4,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dovetail_cloud::sim::{ApiLimits, Bucket, SimCloud, SimConfig, SimQueue};
-use dovetail_cloud::{CloudProvider, InterruptionQueue, ManualClock, NodeClass, OfferingKey};
+use dovetail_cloud::{CloudProvider, InterruptionQueue, NodeClass, OfferingKey};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+use dovetail_core::clock::ManualClock;
 
 use super::suite::{self, Harness};
 
