@@ -12,6 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use dovetail_actors::config::Config;
+use dovetail_actors::errors::Errors;
+use dovetail_actors::executor::Executor;
 use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring};
 use dovetail_actors::router::{PodsPending, RoutedPool, Router};
 use dovetail_actors::zone::{ZoneActor, ZoneConfig};
@@ -21,14 +24,14 @@ use dovetail_cluster::sim::SimCluster;
 use dovetail_core::catalog::{Catalog, NodeClassSettings};
 use dovetail_core::clock::{Clock, SystemClock};
 use dovetail_core::labels;
-use dovetail_core::ledger::{ClaimState, Command, Entry};
+use dovetail_core::ledger::{ClaimState, Command};
 use dovetail_core::nodepool::NodePool;
 use dovetail_core::plane::BatchWindow;
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::requirements::{Requirement, Requirements};
 use dovetail_core::resources::ResourceList;
 use dovetail_core::scheduling::PoolInput;
-use dovetail_raft::{InProcess, Ledger};
+use dovetail_raft::{InProcess, propose_now, read_with};
 
 const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 
@@ -72,9 +75,15 @@ async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<
     reqs.add(labels::INSTANCE_CATEGORY, Requirement::is_in(["c", "m", "r"]));
     reqs.add(labels::ZONE, Requirement::is_in(ZONES));
     let pool = NodePool::new("default", reqs);
-    ledger
-        .propose(Entry { at: 0, command: Command::SetPool { pool: "default".into(), limits: ResourceList::new() } })
-        .await?;
+    propose_now(
+        ledger.as_ref(),
+        clock.now_millis(),
+        Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+    )
+    .await?;
+    let config = Arc::new(Config::default());
+    let errors = Arc::new(Errors::new());
+    let executor = Executor::new(cluster.clone(), ledger.clone(), errors.clone(), config.executor.clone());
     let zones: Vec<(String, Addr<ZoneActor>)> = ZONES
         .iter()
         .map(|z| {
@@ -91,10 +100,15 @@ async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<
             clock: ck.clone(),
             zones: zones.into_iter().collect(),
             router: ctx.address().recipient(),
+            executor,
+            errors,
+            config,
         };
         let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
         let actor = NodePoolActor::new(p.clone(), ty.clone(), nc, wiring).start();
-        let _ = tx.send(actor.clone());
+        if tx.send(actor.clone()).is_err() {
+            eprintln!("the benchmark stopped while starting");
+        }
         let adaptive = adaptive.then_some(dovetail_core::plane::Adaptive { short_queue: 10, short_idle: 50 });
         let window = BatchWindow { idle, max: 10_000, adaptive };
         Router::new(
@@ -123,12 +137,10 @@ async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<
     let mut first_claim: Option<Duration> = None;
     let mut done: Option<Duration> = None;
     for _ in 0..60_000 {
-        let mut claims = 0usize;
-        let mut launched = 0usize;
-        ledger.read(&mut |s| {
-            claims = s.claims().len();
-            launched = s.claims().values().filter(|c| matches!(c.state, ClaimState::Launched { .. })).count();
-        })?;
+        let (claims, launched) = read_with(ledger.as_ref(), |s| {
+            (s.claims().len(), s.claims().values().filter(|c| matches!(c.state, ClaimState::Launched { .. })).count())
+        })
+        .await?;
         if claims > 0 && first_claim.is_none() {
             first_claim = Some(start.elapsed());
         }
@@ -140,8 +152,7 @@ async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<
         actix_rt::time::sleep(Duration::from_millis(2)).await;
     }
     let (first, done) = (first_claim.unwrap_or_default(), done.ok_or("not done within 120 s")?);
-    let mut claims = 0;
-    ledger.read(&mut |s| claims = s.claims().len())?;
+    let claims = read_with(ledger.as_ref(), |s| s.claims().len()).await?;
     println!(
         "{n} pods -> {claims} NodeClaims created and launched: {:.0} ms after the pods were pending; first reservation at {:.0} ms (window idle {idle} ms); {:.0} ms after the window closed",
         done.as_secs_f64() * 1e3,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dovetail_actors::feed::FeedConfig;
+use dovetail_actors::config::Config;
 use dovetail_actors::kubelet::registrations;
 use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
 use dovetail_cloud::sim::{ApiLimits, SimCloud, SimConfig};
@@ -27,13 +27,12 @@ use dovetail_cluster::sim::{Deployment, Registrar, SimCluster, Workloads};
 use dovetail_core::catalog::{Catalog, NodeClassSettings};
 use dovetail_core::clock::{Clock, SystemClock};
 use dovetail_core::labels;
-use dovetail_core::ledger::{ClaimState, Command, Entry};
+use dovetail_core::ledger::{ClaimState, Command};
 use dovetail_core::nodepool::NodePool;
-use dovetail_core::plane::BatchWindow;
 use dovetail_core::pod::Pod;
 use dovetail_core::requirements::{Requirement, Requirements};
 use dovetail_core::resources::ResourceList;
-use dovetail_raft::{InProcess, Ledger};
+use dovetail_raft::{InProcess, propose_now, read_with};
 
 struct Counting;
 
@@ -108,9 +107,12 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
     reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.xlarge"]));
     reqs.add(labels::ZONE, Requirement::is_in(ZONES));
     let pool = NodePool::new("default", reqs);
-    ledger
-        .propose(Entry { at: 0, command: Command::SetPool { pool: "default".into(), limits: ResourceList::new() } })
-        .await?;
+    propose_now(
+        ledger.as_ref(),
+        clock.now_millis(),
+        Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+    )
+    .await?;
     let mut workloads = Workloads::new();
     let apps = 10usize;
     for a in 0..apps {
@@ -133,9 +135,8 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
         PlaneConfig {
             zones: ZONES.iter().map(|z| z.to_string()).collect(),
             pools: vec![(pool, types.clone(), nc)],
-            window: BatchWindow { idle: 1_000, max: 10_000, adaptive: None },
             limits: ApiLimits::raised(1000.0),
-            feed: FeedConfig::default(),
+            config: Config::default(),
         },
         Seams {
             cloud: cloud.clone(),
@@ -144,7 +145,7 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
             ledger: ledger.clone(),
             clock: clock.clone(),
         },
-    );
+    )?;
     let mut registrar = Registrar::new(0);
     let (mut all_claimed, mut done) = (None, None);
     // Bounded: 20 minutes.
@@ -159,11 +160,13 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
         cluster.schedule();
         let snap = cluster.snapshot();
         let pending = snap.pending().count();
-        let (mut claims, mut initialized) = (0, 0);
-        ledger.read(&mut |s| {
-            claims = s.claims().len();
-            initialized = s.claims().values().filter(|c| matches!(c.state, ClaimState::Initialized { .. })).count();
-        })?;
+        let (claims, initialized) = read_with(ledger.as_ref(), |s| {
+            (
+                s.claims().len(),
+                s.claims().values().filter(|c| matches!(c.state, ClaimState::Initialized { .. })).count(),
+            )
+        })
+        .await?;
         if all_claimed.is_none() && claims > 0 && claims == snap.nodeclaims.len() && snap.nodes.len() == claims {
             all_claimed = Some(start.elapsed());
         }

@@ -4,18 +4,21 @@
 //! while it stays pending, and again `settle` after new nodes appeared if it is still pending
 //! (Karpenter re-solves pending pods each batch; the Router's solve finds the in-flight
 //! NodeClaims made for them, so a resend costs a solve, not a claim).
-//! DaemonSet pods and finished pods are never sent.
+//! Only provisionable pods are sent (Karpenter's `IsProvisionable`: marked unschedulable by
+//! the scheduler, not gated, not nominated, not a DaemonSet's, not finished or terminating).
+//! A full Router mailbox drops the message and the pods are due again at the next look
+//! (drop-and-resend): nothing queues outside a mailbox.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use dovetail_cluster::ClusterView;
-use dovetail_core::clock::Clock;
+use dovetail_core::clock::{Clock, to_millis};
 use dovetail_core::plane::Resend;
 use dovetail_core::pod::Pod;
 
-use crate::millis;
+use crate::errors::Errors;
 use crate::router::{PodsPending, Router};
 
 /// The feed's settings.
@@ -50,6 +53,10 @@ pub struct PendingFeed {
     tick: Duration,
     resend: Resend,
     seen_version: Option<u64>,
+    mailbox: usize,
+    errors: Arc<Errors>,
+    /// Messages the Router's full mailbox refused (their pods were sent again later).
+    pub dropped: u64,
 }
 
 impl PendingFeed {
@@ -59,31 +66,49 @@ impl PendingFeed {
             clock,
             router,
             tick: cfg.tick.min(cfg.resend),
-            resend: Resend::new(millis(cfg.resend), millis(cfg.settle)),
+            resend: Resend::new(to_millis(cfg.resend), to_millis(cfg.settle)),
             seen_version: None,
+            mailbox: 16,
+            errors: Arc::new(Errors::new()),
+            dropped: 0,
         }
     }
 
+    /// Its mailbox size and the plane's error counters.
+    pub fn configured(mut self, mailbox: usize, errors: Arc<Errors>) -> Self {
+        self.mailbox = mailbox;
+        self.errors = errors;
+        self
+    }
+
     /// Sends what is due; returns how many pods it sent.
-    fn poll(&mut self, ctx: &mut Context<Self>) -> usize {
-        let now = millis(self.clock.now());
+    fn poll(&mut self) -> usize {
+        let now = self.clock.now_millis();
+        // A cache that has not listed everything shows pods pending that are not (or misses
+        // their nodes): nothing is sent from it.
+        if !self.view.synced() {
+            return 0;
+        }
         let snap = self.view.snapshot();
         // Nothing changed and nothing is due.
         if self.seen_version == Some(snap.resource_version) && !self.resend.due_without_change(now) {
             return 0;
         }
         self.seen_version = Some(snap.resource_version);
-        let pending: Vec<&Arc<Pod>> = snap.pending().filter(|p| !p.daemon).collect();
+        let pending: Vec<&Arc<Pod>> = snap.provisionable().collect();
         let due = self.resend.look(now, pending.iter().map(|p| &p.key), snap.nodes.len());
         let due: Vec<Pod> = due.into_iter().map(|i| pending[i].as_ref().clone()).collect();
         let n = due.len();
         if n > 0 {
-            let msg = PodsPending { pods: due };
-            if let Err(SendError::Full(msg)) = self.router.try_send(msg) {
-                let router = self.router.clone();
-                ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
-                    let _ = router.send(msg).await;
-                }));
+            match self.router.try_send(PodsPending { pods: due }) {
+                Ok(()) => {}
+                Err(SendError::Full(msg)) | Err(SendError::Closed(msg)) => {
+                    // Dropped: the pods are due again at the next look.
+                    self.dropped += 1;
+                    self.resend.unsend(msg.pods.iter().map(|p| &p.key));
+                    self.errors.note("send_pending", "mailbox_full", "router", &format!("{} pods", msg.pods.len()));
+                    return 0;
+                }
             }
         }
         n
@@ -94,7 +119,7 @@ impl Actor for PendingFeed {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.set_mailbox_capacity(16);
+        ctx.set_mailbox_capacity(self.mailbox);
         // Every change notification (a burst of changes wakes it once) is looked at.
         let mut changes = self.view.changes();
         let me = ctx.address();
@@ -105,8 +130,8 @@ impl Actor for PendingFeed {
                 }
             }
         }));
-        ctx.run_interval(self.tick, |act, ctx| {
-            act.poll(ctx);
+        ctx.run_interval(self.tick, |act, _| {
+            act.poll();
         });
     }
 }
@@ -114,8 +139,8 @@ impl Actor for PendingFeed {
 impl Handler<Poll> for PendingFeed {
     type Result = usize;
 
-    fn handle(&mut self, _: Poll, ctx: &mut Context<Self>) -> usize {
-        self.poll(ctx)
+    fn handle(&mut self, _: Poll, _: &mut Context<Self>) -> usize {
+        self.poll()
     }
 }
 

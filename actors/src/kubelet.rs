@@ -7,7 +7,7 @@ use dovetail_cluster::sim::Registration;
 
 /// The provider id Karpenter's AWS provider writes for an instance.
 pub fn provider_id(inst: &Instance) -> String {
-    format!("aws:///{}/{}", inst.zone, inst.id)
+    dovetail_core::lifecycle::provider_id(&inst.zone, &inst.id)
 }
 
 /// The registration of every instance launched for a NodeClaim (untagged ones are not ours).

@@ -5,14 +5,25 @@
 //! - [`plane::Plane`]: the Supervisor; wires the others and restarts any that stops.
 //! - [`feed::PendingFeed`]: tells the Router about pods that need a node.
 //! - [`router::Router`]: batches pending pods and routes them to pools by one global solve.
-//! - [`pool::NodePoolActor`]: one per NodePool; packs, reserves and drives claims' lifecycle.
-//! - [`zone::ZoneActor`]: one per availability zone, the only caller of launch for its zone.
+//! - [`pool::NodePoolActor`]: one per NodePool; a shell over the provisioning and lifecycle
+//!   planners of `core`.
+//! - [`zone::ZoneActor`]: one per availability zone, the only caller of launch and terminate
+//!   for its zone.
+//! - [`executor::Executor`]: runs the cluster effects planners ask for, fenced by the term.
 //!
 //! - [`trace`]: one trace per pending-pod class decision, its context carried in the messages.
+//! - [`config::Config`]: every setting; [`errors::Errors`]: every error seen, counted.
 //!
-//! Mailboxes are bounded; sends between actors use `try_send`, falling back to an awaited
-//! `send` when a mailbox is full, so nothing is dropped and nothing grows without bound.
+//! Planners run on the blocking pool, not on the arbiter, so timers fire on time during a
+//! large solve. Mailboxes are bounded and every send uses `try_send` with a policy for a full
+//! mailbox (drop-and-resend for the feed, back to the queue for the Router, hold-and-retry for
+//! launches and terminations, drop for replies the ledger already holds): no future is spawned
+//! per message and nothing grows without bound. The ledger and the cluster hold what was
+//! decided and what is, so a dropped message is recovered by the next reconcile.
 
+pub mod config;
+pub mod errors;
+pub mod executor;
 pub mod feed;
 pub mod kubelet;
 pub mod limiter;
@@ -22,20 +33,7 @@ pub mod router;
 pub mod trace;
 pub mod zone;
 
-use std::time::Duration;
-
 use actix::Message;
-
-use dovetail_core::ledger::Millis;
-
-/// The longest a throttled call waits before it is tried again, whatever retry-after the cloud
-/// gave (the AWS SDKs cap their backoff at 20 s; a longer hint is probed rather than obeyed).
-pub const MAX_RETRY_WAIT: Duration = Duration::from_secs(30);
-
-/// Ledger timestamps from the plane's clock.
-pub(crate) fn millis(d: Duration) -> Millis {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// Stops an actor. Under the plane's Supervisor it starts again from its seams (the ledger and
 /// the cluster hold what it decided); chaos runs and the restart tests send it.

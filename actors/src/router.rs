@@ -5,7 +5,7 @@
 //! fit). A pool that cannot place pods sends them back (one way); the Router offers them to the
 //! pools they have not tried yet.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,11 +13,11 @@ use actix::prelude::*;
 use dovetail_cluster::ClusterView;
 use dovetail_core::clock::Clock;
 use dovetail_core::ledger::Millis;
-use dovetail_core::plane::{Batch, BatchWindow, Latencies};
+use dovetail_core::plane::{Batch, BatchWindow, Latencies, Offers};
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
 
-use crate::millis;
+use crate::errors::Errors;
 use crate::pool::{NodePoolActor, Provision, Unplaced};
 use crate::trace::{self, Cause};
 
@@ -46,6 +46,8 @@ pub struct RouterStats {
     pub unschedulable: u64,
     /// Queued pods that were bound or gone by the time their batch closed.
     pub stale: u64,
+    /// Pods put back in the queue because their pool's mailbox was full.
+    pub requeued: u64,
     /// Per pod, from its arrival at the Router to its decision (placed on existing or
     /// in-flight capacity, or sent to a pool), milliseconds of the plane's clock.
     pub latency: Latencies,
@@ -66,8 +68,13 @@ pub struct Router {
     queue: BTreeMap<PodKey, Pod>,
     batch: Batch,
     timer: Option<SpawnHandle>,
+    /// Pods went back to the queue: the batch timer is armed again.
+    rearm: bool,
     /// Pools each pod was offered to in this batch.
-    tried: BTreeMap<PodKey, BTreeSet<String>>,
+    offers: Offers,
+    solve: SolveOptions,
+    mailbox: usize,
+    errors: Arc<Errors>,
     /// When each pod not yet decided arrived.
     arrived: BTreeMap<PodKey, Millis>,
     stats: RouterStats,
@@ -88,10 +95,22 @@ impl Router {
             queue: BTreeMap::new(),
             batch: Batch::default(),
             timer: None,
-            tried: BTreeMap::new(),
+            rearm: false,
+            offers: Offers::default(),
+            solve: SolveOptions::default(),
+            mailbox: 1024,
+            errors: Arc::new(Errors::new()),
             arrived: BTreeMap::new(),
             stats: RouterStats::default(),
         }
+    }
+
+    /// The plane's settings (solve options, mailbox) and error counters.
+    pub fn configured(mut self, cfg: &crate::config::Config, errors: Arc<Errors>) -> Self {
+        self.solve = cfg.solve.clone();
+        self.mailbox = cfg.mailboxes.router;
+        self.errors = errors;
+        self
     }
 
     /// A restart: the timer went with the old context; the queued pods stay.
@@ -105,10 +124,10 @@ impl Router {
             ctx.cancel_future(h);
         }
         let Some(at) = self.batch.closes_at(&self.window) else { return };
-        let wait = Duration::from_millis(at.saturating_sub(millis(self.clock.now())));
+        let wait = Duration::from_millis(at.saturating_sub(self.clock.now_millis()));
         self.timer = Some(ctx.run_later(wait, |act, ctx| {
             act.timer = None;
-            if act.batch.is_due(&act.window, millis(act.clock.now())) {
+            if act.batch.is_due(&act.window, act.clock.now_millis()) {
                 act.close(ctx);
             } else {
                 act.arm(ctx);
@@ -116,122 +135,201 @@ impl Router {
         }));
     }
 
-    /// Solves `pods` over the pools each has not tried and sends every pool its share.
-    /// `causes` is parallel to `pods` (pods a pool gave back carry the trace of their
-    /// decision), or empty.
-    fn route(&mut self, pods: Vec<Pod>, causes: Vec<Cause>, with_existing: bool) {
+    /// Solves `pods` over the pools each has not tried and sends every pool its share. The
+    /// work proportional to the pods (reading them as the cluster has them, grouping, the
+    /// solves) runs on the blocking pool, so the arbiter's timers (the zones' launch windows)
+    /// fire on time during a large one. `causes` is parallel to `pods` (pods a pool gave back
+    /// carry the trace of their decision), or empty.
+    fn route(&mut self, ctx: &mut Context<Self>, pods: Vec<Pod>, causes: Vec<Cause>, with_existing: bool) {
         if pods.is_empty() {
             return;
         }
-        // One view of the cluster for every group. Pods bound or gone since they were queued
-        // are dropped, and the rest are taken as the cluster has them now: a batch that waited
-        // must not provision for pods the scheduler has placed meanwhile.
-        let snap = self.cluster.snapshot();
-        let before = pods.len();
-        // (the pod as the cluster has it, its index in `pods`)
-        let live: Vec<(&Arc<Pod>, usize)> = pods
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| Some((snap.pods.get(&p.key).filter(|c| c.node_name.is_none() && !c.terminal)?, i)))
-            .collect();
-        self.stats.stale += (before - live.len()) as u64;
+        let input = RouteInput {
+            snap: self.cluster.snapshot(),
+            pods,
+            causes,
+            with_existing,
+            offers: self.offers.clone(),
+            pools: self.pools.iter().map(|p| p.input.clone()).collect(),
+            opts: self.solve.clone(),
+            batch: self.stats.batches,
+        };
+        let work = tokio::task::spawn_blocking(move || route_off_thread(input));
+        ctx.spawn(work.into_actor(self).map(move |routed, act, ctx| {
+            match routed {
+                Ok(r) => act.routed(r, with_existing),
+                Err(e) => act.errors.warn("route", "panic", "router", &e),
+            }
+            act.rearm_if_requeued(ctx);
+        }));
+    }
+
+    /// Acts on a route's solves.
+    fn routed(&mut self, r: Routed, with_existing: bool) {
+        self.stats.stale += r.stale;
         // At a batch close, arrivals of pods neither routed now nor queued again are dropped
         // (bound, deleted, or left unschedulable by an earlier batch: a resend restarts their
         // clock), so the map stays as large as the pending queue.
         if with_existing {
-            let keys: BTreeSet<&PodKey> = live.iter().map(|(p, _)| &p.key).collect();
-            self.arrived.retain(|k, _| keys.contains(k) || self.queue.contains_key(k));
+            let live = &r.live;
+            self.arrived.retain(|k, _| live.contains(k) || self.queue.contains_key(k));
         }
-        // Pods are grouped by the pools still open to them; each group is one solve.
-        let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
-        for (k, (p, _)) in live.iter().enumerate() {
-            let tried = self.tried.get(&p.key);
-            let open: Vec<usize> = (0..self.pools.len())
-                .filter(|&i| tried.is_none_or(|t| !t.contains(&self.pools[i].input.pool.name)))
-                .collect();
-            groups.entry(open).or_default().push(k);
-        }
-        let nodes = if with_existing { snap.capacity_nodes() } else { Vec::new() };
-        for (open, group) in groups {
-            let pods: Vec<Pod> = group.iter().map(|&k| live[k].0.as_ref().clone()).collect();
-            // Untraced senders send no causes; none are made up for them.
-            let causes: Vec<Cause> = if causes.is_empty() {
-                Vec::new()
-            } else {
-                group.iter().map(|&k| trace::cause_at(&causes, live[k].1)).collect()
-            };
-            let mut decisions = Decisions::open(&pods, &causes, self.stats.batches);
-            if open.is_empty() {
-                self.stats.unschedulable += pods.len() as u64;
-                for (i, p) in pods.iter().enumerate() {
-                    self.arrived.remove(&p.key);
-                    decisions.unschedulable(i, "every NodePool was tried");
-                }
-                decisions.record();
-                continue;
-            }
-            let inputs: Vec<PoolInput> = open.iter().map(|&i| self.pools[i].input.clone()).collect();
-            let snapshot = snap.scheduling_input(nodes.clone(), inputs);
-            let simulating =
-                decisions.children(|d| tracing::info_span!(parent: d, "router.simulate", pods = pods.len()));
-            let results = scheduling::solve(&snapshot, &pods, &SolveOptions::default());
-            drop(simulating);
-            let now = millis(self.clock.now());
-            let decided = results
-                .existing
-                .iter()
-                .flat_map(|e| e.pods.iter())
-                .chain(results.claims.iter().flat_map(|c| c.pods.iter()));
-            for &i in decided {
-                if let Some(at) = self.arrived.remove(&pods[i].key) {
-                    self.stats.latency.record(now.saturating_sub(at));
-                }
-            }
-            for &i in results.existing.iter().flat_map(|e| e.pods.iter()) {
-                decisions.on_existing(i);
-            }
-            for (i, reason) in &results.errors {
-                decisions.unschedulable(*i, reason);
-            }
-            self.stats.on_existing += results.existing.iter().map(|e| e.pods.len() as u64).sum::<u64>();
-            self.stats.unschedulable += results.errors.len() as u64;
-            let mut per_pool: BTreeMap<usize, (Vec<Pod>, Vec<Cause>)> = BTreeMap::new();
-            for c in &results.claims {
-                let pool = open[c.pool];
-                let (to, causes) = per_pool.entry(pool).or_default();
-                for &i in &c.pods {
-                    to.push(pods[i].clone());
-                    if let Some(cause) = decisions.routed(i) {
-                        causes.push(cause);
-                    }
-                }
+        for (mut decisions, pods) in r.everywhere_tried {
+            self.stats.unschedulable += pods.len() as u64;
+            for (i, p) in pods.iter().enumerate() {
+                self.arrived.remove(&p.key);
+                decisions.unschedulable(i, "every NodePool was tried");
             }
             decisions.record();
-            for (pool, (pods, causes)) in per_pool {
-                let name = self.pools[pool].input.pool.name.clone();
-                for p in &pods {
-                    self.tried.entry(p.key.clone()).or_default().insert(name.clone());
+        }
+        for (job, pods, results) in r.solved {
+            self.apply(job, pods, results);
+        }
+    }
+
+    /// Acts on one group's solve: pods placed on existing or in-flight capacity are left to
+    /// the scheduler, the rest go to the pools the solve routed them to.
+    fn apply(&mut self, job: Job, mut pods: Vec<Pod>, results: scheduling::Results) {
+        let Job { open, mut decisions, simulating } = job;
+        drop(simulating);
+        let now = self.clock.now_millis();
+        let decided = results
+            .existing
+            .iter()
+            .flat_map(|e| e.pods.iter())
+            .chain(results.claims.iter().flat_map(|c| c.pods.iter()));
+        for &i in decided {
+            if let Some(at) = self.arrived.remove(&pods[i].key) {
+                self.stats.latency.record(now.saturating_sub(at));
+            }
+        }
+        for &i in results.existing.iter().flat_map(|e| e.pods.iter()) {
+            decisions.on_existing(i);
+        }
+        for (i, reason) in &results.errors {
+            decisions.unschedulable(*i, reason);
+        }
+        self.stats.on_existing += results.existing.iter().map(|e| e.pods.len() as u64).sum::<u64>();
+        self.stats.unschedulable += results.errors.len() as u64;
+        let mut per_pool: BTreeMap<usize, (Vec<Pod>, Vec<Cause>)> = BTreeMap::new();
+        for c in &results.claims {
+            let pool = open[c.pool];
+            let (to, causes) = per_pool.entry(pool).or_default();
+            for &i in &c.pods {
+                // Each pod is on one claim: moved, not copied.
+                to.push(std::mem::take(&mut pods[i]));
+                if let Some(cause) = decisions.routed(i) {
+                    causes.push(cause);
                 }
-                self.stats.routed += pods.len() as u64;
-                let msg = Provision { pods, causes, daemonsets: snapshot.daemonsets.clone() };
-                if let Err(SendError::Full(msg)) | Err(SendError::Closed(msg)) = self.pools[pool].actor.try_send(msg) {
-                    let actor = self.pools[pool].actor.clone();
-                    actix::spawn(async move {
-                        let _ = actor.send(msg).await;
-                    });
+            }
+        }
+        decisions.record();
+        for (pool, (pods, causes)) in per_pool {
+            let name = self.pools[pool].input.pool.name.clone();
+            for p in &pods {
+                self.offers.offered(&p.key, &name);
+            }
+            self.stats.routed += pods.len() as u64;
+            let msg = Provision { pods, causes };
+            match self.pools[pool].actor.try_send(msg) {
+                Ok(()) => {}
+                // Backpressure: the pods wait in the queue for the next batch.
+                Err(SendError::Full(msg)) => {
+                    self.stats.requeued += msg.pods.len() as u64;
+                    for p in msg.pods {
+                        self.queue.insert(p.key.clone(), p);
+                        self.batch.arrive(now);
+                    }
+                    self.rearm = true;
+                }
+                Err(SendError::Closed(msg)) => {
+                    self.errors.warn("provision", "closed", &name, &format!("{} pods", msg.pods.len()));
                 }
             }
         }
     }
 
     fn close(&mut self, ctx: &mut Context<Self>) {
-        let _ = ctx;
         self.batch.close();
         self.stats.batches += 1;
-        self.tried.clear();
+        self.offers.clear();
         let pods: Vec<Pod> = std::mem::take(&mut self.queue).into_values().collect();
-        self.route(pods, Vec::new(), true);
+        self.route(ctx, pods, Vec::new(), true);
     }
+}
+
+/// One group's solve, while it runs: the pools open to it and its trace.
+struct Job {
+    open: Vec<usize>,
+    decisions: Decisions,
+    simulating: Vec<tracing::Span>,
+}
+
+/// What a route reads, moved off the arbiter.
+struct RouteInput {
+    snap: Arc<dovetail_cluster::Snapshot>,
+    pods: Vec<Pod>,
+    causes: Vec<Cause>,
+    with_existing: bool,
+    offers: Offers,
+    pools: Vec<PoolInput>,
+    opts: SolveOptions,
+    batch: u64,
+}
+
+/// What a route decided, back on the arbiter.
+struct Routed {
+    /// Pods bound or gone since they were queued.
+    stale: u64,
+    /// The pods still pending.
+    live: std::collections::HashSet<PodKey>,
+    /// Groups every pool was tried for.
+    everywhere_tried: Vec<(Decisions, Vec<Pod>)>,
+    solved: Vec<(Job, Vec<Pod>, scheduling::Results)>,
+}
+
+/// The route's work proportional to its pods: the pods as the cluster has them now (one
+/// view for every group: a batch that waited must not provision for pods the scheduler has
+/// placed meanwhile), grouped by the pools still open to them, each group solved.
+fn route_off_thread(r: RouteInput) -> Routed {
+    let snap = &r.snap;
+    // (the pod as the cluster has it, its index in `pods`)
+    let live: Vec<(&Arc<Pod>, usize)> = r
+        .pods
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| Some((snap.pods.get(&p.key).filter(|c| c.node_name.is_none() && !c.terminal)?, i)))
+        .collect();
+    let stale = (r.pods.len() - live.len()) as u64;
+    let names: Vec<&str> = r.pools.iter().map(|p| p.pool.name.as_str()).collect();
+    let groups = r.offers.groups(live.iter().map(|(p, _)| &p.key), &names);
+    let nodes = if r.with_existing { snap.capacity_nodes() } else { Vec::new() };
+    let mut out = Routed {
+        stale,
+        live: live.iter().map(|(p, _)| p.key.clone()).collect(),
+        everywhere_tried: Vec::new(),
+        solved: Vec::new(),
+    };
+    for (open, group) in groups {
+        let pods: Vec<Pod> = group.iter().map(|&k| live[k].0.as_ref().clone()).collect();
+        // Untraced senders send no causes; none are made up for them.
+        let causes: Vec<Cause> = if r.causes.is_empty() {
+            Vec::new()
+        } else {
+            group.iter().map(|&k| trace::cause_at(&r.causes, live[k].1)).collect()
+        };
+        let decisions = Decisions::open(&pods, &causes, r.batch);
+        if open.is_empty() {
+            out.everywhere_tried.push((decisions, pods));
+            continue;
+        }
+        let inputs: Vec<PoolInput> = open.iter().map(|&i| r.pools[i].clone()).collect();
+        let snapshot = snap.scheduling_input(nodes.clone(), inputs);
+        let simulating = decisions.children(|d| tracing::info_span!(parent: d, "router.simulate", pods = pods.len()));
+        let results = scheduling::solve(&snapshot, &pods, &r.opts);
+        out.solved.push((Job { open, decisions, simulating }, pods, results));
+    }
+    out
 }
 
 /// The class decisions of one solve, when traced: a root span `router.route` per class of
@@ -331,11 +429,20 @@ impl Decisions {
     }
 }
 
+impl Router {
+    /// Pods a full pool mailbox sent back to the queue wait for the next batch close.
+    fn rearm_if_requeued(&mut self, ctx: &mut Context<Self>) {
+        if std::mem::take(&mut self.rearm) {
+            self.arm(ctx);
+        }
+    }
+}
+
 impl Actor for Router {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.set_mailbox_capacity(1024);
+        ctx.set_mailbox_capacity(self.mailbox);
         // After a restart: the batch that was open.
         if !self.queue.is_empty() {
             self.arm(ctx);
@@ -347,7 +454,7 @@ impl Handler<PodsPending> for Router {
     type Result = ();
 
     fn handle(&mut self, msg: PodsPending, ctx: &mut Context<Self>) {
-        let now = millis(self.clock.now());
+        let now = self.clock.now_millis();
         for p in msg.pods {
             self.arrived.entry(p.key.clone()).or_insert(now);
             if self.queue.insert(p.key.clone(), p).is_none() {
@@ -361,10 +468,10 @@ impl Handler<PodsPending> for Router {
 impl Handler<Unplaced> for Router {
     type Result = ();
 
-    fn handle(&mut self, msg: Unplaced, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Unplaced, ctx: &mut Context<Self>) {
         self.stats.rerouted += msg.pods.len() as u64;
         // Existing capacity was offered already; the next pools are.
-        self.route(msg.pods, msg.causes, false);
+        self.route(ctx, msg.pods, msg.causes, false);
     }
 }
 

@@ -1,48 +1,54 @@
-//! The ZoneActor: one per availability zone, the only caller of `CloudProvider::launch` for
-//! its zone. It collects the launches its pools send within a short window into one call (the
-//! provider merges identical requests into one CreateFleet), records each step in the ledger
-//! (Launching, Launched, ICE marks), retries throttled launches after the retry-after, and
-//! sends every claim's outcome back to the pool that asked: on insufficient capacity the pool
-//! picks another offering, the ICE'd ones now marked unavailable.
+//! The ZoneActor: one per availability zone, the only caller of `CloudProvider::launch` and
+//! `terminate` for its zone.
+//!
+//! Launches its pools send within a short window go out together: identical claims form one
+//! launch batch (one CreateFleet), re-driven claims keep the batch the ledger recorded. The
+//! batches are committed to the ledger first ([`Command::Launch`]): only the claims the ledger
+//! started are launched, and only while this node still leads in the term it proposed in, so a
+//! deleted claim or a deposed leader launches nothing. Every instance carries its batch's tag,
+//! and the call's client token derives from the batch, so a re-drive after a crash finds what
+//! the call made instead of launching again. Outcomes are committed (`Launched`, `Unlaunched`
+//! on insufficient capacity, ICE marks in one entry) and then sent back to the pool that asked;
+//! the reply is a hint (a full mailbox drops it): the pool reads what happened from the ledger.
+//! Throttled launches wait for the retry-after; terminations are fenced the same way and
+//! committed as `InstanceGone`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use dovetail_cloud::{CloudError, CloudProvider, Instance, LaunchRequest};
-use dovetail_core::clock::Clock;
-use dovetail_core::ledger::{Command, Entry, Offering, Step, micro_dollars};
+use dovetail_cloud::{CloudError, CloudProvider, Instance, LaunchBatch, LaunchRequest, Lookup, same_shape};
+use dovetail_core::catalog::CapacityType;
+use dovetail_core::clock::{Clock, to_millis};
+use dovetail_core::ledger::{Command, Entry, Millis, Offering, Outcome, Step, Term, micro_dollars};
+use dovetail_core::plane::Names;
 use dovetail_raft::Ledger;
-
-use crate::limiter::RegionLimiter;
-use crate::millis;
-use crate::trace::Cause;
+use dovetail_raft::read_with;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::config::ZoneSettings;
+use crate::errors::Errors;
+use crate::limiter::RegionLimiter;
+use crate::trace::Cause;
 
 /// A ZoneActor's settings.
 #[derive(Clone, Debug)]
 pub struct ZoneConfig {
     pub zone: String,
-    /// Launches arriving within this window after the first go out as one call.
-    pub window: Duration,
-    /// How long an offering that had no capacity stays unavailable (Karpenter: 3 min).
-    pub ice_ttl: Duration,
+    pub settings: ZoneSettings,
     pub mailbox: usize,
 }
 
 impl ZoneConfig {
     pub fn new(zone: &str) -> Self {
-        ZoneConfig {
-            zone: zone.to_string(),
-            window: Duration::from_millis(35),
-            ice_ttl: Duration::from_secs(180),
-            mailbox: 1024,
-        }
+        ZoneConfig { zone: zone.to_string(), settings: ZoneSettings::default(), mailbox: 1024 }
     }
 }
 
-/// Launch these claims (already reserved in the ledger) in the actor's zone.
+/// Launch these claims (reserved in the ledger) in the actor's zone. A request's batch is the
+/// one the ledger recorded for a re-drive, or empty (`LaunchBatch::default()`) for a claim
+/// not yet launching: the zone records a new batch for it.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Launch {
@@ -63,12 +69,15 @@ pub struct LaunchOutcome {
     pub causes: Vec<Cause>,
 }
 
-/// Terminate a claim's instance.
+/// Terminate a claim's instance: the one named, or the one its batch made for it.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Terminate {
     pub claim: String,
-    pub instance: String,
+    pub instance: Option<String>,
+    pub batch: Option<LaunchBatch>,
+    /// The term the termination was decided in: nothing is terminated once it is over.
+    pub term: Term,
     pub reply: Recipient<Terminated>,
 }
 
@@ -98,6 +107,15 @@ pub struct ZoneStats {
     pub in_flight: usize,
     /// Claims queued again by a restart.
     pub requeued: u64,
+    /// Claims the ledger refused to launch (deleted, or launching elsewhere).
+    pub refused: u64,
+    /// Launches and terminations not made because the term they were decided in was over.
+    pub fenced: u64,
+    pub terminated: u64,
+    /// How late the latest window flush ran after its time, and the most late, in
+    /// milliseconds of the plane's clock (timers starved by a busy arbiter show here).
+    pub flush_late_ms: u64,
+    pub flush_late_max_ms: u64,
 }
 
 /// A claim handed over and not yet answered.
@@ -114,37 +132,55 @@ pub struct ZoneActor {
     cloud: Arc<dyn CloudProvider>,
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
+    errors: Arc<Errors>,
+    names: Names,
     /// Claims waiting for the next call, in arrival order.
     pending: Vec<String>,
-    flush_scheduled: bool,
+    /// When the scheduled flush is due (plane clock), if one is scheduled.
+    flush_due: Option<Millis>,
     /// Every claim handed over and not yet answered (queued or in a call), with its reply.
     in_flight: BTreeMap<String, InFlight>,
+    /// Terminations of claims whose launch is in flight here: run once it is answered.
+    deferred: Vec<Terminate>,
     limiter: Option<Arc<RegionLimiter>>,
     stats: ZoneStats,
 }
 
 impl ZoneActor {
     pub fn new(cfg: ZoneConfig, cloud: Arc<dyn CloudProvider>, ledger: Arc<dyn Ledger>, clock: Arc<dyn Clock>) -> Self {
+        // Batch ids need only be unique per zone and run: the clock and the zone seed them.
+        let seed =
+            clock.now_millis() ^ cfg.zone.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
         ZoneActor {
             cfg,
             cloud,
             ledger,
             clock,
+            errors: Arc::new(Errors::new()),
+            names: Names::new(seed),
             pending: Vec::new(),
-            flush_scheduled: false,
+            flush_due: None,
             in_flight: BTreeMap::new(),
+            deferred: Vec::new(),
             limiter: None,
             stats: ZoneStats::default(),
         }
     }
 
+    /// Counts errors in the plane's counters.
+    pub fn with_errors(mut self, errors: Arc<Errors>) -> Self {
+        self.errors = errors;
+        self
+    }
+
     /// A restart: the calls that were under way are gone with the old context, so every claim
-    /// not yet answered is queued again. Launch is idempotent by claim, so an instance a lost
-    /// call made is found, not doubled; the pools still get exactly one answer per claim.
+    /// not yet answered is queued again. Their batches are the ones recorded (a cut-off call's
+    /// instances are found by their batch tag, not made twice); the pools still get one answer
+    /// per claim.
     pub(crate) fn requeue(&mut self) {
         self.pending = self.in_flight.keys().cloned().collect();
         self.stats.requeued += self.pending.len() as u64;
-        self.flush_scheduled = false;
+        self.flush_due = None;
     }
 
     /// Paces launches by the region's shared limiter: a launch call waits for its tokens, and
@@ -154,15 +190,23 @@ impl ZoneActor {
         self
     }
 
+    fn now(&self) -> Millis {
+        self.clock.now_millis()
+    }
+
     fn schedule_flush(&mut self, ctx: &mut Context<Self>, after: Duration) {
-        if !self.flush_scheduled {
-            self.flush_scheduled = true;
+        if self.flush_due.is_none() {
+            self.flush_due = Some(self.now().saturating_add(to_millis(after)));
             ctx.run_later(after, |act, ctx| act.flush(ctx));
         }
     }
 
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        self.flush_scheduled = false;
+        if let Some(due) = self.flush_due.take() {
+            let late = self.now().saturating_sub(due);
+            self.stats.flush_late_ms = late;
+            self.stats.flush_late_max_ms = self.stats.flush_late_max_ms.max(late);
+        }
         if self.pending.is_empty() {
             return;
         }
@@ -177,7 +221,7 @@ impl ZoneActor {
             },
             None => self.pending.len(),
         };
-        let batch: Vec<InFlight> = self
+        let mut batch: Vec<InFlight> = self
             .pending
             .drain(..take.min(self.pending.len()))
             .filter_map(|claim| self.in_flight.get(&claim).cloned())
@@ -186,77 +230,37 @@ impl ZoneActor {
             return;
         }
         if !self.pending.is_empty() {
-            let window = self.cfg.window;
+            let window = self.cfg.settings.window;
             self.schedule_flush(ctx, window);
         }
+        let leadership = self.ledger.leadership().borrow().clone();
+        if !leadership.leader {
+            // Not ours to launch: the leader re-drives them from the ledger.
+            for f in &batch {
+                self.in_flight.remove(&f.request.claim);
+            }
+            self.stats.fenced += batch.len() as u64;
+            return;
+        }
+        let term = leadership.term;
+        let batches = self.batches(&mut batch);
+        for f in &batch {
+            if let Some(b) = self.in_flight.get_mut(&f.request.claim) {
+                b.request.batch = f.request.batch.clone();
+            }
+        }
         self.stats.launch_calls += 1;
-        let (cloud, ledger, clock, ice_ttl) =
-            (self.cloud.clone(), self.ledger.clone(), self.clock.clone(), self.cfg.ice_ttl);
+        let spans = launch_spans(&self.cfg.zone, &batch);
+        let (cloud, ledger, clock, ice_ttl, errors) = (
+            self.cloud.clone(),
+            self.ledger.clone(),
+            self.clock.clone(),
+            self.cfg.settings.ice_ttl,
+            self.errors.clone(),
+        );
+        let zone = self.cfg.zone.clone();
         let requests: Vec<LaunchRequest> = batch.iter().map(|f| f.request.clone()).collect();
-        // This call's span in each traced decision of each claim.
-        let spans: Vec<Vec<tracing::Span>> = batch
-            .iter()
-            .map(|f| {
-                f.causes
-                    .iter()
-                    .map(|cause| {
-                        let span = tracing::info_span!(
-                            parent: None,
-                            "zone.launch",
-                            zone = %self.cfg.zone,
-                            nodepool = %f.request.nodepool,
-                            nodeclaim = %f.request.claim,
-                            instance_types = f.request.instance_types.len(),
-                            instance_type = tracing::field::Empty,
-                            capacity_type = tracing::field::Empty,
-                            instance = tracing::field::Empty,
-                            error = tracing::field::Empty,
-                        );
-                        cause.adopt(&span);
-                        span
-                    })
-                    .collect()
-            })
-            .collect();
-        let work = async move {
-            let at = millis(clock.now());
-            for r in &requests {
-                let launching = Command::Advance { claim: r.claim.clone(), step: Step::Launching };
-                // A ledger that cannot commit leaves the claim Reserved; liveness cleans up.
-                let _ = ledger.propose(Entry { at, command: launching }).await;
-            }
-            let results = cloud.launch(&requests).await;
-            let at = millis(clock.now());
-            for (r, result) in requests.iter().zip(&results) {
-                match result {
-                    Ok(inst) => {
-                        let step = Step::Launched {
-                            instance: inst.id.clone(),
-                            resources: inst.capacity.clone(),
-                            price_per_hour: micro_dollars(inst.price),
-                        };
-                        let _ = ledger
-                            .propose(Entry { at, command: Command::Advance { claim: r.claim.clone(), step } })
-                            .await;
-                    }
-                    Err(CloudError::InsufficientCapacity { offerings }) => {
-                        for o in offerings {
-                            let offering = Offering {
-                                instance_type: o.instance_type.clone(),
-                                zone: o.zone.clone(),
-                                capacity_type: o.capacity_type,
-                            };
-                            let until = at.saturating_add(millis(ice_ttl));
-                            let _ = ledger
-                                .propose(Entry { at, command: Command::MarkUnavailable { offering, until } })
-                                .await;
-                        }
-                    }
-                    Err(_) => {}
-                }
-            }
-            results
-        };
+        let work = launch(LaunchCall { cloud, ledger, clock, ice_ttl, errors, zone, term, batches, requests });
         ctx.spawn(work.into_actor(self).map(move |results, act, ctx| {
             let mut retry_after: Option<Duration> = None;
             for ((InFlight { request, reply, .. }, result), spans) in batch.into_iter().zip(results).zip(spans) {
@@ -264,50 +268,411 @@ impl ZoneActor {
                 if !act.in_flight.contains_key(&request.claim) {
                     continue;
                 }
-                for span in &spans {
-                    match &result {
-                        Ok(inst) => {
-                            span.record("instance_type", inst.instance_type.as_str());
-                            span.record("capacity_type", inst.capacity_type.to_string());
-                            span.record("instance", inst.id.as_str());
-                        }
-                        Err(e) => {
-                            span.record("error", e.to_string());
-                            span.set_status(opentelemetry::trace::Status::error(e.to_string()));
-                        }
-                    }
-                }
+                record(&spans, &result);
                 match result {
-                    Err(CloudError::Throttled { retry_after: after, .. }) => {
+                    Err(Failure::Throttled(after)) => {
                         act.stats.throttled += 1;
                         retry_after = Some(retry_after.map_or(after, |r| r.max(after)));
                         act.pending.push(request.claim);
                     }
-                    result => {
-                        match &result {
-                            Ok(_) => act.stats.launched += 1,
-                            Err(CloudError::InsufficientCapacity { .. }) => act.stats.insufficient_capacity += 1,
-                            Err(_) => {}
+                    Err(Failure::Refused(reason)) => {
+                        act.stats.refused += 1;
+                        act.in_flight.remove(&request.claim);
+                        let result =
+                            Err(CloudError::Invalid { what: format!("launch of nodeclaim {}", request.claim), reason });
+                        act.deliver(ctx, reply, LaunchOutcome { claim: request.claim, result, causes: Vec::new() });
+                    }
+                    Err(Failure::Fenced) => {
+                        act.stats.fenced += 1;
+                        act.in_flight.remove(&request.claim);
+                    }
+                    Err(Failure::Cloud(e)) | Ok(Err(e)) => {
+                        if matches!(e, CloudError::InsufficientCapacity { .. }) {
+                            act.stats.insufficient_capacity += 1;
                         }
                         act.in_flight.remove(&request.claim);
                         let causes = spans.iter().map(Cause::of).collect();
-                        deliver(ctx, reply, LaunchOutcome { claim: request.claim, result, causes });
+                        act.deliver(ctx, reply, LaunchOutcome { claim: request.claim, result: Err(e), causes });
+                    }
+                    Ok(Ok(inst)) => {
+                        act.stats.launched += 1;
+                        act.in_flight.remove(&request.claim);
+                        let causes = spans.iter().map(Cause::of).collect();
+                        act.deliver(ctx, reply, LaunchOutcome { claim: request.claim, result: Ok(inst), causes });
                     }
                 }
             }
             if let Some(after) = retry_after {
-                act.schedule_flush(ctx, after.min(crate::MAX_RETRY_WAIT));
+                let wait = after.min(act.cfg.settings.max_retry_wait);
+                act.schedule_flush(ctx, wait);
+            }
+            act.run_deferred(ctx);
+        }));
+    }
+
+    /// Gives every request its batch: re-drives keep the one recorded; new claims of the same
+    /// shape share a new one. Returns the batches to record.
+    fn batches(&mut self, batch: &mut [InFlight]) -> Vec<LaunchBatch> {
+        let mut out: Vec<LaunchBatch> = Vec::new();
+        // New claims, grouped by shape, each group a new batch.
+        let mut groups: Vec<(usize, LaunchBatch)> = Vec::new();
+        for i in 0..batch.len() {
+            if !batch[i].request.batch.id.is_empty() {
+                let b = &batch[i].request.batch;
+                if !out.iter().any(|x| x.id == b.id) {
+                    out.push(b.clone());
+                }
+                continue;
+            }
+            match groups.iter_mut().find(|(first, _)| same_shape_but_batch(&batch[*first].request, &batch[i].request)) {
+                Some((_, g)) => g.claims.push(batch[i].request.claim.clone()),
+                None => groups.push((
+                    i,
+                    LaunchBatch { id: self.names.batch(&self.cfg.zone), claims: vec![batch[i].request.claim.clone()] },
+                )),
+            }
+        }
+        for (_, g) in &groups {
+            for f in batch.iter_mut().filter(|f| f.request.batch.id.is_empty() && g.claims.contains(&f.request.claim)) {
+                f.request.batch = g.clone();
+            }
+        }
+        out.extend(groups.into_iter().map(|(_, g)| g));
+        out
+    }
+
+    /// Sends without waiting and without an unbounded queue: `try_send`; a full mailbox drops
+    /// the reply (counted), since the pool reads the outcome from the ledger.
+    fn deliver(&mut self, _ctx: &mut Context<Self>, to: Recipient<LaunchOutcome>, msg: LaunchOutcome) {
+        let claim = msg.claim.clone();
+        if let Err(e) = to.try_send(msg) {
+            let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
+            self.errors.note("launch_reply", kind, &format!("nodeclaim/{claim}"), &"the pool reads it from the ledger");
+        }
+    }
+
+    /// Runs terminations that waited for their claim's launch.
+    fn run_deferred(&mut self, ctx: &mut Context<Self>) {
+        let (ready, wait): (Vec<Terminate>, Vec<Terminate>) =
+            std::mem::take(&mut self.deferred).into_iter().partition(|t| !self.in_flight.contains_key(&t.claim));
+        self.deferred = wait;
+        for t in ready {
+            self.terminate(ctx, t);
+        }
+    }
+
+    fn terminate(&mut self, ctx: &mut Context<Self>, msg: Terminate) {
+        if self.in_flight.contains_key(&msg.claim) {
+            self.deferred.push(msg);
+            return;
+        }
+        let (cloud, ledger, clock, errors) =
+            (self.cloud.clone(), self.ledger.clone(), self.clock.clone(), self.errors.clone());
+        let Terminate { claim, instance, batch, term, reply } = msg;
+        let work = async move {
+            let result = terminate(&*cloud, &*ledger, &*clock, &errors, (&claim, instance, batch), term).await;
+            (claim, reply, result)
+        };
+        ctx.spawn(work.into_actor(self).map(|(claim, reply, result), act, _| {
+            match &result {
+                Ok(()) => act.stats.terminated += 1,
+                Err(None) => act.stats.fenced += 1,
+                Err(Some(_)) => {}
+            }
+            let (Ok(()) | Err(Some(_))) = &result else { return };
+            let result = result.map_err(|e| e.unwrap_or(CloudError::Transient { message: "fenced".into() }));
+            if let Err(e) = reply.try_send(Terminated { claim: claim.clone(), result }) {
+                let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
+                act.errors.note(
+                    "terminate_reply",
+                    kind,
+                    &format!("nodeclaim/{claim}"),
+                    &"the pool reads it from the ledger",
+                );
             }
         }));
     }
 }
 
-/// Sends without dropping and without an unbounded queue: `try_send`, else an awaited `send`.
-fn deliver(ctx: &mut Context<ZoneActor>, to: Recipient<LaunchOutcome>, msg: LaunchOutcome) {
-    if let Err(SendError::Full(msg)) = to.try_send(msg) {
-        ctx.spawn(actix::fut::wrap_future::<_, ZoneActor>(async move {
-            let _ = to.send(msg).await;
-        }));
+/// Whether two requests may share a new batch (one CreateFleet): the same shape, whatever
+/// their (still empty) batch.
+fn same_shape_but_batch(a: &LaunchRequest, b: &LaunchRequest) -> bool {
+    let b = LaunchRequest { batch: a.batch.clone(), ..b.clone() };
+    same_shape(a, &b)
+}
+
+/// Why a claim of a launch call has no cloud result.
+#[derive(Clone, Debug, PartialEq)]
+enum Failure {
+    Throttled(Duration),
+    /// The ledger did not start it (with why).
+    Refused(String),
+    /// The term was over before the call.
+    Fenced,
+    Cloud(CloudError),
+}
+
+/// What a launch call needs, off the actor.
+struct LaunchCall {
+    cloud: Arc<dyn CloudProvider>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    ice_ttl: Duration,
+    errors: Arc<Errors>,
+    zone: String,
+    term: Term,
+    batches: Vec<LaunchBatch>,
+    requests: Vec<LaunchRequest>,
+}
+
+/// Records the batches, launches what the ledger started (while the term lasts), records the
+/// outcomes; one result per request.
+async fn launch(c: LaunchCall) -> Vec<Result<Result<Instance, CloudError>, Failure>> {
+    let n = c.requests.len();
+    let at = c.clock.now_millis();
+    let recorded = c
+        .ledger
+        .propose(Entry { term: c.term, at, command: Command::Launch { zone: c.zone.clone(), batches: c.batches } })
+        .await;
+    let refused: BTreeMap<String, String> = match recorded.map(|r| r.outcome) {
+        Ok(Outcome::Launching { refused, .. }) => refused.into_iter().collect(),
+        Ok(Outcome::Fenced { .. }) => return vec![Err(Failure::Fenced); n],
+        Ok(other) => {
+            c.errors.warn("record_launch", "unexpected", &c.zone, &format!("{other:?}"));
+            return vec![Err(Failure::Refused(format!("{other:?}"))); n];
+        }
+        Err(e) => {
+            c.errors.warn("record_launch", "ledger", &c.zone, &e);
+            return vec![Err(Failure::Cloud(CloudError::Transient { message: e.to_string() })); n];
+        }
+    };
+    let mut started: Vec<usize> = (0..n).filter(|&i| !refused.contains_key(&c.requests[i].claim)).collect();
+    let mut out: Vec<Result<Result<Instance, CloudError>, Failure>> =
+        c.requests.iter().map(|r| Err(Failure::Refused(refused.get(&r.claim).cloned().unwrap_or_default()))).collect();
+    if started.is_empty() {
+        return out;
+    }
+    // Fenced right before the cloud is called: a leader deposed meanwhile launches nothing.
+    if !c.ledger.leadership().borrow().is_current(c.term) {
+        for &i in &started {
+            out[i] = Err(Failure::Fenced);
+        }
+        return out;
+    }
+    // Offerings marked unavailable are not tried again (Karpenter filters them before the 60
+    // cheapest go to CreateFleet): a claim left with none finds no capacity without a call.
+    let zone = c.zone.clone();
+    let marked: BTreeSet<Offering> =
+        match read_with(&*c.ledger, move |s| s.unavailable(at).filter(|o| o.zone == zone).cloned().collect()).await {
+            Ok(m) => m,
+            Err(e) => {
+                c.errors.warn("read_ice_marks", "ledger", &c.zone, &e);
+                BTreeSet::new()
+            }
+        };
+    let mut requests: Vec<LaunchRequest> = Vec::with_capacity(started.len());
+    let mut exhausted: Vec<(usize, Vec<dovetail_cloud::OfferingKey>)> = Vec::new();
+    started.retain(|&i| {
+        let mut r = c.requests[i].clone();
+        let cts: Vec<CapacityType> = if r.capacity_types.is_empty() {
+            vec![CapacityType::Spot, CapacityType::OnDemand]
+        } else {
+            r.capacity_types.clone()
+        };
+        let key = |t: &str, ct: CapacityType| Offering {
+            instance_type: t.to_string(),
+            zone: r.zone.clone(),
+            capacity_type: ct,
+        };
+        let before = r.instance_types.len();
+        r.instance_types.retain(|t| cts.iter().any(|&ct| !marked.contains(&key(t, ct))));
+        if r.instance_types.is_empty() && before > 0 {
+            let all = &c.requests[i];
+            let offerings = all
+                .instance_types
+                .iter()
+                .flat_map(|t| {
+                    cts.iter().map(|&ct| dovetail_cloud::OfferingKey {
+                        instance_type: t.clone(),
+                        zone: all.zone.clone(),
+                        capacity_type: ct,
+                    })
+                })
+                .collect();
+            exhausted.push((i, offerings));
+            return false;
+        }
+        requests.push(r);
+        true
+    });
+    let mut results = if requests.is_empty() { Vec::new() } else { c.cloud.launch(&requests).await };
+    for (i, offerings) in exhausted {
+        requests.push(c.requests[i].clone());
+        results.push(Err(CloudError::InsufficientCapacity { offerings }));
+        started.push(i);
+    }
+    let at = c.clock.now_millis();
+    let mut steps = Vec::new();
+    let mut offerings = Vec::new();
+    for (r, result) in requests.iter().zip(&results) {
+        match result {
+            Ok(inst) => steps.push((
+                r.claim.clone(),
+                Step::Launched {
+                    instance: inst.id.clone(),
+                    resources: inst.capacity.clone(),
+                    allocatable: inst.allocatable.clone(),
+                    price_per_hour: micro_dollars(inst.price),
+                },
+            )),
+            Err(CloudError::InsufficientCapacity { offerings: o }) => {
+                steps.push((r.claim.clone(), Step::Unlaunched));
+                offerings.extend(o.iter().map(|o| Offering {
+                    instance_type: o.instance_type.clone(),
+                    zone: o.zone.clone(),
+                    capacity_type: o.capacity_type,
+                }));
+            }
+            Err(e) => {
+                let kind = e.kind();
+                if kind == "throttled" {
+                    c.errors.note("launch", kind, &format!("nodeclaim/{}", r.claim), e);
+                } else {
+                    c.errors.warn("launch", kind, &format!("nodeclaim/{}", r.claim), e);
+                }
+            }
+        }
+    }
+    if !offerings.is_empty() {
+        offerings.sort();
+        offerings.dedup();
+        let until = at.saturating_add(to_millis(c.ice_ttl));
+        let mark = Command::MarkUnavailable { offerings, until };
+        if let Err(e) = c.ledger.propose(Entry { term: c.term, at, command: mark }).await {
+            c.errors.warn("mark_unavailable", "ledger", &c.zone, &e);
+        }
+    }
+    if !steps.is_empty() {
+        match c.ledger.propose(Entry { term: c.term, at, command: Command::Advance { steps } }).await {
+            Ok(committed) => {
+                if let Outcome::Advanced { rejected } = &committed.outcome {
+                    for (claim, why) in rejected {
+                        c.errors.warn("record_launched", "rejected", &format!("nodeclaim/{claim}"), why);
+                    }
+                }
+            }
+            Err(e) => c.errors.warn("record_launched", "ledger", &c.zone, &e),
+        }
+    }
+    for (&i, result) in started.iter().zip(results) {
+        out[i] = match result {
+            Err(CloudError::Throttled { retry_after, .. }) => Err(Failure::Throttled(retry_after)),
+            r => Ok(r),
+        };
+    }
+    out
+}
+
+/// Terminates a claim's instance (looked up by its batch when the ledger knows none) while
+/// the term lasts, and commits `InstanceGone`. `Err(None)`: fenced.
+async fn terminate(
+    cloud: &dyn CloudProvider,
+    ledger: &dyn Ledger,
+    clock: &dyn Clock,
+    errors: &Errors,
+    (claim, instance, batch): (&str, Option<String>, Option<LaunchBatch>),
+    term: Term,
+) -> Result<(), Option<CloudError>> {
+    let object = format!("nodeclaim/{claim}");
+    if !ledger.leadership().borrow().is_current(term) {
+        return Err(None);
+    }
+    let id = match instance {
+        Some(id) => Some(id),
+        None => {
+            let lookup = [Lookup { claim: claim.to_string(), batch }];
+            match cloud.find(&lookup).await.into_iter().next() {
+                Some(Ok(found)) => found.map(|i| i.id),
+                Some(Err(e)) => {
+                    errors.warn("find_instance", e.kind(), &object, &e);
+                    return Err(Some(e));
+                }
+                None => None,
+            }
+        }
+    };
+    if let Some(id) = id {
+        match cloud.terminate(std::slice::from_ref(&id)).await.into_iter().next() {
+            // Gone already is done.
+            Some(Ok(())) | Some(Err(CloudError::NotFound { .. })) => {}
+            Some(Err(e)) => {
+                if matches!(e, CloudError::Throttled { .. }) {
+                    errors.note("terminate", e.kind(), &object, &e);
+                } else {
+                    errors.warn("terminate", e.kind(), &object, &e);
+                }
+                return Err(Some(e));
+            }
+            None => return Err(Some(CloudError::Transient { message: "no result".into() })),
+        }
+    }
+    let gone = Command::Advance { steps: vec![(claim.to_string(), Step::InstanceGone)] };
+    match ledger.propose(Entry { term, at: clock.now_millis(), command: gone }).await {
+        Ok(c) if c.outcome.is_fenced() => Err(None),
+        Ok(_) => Ok(()),
+        Err(e) => {
+            errors.warn("record_terminated", "ledger", &object, &e);
+            Err(Some(CloudError::Transient { message: e.to_string() }))
+        }
+    }
+}
+
+/// This call's span in each traced decision of each claim.
+fn launch_spans(zone: &str, batch: &[InFlight]) -> Vec<Vec<tracing::Span>> {
+    batch
+        .iter()
+        .map(|f| {
+            f.causes
+                .iter()
+                .map(|cause| {
+                    let span = tracing::info_span!(
+                        parent: None,
+                        "zone.launch",
+                        zone = %zone,
+                        nodepool = %f.request.nodepool,
+                        nodeclaim = %f.request.claim,
+                        batch = %f.request.batch.id,
+                        instance_types = f.request.instance_types.len(),
+                        instance_type = tracing::field::Empty,
+                        capacity_type = tracing::field::Empty,
+                        instance = tracing::field::Empty,
+                        error = tracing::field::Empty,
+                    );
+                    cause.adopt(&span);
+                    span
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Writes a claim's outcome onto its spans.
+fn record(spans: &[tracing::Span], result: &Result<Result<Instance, CloudError>, Failure>) {
+    for span in spans {
+        match result {
+            Ok(Ok(inst)) => {
+                span.record("instance_type", inst.instance_type.as_str());
+                span.record("capacity_type", inst.capacity_type.to_string());
+                span.record("instance", inst.id.as_str());
+            }
+            Ok(Err(e)) | Err(Failure::Cloud(e)) => {
+                span.record("error", e.to_string());
+                span.set_status(opentelemetry::trace::Status::error(e.to_string()));
+            }
+            Err(f) => {
+                span.record("error", format!("{f:?}"));
+            }
+        }
     }
 }
 
@@ -318,7 +683,7 @@ impl Actor for ZoneActor {
         ctx.set_mailbox_capacity(self.cfg.mailbox);
         // After a restart, the claims requeued.
         if !self.pending.is_empty() {
-            let window = self.cfg.window;
+            let window = self.cfg.settings.window;
             self.schedule_flush(ctx, window);
         }
     }
@@ -334,7 +699,7 @@ impl Handler<Launch> for ZoneActor {
                     what: format!("zone of nodeclaim {}", r.claim),
                     reason: format!("sent to the actor of zone {}", self.cfg.zone),
                 });
-                deliver(ctx, msg.reply.clone(), LaunchOutcome { claim: r.claim, result, causes: Vec::new() });
+                self.deliver(ctx, msg.reply.clone(), LaunchOutcome { claim: r.claim, result, causes: Vec::new() });
                 continue;
             }
             // A claim already being launched is answered once, by that launch.
@@ -345,7 +710,7 @@ impl Handler<Launch> for ZoneActor {
             let flight = InFlight { request: r, reply: msg.reply.clone(), causes: msg.causes.clone() };
             self.in_flight.insert(flight.request.claim.clone(), flight);
         }
-        let window = self.cfg.window;
+        let window = self.cfg.settings.window;
         self.schedule_flush(ctx, window);
     }
 }
@@ -354,24 +719,7 @@ impl Handler<Terminate> for ZoneActor {
     type Result = ();
 
     fn handle(&mut self, msg: Terminate, ctx: &mut Context<Self>) {
-        let cloud = self.cloud.clone();
-        let work = async move {
-            let result = cloud.terminate(std::slice::from_ref(&msg.instance)).await.into_iter().next();
-            // Gone already is done.
-            let result = match result {
-                Some(Ok(())) | Some(Err(CloudError::NotFound { .. })) => Ok(()),
-                Some(Err(e)) => Err(e),
-                None => Err(CloudError::Transient { message: "no result".into() }),
-            };
-            (msg.claim, msg.reply, result)
-        };
-        ctx.spawn(work.into_actor(self).map(|(claim, reply, result), _, _| {
-            if let Err(SendError::Full(m)) = reply.try_send(Terminated { claim, result }) {
-                actix::spawn(async move {
-                    let _ = reply.send(m).await;
-                });
-            }
-        }));
+        self.terminate(ctx, msg);
     }
 }
 

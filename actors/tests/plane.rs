@@ -4,13 +4,21 @@
 /// What every module's world needs.
 mod common {
     use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
 
     use actix::prelude::*;
     use tokio::sync::mpsc;
 
+    use dovetail_actors::config::Config;
+    use dovetail_actors::errors::Errors;
+    use dovetail_actors::executor::Executor;
+    use dovetail_cloud::{
+        BoxFuture, CloudError, CloudProvider, DriftReason, Instance, LaunchRequest, Lookup, NodeClass,
+    };
+    use dovetail_cluster::ClusterWriter;
     use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
-    use dovetail_core::ledger::State;
-    use dovetail_raft::{InProcess, Ledger};
+    use dovetail_core::ledger::{Command, Entry, State};
+    use dovetail_raft::{Committed, InProcess, Leadership, Ledger, LedgerError, read_with};
 
     /// The embedded catalog's types, resolved once.
     pub fn types() -> Arc<Vec<InstanceType>> {
@@ -20,6 +28,10 @@ mod common {
             Arc::new(c.instance_types(&NodeClassSettings::default(), None))
         })
         .clone()
+    }
+
+    pub fn node_class() -> NodeClass {
+        NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() }
     }
 
     /// An actor that hands every message it gets to the test through a bounded channel.
@@ -45,66 +57,92 @@ mod common {
         (Forward(tx).start(), rx)
     }
 
-    /// A cloud whose launch calls take `delay` (the sim answers at once), so restarts land
-    /// while calls are under way.
+    /// A cloud whose launch calls take `delay` (the sim answers at once), so restarts and
+    /// deletions land while calls are under way.
     pub struct SlowLaunch {
-        pub inner: Arc<dyn dovetail_cloud::CloudProvider>,
-        pub delay: std::time::Duration,
+        pub inner: Arc<dyn CloudProvider>,
+        pub delay: Duration,
     }
 
-    impl dovetail_cloud::CloudProvider for SlowLaunch {
-        fn launch<'a>(
-            &'a self,
-            requests: &'a [dovetail_cloud::LaunchRequest],
-        ) -> dovetail_cloud::BoxFuture<'a, Vec<Result<dovetail_cloud::Instance, dovetail_cloud::CloudError>>> {
+    impl CloudProvider for SlowLaunch {
+        fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
             Box::pin(async move {
                 tokio::time::sleep(self.delay).await;
                 self.inner.launch(requests).await
             })
         }
-        fn terminate<'a>(
-            &'a self,
-            ids: &'a [String],
-        ) -> dovetail_cloud::BoxFuture<'a, Vec<Result<(), dovetail_cloud::CloudError>>> {
+        fn find<'a>(&'a self, lookups: &'a [Lookup]) -> BoxFuture<'a, Vec<Result<Option<Instance>, CloudError>>> {
+            self.inner.find(lookups)
+        }
+        fn terminate<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Vec<Result<(), CloudError>>> {
             self.inner.terminate(ids)
         }
-        fn get<'a>(
-            &'a self,
-            id: &'a str,
-        ) -> dovetail_cloud::BoxFuture<'a, Result<dovetail_cloud::Instance, dovetail_cloud::CloudError>> {
+        fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Instance, CloudError>> {
             self.inner.get(id)
         }
-        fn list(
-            &self,
-        ) -> dovetail_cloud::BoxFuture<'_, Result<Vec<dovetail_cloud::Instance>, dovetail_cloud::CloudError>> {
+        fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>, CloudError>> {
             self.inner.list()
         }
         fn instance_types<'a>(
             &'a self,
-            node_class: &'a dovetail_cloud::NodeClass,
-        ) -> dovetail_cloud::BoxFuture<'a, Result<Vec<InstanceType>, dovetail_cloud::CloudError>> {
+            node_class: &'a NodeClass,
+        ) -> BoxFuture<'a, Result<Vec<InstanceType>, CloudError>> {
             self.inner.instance_types(node_class)
         }
         fn is_drifted<'a>(
             &'a self,
-            instance: &'a dovetail_cloud::Instance,
-            node_class: &'a dovetail_cloud::NodeClass,
-        ) -> dovetail_cloud::BoxFuture<'a, Result<Option<dovetail_cloud::DriftReason>, dovetail_cloud::CloudError>>
-        {
+            instance: &'a Instance,
+            node_class: &'a NodeClass,
+        ) -> BoxFuture<'a, Result<Option<DriftReason>, CloudError>> {
             self.inner.is_drifted(instance, node_class)
         }
     }
 
+    /// A ledger whose proposals take `delay` to commit (a slow quorum), so a new term can
+    /// begin between a decision and its commit.
+    pub struct SlowLedger {
+        pub inner: Arc<InProcess>,
+        pub delay: Duration,
+    }
+
+    impl Ledger for SlowLedger {
+        fn propose(&self, entry: Entry) -> dovetail_raft::BoxFuture<'_, Result<Committed, LedgerError>> {
+            Box::pin(async move {
+                tokio::time::sleep(self.delay).await;
+                self.inner.propose(entry).await
+            })
+        }
+        fn read<'a>(
+            &'a self,
+            f: Box<dyn FnOnce(&State) + Send + 'a>,
+        ) -> dovetail_raft::BoxFuture<'a, Result<(), LedgerError>> {
+            self.inner.read(f)
+        }
+        fn leadership(&self) -> tokio::sync::watch::Receiver<Leadership> {
+            self.inner.leadership()
+        }
+    }
+
     /// The ledger's committed state.
-    pub fn state(ledger: &InProcess) -> State {
-        let mut out = None;
-        ledger.read(&mut |s| out = Some(s.clone())).expect("read");
-        out.unwrap_or_default()
+    pub async fn state(ledger: &dyn Ledger) -> State {
+        read_with(ledger, State::clone).await.expect("read")
+    }
+
+    /// Proposes a command in the ledger's current term.
+    pub async fn propose(ledger: &dyn Ledger, at: u64, command: Command) {
+        let c = dovetail_raft::propose_now(ledger, at, command).await.expect("committed");
+        assert!(!c.outcome.is_fenced(), "{c:?}");
+    }
+
+    /// The plane's executor and settings for a test.
+    pub fn executor(cluster: Arc<dyn ClusterWriter>, ledger: Arc<dyn Ledger>) -> (Executor, Arc<Errors>) {
+        let errors = Arc::new(Errors::new());
+        (Executor::new(cluster, ledger, errors.clone(), Config::default().executor), errors)
     }
 }
 
 mod zone {
-    use crate::common::{Forward, forward, state, types};
+    use crate::common::{Forward, forward, node_class, propose, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
@@ -112,12 +150,12 @@ mod zone {
     use actix::prelude::*;
     use dovetail_actors::zone::{GetStats, Launch, LaunchOutcome, ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{ApiLimits, Bucket, SimCloud, SimConfig};
-    use dovetail_cloud::{CloudError, LaunchRequest, NodeClass, OfferingKey};
+    use dovetail_cloud::{CloudError, CloudProvider, LaunchBatch, LaunchRequest, OfferingKey};
     use dovetail_core::catalog::CapacityType;
-    use dovetail_core::clock::ManualClock;
-    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry, Offering};
+    use dovetail_core::clock::{Clock, ManualClock};
+    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Offering, Step};
     use dovetail_core::resources::{ResourceList, ResourceName};
-    use dovetail_raft::{InProcess, Ledger};
+    use dovetail_raft::InProcess;
     use tokio::sync::mpsc;
 
     struct World {
@@ -133,10 +171,8 @@ mod zone {
         let clock = Arc::new(ManualClock::new());
         let cloud = Arc::new(SimCloud::new(SimConfig { limits, ..SimConfig::default() }, types(), clock.clone()));
         let ledger = Arc::new(InProcess::new());
-        ledger
-            .propose(Entry { at: 0, command: Command::SetPool { pool: "default".into(), limits: ResourceList::new() } })
-            .await
-            .expect("pool");
+        let now = clock.now_millis();
+        propose(ledger.as_ref(), now, Command::SetPool { pool: "default".into(), limits: ResourceList::new() }).await;
         let reqs = (0..claims)
             .map(|i| ClaimRequest {
                 id: format!("claim-{i}"),
@@ -145,10 +181,7 @@ mod zone {
                 price_per_hour: 400_000,
             })
             .collect();
-        ledger
-            .propose(Entry { at: 0, command: Command::Reserve { pool: "default".into(), batch: 1, claims: reqs } })
-            .await
-            .expect("reserve");
+        propose(ledger.as_ref(), now, Command::Reserve { pool: "default".into(), claims: reqs }).await;
         let zone = ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud.clone(), ledger.clone(), clock.clone()).start();
         let (collector, outcomes) = forward();
         World { cloud, ledger, clock, zone, collector, outcomes }
@@ -157,8 +190,9 @@ mod zone {
     fn request(claim: &str, zone: &str) -> LaunchRequest {
         LaunchRequest {
             claim: claim.into(),
+            batch: LaunchBatch::default(),
             nodepool: "default".into(),
-            node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
+            node_class: node_class(),
             zone: zone.into(),
             instance_types: vec!["m5.large".into(), "m5.xlarge".into(), "m5.2xlarge".into()],
             capacity_types: vec![CapacityType::OnDemand],
@@ -174,15 +208,16 @@ mod zone {
             .expect("collector alive")
     }
 
+    async fn send(w: &World, requests: Vec<LaunchRequest>) {
+        let reply = w.collector.clone().recipient();
+        w.zone.send(Launch { causes: Vec::new(), requests, reply }).await.expect("mailbox");
+    }
+
     #[actix_rt::test]
-    async fn launches_within_the_window_go_as_one_call_and_the_ledger_follows() {
+    async fn launches_within_the_window_go_as_one_batch_and_the_ledger_follows() {
         let mut w = world(6, ApiLimits::default()).await;
         for part in [0..2, 2..4, 4..6] {
-            let requests = part.map(|i| request(&format!("claim-{i}"), "us-east-1a")).collect();
-            w.zone
-                .send(Launch { causes: Vec::new(), requests, reply: w.collector.clone().recipient() })
-                .await
-                .expect("mailbox");
+            send(&w, part.map(|i| request(&format!("claim-{i}"), "us-east-1a")).collect()).await;
         }
         let mut launched = Vec::new();
         for _ in 0..6 {
@@ -192,41 +227,41 @@ mod zone {
         assert_eq!(w.cloud.stats().fleet_calls, 1, "one call, one CreateFleet for identical requests");
         let stats = w.zone.send(GetStats).await.expect("stats");
         assert_eq!((stats.launch_calls, stats.launched, stats.in_flight), (1, 6, 0));
-        let s = state(&w.ledger);
+        let s = state(w.ledger.as_ref()).await;
+        let batches: std::collections::BTreeSet<&String> =
+            launched.iter().filter_map(|i| i.tags.get(dovetail_cloud::TAG_LAUNCH_BATCH)).collect();
+        assert_eq!(batches.len(), 1, "one launch batch, tagged on every instance");
+        assert!(batches.iter().all(|b| b.starts_with("us-east-1a-")));
         for inst in &launched {
             let claim = s.claim(inst.claim.as_deref().expect("claim")).expect("in the ledger");
             assert_eq!(claim.state, ClaimState::Launched { instance: inst.id.clone() });
             assert_eq!(claim.resources.get(&ResourceName::Cpu), inst.capacity.get(&ResourceName::Cpu));
+            assert_eq!(claim.allocatable, inst.allocatable);
         }
         // m5.large (2 vCPU) replaced the 8-vCPU reservation in the usage.
         assert_eq!(s.total().get(&ResourceName::Cpu), 6 * 2_000);
+        assert!(s.batches().is_empty(), "nothing is launching any more");
     }
 
     #[actix_rt::test]
-    async fn insufficient_capacity_marks_the_offerings_and_goes_back_to_the_pool() {
+    async fn insufficient_capacity_marks_the_offerings_and_sends_the_claim_back_to_reserved() {
         let mut w = world(1, ApiLimits::default()).await;
         for t in ["m5.large", "m5.xlarge", "m5.2xlarge"] {
-            w.cloud.set_capacity(
-                OfferingKey {
-                    instance_type: t.into(),
-                    zone: "us-east-1a".into(),
-                    capacity_type: CapacityType::OnDemand,
-                },
-                0,
-            );
+            let key = OfferingKey {
+                instance_type: t.into(),
+                zone: "us-east-1a".into(),
+                capacity_type: CapacityType::OnDemand,
+            };
+            w.cloud.set_capacity(key, 0);
         }
         w.clock.advance(Duration::from_secs(100));
-        let reply = w.collector.clone().recipient();
-        w.zone
-            .send(Launch { causes: Vec::new(), requests: vec![request("claim-0", "us-east-1a")], reply })
-            .await
-            .expect("mailbox");
+        send(&w, vec![request("claim-0", "us-east-1a")]).await;
         let o = next(&mut w).await;
         assert!(
             matches!(o.result, Err(CloudError::InsufficientCapacity { ref offerings }) if offerings.len() == 3),
             "{o:?}"
         );
-        let s = state(&w.ledger);
+        let s = state(w.ledger.as_ref()).await;
         let m5 = Offering {
             instance_type: "m5.large".into(),
             zone: "us-east-1a".into(),
@@ -237,7 +272,7 @@ mod zone {
         assert!(!s.is_unavailable(&m5, epoch + 280_000), "for Karpenter's 3 minutes");
         assert_eq!(
             s.claim("claim-0").map(|c| c.state.clone()),
-            Some(ClaimState::Launching),
+            Some(ClaimState::Reserved),
             "the pool decides what next"
         );
     }
@@ -247,23 +282,13 @@ mod zone {
         // One token, refilled at 10 per second of the sim clock.
         let limits = ApiLimits { mutating: Bucket::new(1.0, 10.0), ..ApiLimits::default() };
         let mut w = world(2, limits).await;
-        let reply = w.collector.clone().recipient();
-        w.zone
-            .send(Launch { causes: Vec::new(), requests: vec![request("claim-0", "us-east-1a")], reply: reply.clone() })
-            .await
-            .expect("mailbox");
+        send(&w, vec![request("claim-0", "us-east-1a")]).await;
         assert!(next(&mut w).await.result.is_ok());
         // The bucket is empty now: the next launch is throttled until the sim clock moves.
-        w.zone
-            .send(Launch { causes: Vec::new(), requests: vec![request("claim-1", "us-east-1b")], reply: reply.clone() })
-            .await
-            .expect("mailbox");
+        send(&w, vec![request("claim-1", "us-east-1b")]).await;
         let wrong = next(&mut w).await;
         assert!(matches!(wrong.result, Err(CloudError::Invalid { .. })), "a claim for another zone is refused");
-        w.zone
-            .send(Launch { causes: Vec::new(), requests: vec![request("claim-1", "us-east-1a")], reply })
-            .await
-            .expect("mailbox");
+        send(&w, vec![request("claim-1", "us-east-1a")]).await;
         for _ in 0..100 {
             if w.zone.send(GetStats).await.expect("stats").throttled > 0 {
                 break;
@@ -275,29 +300,82 @@ mod zone {
         assert!(o.result.is_ok(), "{o:?}");
         let stats = w.zone.send(GetStats).await.expect("stats");
         assert!(stats.throttled >= 1 && stats.launched == 2, "{stats:?}");
+        let s = state(w.ledger.as_ref()).await;
+        assert!(matches!(s.claim("claim-1").map(|c| &c.state), Some(ClaimState::Launched { .. })));
+    }
+
+    /// The ledger decides what may launch: a claim deleted meanwhile launches nothing.
+    #[actix_rt::test]
+    async fn a_claim_the_ledger_refuses_is_not_launched() {
+        let mut w = world(1, ApiLimits::default()).await;
+        let now = w.clock.now_millis();
+        let steps = vec![("claim-0".to_string(), Step::Terminating)];
+        propose(w.ledger.as_ref(), now, Command::Advance { steps }).await;
+        send(&w, vec![request("claim-0", "us-east-1a")]).await;
+        let o = next(&mut w).await;
+        assert!(matches!(o.result, Err(CloudError::Invalid { .. })), "{o:?}");
+        assert_eq!(w.cloud.stats().fleet_calls, 0, "nothing launched");
+        assert_eq!(w.zone.send(GetStats).await.expect("stats").refused, 1);
+    }
+
+    /// A zone whose node no longer leads launches nothing: the new leader re-drives.
+    #[actix_rt::test]
+    async fn a_launch_decided_in_an_old_term_never_reaches_the_cloud() {
+        let w = world(1, ApiLimits::default()).await;
+        // A new term begins between the pool's decision and the zone's call: the zone's
+        // Launch entry is proposed in the term it reads now, but the cloud is called only
+        // while that term is current; here the term moves on before the flush.
+        w.ledger.elect(w.clock.now_millis());
+        let cloud_before = w.cloud.stats().fleet_calls;
+        let inner = w.ledger.clone();
+        let slow = Arc::new(crate::common::SlowLedger { inner: inner.clone(), delay: Duration::from_millis(200) });
+        let zone = ZoneActor::new(ZoneConfig::new("us-east-1a"), w.cloud.clone(), slow, w.clock.clone()).start();
+        let reply = w.collector.clone().recipient();
+        zone.send(Launch { causes: Vec::new(), requests: vec![request("claim-0", "us-east-1a")], reply })
+            .await
+            .expect("mailbox");
+        // The zone's Launch entry is on its way (200 ms); a third term begins meanwhile.
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        inner.elect(w.clock.now_millis());
+        for _ in 0..100 {
+            if zone.send(GetStats).await.expect("stats").fenced > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(zone.send(GetStats).await.expect("stats").fenced, 1);
+        assert_eq!(w.cloud.stats().fleet_calls, cloud_before, "no CreateFleet");
+        assert!(w.cloud.list().await.expect("list").is_empty());
+        let s = state(w.ledger.as_ref()).await;
+        assert_eq!(
+            s.claim("claim-0").map(|c| c.state.clone()),
+            Some(ClaimState::Reserved),
+            "the stale entry changed nothing"
+        );
     }
 }
 
 mod pool {
-    use crate::common::{forward, state, types};
-    use std::collections::BTreeMap;
+    use crate::common::{SlowLaunch, SlowLedger, executor, forward, node_class, propose, state, types};
     use std::sync::Arc;
     use std::time::Duration;
 
     use actix::prelude::*;
+    use dovetail_actors::config::Config;
+    use dovetail_actors::errors::Errors;
     use dovetail_actors::kubelet::registrations;
-    use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced};
+    use dovetail_actors::pool::{DeleteClaim, GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{CloudProvider, LaunchRequest, NodeClass, OfferingKey};
+    use dovetail_cloud::{CloudProvider, LaunchBatch, LaunchRequest, OfferingKey};
     use dovetail_cluster::sim::SimCluster;
     use dovetail_cluster::{ClusterView, ClusterWriter, NodeClaim};
     use dovetail_core::catalog::CapacityType;
     use dovetail_core::clock::{Clock, ManualClock};
+    use dovetail_core::cluster::{TERMINATION_FINALIZER, UNREGISTERED_TAINT};
     use dovetail_core::labels;
-    use dovetail_core::ledger::{Caps, ClaimRequest, ClaimState, Command, Entry, State, micro_dollars};
-    use dovetail_core::nodepool::NodeClaimSpec;
-    use dovetail_core::nodepool::NodePool;
+    use dovetail_core::ledger::{Caps, ClaimRequest, ClaimState, Command, State, micro_dollars};
+    use dovetail_core::nodepool::{NodeClaimSpec, NodePool};
     use dovetail_core::pod::{Pod, PodKey};
     use dovetail_core::requirements::{Requirement, Requirements};
     use dovetail_core::resources::{ResourceList, ResourceName};
@@ -310,29 +388,41 @@ mod pool {
         cloud: Arc<SimCloud>,
         cluster: Arc<SimCluster>,
         ledger: Arc<InProcess>,
+        clock: Arc<ManualClock>,
         pool: Addr<NodePoolActor>,
+        errors: Arc<Errors>,
         unplaced: mpsc::Receiver<Unplaced>,
     }
 
     async fn world(pool: NodePool, cloud: SimCloud, clock: Arc<ManualClock>) -> World {
         let ledger = Arc::new(InProcess::new());
-        ledger
-            .propose(Entry {
-                at: 0,
-                command: Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() },
-            })
-            .await
-            .expect("pool");
+        let set = Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() };
+        propose(ledger.as_ref(), clock.now_millis(), set).await;
         start(pool, Arc::new(cloud), Arc::new(SimCluster::new()), ledger, clock)
     }
 
-    /// The plane's actors over existing cloud, cluster and ledger (a fresh start or a restart).
+    /// The pool's actors over existing cloud, cluster and ledger (a fresh start or a restart).
     fn start(
         pool: NodePool,
         cloud: Arc<SimCloud>,
         cluster: Arc<SimCluster>,
         ledger: Arc<InProcess>,
         clock: Arc<ManualClock>,
+    ) -> World {
+        let l: Arc<dyn Ledger> = ledger.clone();
+        let c: Arc<dyn CloudProvider> = cloud.clone();
+        start_over(pool, c, l, cluster, clock, Config::default(), (cloud, ledger))
+    }
+
+    /// The same over any cloud and ledger (slow ones), with `config`.
+    fn start_over(
+        pool: NodePool,
+        cloud: Arc<dyn CloudProvider>,
+        ledger: Arc<dyn Ledger>,
+        cluster: Arc<SimCluster>,
+        clock: Arc<ManualClock>,
+        config: Config,
+        (sim, inner): (Arc<SimCloud>, Arc<InProcess>),
     ) -> World {
         let zones = ZONES
             .iter()
@@ -342,17 +432,20 @@ mod pool {
             })
             .collect();
         let (router, unplaced) = forward::<Unplaced>();
+        let (executor, errors) = executor(cluster.clone(), ledger.clone());
         let wiring = PoolWiring {
             view: cluster.clone(),
             cluster: cluster.clone(),
-            ledger: ledger.clone(),
+            ledger,
             clock: clock.clone(),
             zones,
             router: router.recipient(),
+            executor,
+            errors: errors.clone(),
+            config: Arc::new(config),
         };
-        let node_class = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
-        let pool = NodePoolActor::new(pool, types(), node_class, wiring).start();
-        World { cloud, cluster, ledger, pool, unplaced }
+        let pool = NodePoolActor::new(pool, types(), node_class(), wiring).start();
+        World { cloud: sim, cluster, ledger: inner, clock, pool, errors, unplaced }
     }
 
     fn pods(n: usize, cpu_milli: i64) -> Vec<Pod> {
@@ -361,6 +454,7 @@ mod pool {
                 key: PodKey::new("default", &format!("web-{i}")),
                 requests: ResourceList::cpu_mem(cpu_milli, 1 << 30),
                 creation: i as i64,
+                unschedulable: true,
                 ..Pod::default()
             })
             .collect()
@@ -373,16 +467,46 @@ mod pool {
         NodePool { limits, ..NodePool::new("default", reqs) }
     }
 
+    fn provision(pods: Vec<Pod>) -> Provision {
+        Provision { causes: Vec::new(), pods }
+    }
+
     /// Waits (bounded) until every ledger claim is launched and `n` exist.
     async fn launched(w: &World, n: usize) -> State {
         for _ in 0..400 {
-            let s = state(&w.ledger);
+            let s = state(w.ledger.as_ref()).await;
             if s.claims().len() == n && s.claims().values().all(|c| matches!(c.state, ClaimState::Launched { .. })) {
                 return s;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("claims not launched within 10 s: {:?}", state(&w.ledger).claims());
+        panic!("claims not launched within 10 s: {:?}", state(w.ledger.as_ref()).await.claims());
+    }
+
+    /// Reconciles (bounded) until `done` holds of the ledger.
+    async fn until(w: &World, what: &str, done: impl Fn(&State) -> bool) -> State {
+        for _ in 0..300 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            let s = state(w.ledger.as_ref()).await;
+            if done(&s) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{what}: not within 3 s: {:?}", state(w.ledger.as_ref()).await.claims());
+    }
+
+    /// Registers every instance's node (the kubelets) and reconciles until all are initialized.
+    async fn register_all(w: &World) {
+        for reg in registrations(&w.cloud.list().await.expect("list")) {
+            w.cluster.register(&reg).expect("register");
+        }
+        until(w, "initialized", |s| s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })))
+            .await;
+    }
+
+    async fn until_gone(w: &World) {
+        until(w, "gone", |s| s.claims().is_empty()).await;
     }
 
     #[actix_rt::test]
@@ -391,17 +515,18 @@ mod pool {
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
         let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
         // 12 pods of 1.5 cpu: one per m5.large.
-        w.pool
-            .send(Provision { causes: Vec::new(), pods: pods(12, 1500), daemonsets: Vec::new() })
-            .await
-            .expect("mailbox");
-        let s = launched(&w, 12).await;
+        w.pool.send(provision(pods(12, 1500))).await.expect("mailbox");
+        launched(&w, 12).await;
+        let s = until(&w, "statuses", |_| w.cluster.snapshot().nodeclaims.values().all(|nc| nc.status.is("Launched")))
+            .await;
         let snap = w.cluster.snapshot();
         assert_eq!(snap.nodeclaims.len(), 12, "claims = NodeClaims");
         assert_eq!(w.cloud.list().await.expect("list").len(), 12, "claims = instances");
         for c in s.claims().values() {
+            assert!(c.id.starts_with("default-") && c.id.len() == "default-".len() + 5, "Karpenter's names: {}", c.id);
             let nc = &snap.nodeclaims[&c.id];
             assert!(nc.status.provider_id.as_deref().is_some_and(|p| p.ends_with(c.state.instance().unwrap_or("?"))));
+            assert!(nc.finalizers.contains(&TERMINATION_FINALIZER.to_string()));
         }
         assert_eq!(s.total().get(&ResourceName::Nodes), 12);
         let stats = w.pool.send(GetPoolStats).await.expect("stats");
@@ -414,10 +539,8 @@ mod pool {
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
         let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
         let pending = pods(4, 1500);
-        for p in &pending {
-            w.cluster.apply_pod(p.clone());
-        }
-        w.pool.send(Provision { causes: Vec::new(), pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending)).await.expect("mailbox");
         launched(&w, 4).await;
         assert_eq!(w.cluster.schedule(), 0, "no nodes yet");
         register_all(&w).await;
@@ -426,39 +549,13 @@ mod pool {
             assert!(n.taints.is_empty(), "{:?}", n.taints);
             assert_eq!(n.labels.get(labels::INITIALIZED).map(String::as_str), Some("true"));
             assert_eq!(n.labels.get(labels::NODEPOOL).map(String::as_str), Some("default"));
+            assert_eq!(n.finalizers, vec![TERMINATION_FINALIZER.to_string()]);
         }
         for nc in snap.nodeclaims.values() {
-            assert!(nc.status.node_name.is_some() && nc.status.condition("Initialized").is_some());
+            assert!(nc.status.node_name.is_some() && nc.status.is("Initialized") && nc.status.is("Registered"));
         }
         assert_eq!(w.cluster.schedule(), 4, "every pod binds");
         assert_eq!(w.cluster.snapshot().pending().count(), 0);
-    }
-
-    /// Registers every instance's node (the kubelets) and reconciles until all are initialized.
-    async fn register_all(w: &World) {
-        for reg in registrations(&w.cloud.list().await.expect("list")) {
-            w.cluster.register(&reg).expect("register");
-        }
-        for _ in 0..200 {
-            w.pool.send(Reconcile).await.expect("mailbox");
-            if state(&w.ledger).claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("not initialized: {:?}", state(&w.ledger).claims());
-    }
-
-    /// Reconciles until the ledger has no claims (bounded).
-    async fn until_gone(w: &World) {
-        for _ in 0..200 {
-            w.pool.send(Reconcile).await.expect("mailbox");
-            if state(&w.ledger).claims().is_empty() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("claims left: {:?}", state(&w.ledger).claims());
     }
 
     #[actix_rt::test]
@@ -466,20 +563,19 @@ mod pool {
         let clock = Arc::new(ManualClock::new());
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
         let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock.clone()).await;
-        w.pool
-            .send(Provision { causes: Vec::new(), pods: pods(1, 1500), daemonsets: Vec::new() })
-            .await
-            .expect("mailbox");
+        w.pool.send(provision(pods(1, 1500))).await.expect("mailbox");
         launched(&w, 1).await;
         clock.advance(Duration::from_secs(14 * 60));
         w.pool.send(Reconcile).await.expect("mailbox");
-        assert_eq!(state(&w.ledger).claims().len(), 1, "within the registration timeout");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(state(w.ledger.as_ref()).await.claims().len(), 1, "within the registration timeout");
         clock.advance(Duration::from_secs(60));
         until_gone(&w).await;
         assert!(w.cloud.list().await.expect("list").is_empty(), "the instance is terminated");
         assert!(w.cluster.snapshot().nodeclaims.is_empty());
         let stats = w.pool.send(GetPoolStats).await.expect("stats");
         assert_eq!((stats.expired, stats.terminated), (1, 1));
+        assert!(w.cluster.events().iter().any(|e| e.reason == "LivenessTimeout"), "{:?}", w.cluster.events());
     }
 
     #[actix_rt::test]
@@ -488,10 +584,8 @@ mod pool {
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
         let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
         let pending = pods(2, 500);
-        for p in &pending {
-            w.cluster.apply_pod(p.clone());
-        }
-        w.pool.send(Provision { causes: Vec::new(), pods: pending, daemonsets: Vec::new() }).await.expect("mailbox");
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending)).await.expect("mailbox");
         launched(&w, 1).await;
         register_all(&w).await;
         assert_eq!(w.cluster.schedule(), 2);
@@ -503,28 +597,32 @@ mod pool {
             requests: ResourceList::cpu_mem(100, 1 << 20),
             ..Pod::default()
         });
-        let claim = state(&w.ledger).claims().keys().next().cloned().expect("a claim");
-        w.pool.send(dovetail_actors::pool::DeleteClaim { claim }).await.expect("mailbox");
+        let claim = state(w.ledger.as_ref()).await.claims().keys().next().cloned().expect("a claim");
+        w.pool.send(DeleteClaim { claim }).await.expect("mailbox");
         // The first drain step takes the workload pods only.
         let mut saw_daemon_alone = false;
         for _ in 0..200 {
             let snap = w.cluster.snapshot();
+            if let Some(n) = snap.nodes.get(&node) {
+                assert!(!n.unschedulable, "tainted karpenter.sh/disrupted, not cordoned");
+            }
             let on: Vec<String> = snap.pods_on(&node).map(|p| p.key.name.clone()).collect();
             if on == vec!["agent".to_string()] {
                 saw_daemon_alone = true;
+                assert!(snap.nodes[&node].taints.iter().any(|t| t.key == "karpenter.sh/disrupted"));
             }
             assert!(
                 !on.iter().any(|n| n.starts_with("web")) || on.contains(&"agent".to_string()),
                 "daemon before workload"
             );
-            if state(&w.ledger).claims().is_empty() {
+            if state(w.ledger.as_ref()).await.claims().is_empty() {
                 break;
             }
             w.pool.send(Reconcile).await.expect("mailbox");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(saw_daemon_alone, "workload pods go before the DaemonSet pod");
-        assert!(state(&w.ledger).claims().is_empty());
+        until_gone(&w).await;
         let snap = w.cluster.snapshot();
         assert!(snap.nodes.is_empty() && snap.nodeclaims.is_empty());
         assert!(w.cloud.list().await.expect("list").is_empty());
@@ -544,18 +642,13 @@ mod pool {
         let w = world(pool, cloud, clock.clone()).await;
         let mut pending = pods(2, 500);
         pending[0].annotations.insert("karpenter.sh/do-not-disrupt".into(), "true".into());
-        for p in &pending {
-            w.cluster.apply_pod(p.clone());
-        }
-        w.pool
-            .send(Provision { causes: Vec::new(), pods: pending.clone(), daemonsets: Vec::new() })
-            .await
-            .expect("mailbox");
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending.clone())).await.expect("mailbox");
         launched(&w, 1).await;
         register_all(&w).await;
         assert_eq!(w.cluster.schedule(), 2);
-        let claim = state(&w.ledger).claims().keys().next().cloned().expect("a claim");
-        w.pool.send(dovetail_actors::pool::DeleteClaim { claim }).await.expect("mailbox");
+        let claim = state(w.ledger.as_ref()).await.claims().keys().next().cloned().expect("a claim");
+        w.pool.send(DeleteClaim { claim }).await.expect("mailbox");
         let on_node = |w: &World| w.cluster.snapshot().pods.values().filter(|p| p.node_name.is_some()).count();
         for _ in 0..20 {
             w.pool.send(Reconcile).await.expect("mailbox");
@@ -564,7 +657,7 @@ mod pool {
         // The other pod was evicted; the pinned one waits, and so does the instance.
         assert_eq!(on_node(&w), 1);
         assert!(w.cluster.snapshot().pods.contains_key(&pending[0].key));
-        assert_eq!(state(&w.ledger).claims().len(), 1, "the drain is stalled");
+        assert_eq!(state(w.ledger.as_ref()).await.claims().len(), 1, "the drain is stalled");
         clock.advance(Duration::from_secs(569));
         for _ in 0..5 {
             w.pool.send(Reconcile).await.expect("mailbox");
@@ -579,8 +672,11 @@ mod pool {
         assert!(w.cloud.list().await.expect("list").is_empty());
     }
 
+    /// A restart after a crash mid-launch: the ledger recorded the batch, the cloud made the
+    /// instances (untagged per claim: the call was cut off), nothing else was heard. The new
+    /// actors re-drive the batch and adopt the instances; none is made twice.
     #[actix_rt::test]
-    async fn a_restarted_plane_resumes_from_the_cluster_and_the_ledger_without_duplicates() {
+    async fn a_restarted_plane_resumes_from_the_ledger_without_duplicates() {
         let clock = Arc::new(ManualClock::new());
         let first = world(
             m5_large_on_demand(ResourceList::new()),
@@ -588,9 +684,8 @@ mod pool {
             clock.clone(),
         )
         .await;
-        // Before the crash: two claims reserved and created; one was even launched in the cloud,
-        // but neither launch reached the ledger.
-        let reqs = ["default-x", "default-y"]
+        let ids = ["default-xxxxx", "default-yyyyy"];
+        let reqs = ids
             .map(|id| ClaimRequest {
                 id: id.into(),
                 zone: "us-east-1b".into(),
@@ -598,46 +693,49 @@ mod pool {
                 price_per_hour: 96_000,
             })
             .to_vec();
-        let reserve = Command::Reserve { pool: "default".into(), batch: 9, claims: reqs };
-        first.ledger.propose(Entry { at: clock.now_millis(), command: reserve }).await.expect("reserve");
+        let now = clock.now_millis();
+        propose(first.ledger.as_ref(), now, Command::Reserve { pool: "default".into(), claims: reqs }).await;
+        let batch = LaunchBatch { id: "us-east-1b-crashedbatch".into(), claims: ids.map(String::from).to_vec() };
+        propose(
+            first.ledger.as_ref(),
+            now,
+            Command::Launch { zone: "us-east-1b".into(), batches: vec![batch.clone()] },
+        )
+        .await;
         let mut reqs = Requirements::new();
         reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large"]));
         reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
-        for id in ["default-x", "default-y"] {
-            let spec = NodeClaimSpec {
-                nodepool: "default".into(),
-                labels: BTreeMap::from([(labels::NODEPOOL.to_string(), "default".to_string())]),
-                annotations: BTreeMap::new(),
-                taints: Vec::new(),
-                startup_taints: Vec::new(),
-                requirements: reqs.clone(),
-                requests: ResourceList::new(),
-                node_class: Default::default(),
-                expire_after: None,
-                termination_grace_period: None,
-            };
+        for id in ids {
+            let spec =
+                NodeClaimSpec { nodepool: "default".into(), requirements: reqs.clone(), ..NodeClaimSpec::default() };
             let nc = NodeClaim {
                 name: id.into(),
                 spec,
-                finalizers: vec!["karpenter.sh/termination".into()],
+                finalizers: vec![TERMINATION_FINALIZER.into()],
                 deleting: false,
                 status: Default::default(),
+                resource_version: 0,
             };
-            first.cluster.create_nodeclaim(nc).expect("created");
+            first.cluster.create_nodeclaim(nc).await.expect("created");
         }
-        let early = LaunchRequest {
-            claim: "default-y".into(),
-            nodepool: "default".into(),
-            node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
-            zone: "us-east-1b".into(),
-            instance_types: vec!["m5.large".into()],
-            capacity_types: vec![CapacityType::OnDemand],
-            labels: BTreeMap::new(),
-            tags: BTreeMap::new(),
-        };
-        let before =
-            first.cloud.launch(std::slice::from_ref(&early)).await.remove(0).expect("launched before the crash");
-        first.pool.send(GetPoolStats).await.expect("alive");
+        let requests: Vec<LaunchRequest> = ids
+            .iter()
+            .map(|id| LaunchRequest {
+                claim: id.to_string(),
+                batch: batch.clone(),
+                nodepool: "default".into(),
+                node_class: node_class(),
+                zone: "us-east-1b".into(),
+                instance_types: vec!["m5.large".into()],
+                capacity_types: vec![CapacityType::OnDemand],
+                labels: Default::default(),
+                tags: Default::default(),
+            })
+            .collect();
+        first.cloud.crash_after_fleet(1);
+        let cut = first.cloud.launch(&requests).await;
+        assert!(cut.iter().all(|r| r.is_err()), "the call was cut off");
+        assert_eq!(first.cloud.len(), 2, "but the instances were made");
         // Restart: new actors over the replayed ledger, the same cluster and cloud.
         let ledger = Arc::new(InProcess::from_log(first.ledger.log()));
         let w =
@@ -646,14 +744,45 @@ mod pool {
         let s = launched(&w, 2).await;
         let instances = w.cloud.list().await.expect("list");
         assert_eq!(instances.len(), 2, "one instance per claim: {instances:?}");
-        assert_eq!(
-            s.claim("default-y").and_then(|c| c.state.instance()),
-            Some(before.id.as_str()),
-            "the early instance is adopted"
-        );
+        for id in ids {
+            let inst = s.claim(id).and_then(|c| c.state.instance()).expect("launched");
+            assert!(instances.iter().any(|i| i.id == inst && i.claim.as_deref() == Some(id)));
+        }
+        assert_eq!(w.cloud.stats().adopted, 2);
         let stats = w.pool.send(GetPoolStats).await.expect("stats");
         assert_eq!(stats.resumed, 2);
         assert_eq!(w.cluster.snapshot().nodeclaims.len(), 2, "no new NodeClaims");
+    }
+
+    /// Claim ids come from a generator seeded by the clock: a restart at the same instant
+    /// mints the same names, which the ledger refuses as live; they are renamed and every
+    /// claim is granted, none twice.
+    #[actix_rt::test]
+    async fn a_restart_mints_no_colliding_ids() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        propose(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+        )
+        .await;
+        let pool = m5_large_on_demand(ResourceList::new());
+        let first = start(pool.clone(), cloud.clone(), cluster.clone(), ledger.clone(), clock.clone());
+        first.pool.send(provision(pods(3, 1500))).await.expect("mailbox");
+        launched(&first, 3).await;
+        // A restart at the same instant of the (manual) clock: the same seed.
+        let again = start(pool, cloud.clone(), cluster.clone(), ledger.clone(), clock.clone());
+        let more: Vec<Pod> = pods(6, 1500).into_iter().skip(3).collect();
+        again.pool.send(provision(more)).await.expect("mailbox");
+        let s = launched(&again, 6).await;
+        assert_eq!(s.claims().len(), 6, "six distinct claims");
+        assert_eq!(cluster.snapshot().nodeclaims.len(), 6);
+        assert_eq!(cloud.len(), 6);
+        let stats = again.pool.send(GetPoolStats).await.expect("stats");
+        assert!(stats.renamed >= 3, "the same names came up and were renamed: {stats:?}");
     }
 
     #[actix_rt::test]
@@ -662,10 +791,7 @@ mod pool {
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
         let limits = ResourceList::from_pairs([(ResourceName::Nodes, 3)]);
         let mut w = world(m5_large_on_demand(limits), cloud, clock).await;
-        w.pool
-            .send(Provision { causes: Vec::new(), pods: pods(5, 1500), daemonsets: Vec::new() })
-            .await
-            .expect("mailbox");
+        w.pool.send(provision(pods(5, 1500))).await.expect("mailbox");
         let back =
             tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
         assert_eq!(back.pods.len(), 2, "{back:?}");
@@ -679,15 +805,12 @@ mod pool {
     async fn pods_beyond_the_global_spend_cap_go_back_and_the_cap_holds() {
         let clock = Arc::new(ManualClock::new());
         let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
-        let mut w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
+        let mut w = world(m5_large_on_demand(ResourceList::new()), cloud, clock.clone()).await;
         // m5.large on demand is $0.096/h: the cap allows three.
         let cap = 3 * micro_dollars(0.096);
         let caps = Caps { resources: ResourceList::new(), price_per_hour: Some(cap) };
-        w.ledger.propose(Entry { at: 0, command: Command::SetCaps(caps) }).await.expect("caps");
-        w.pool
-            .send(Provision { causes: Vec::new(), pods: pods(5, 1500), daemonsets: Vec::new() })
-            .await
-            .expect("mailbox");
+        propose(w.ledger.as_ref(), clock.now_millis(), Command::SetCaps(caps)).await;
+        w.pool.send(provision(pods(5, 1500))).await.expect("mailbox");
         let back =
             tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
         assert_eq!(back.pods.len(), 2, "{back:?}");
@@ -695,71 +818,307 @@ mod pool {
         assert!(s.total_price() <= cap, "spend {} over the cap {cap}", s.total_price());
         assert_eq!(s.claims().len(), 3);
         // A second round finds no room either.
-        w.pool
-            .send(Provision { causes: Vec::new(), pods: pods(1, 1500), daemonsets: Vec::new() })
-            .await
-            .expect("mailbox");
+        w.pool.send(provision(pods(1, 1500))).await.expect("mailbox");
         let back =
             tokio::time::timeout(Duration::from_secs(10), w.unplaced.recv()).await.expect("in time").expect("router");
         assert_eq!(back.pods.len(), 1);
-        assert!(state(&w.ledger).total_price() <= cap);
+        assert!(state(w.ledger.as_ref()).await.total_price() <= cap);
         assert_eq!(w.cluster.snapshot().nodeclaims.len(), 3, "no NodeClaim past the cap");
     }
 
     #[actix_rt::test]
-    async fn insufficient_capacity_moves_the_claim_to_a_zone_with_capacity() {
+    async fn insufficient_capacity_moves_the_claim_and_the_ledger_to_a_zone_with_capacity() {
         let clock = Arc::new(ManualClock::new());
-        let capacity: BTreeMap<OfferingKey, u32> = ["us-east-1a", "us-east-1b"]
+        let capacity = ["us-east-1a", "us-east-1b"]
             .iter()
             .map(|z| {
-                (
-                    OfferingKey {
-                        instance_type: "m5.large".into(),
-                        zone: z.to_string(),
-                        capacity_type: CapacityType::OnDemand,
-                    },
-                    0,
-                )
+                let key = OfferingKey {
+                    instance_type: "m5.large".into(),
+                    zone: z.to_string(),
+                    capacity_type: CapacityType::OnDemand,
+                };
+                (key, 0)
             })
             .collect();
         let cloud = SimCloud::new(SimConfig { capacity, ..SimConfig::default() }, types(), clock.clone());
         let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
-        w.pool
-            .send(Provision { causes: Vec::new(), pods: pods(1, 1500), daemonsets: Vec::new() })
-            .await
-            .expect("mailbox");
+        w.pool.send(provision(pods(1, 1500))).await.expect("mailbox");
         let s = launched(&w, 1).await;
         let instances = w.cloud.list().await.expect("list");
         assert_eq!(instances.len(), 1);
         assert_eq!(instances[0].zone, "us-east-1c");
+        let claim = s.claims().values().next().expect("one");
+        assert_eq!(claim.zone, "us-east-1c", "the ledger follows the relaunch's zone");
         let stats = w.pool.send(GetPoolStats).await.expect("stats");
         assert!(stats.relaunched >= 1, "{stats:?}");
         assert_eq!(s.claims().len(), 1, "one claim, no duplicate");
     }
+
+    /// `kubectl delete nodeclaim`: the API server marks it; the lifecycle drains, terminates
+    /// the instance, removes the node and then the finalizer, and the object goes.
+    #[actix_rt::test]
+    async fn kubectl_style_deletion_of_a_nodeclaim_completes_through_its_finalizer() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
+        let pending = pods(1, 500);
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending)).await.expect("mailbox");
+        launched(&w, 1).await;
+        register_all(&w).await;
+        assert_eq!(w.cluster.schedule(), 1);
+        let claim = w.cluster.snapshot().nodeclaims.keys().next().cloned().expect("a claim");
+        w.cluster.remove_nodeclaim(&claim).expect("deleted by hand");
+        assert!(w.cluster.snapshot().nodeclaims[&claim].deleting, "held by its finalizer");
+        until_gone(&w).await;
+        for _ in 0..50 {
+            if w.cluster.snapshot().nodeclaims.is_empty() {
+                break;
+            }
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let snap = w.cluster.snapshot();
+        assert!(snap.nodeclaims.is_empty(), "the deletion completed");
+        assert!(snap.nodes.is_empty());
+        assert!(w.cloud.list().await.expect("list").is_empty());
+    }
+
+    /// `kubectl delete node`: its finalizer holds it while it is drained; only then does the
+    /// instance go, and the node with it.
+    #[actix_rt::test]
+    async fn a_node_deleted_by_hand_is_drained_before_its_instance_goes() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock).await;
+        let pending = pods(2, 500);
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending)).await.expect("mailbox");
+        launched(&w, 1).await;
+        register_all(&w).await;
+        assert_eq!(w.cluster.schedule(), 2);
+        let node = w.cluster.snapshot().nodes.keys().next().cloned().expect("a node");
+        w.cluster.remove_node(&node).expect("deleted by hand");
+        let mut drained_first = false;
+        for _ in 0..300 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            let snap = w.cluster.snapshot();
+            let live = w.cloud.len();
+            if live == 0 {
+                assert_eq!(snap.pods_on(&node).count(), 0, "the instance went before its pods were drained");
+                drained_first = true;
+            }
+            if state(w.ledger.as_ref()).await.claims().is_empty() && snap.nodes.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(drained_first);
+        assert!(w.cluster.snapshot().nodes.is_empty(), "the node went with its finalizer");
+        assert!(state(w.ledger.as_ref()).await.claims().is_empty());
+    }
+
+    /// Deleted while its launch is in flight: the launch's instance is found (by its batch
+    /// and claim) and terminated; nothing leaks.
+    #[actix_rt::test]
+    async fn a_claim_deleted_mid_launch_leaves_no_instance() {
+        let clock = Arc::new(ManualClock::new());
+        let sim = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let ledger = Arc::new(InProcess::new());
+        propose(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+        )
+        .await;
+        let slow: Arc<dyn CloudProvider> =
+            Arc::new(SlowLaunch { inner: sim.clone(), delay: Duration::from_millis(300) });
+        let cluster = Arc::new(SimCluster::new());
+        let w = start_over(
+            m5_large_on_demand(ResourceList::new()),
+            slow,
+            ledger.clone(),
+            cluster.clone(),
+            clock,
+            Config::default(),
+            (sim.clone(), ledger.clone()),
+        );
+        w.pool.send(provision(pods(1, 1500))).await.expect("mailbox");
+        // Wait for the launch to be under way (the claim is launching in the ledger).
+        for _ in 0..100 {
+            let s = state(ledger.as_ref()).await;
+            if s.claims().values().any(|c| matches!(c.state, ClaimState::Launching { .. })) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let claim = cluster.snapshot().nodeclaims.keys().next().cloned().expect("created");
+        cluster.remove_nodeclaim(&claim).expect("deleted by hand");
+        w.pool.send(Reconcile).await.expect("mailbox");
+        until_gone(&w).await;
+        // The launch finished after the deletion; its instance was still terminated.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(sim.list().await.expect("list").is_empty(), "no instance left: {:?}", sim.instances());
+        assert_eq!(sim.stats().launched, 1, "the launch did happen");
+        for _ in 0..50 {
+            if cluster.snapshot().nodeclaims.is_empty() {
+                break;
+            }
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(cluster.snapshot().nodeclaims.is_empty());
+    }
+
+    /// A cache that has not synced (a relist, NodeClaims before Nodes) shows nodes missing:
+    /// nothing is terminated from it; nor from one snapshot missing a node for a moment.
+    #[actix_rt::test]
+    async fn a_view_that_is_not_synced_or_a_node_missing_once_terminates_nothing() {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = SimCloud::new(SimConfig::default(), types(), clock.clone());
+        let w = world(m5_large_on_demand(ResourceList::new()), cloud, clock.clone()).await;
+        w.pool.send(provision(pods(2, 1500))).await.expect("mailbox");
+        launched(&w, 2).await;
+        register_all(&w).await;
+        let snap = w.cluster.snapshot();
+        let nodes: Vec<_> = snap.nodes.values().map(|n| n.as_ref().clone()).collect();
+        // The view lost every node and says it is not synced.
+        w.cluster.set_synced(false);
+        for n in &nodes {
+            let mut update = dovetail_cluster::NodeUpdate::of(n);
+            update.finalizers.clear();
+            let fresh = w.cluster.get_node(&n.name).await.expect("node");
+            w.cluster.update_node(&n.name, update, fresh.resource_version).await.expect("finalizer");
+            w.cluster.delete_node(&n.name).await.expect("gone from the view");
+        }
+        clock.advance(Duration::from_secs(3600));
+        for _ in 0..20 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let s = state(w.ledger.as_ref()).await;
+        assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })), "{:?}", s.claims());
+        assert_eq!(w.cloud.len(), 2);
+        assert!(w.pool.send(GetPoolStats).await.expect("stats").unsynced > 0);
+        // Synced again with the nodes back (the relist finished): nothing happened.
+        for n in nodes {
+            w.cluster.apply_node(n);
+        }
+        w.cluster.set_synced(true);
+        // One snapshot without a node, for less than the grace: nothing either.
+        let one = w.cluster.snapshot().nodes.values().next().map(|n| n.as_ref().clone()).expect("node");
+        let held = w.cluster.get_node(&one.name).await.expect("node");
+        let mut update = dovetail_cluster::NodeUpdate::of(&held);
+        update.finalizers.clear();
+        w.cluster.update_node(&one.name, update, held.resource_version).await.expect("finalizer");
+        w.cluster.delete_node(&one.name).await.expect("gone from the view");
+        for _ in 0..10 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        w.cluster.apply_node(one);
+        clock.advance(Duration::from_secs(60));
+        for _ in 0..10 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let s = state(w.ledger.as_ref()).await;
+        assert_eq!(s.claims().len(), 2);
+        assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })));
+        assert_eq!(w.cloud.len(), 2, "nothing terminated");
+        assert!(w.errors.counts().keys().all(|k| !k.starts_with("terminate")), "{:?}", w.errors.counts());
+    }
+
+    /// A decision whose term is over by the time it is proposed is refused, and none of its
+    /// effects reach the cluster; the next reconcile, in the new term, does the work.
+    #[actix_rt::test]
+    async fn a_stale_term_proposal_is_refused_and_its_effects_never_run() {
+        let clock = Arc::new(ManualClock::new());
+        let sim = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let inner = Arc::new(InProcess::new());
+        propose(
+            inner.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+        )
+        .await;
+        let slow: Arc<dyn Ledger> = Arc::new(SlowLedger { inner: inner.clone(), delay: Duration::from_millis(300) });
+        let cluster = Arc::new(SimCluster::new());
+        // Reconciles only when asked.
+        let config = Config { reconcile_every: Duration::from_secs(3600), ..Config::default() };
+        let w = start_over(
+            m5_large_on_demand(ResourceList::new()),
+            sim.clone(),
+            slow,
+            cluster.clone(),
+            clock,
+            config,
+            (sim.clone(), inner.clone()),
+        );
+        w.pool.send(provision(pods(1, 1500))).await.expect("mailbox");
+        for _ in 0..200 {
+            let s = state(inner.as_ref()).await;
+            if s.claims().values().all(|c| matches!(c.state, ClaimState::Launched { .. })) && !s.claims().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for reg in registrations(&sim.list().await.expect("list")) {
+            cluster.register(&reg).expect("register");
+        }
+        let writes = cluster.writes();
+        // The reconcile reads term 1 and plans the registration; its entry takes 300 ms; a
+        // new term begins meanwhile.
+        w.pool.send(Reconcile).await.expect("mailbox");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        inner.elect(w.clock.now_millis());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let s = state(inner.as_ref()).await;
+        assert!(
+            s.claims().values().all(|c| matches!(c.state, ClaimState::Launched { .. })),
+            "refused: {:?}",
+            s.claims()
+        );
+        let node = cluster.snapshot().nodes.values().next().cloned().expect("node");
+        assert!(node.taints.iter().any(|t| t.key == UNREGISTERED_TAINT), "no effect ran");
+        assert_eq!(cluster.writes().get("update_node"), writes.get("update_node"), "no node write at all");
+        // The next reconcile decides in the new term.
+        for _ in 0..50 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            let s = state(inner.as_ref()).await;
+            if s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let s = state(inner.as_ref()).await;
+        assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })), "{:?}", s.claims());
+    }
 }
 
 mod router {
-    use crate::common::{state, types};
+    use crate::common::{executor, node_class, propose, state, types};
     use std::sync::Arc;
     use std::time::Duration;
 
     use actix::prelude::*;
+    use dovetail_actors::config::Config;
+    use dovetail_actors::errors::Errors;
     use dovetail_actors::pool::{NodePoolActor, PoolWiring};
     use dovetail_actors::router::{GetRouterStats, PodsPending, RoutedPool, Router};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
-    use dovetail_cloud::NodeClass;
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cluster::sim::SimCluster;
     use dovetail_core::clock::{Clock, SystemClock};
     use dovetail_core::labels;
-    use dovetail_core::ledger::{Command, Entry, State};
+    use dovetail_core::ledger::{Command, State};
     use dovetail_core::nodepool::NodePool;
     use dovetail_core::plane::BatchWindow;
     use dovetail_core::pod::{Pod, PodKey};
     use dovetail_core::requirements::{Requirement, Requirements};
     use dovetail_core::resources::{ResourceList, ResourceName};
     use dovetail_core::scheduling::PoolInput;
-    use dovetail_raft::{InProcess, Ledger};
+    use dovetail_raft::InProcess;
 
     fn pool(name: &str, weight: i32, nodes: Option<i64>) -> NodePool {
         let mut reqs = Requirements::new();
@@ -787,6 +1146,8 @@ mod router {
             })
             .collect();
         let (cl, le, ck) = (cluster.clone(), ledger.clone(), clock.clone());
+        let (ex, errors) = executor(cl.clone(), le.clone());
+        let config = Arc::new(Config { window: window.clone(), ..Config::default() });
         let (pools, zones): (Vec<NodePool>, Vec<String>) =
             (pools.to_vec(), zones.iter().map(|z| z.to_string()).collect());
         Router::create(move |ctx| {
@@ -800,15 +1161,17 @@ mod router {
                         clock: ck.clone(),
                         zones: zone_actors.iter().cloned().collect(),
                         router: ctx.address().recipient(),
+                        executor: ex.clone(),
+                        errors: errors.clone(),
+                        config: config.clone(),
                     };
-                    let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
-                    let actor = NodePoolActor::new(p.clone(), types(), nc, wiring).start();
+                    let actor = NodePoolActor::new(p.clone(), types(), node_class(), wiring).start();
                     let mut input_pool = p.clone();
                     input_pool.requirements.add(labels::ZONE, Requirement::is_in(zones.iter().map(String::as_str)));
                     RoutedPool { input: PoolInput { pool: input_pool, instance_types: types() }, actor }
                 })
                 .collect();
-            Router::new(window, cl.clone(), ck.clone(), routed)
+            Router::new(window, cl.clone(), ck.clone(), routed).configured(&config, Arc::new(Errors::new()))
         })
     }
 
@@ -818,6 +1181,7 @@ mod router {
             .map(|i| Pod {
                 key: PodKey::new("default", &format!("web-{i}")),
                 requests: ResourceList::cpu_mem(1500, 1 << 30),
+                unschedulable: true,
                 ..Pod::default()
             })
             .collect();
@@ -857,10 +1221,7 @@ mod router {
         let pools = [pool("weighted", 10, None), pool("default", 0, None)];
         for (p, nodes) in pools.iter().zip([Some(1), None]) {
             let limits = nodes.map(|n| ResourceList::from_pairs([(ResourceName::Nodes, n)])).unwrap_or_default();
-            ledger
-                .propose(Entry { at: 0, command: Command::SetPool { pool: p.name.clone(), limits } })
-                .await
-                .expect("pool");
+            propose(ledger.as_ref(), clock.now_millis(), Command::SetPool { pool: p.name.clone(), limits }).await;
         }
         let window = BatchWindow { idle: 50, max: 500, adaptive: None };
         let router = start_router(&cluster, &ledger, &cloud, &clock, &pools, &["us-east-1a", "us-east-1b"], window);
@@ -868,7 +1229,7 @@ mod router {
         router.send(PodsPending { pods }).await.expect("mailbox");
         let mut s = State::default();
         for _ in 0..400 {
-            s = state(&ledger);
+            s = state(ledger.as_ref()).await;
             if s.claims().len() == 3 {
                 break;
             }
@@ -890,8 +1251,12 @@ mod router {
         let window = BatchWindow { idle: 100, max: 1_000, adaptive: None };
         let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
         let ledger = Arc::new(InProcess::new());
-        let set = Command::SetPool { pool: "default".into(), limits: ResourceList::new() };
-        ledger.propose(Entry { at: 0, command: set }).await.expect("pool");
+        propose(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+        )
+        .await;
         let router =
             start_router(&cluster, &ledger, &cloud, &clock, &[pool("default", 0, None)], &["us-east-1a"], window);
         cluster.apply_node(dovetail_core::node::Node { name: "n1".into(), ..Default::default() });
@@ -920,12 +1285,13 @@ mod router {
 /// The whole plane (Router, two NodePools, three zones) on the sim cloud and sim cluster,
 /// with the test playing the kubelets (registration) and kube-scheduler (binding).
 mod integration {
-    use crate::common::{SlowLaunch, state, types};
+    use crate::common::{SlowLaunch, node_class, propose, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
 
     use actix::prelude::*;
+    use dovetail_actors::config::Config;
     use dovetail_actors::feed::FeedConfig;
     use dovetail_actors::kubelet::registrations;
     use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
@@ -933,19 +1299,21 @@ mod integration {
     use dovetail_actors::zone::{GetStats, ZoneActor};
     use dovetail_cloud::limits::ApiLimits;
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{CloudProvider, NodeClass, OfferingKey};
+    use dovetail_cloud::{CloudProvider, OfferingKey};
     use dovetail_cluster::ClusterView;
     use dovetail_cluster::sim::{Deployment, Registrar, SimCluster, Workloads};
     use dovetail_core::catalog::CapacityType;
     use dovetail_core::clock::{Clock, SystemClock};
-    use dovetail_core::labels;
-    use dovetail_core::ledger::{ClaimState, Command, Entry};
+    use dovetail_core::labels::{self, LabelSelector};
+    use dovetail_core::ledger::{ClaimState, Command};
+    use dovetail_core::node::Node;
     use dovetail_core::nodepool::NodePool;
     use dovetail_core::plane::BatchWindow;
-    use dovetail_core::pod::Pod;
+    use dovetail_core::pod::{Pod, PodAffinity, PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable};
     use dovetail_core::requirements::{Requirement, Requirements};
     use dovetail_core::resources::{ResourceList, ResourceName};
-    use dovetail_raft::{InProcess, Ledger};
+    use dovetail_core::scheduling::{self, ExistingPlacement, PoolInput, Results, Semantics};
+    use dovetail_raft::InProcess;
 
     const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
     const C5: [&str; 4] = ["c5.large", "c5.xlarge", "c5.2xlarge", "c5.4xlarge"];
@@ -957,6 +1325,18 @@ mod integration {
         reqs.add(labels::ZONE, Requirement::is_in(ZONES));
         let limits = cpu_limit.map(|c| ResourceList::from_pairs([(ResourceName::Cpu, c)])).unwrap_or_default();
         NodePool { weight, limits, ..NodePool::new(name, reqs) }
+    }
+
+    fn config(window_ms: u64) -> Config {
+        Config {
+            window: BatchWindow { idle: window_ms, max: 10 * window_ms, adaptive: None },
+            feed: FeedConfig {
+                tick: Duration::from_millis(50),
+                resend: Duration::from_secs(2),
+                settle: Duration::from_millis(500),
+            },
+            ..Config::default()
+        }
     }
 
     struct Outcome {
@@ -992,21 +1372,19 @@ mod integration {
             pool("default", 0, &C5, None),
         ];
         for p in &pools {
-            let set = Command::SetPool { pool: p.name.clone(), limits: p.limits.clone() };
-            ledger.propose(Entry { at: 0, command: set }).await.expect("pool");
+            propose(
+                ledger.as_ref(),
+                clock.now_millis(),
+                Command::SetPool { pool: p.name.clone(), limits: p.limits.clone() },
+            )
+            .await;
         }
-        let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
         let plane = Plane::start(
             PlaneConfig {
                 zones: ZONES.iter().map(|z| z.to_string()).collect(),
-                pools: pools.iter().map(|p| (p.clone(), types(), nc.clone())).collect(),
-                window: BatchWindow { idle: 100, max: 1_000, adaptive: None },
+                pools: pools.iter().map(|p| (p.clone(), types(), node_class())).collect(),
                 limits: ApiLimits::default(),
-                feed: FeedConfig {
-                    tick: Duration::from_millis(50),
-                    resend: Duration::from_secs(2),
-                    settle: Duration::from_millis(500),
-                },
+                config: config(100),
             },
             Seams {
                 // Under restarts, launch calls take a while so some are cut off mid-call.
@@ -1019,7 +1397,8 @@ mod integration {
                 ledger: ledger.clone(),
                 clock: clock.clone(),
             },
-        );
+        )
+        .expect("valid settings");
         let pool_addrs = vec![plane.pools["weighted"].clone(), plane.pools["default"].clone()];
         let zones: Vec<(String, Addr<ZoneActor>)> = plane.zones.clone().into_iter().collect();
         // Three Deployments of different sizes.
@@ -1037,7 +1416,7 @@ mod integration {
         let mut registrar = Registrar::new(0);
         let (mut done, mut restarts) = (false, 0);
         for _ in 0..1200usize {
-            let now = u64::try_from(clock.now().as_millis()).expect("ms");
+            let now = clock.now_millis();
             workloads.step(&cluster, now);
             if restarts < restarts_wanted {
                 let mut in_flight = 0;
@@ -1056,7 +1435,7 @@ mod integration {
                 p.send(Reconcile).await.expect("pool");
             }
             cluster.schedule();
-            let s = state(&ledger);
+            let s = state(ledger.as_ref()).await;
             if cluster.snapshot().pending().count() == 0
                 && s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. }))
                 && restarts == restarts_wanted
@@ -1067,7 +1446,7 @@ mod integration {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         let snap = cluster.snapshot();
-        let s = state(&ledger);
+        let s = state(ledger.as_ref()).await;
         assert!(done, "pending {} / claims {:?}", snap.pending().count(), s.claims().len());
         // Every pod bound.
         assert_eq!(snap.pods.len(), pods);
@@ -1099,8 +1478,9 @@ mod integration {
         let default = pool_addrs[1].send(GetPoolStats).await.expect("stats");
         let weighted = pool_addrs[0].send(GetPoolStats).await.expect("stats");
         eprintln!(
-            "claims {}, ice {ice}, restarts {restarts}, requeued {requeued}, pools {weighted:?} {default:?}",
-            s.claims().len()
+            "claims {}, ice {ice}, restarts {restarts}, requeued {requeued}, pools {weighted:?} {default:?}, errors {:?}",
+            s.claims().len(),
+            plane.errors.counts()
         );
         Outcome { claims: s.claims().len(), ice, restarts, requeued }
     }
@@ -1121,10 +1501,203 @@ mod integration {
         assert_eq!(out.restarts, 3);
         assert!(out.requeued > 0, "a restart cut launches off mid-call");
     }
+
+    fn selector(app: &str) -> Option<LabelSelector> {
+        Some(LabelSelector::new(BTreeMap::from([("app".to_string(), app.to_string())]), Vec::new()))
+    }
+
+    /// The plane on a cluster that already runs pods: new web replicas spread by zone (max
+    /// skew 1) over the running ones, and cache pods anti-affine by zone to a running db pod.
+    /// The claims go where the running pods leave room, and the end state, read back as a
+    /// plan with every pod on the node it ended on, passes `plan --validate`'s checks.
+    #[actix_rt::test]
+    async fn the_planes_claims_respect_topology_over_running_pods() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        let pools = [pool("default", 0, &["m5.large", "m5.xlarge"], None)];
+        propose(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+        )
+        .await;
+        // A full node in zone a running three web pods and the db.
+        let name = "existing-a".to_string();
+        cluster.apply_node(Node {
+            name: name.clone(),
+            labels: BTreeMap::from([
+                (labels::ZONE.to_string(), ZONES[0].to_string()),
+                (labels::HOSTNAME.to_string(), name.clone()),
+                (labels::INSTANCE_TYPE.to_string(), "m5.xlarge".to_string()),
+            ]),
+            allocatable: ResourceList::from_pairs([
+                (ResourceName::Cpu, 3920),
+                (ResourceName::Memory, 14 << 30),
+                (ResourceName::Pods, 58),
+            ]),
+            initialized: true,
+            ready: true,
+            ..Node::default()
+        });
+        let running = |n: &str, app: &str, cpu: i64| {
+            let mut p = Pod::new("default", n, ResourceList::cpu_mem(cpu, 256 << 20));
+            p.labels.insert("app".into(), app.into());
+            p.node_name = Some(name.clone());
+            p
+        };
+        let mut bound = vec![running("db-0", "db", 500), running("filler", "filler", 1900)];
+        bound.extend((0..3).map(|i| running(&format!("web-old-{i}"), "web", 500)));
+        cluster.apply_pods(bound);
+        let spread = TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: labels::ZONE.into(),
+            when_unsatisfiable: WhenUnsatisfiable::DoNotSchedule,
+            selector: selector("web"),
+            min_domains: None,
+            node_affinity_policy: None,
+            node_taints_policy: None,
+            match_label_keys: Vec::new(),
+        };
+        let mut web = Pod::new("default", "web", ResourceList::cpu_mem(500, 256 << 20));
+        web.labels.insert("app".into(), "web".into());
+        web.topology_spread = vec![spread];
+        let mut cache = Pod::new("default", "cache", ResourceList::cpu_mem(500, 256 << 20));
+        cache.labels.insert("app".into(), "cache".into());
+        cache.pod_anti_affinity = PodAffinity {
+            required: vec![PodAffinityTerm {
+                selector: selector("db"),
+                namespaces: Vec::new(),
+                namespace_selector: None,
+                topology_key: labels::ZONE.into(),
+            }],
+            preferred: Vec::new(),
+        };
+        let mut workloads = Workloads::new();
+        workloads.apply_deployment(Deployment {
+            namespace: "default".into(),
+            name: "web".into(),
+            replicas: 6,
+            template: web,
+        });
+        workloads.apply_deployment(Deployment {
+            namespace: "default".into(),
+            name: "cache".into(),
+            replicas: 2,
+            template: cache,
+        });
+        let plane = Plane::start(
+            PlaneConfig {
+                zones: ZONES.iter().map(|z| z.to_string()).collect(),
+                pools: pools.iter().map(|p| (p.clone(), types(), node_class())).collect(),
+                limits: ApiLimits::default(),
+                config: config(100),
+            },
+            Seams {
+                cloud: cloud.clone(),
+                view: cluster.clone(),
+                cluster: cluster.clone(),
+                ledger: ledger.clone(),
+                clock: clock.clone(),
+            },
+        )
+        .expect("valid settings");
+        let mut registrar = Registrar::new(0);
+        let mut done = false;
+        for _ in 0..600usize {
+            let now = clock.now_millis();
+            workloads.step(&cluster, now);
+            registrar.step(&cluster, &registrations(&cloud.list().await.expect("list")), now);
+            for p in plane.pools.values() {
+                p.send(Reconcile).await.expect("pool");
+            }
+            cluster.schedule();
+            let s = state(ledger.as_ref()).await;
+            if cluster.snapshot().pending().count() == 0
+                && !s.claims().is_empty()
+                && s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. }))
+            {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let snap = cluster.snapshot();
+        assert!(done, "pending: {:?}", snap.pending().map(|p| p.key.to_string()).collect::<Vec<_>>());
+        // No new node in zone a: both kinds of pods had to go elsewhere.
+        for c in state(ledger.as_ref()).await.claims().values() {
+            assert_ne!(c.zone, ZONES[0], "claim {} in the zone the running pods fill", c.id);
+        }
+        for n in snap.nodes.values().filter(|n| n.name != name) {
+            assert!(snap.pods_on(&n.name).next().is_some(), "node {} holds no pod", n.name);
+        }
+        // The end state as a plan: the pods that ran before stay bound; every new pod is
+        // placed on the node it ended on, zone by zone in turn (an order kube-scheduler could
+        // have bound them in: the validator checks each placement against those before it).
+        let nodes: Vec<Node> = snap.nodes.values().map(|n| Node { initialized: true, ..n.as_ref().clone() }).collect();
+        let index: BTreeMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let (before, new): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) =
+            snap.pods.values().partition(|p| p.node_name.as_deref() == Some(name.as_str()));
+        let pods: Vec<Pod> = new.iter().map(|p| Pod { node_name: None, ..Pod::clone(p) }).collect();
+        let node_of = |p: &Pod| p.node_name.as_deref().and_then(|n| index.get(n)).copied().expect("bound to a node");
+        let zone_of = |n: usize| nodes[n].labels.get(labels::ZONE).cloned();
+        // The spread web pods zone by zone in turn, then the rest.
+        let is_web = |p: &Pod| p.labels.get("app").map(String::as_str) == Some("web");
+        let mut by_zone: BTreeMap<(bool, Option<String>), Vec<usize>> = BTreeMap::new();
+        for (i, p) in new.iter().enumerate() {
+            let key = if is_web(p) { (false, zone_of(node_of(p))) } else { (true, None) };
+            by_zone.entry(key).or_default().push(i);
+        }
+        let mut order = Vec::new();
+        let (rest, web): (Vec<_>, Vec<_>) = by_zone.into_iter().partition(|((other, _), _)| *other);
+        let mut queues: Vec<std::collections::VecDeque<usize>> = web.into_iter().map(|(_, v)| v.into()).collect();
+        queues.extend(rest.into_iter().map(|(_, v)| std::collections::VecDeque::from(v)));
+        while queues.iter().any(|q| !q.is_empty()) {
+            for q in &mut queues {
+                if let Some(i) = q.pop_front() {
+                    let n = node_of(new[i]);
+                    order.push(scheduling::Placement {
+                        pod: i,
+                        target: scheduling::Target::Existing(n),
+                        zone: zone_of(n),
+                    });
+                }
+            }
+        }
+        let mut by_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, p) in new.iter().enumerate() {
+            by_node.entry(node_of(p)).or_default().push(i);
+        }
+        let results = Results {
+            existing: by_node.into_iter().map(|(node, pods)| ExistingPlacement { node, pods }).collect(),
+            order,
+            ..Results::default()
+        };
+        let input = scheduling::Snapshot {
+            nodepools: pools.iter().map(|p| PoolInput { pool: p.clone(), instance_types: types() }).collect(),
+            nodes,
+            bound_pods: before.iter().map(|p| p.as_ref().clone()).collect(),
+            ..scheduling::Snapshot::default()
+        };
+        let violations = scheduling::validate(&input, &pods, &results, Semantics::Strict);
+        assert!(violations.is_empty(), "{violations:#?}");
+        let web_zones: BTreeMap<String, usize> = snap
+            .pods
+            .values()
+            .filter(|p| p.labels.get("app").map(String::as_str) == Some("web"))
+            .filter_map(|p| snap.nodes.get(p.node_name.as_deref()?)?.labels.get(labels::ZONE).cloned())
+            .fold(BTreeMap::new(), |mut m, z| {
+                *m.entry(z).or_default() += 1;
+                m
+            });
+        assert_eq!(web_zones.values().sum::<usize>(), 9, "{web_zones:?}");
+        assert!(web_zones.values().all(|&n| n == 3), "spread over the running pods: {web_zones:?}");
+    }
 }
 
 mod limiter {
-    use crate::common::{forward, state, types};
+    use crate::common::{forward, node_class, propose, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
@@ -1134,12 +1707,12 @@ mod limiter {
     use dovetail_actors::zone::{GetStats, Launch, LaunchOutcome, ZoneActor, ZoneConfig};
     use dovetail_cloud::limits::{ApiLimits, Bucket};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{LaunchRequest, NodeClass};
+    use dovetail_cloud::{LaunchBatch, LaunchRequest};
     use dovetail_core::catalog::CapacityType;
-    use dovetail_core::clock::ManualClock;
-    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command, Entry};
+    use dovetail_core::clock::{Clock, ManualClock};
+    use dovetail_core::ledger::{ClaimRequest, ClaimState, Command};
     use dovetail_core::resources::ResourceList;
-    use dovetail_raft::{InProcess, Ledger};
+    use dovetail_raft::InProcess;
 
     /// Two zones share one limiter holding 3 instance launches: 6 claims go out 3 now and the
     /// rest as the plane's clock refills the bucket, with no throttled call at the cloud.
@@ -1154,10 +1727,8 @@ mod limiter {
             clock.clone(),
         ));
         let ledger = Arc::new(InProcess::new());
-        ledger
-            .propose(Entry { at: 0, command: Command::SetPool { pool: "default".into(), limits: ResourceList::new() } })
-            .await
-            .expect("pool");
+        let now = clock.now_millis();
+        propose(ledger.as_ref(), now, Command::SetPool { pool: "default".into(), limits: ResourceList::new() }).await;
         let claims = (0..6)
             .map(|i| ClaimRequest {
                 id: format!("c{i}"),
@@ -1166,10 +1737,7 @@ mod limiter {
                 price_per_hour: 96_000,
             })
             .collect();
-        ledger
-            .propose(Entry { at: 0, command: Command::Reserve { pool: "default".into(), batch: 1, claims } })
-            .await
-            .expect("reserve");
+        propose(ledger.as_ref(), now, Command::Reserve { pool: "default".into(), claims }).await;
         let limiter = Arc::new(RegionLimiter::new(limits, clock.clone()));
         let zones: Vec<Addr<ZoneActor>> = ["us-east-1a", "us-east-1b"]
             .iter()
@@ -1184,8 +1752,9 @@ mod limiter {
             let zone = if i % 2 == 0 { "us-east-1a" } else { "us-east-1b" };
             let r = LaunchRequest {
                 claim: format!("c{i}"),
+                batch: LaunchBatch::default(),
                 nodepool: "default".into(),
-                node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
+                node_class: node_class(),
                 zone: zone.into(),
                 instance_types: vec!["m5.large".into()],
                 capacity_types: vec![CapacityType::OnDemand],
@@ -1221,7 +1790,145 @@ mod limiter {
             paced += z.send(GetStats).await.expect("stats").paced;
         }
         assert!(paced > 0);
-        let s = state(&ledger);
+        let s = state(ledger.as_ref()).await;
         assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Launched { .. })));
+    }
+}
+
+/// Timers on the arbiter fire on time while a large solve runs: solves run on the blocking
+/// pool, not on the thread the actors' timers share.
+mod timers {
+    use crate::common::{executor, node_class, propose, types};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use actix::prelude::*;
+    use dovetail_actors::config::Config;
+    use dovetail_actors::errors::Errors;
+    use dovetail_actors::pool::{NodePoolActor, PoolWiring};
+    use dovetail_actors::router::{GetRouterStats, PodsPending, RoutedPool, Router};
+    use dovetail_actors::zone::{GetStats, Launch, LaunchOutcome, ZoneActor, ZoneConfig};
+    use dovetail_cloud::sim::{ApiLimits, SimCloud, SimConfig};
+    use dovetail_cloud::{LaunchBatch, LaunchRequest};
+    use dovetail_cluster::sim::SimCluster;
+    use dovetail_core::catalog::CapacityType;
+    use dovetail_core::clock::{Clock, SystemClock};
+    use dovetail_core::labels;
+    use dovetail_core::ledger::{ClaimRequest, Command};
+    use dovetail_core::nodepool::NodePool;
+    use dovetail_core::plane::BatchWindow;
+    use dovetail_core::pod::{Pod, PodKey};
+    use dovetail_core::requirements::{Requirement, Requirements};
+    use dovetail_core::resources::ResourceList;
+    use dovetail_core::scheduling::PoolInput;
+    use dovetail_raft::InProcess;
+
+    const PODS: usize = 100_000;
+
+    #[actix_rt::test]
+    async fn the_zone_launch_window_fires_within_50_ms_while_a_100_000_pod_solve_runs() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cloud = Arc::new(SimCloud::new(
+            SimConfig { limits: ApiLimits::raised(1000.0), ..SimConfig::default() },
+            types(),
+            clock.clone(),
+        ));
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        let now = clock.now_millis();
+        propose(ledger.as_ref(), now, Command::SetPool { pool: "default".into(), limits: ResourceList::new() }).await;
+        // The probe: claims a zone actor launches one at a time, each after its 35 ms window.
+        let probes: Vec<ClaimRequest> = (0..200)
+            .map(|i| ClaimRequest {
+                id: format!("probe-{i}"),
+                zone: "us-east-1a".into(),
+                resources: ResourceList::cpu_mem(2000, 8 << 30),
+                price_per_hour: 96_000,
+            })
+            .collect();
+        propose(ledger.as_ref(), now, Command::Reserve { pool: "default".into(), claims: probes }).await;
+        let zone = ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud.clone(), ledger.clone(), clock.clone()).start();
+        let (sink, _outcomes) = crate::common::forward::<LaunchOutcome>();
+        // A Router over one pool of the c/m/r families.
+        let mut reqs = Requirements::new();
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+        reqs.add(labels::INSTANCE_CATEGORY, Requirement::is_in(["c", "m", "r"]));
+        reqs.add(labels::ZONE, Requirement::is_in(["us-east-1a"]));
+        let pool = NodePool::new("default", reqs);
+        let config =
+            Arc::new(Config { window: BatchWindow { idle: 20, max: 200, adaptive: None }, ..Config::default() });
+        let (ex, errors) = executor(cluster.clone(), ledger.clone());
+        let (cl, le, ck, z) = (cluster.clone(), ledger.clone(), clock.clone(), zone.clone());
+        let conf = config.clone();
+        let router = Router::create(move |ctx| {
+            let wiring = PoolWiring {
+                view: cl.clone(),
+                cluster: cl.clone(),
+                ledger: le.clone(),
+                clock: ck.clone(),
+                zones: BTreeMap::from([("us-east-1a".to_string(), z)]),
+                router: ctx.address().recipient(),
+                executor: ex,
+                errors,
+                config: conf.clone(),
+            };
+            let actor = NodePoolActor::new(pool.clone(), types(), node_class(), wiring).start();
+            let routed = vec![RoutedPool { input: PoolInput { pool, instance_types: types() }, actor }];
+            Router::new(conf.window.clone(), cl.clone(), ck.clone(), routed).configured(&conf, Arc::new(Errors::new()))
+        });
+        let pods: Vec<Pod> = (0..PODS)
+            .map(|i| Pod {
+                key: PodKey::new("default", &format!("p-{i}")),
+                requests: ResourceList::cpu_mem([250, 500, 1000][i % 3], [256 << 20, 512 << 20, 1 << 30][i % 3]),
+                creation: i as i64,
+                unschedulable: true,
+                ..Pod::default()
+            })
+            .collect();
+        cluster.apply_pods(pods.clone());
+        router.send(PodsPending { pods }).await.expect("mailbox");
+        // The batch closes after 20 ms idle and its solve starts.
+        for _ in 0..100 {
+            if router.send(GetRouterStats).await.expect("stats").batches == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (mut during, mut next, mut latest_ms) = (0usize, 0usize, Vec::new());
+        let solving = |s: &dovetail_actors::router::RouterStats| s.batches == 1 && s.routed == 0 && s.on_existing == 0;
+        // Bounded: 600 probes of 100 ms at most, a minute.
+        for _ in 0..600 {
+            if !solving(&router.send(GetRouterStats).await.expect("stats")) {
+                break;
+            }
+            let request = LaunchRequest {
+                claim: format!("probe-{next}"),
+                batch: LaunchBatch::default(),
+                nodepool: "default".into(),
+                node_class: node_class(),
+                zone: "us-east-1a".into(),
+                instance_types: vec!["m5.large".into()],
+                capacity_types: vec![CapacityType::OnDemand],
+                labels: BTreeMap::new(),
+                tags: BTreeMap::new(),
+            };
+            next = (next + 1) % 200;
+            zone.send(Launch { causes: Vec::new(), requests: vec![request], reply: sink.clone().recipient() })
+                .await
+                .expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            during += 1;
+            // The probe's window (35 ms) has fired by now; it counts if the solve still runs.
+            let z = zone.send(GetStats).await.expect("stats");
+            if solving(&router.send(GetRouterStats).await.expect("stats")) && z.launch_calls as usize == during {
+                latest_ms.push(z.flush_late_ms);
+            }
+        }
+        assert!(latest_ms.len() >= 3, "the solve ran long enough to probe: {} windows during it", latest_ms.len());
+        let worst = latest_ms.iter().copied().max().unwrap_or_default();
+        assert!(worst <= 50, "a launch window fired {worst} ms late during the solve: {latest_ms:?}");
+        eprintln!("{} launch windows during the 100,000-pod solve, at most {worst} ms late", latest_ms.len());
+        System::current().stop();
     }
 }

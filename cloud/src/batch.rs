@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::{BoxFuture, CloudError, CloudProvider, DriftReason, Instance, LaunchRequest, NodeClass};
+use crate::{BoxFuture, CloudError, CloudProvider, DriftReason, Instance, LaunchRequest, Lookup, NodeClass};
 
 /// When a batch is sent.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,8 +74,11 @@ impl Batched {
         let mut results = inner.launch(&requests).await.into_iter();
         for (n, reply) in callers {
             let mine: Vec<_> = results.by_ref().take(n).collect();
-            // A caller that went away does not need its results.
-            let _ = reply.send(mine);
+            // A caller that went away does not need its results; its claims' instances are
+            // found by their tags when it (or a new leader) launches them again.
+            if let Err(lost) = reply.send(mine) {
+                tracing::debug!(results = lost.len(), "a launch caller went away before its results");
+            }
         }
     }
 }
@@ -102,6 +105,10 @@ impl CloudProvider for Batched {
                     .collect(),
             }
         })
+    }
+
+    fn find<'a>(&'a self, lookups: &'a [Lookup]) -> BoxFuture<'a, Vec<Result<Option<Instance>, CloudError>>> {
+        self.inner.find(lookups)
     }
 
     fn terminate<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Vec<Result<(), CloudError>>> {
@@ -143,6 +150,7 @@ mod tests {
     fn request(claim: &str, zone: &str) -> LaunchRequest {
         LaunchRequest {
             claim: claim.into(),
+            batch: dovetail_core::ledger::LaunchBatch { id: "batch-1".into(), claims: vec![claim.to_string()] },
             nodepool: "default".into(),
             node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
             zone: zone.into(),

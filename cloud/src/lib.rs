@@ -21,8 +21,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use types::{
-    DriftReason, Instance, InstanceState, LaunchRequest, NodeClass, OfferingKey, QueueMessage, TAG_CLUSTER_PREFIX,
-    TAG_NODECLAIM, TAG_NODEPOOL,
+    DriftReason, Instance, InstanceState, LaunchBatch, LaunchRequest, Lookup, NodeClass, OfferingKey, QueueMessage,
+    TAG_CLUSTER_PREFIX, TAG_LAUNCH_BATCH, TAG_NODECLAIM, TAG_NODEPOOL, same_shape,
 };
 
 /// A boxed future, so that the seams stay object safe (`Arc<dyn CloudProvider>`).
@@ -51,6 +51,20 @@ pub enum CloudError {
     Transient { message: String },
 }
 
+impl CloudError {
+    /// A short name of the error, for counters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CloudError::InsufficientCapacity { .. } => "insufficient_capacity",
+            CloudError::NotFound { .. } => "not_found",
+            CloudError::NodeClassNotReady { .. } => "node_class_not_ready",
+            CloudError::Throttled { .. } => "throttled",
+            CloudError::Invalid { .. } => "invalid",
+            CloudError::Transient { .. } => "transient",
+        }
+    }
+}
+
 fn offerings_list(o: &[OfferingKey]) -> String {
     let shown: Vec<String> = o.iter().take(5).map(ToString::to_string).collect();
     let more = if o.len() > 5 { format!(" and {} more", o.len() - 5) } else { String::new() };
@@ -62,9 +76,16 @@ fn offerings_list(o: &[OfferingKey]) -> String {
 /// Contracts every implementation keeps (the conformance suite checks them):
 /// - `launch` takes NodeClaims for one zone each and returns one result per request, in order.
 ///   Launching a claim that already has an instance returns that instance again (idempotent:
-///   instances carry the claim's name in the [`TAG_NODECLAIM`] tag). Identical requests of one call
-///   may be merged into one cloud request. A launch that finds no capacity in any of the claim's
-///   offerings fails with [`CloudError::InsufficientCapacity`] naming them.
+///   instances carry the claim's name in the [`TAG_NODECLAIM`] tag). Every instance a call makes
+///   carries its launch batch in the [`TAG_LAUNCH_BATCH`] tag from the moment it exists; before
+///   launching anything, the batch's instances that no claim tag names yet (a call whose
+///   per-claim tags were never written: a crash, a lost result) are assigned to the batch's
+///   claims that have none, in the batch's claim order and by instance id, so any re-drive,
+///   however it groups the claims, ends with one instance per claim. Identical requests of one
+///   call may be merged into one cloud request. A launch that finds no capacity in any of the
+///   claim's offerings fails with [`CloudError::InsufficientCapacity`] naming them.
+/// - `find` looks up claims' instances the same way and launches nothing (the instance of a
+///   claim deleted while it launched).
 /// - `terminate` returns one result per id; an id that is gone gives [`CloudError::NotFound`], so a
 ///   retried terminate is harmless.
 /// - `get` returns [`CloudError::NotFound`] once an instance is terminated.
@@ -76,6 +97,10 @@ fn offerings_list(o: &[OfferingKey]) -> String {
 pub trait CloudProvider: Send + Sync {
     /// Launches NodeClaims, each in the zone it names.
     fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>>;
+
+    /// The instance of each claim, if it has one (by its tag, or assigned from its batch's
+    /// untagged instances as `launch` assigns them).
+    fn find<'a>(&'a self, lookups: &'a [Lookup]) -> BoxFuture<'a, Vec<Result<Option<Instance>, CloudError>>>;
 
     /// Terminates instances by id.
     fn terminate<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Vec<Result<(), CloudError>>>;

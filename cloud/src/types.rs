@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+pub use dovetail_core::ledger::LaunchBatch;
+
 use dovetail_core::catalog::{CapacityType, InstanceType};
 use dovetail_core::labels::Labels;
 use dovetail_core::requirements::Operator;
@@ -11,6 +13,9 @@ use dovetail_core::resources::ResourceList;
 
 /// Tag carrying the NodeClaim's name: how a re-launch finds the instance it already made.
 pub const TAG_NODECLAIM: &str = "karpenter.sh/nodeclaim";
+/// Tag carrying the launch batch an instance was made by: how a re-drive finds what a call
+/// made before its per-claim tags were written.
+pub const TAG_LAUNCH_BATCH: &str = "dovetail.dev/launch-batch";
 /// Tag carrying the NodePool's name.
 pub const TAG_NODEPOOL: &str = "karpenter.sh/nodepool";
 /// Prefix of the cluster ownership tag, `kubernetes.io/cluster/<name>` = `owned`.
@@ -54,6 +59,10 @@ pub struct NodeClass {
 pub struct LaunchRequest {
     /// The NodeClaim's name: the idempotency key.
     pub claim: String,
+    /// The launch batch the ledger recorded the claim in before the call: its id tags every
+    /// instance the call makes and derives the call's client token; its claims are who the
+    /// batch's untagged instances are assigned to on a re-drive.
+    pub batch: LaunchBatch,
     pub nodepool: String,
     pub node_class: NodeClass,
     /// The zone the caller chose.
@@ -66,6 +75,13 @@ pub struct LaunchRequest {
     pub labels: Labels,
     /// Extra tags (the node class's and the user's).
     pub tags: BTreeMap<String, String>,
+}
+
+/// A claim whose instance is looked for (by its tag, or among its batch's untagged ones).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    pub claim: String,
+    pub batch: Option<LaunchBatch>,
 }
 
 /// The lifecycle of an instance as the cloud reports it.
@@ -134,16 +150,31 @@ pub(crate) fn type_labels(it: &InstanceType) -> Labels {
     labels
 }
 
-/// Requests one CreateFleet call can carry together (same zone, types, capacity types, node
-/// class, pool, labels and tags).
-pub(crate) fn same_shape(a: &LaunchRequest, b: &LaunchRequest) -> bool {
+/// Requests one CreateFleet call can carry together (same zone, batch, types, capacity types,
+/// node class, pool, labels and tags).
+pub fn same_shape(a: &LaunchRequest, b: &LaunchRequest) -> bool {
     a.zone == b.zone
+        && a.batch.id == b.batch.id
         && a.instance_types == b.instance_types
         && a.capacity_types == b.capacity_types
         && a.node_class == b.node_class
         && a.nodepool == b.nodepool
         && a.labels == b.labels
         && a.tags == b.tags
+}
+
+/// Assigns a batch's untagged instances to its claims that have none, deterministically, so
+/// that every re-drive agrees whatever it groups: the claims in the batch's order, the
+/// instances by id. Returns `(instance index, claim)` pairs.
+pub(crate) fn assign_untagged<'a>(
+    batch: &'a LaunchBatch,
+    has_instance: impl Fn(&str) -> bool,
+    untagged: &[&str],
+) -> Vec<(usize, &'a str)> {
+    let mut order: Vec<usize> = (0..untagged.len()).collect();
+    order.sort_by(|a, b| untagged[*a].cmp(untagged[*b]));
+    let claims = batch.claims.iter().map(String::as_str).filter(|c| !has_instance(c));
+    order.into_iter().zip(claims).collect()
 }
 
 /// The requests still `open`, grouped by [`same_shape`], in first-arrival order.

@@ -4,21 +4,36 @@
 //! NodeClaims, NodePools, DaemonSets and PDBs at one resource version, a "synced" signal (the
 //! initial lists are in) and change notifications (a watch of the resource version). It is
 //! shaped so that kube-runtime reflectors can fill it: each watch event replaces one object
-//! and bumps the version. [`ClusterWriter`] is what the control plane changes: NodeClaims
-//! (created by name, so a duplicate create is refused), their status, node taints, labels and
-//! cordon, evictions (refused while a PDB allows no disruption) and deletes with finalizers.
+//! and bumps the version.
 //!
-//! [`sim::SimCluster`] implements both in memory; the kube implementation comes later.
+//! [`ClusterWriter`] is what the control plane changes, one API call per method, as futures:
+//! NodeClaims created by name (a duplicate create is `AlreadyExists`), reads of one object
+//! with its resource version, and writes that carry the resource version they were made from
+//! as a precondition (`Conflict` when the object changed since: the caller reads again and
+//! re-applies its patch), the status subresource apart from the object, evictions (refused
+//! with `DisruptionBudget` while a PDB allows none: HTTP 429), deletes with finalizers, and
+//! Events. No method retries.
+//!
+//! [`sim::SimCluster`] implements both in memory with the same semantics (resource versions,
+//! conflicts, the status subresource, finalizers); the kube implementation comes next.
 
 pub mod sim;
-mod types;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-pub use types::{Condition, IntOrPercent, NodeClaim, NodeClaimStatus, Pdb, Snapshot};
+pub use dovetail_core::cluster::{
+    Condition, Event, IntOrPercent, NodeClaim, NodeClaimStatus, NodePatch, ObjectKind, Pdb, Snapshot, StatusPatch,
+};
 
+use dovetail_core::labels::Labels;
+use dovetail_core::node::Node;
 use dovetail_core::pod::PodKey;
 use dovetail_core::taints::Taint;
+
+/// A boxed future, so that the seam stays object safe (`Arc<dyn ClusterWriter>`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What a write can fail with.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -31,44 +46,95 @@ pub enum ClusterError {
     /// An eviction a PodDisruptionBudget does not allow now (HTTP 429 in Kubernetes).
     #[error("evicting pod {pod} would violate PodDisruptionBudget {pdb}")]
     DisruptionBudget { pod: String, pdb: String },
-    /// The object changed since it was read.
+    /// The object changed since it was read (its resource version is not the precondition's).
     #[error("{kind} {name} changed since it was read")]
     Conflict { kind: &'static str, name: String },
+    /// The API server asked the client to slow down (HTTP 429 without a PDB).
+    #[error("throttled writing {kind} {name}")]
+    Throttled { kind: &'static str, name: String },
     #[error("cluster unavailable: {reason}")]
     Unavailable { reason: String },
+}
+
+impl ClusterError {
+    /// A short name of the error, for counters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClusterError::AlreadyExists { .. } => "already_exists",
+            ClusterError::NotFound { .. } => "not_found",
+            ClusterError::DisruptionBudget { .. } => "disruption_budget",
+            ClusterError::Conflict { .. } => "conflict",
+            ClusterError::Throttled { .. } => "throttled",
+            ClusterError::Unavailable { .. } => "unavailable",
+        }
+    }
 }
 
 /// The read side.
 pub trait ClusterView: Send + Sync {
     /// Everything at one resource version. Cheap: objects are shared, not copied.
     fn snapshot(&self) -> Arc<Snapshot>;
-    /// Whether the initial lists of every kind are in.
+    /// Whether the initial lists of every kind are in. Until then nothing may act on the
+    /// snapshot: an object missing from it may only not be listed yet.
     fn synced(&self) -> bool;
     /// Notified with the resource version after every change.
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
-/// The write side. Every method is one API call; none retries.
+/// The fields of a node a write sets (from a read and a [`NodePatch`] applied to it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeUpdate {
+    pub labels: Labels,
+    pub taints: Vec<Taint>,
+    pub finalizers: Vec<String>,
+}
+
+impl NodeUpdate {
+    pub fn of(node: &Node) -> Self {
+        NodeUpdate { labels: node.labels.clone(), taints: node.taints.clone(), finalizers: node.finalizers.clone() }
+    }
+}
+
+/// The write side. Every method is one API call; none retries. Writes made from a read carry
+/// its resource version and fail with `Conflict` when the object changed since.
 pub trait ClusterWriter: Send + Sync {
     /// Creates a NodeClaim named `claim.name`; a second create of the name is `AlreadyExists`.
-    fn create_nodeclaim(&self, claim: NodeClaim) -> Result<u64, ClusterError>;
-    /// Replaces a NodeClaim's status (conditions, provider id, node name).
-    fn update_nodeclaim_status(&self, name: &str, status: NodeClaimStatus) -> Result<u64, ClusterError>;
+    fn create_nodeclaim(&self, claim: NodeClaim) -> BoxFuture<'_, Result<u64, ClusterError>>;
+    /// Reads one NodeClaim (with its resource version).
+    fn get_nodeclaim<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Arc<NodeClaim>, ClusterError>>;
+    /// Writes a NodeClaim's status through the status subresource.
+    fn update_nodeclaim_status<'a>(
+        &'a self,
+        name: &'a str,
+        status: NodeClaimStatus,
+        resource_version: u64,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>>;
+    /// Writes a NodeClaim's finalizers; one being deleted goes once none are left.
+    fn update_nodeclaim_finalizers<'a>(
+        &'a self,
+        name: &'a str,
+        finalizers: Vec<String>,
+        resource_version: u64,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>>;
     /// Marks a NodeClaim for deletion; it goes once its finalizers are removed.
-    fn delete_nodeclaim(&self, name: &str) -> Result<u64, ClusterError>;
-    /// Removes one finalizer of a NodeClaim (deleting it if it was marked and none are left).
-    fn remove_nodeclaim_finalizer(&self, name: &str, finalizer: &str) -> Result<u64, ClusterError>;
-    /// Sets a node's taints.
-    fn set_node_taints(&self, node: &str, taints: Vec<Taint>) -> Result<u64, ClusterError>;
-    /// Adds or replaces node labels.
-    fn label_node(&self, node: &str, labels: &[(String, String)]) -> Result<u64, ClusterError>;
-    /// Sets `spec.unschedulable`.
-    fn cordon(&self, node: &str, unschedulable: bool) -> Result<u64, ClusterError>;
+    fn delete_nodeclaim<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, ClusterError>>;
+    /// Reads one node (with its resource version).
+    fn get_node<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Arc<Node>, ClusterError>>;
+    /// Writes a node's labels, taints and finalizers; one being deleted goes once no
+    /// finalizer is left.
+    fn update_node<'a>(
+        &'a self,
+        name: &'a str,
+        update: NodeUpdate,
+        resource_version: u64,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>>;
+    /// Deletes a node (marked for deletion while it has finalizers).
+    fn delete_node<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, ClusterError>>;
     /// Evicts a pod through the eviction API: refused while a PDB selecting it allows no
     /// disruption.
-    fn evict(&self, pod: &PodKey) -> Result<u64, ClusterError>;
+    fn evict<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>>;
     /// Deletes a pod directly, bypassing PDBs (a drain past its terminationGracePeriod).
-    fn delete_pod(&self, pod: &PodKey) -> Result<u64, ClusterError>;
-    /// Deletes a node object.
-    fn delete_node(&self, node: &str) -> Result<u64, ClusterError>;
+    fn delete_pod<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>>;
+    /// Records a Kubernetes Event.
+    fn record_event(&self, event: Event) -> BoxFuture<'_, Result<(), ClusterError>>;
 }

@@ -2,11 +2,19 @@
 //!
 //! NodePool limits and usage, global caps (cluster-wide resources and $/hour across every
 //! NodePool: the spend cap that stops a runaway scale-up), the registry of every NodeClaim
-//! the plane decided on with its lifecycle, and unavailable offerings (ICE marks with expiry).
+//! the plane decided on with its lifecycle and launch batch, and unavailable offerings (ICE
+//! marks with expiry).
 //!
 //! [`State::apply`] is pure: it reads no clock (commands carry the proposer's timestamp in
-//! [`Entry::at`]), does no I/O and iterates ordered maps, so replaying a log gives the same
-//! state on every node. The async `Ledger` seam and its implementations live in `dovetail-raft`.
+//! [`Entry::at`], clamped so that time never goes back), does no I/O and iterates ordered
+//! maps, so replaying a log gives the same state on every node.
+//!
+//! **Fencing.** Every entry carries the term its proposer decided under ([`Entry::term`]).
+//! The state remembers the highest term applied; an entry of an older term changes nothing
+//! and comes back [`Outcome::Fenced`]. A new leader's first entry is [`Command::Lead`], so
+//! every decision a deposed leader made from what it read is refused from then on, and its
+//! effects (which run only after their intent committed in the current term) never run.
+//! The async `Ledger` seam and its implementations live in `dovetail-raft`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,8 +22,11 @@ use std::fmt;
 use crate::catalog::CapacityType;
 use crate::resources::{ResourceList, ResourceName};
 
-/// Milliseconds on the proposer's clock (Unix time in production, the sim clock in tests).
+/// Milliseconds since the Unix epoch on the proposer's clock.
 pub type Millis = u64;
+
+/// A leadership term: raised by each election, never lowered.
+pub type Term = u64;
 
 /// Prices in the ledger are integers: millionths of a dollar per hour, so sums are exact.
 pub type MicroDollars = u64;
@@ -61,47 +72,54 @@ pub struct Pool {
 /// Where a claim is in its life.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClaimState {
-    /// Granted against the limits; not yet handed to a zone.
+    /// Granted against the limits; not being launched (new, or its last launch found no
+    /// capacity).
     Reserved,
-    /// Handed to its zone for launch.
-    Launching,
+    /// Handed to its zone for launch in a launch batch (one CreateFleet's claims): a new
+    /// leader finds what the batch made by its tag before launching anything for it.
+    Launching { batch: String },
     /// The cloud made the instance.
     Launched { instance: String },
     /// Its Node registered.
     Registered { instance: String },
-    /// Its Node is initialized (ready, startup taints gone).
+    /// Its Node is initialized (ready, startup taints gone, extended resources registered).
     Initialized { instance: String },
-    /// Being drained and deleted; still holds its resources until gone.
-    Terminating { instance: Option<String> },
+    /// Being drained and deleted; still holds its resources until gone. A claim deleted while
+    /// it was launching keeps its batch (its instance may still appear) until the instance is
+    /// known gone.
+    Terminating { instance: Option<String>, batch: Option<String>, instance_gone: bool },
 }
 
 impl ClaimState {
-    fn rank(&self) -> u8 {
-        match self {
-            ClaimState::Reserved => 0,
-            ClaimState::Launching => 1,
-            ClaimState::Launched { .. } => 2,
-            ClaimState::Registered { .. } => 3,
-            ClaimState::Initialized { .. } => 4,
-            ClaimState::Terminating { .. } => 5,
-        }
-    }
-
     /// The instance, once launched.
     pub fn instance(&self) -> Option<&str> {
         match self {
             ClaimState::Launched { instance }
             | ClaimState::Registered { instance }
             | ClaimState::Initialized { instance } => Some(instance),
-            ClaimState::Terminating { instance } => instance.as_deref(),
-            ClaimState::Reserved | ClaimState::Launching => None,
+            ClaimState::Terminating { instance, .. } => instance.as_deref(),
+            ClaimState::Reserved | ClaimState::Launching { .. } => None,
         }
     }
 
-    fn name(&self) -> &'static str {
+    /// The launch batch of a claim that is (or was, when deleted) being launched.
+    pub fn batch(&self) -> Option<&str> {
+        match self {
+            ClaimState::Launching { batch } => Some(batch),
+            ClaimState::Terminating { batch, .. } => batch.as_deref(),
+            _ => None,
+        }
+    }
+
+    pub fn is_terminating(&self) -> bool {
+        matches!(self, ClaimState::Terminating { .. })
+    }
+
+    /// Its name, for messages.
+    pub fn name(&self) -> &'static str {
         match self {
             ClaimState::Reserved => "Reserved",
-            ClaimState::Launching => "Launching",
+            ClaimState::Launching { .. } => "Launching",
             ClaimState::Launched { .. } => "Launched",
             ClaimState::Registered { .. } => "Registered",
             ClaimState::Initialized { .. } => "Initialized",
@@ -115,14 +133,15 @@ impl ClaimState {
 pub struct Claim {
     pub id: String,
     pub pool: String,
+    /// The zone it launches (or launched) in; an ICE relaunch moves it.
     pub zone: String,
     /// What it counts against limits and caps (`nodes: 1` included): the reservation until
-    /// launched, then the instance's.
+    /// launched, then the instance's capacity.
     pub resources: ResourceList,
+    /// The instance's allocatable, once launched.
+    pub allocatable: ResourceList,
     pub price_per_hour: MicroDollars,
     pub state: ClaimState,
-    /// The round (launch batch) that reserved it.
-    pub batch: u64,
     pub reserved_at: Millis,
     pub changed_at: Millis,
 }
@@ -138,19 +157,43 @@ pub struct ClaimRequest {
     pub price_per_hour: MicroDollars,
 }
 
+/// The claims of one launch call, as the ledger records them before the call is made.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaunchBatch {
+    /// Its id: the cloud tags the batch's instances with it and derives the call's
+    /// idempotency token from it.
+    pub id: String,
+    pub claims: Vec<String>,
+}
+
+/// A batch the ledger knows, while any of its claims is launching.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchRecord {
+    pub zone: String,
+    /// Every claim it was recorded with, in order (what a re-drive assigns instances to).
+    pub claims: Vec<String>,
+    pub at: Millis,
+}
+
 /// A lifecycle step of a claim.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
-    Launching,
-    /// The instance, with what it really holds and costs (at most what was reserved).
+    /// The instance, with what it really holds and costs (at most what was reserved). On a
+    /// claim deleted while launching, the instance is recorded so that it is terminated.
     Launched {
         instance: String,
         resources: ResourceList,
+        allocatable: ResourceList,
         price_per_hour: MicroDollars,
     },
+    /// The launch found no capacity anywhere it tried: back to `Reserved`, for the pool to
+    /// pick another offering.
+    Unlaunched,
     Registered,
     Initialized,
     Terminating,
+    /// The instance is terminated (or there never was one).
+    InstanceGone,
     /// Gone: its resources are released and it leaves the registry.
     Gone,
 }
@@ -158,6 +201,9 @@ pub enum Step {
 /// What the ledger is asked to do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
+    /// The first entry of a term: raises the ledger's term to the entry's, so that anything
+    /// proposed under an older term is refused.
+    Lead,
     /// Creates or updates a NodePool's limits (lowering them below usage removes nothing).
     SetPool {
         pool: String,
@@ -169,27 +215,35 @@ pub enum Command {
     },
     SetCaps(Caps),
     /// One reservation round of a pool: each claim is granted if it fits the pool's limits and
-    /// the global caps, in order; a claim id already known is granted again without counting
-    /// twice (a re-driven round is harmless).
+    /// the global caps, in order. An id that is live already is refused
+    /// ([`Denial::DuplicateId`]); the proposer mints another.
     Reserve {
         pool: String,
-        batch: u64,
         claims: Vec<ClaimRequest>,
     },
-    Advance {
-        claim: String,
-        step: Step,
+    /// Records launch batches of a zone before the cloud is called: each claim that is
+    /// `Reserved` (or `Launching` in the same batch: a re-drive) moves to `Launching` in its
+    /// batch and to the zone. Only the claims the outcome lists as started may be launched.
+    Launch {
+        zone: String,
+        batches: Vec<LaunchBatch>,
     },
-    /// Marks an offering unavailable until `until` (insufficient capacity).
+    /// Lifecycle steps, one entry per round of them.
+    Advance {
+        steps: Vec<(String, Step)>,
+    },
+    /// Marks offerings unavailable until `until` (insufficient capacity).
     MarkUnavailable {
-        offering: Offering,
+        offerings: Vec<Offering>,
         until: Millis,
     },
 }
 
-/// A command with the proposer's timestamp.
+/// A command with the proposer's term and timestamp.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
+    /// The term the proposer read the state under and decided in.
+    pub term: Term,
     pub at: Millis,
     pub command: Command,
 }
@@ -198,9 +252,15 @@ pub struct Entry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Denial {
     UnknownPool,
-    PoolLimit { resource: ResourceName },
-    GlobalCap { resource: ResourceName },
+    PoolLimit {
+        resource: ResourceName,
+    },
+    GlobalCap {
+        resource: ResourceName,
+    },
     SpendCap,
+    /// A live claim has this id already.
+    DuplicateId,
 }
 
 impl fmt::Display for Denial {
@@ -210,6 +270,7 @@ impl fmt::Display for Denial {
             Denial::PoolLimit { resource } => write!(f, "nodepool limit on {resource} reached"),
             Denial::GlobalCap { resource } => write!(f, "global cap on {resource} reached"),
             Denial::SpendCap => f.write_str("global $/hour cap reached"),
+            Denial::DuplicateId => f.write_str("a live claim has this id"),
         }
     }
 }
@@ -222,10 +283,30 @@ pub enum Outcome {
         granted: Vec<String>,
         denied: Vec<(String, Denial)>,
     },
+    /// Of a [`Command::Launch`]: the claims that may be launched, and why the others may not.
+    Launching {
+        started: Vec<String>,
+        refused: Vec<(String, String)>,
+    },
+    /// Of a [`Command::Advance`]: the steps that did not apply, with why.
+    Advanced {
+        rejected: Vec<(String, String)>,
+    },
     /// Nothing changed; the command was not valid in this state.
     Rejected {
         reason: String,
     },
+    /// Nothing changed: the entry's term is older than the ledger's (its proposer was
+    /// deposed).
+    Fenced {
+        term: Term,
+    },
+}
+
+impl Outcome {
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Outcome::Fenced { .. })
+    }
 }
 
 /// The replicated state.
@@ -237,7 +318,12 @@ pub struct State {
     total: ResourceList,
     total_price: MicroDollars,
     claims: BTreeMap<String, Claim>,
+    batches: BTreeMap<String, BatchRecord>,
     unavailable: BTreeMap<Offering, Millis>,
+    /// The highest term applied.
+    term: Term,
+    /// The latest proposer time applied (entries are clamped to it: time never goes back).
+    now: Millis,
     /// Entries applied.
     applied: u64,
 }
@@ -277,6 +363,33 @@ impl State {
         self.claims.get(id)
     }
 
+    /// The claims of one pool.
+    pub fn claims_of<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a Claim> {
+        self.claims.values().filter(move |c| c.pool == pool)
+    }
+
+    /// The launch batches with a claim still launching (or deleted while launching).
+    pub fn batches(&self) -> &BTreeMap<String, BatchRecord> {
+        &self.batches
+    }
+
+    /// The batch a claim launches in, with every claim it was recorded with.
+    pub fn launch_batch(&self, claim: &str) -> Option<LaunchBatch> {
+        let id = self.claims.get(claim)?.state.batch()?;
+        let record = self.batches.get(id)?;
+        Some(LaunchBatch { id: id.to_string(), claims: record.claims.clone() })
+    }
+
+    /// The highest term applied: proposals of an older term are fenced.
+    pub fn term(&self) -> Term {
+        self.term
+    }
+
+    /// The latest proposer time applied.
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
     /// Entries applied so far.
     pub fn applied(&self) -> u64 {
         self.applied
@@ -296,10 +409,16 @@ impl State {
     /// state and outcomes.
     pub fn apply(&mut self, entry: &Entry) -> Outcome {
         self.applied += 1;
-        let at = entry.at;
+        if entry.term < self.term {
+            return Outcome::Fenced { term: self.term };
+        }
+        self.term = entry.term;
+        let at = entry.at.max(self.now);
+        self.now = at;
         // Expired marks go when any entry at or after their expiry is applied.
         self.unavailable.retain(|_, until| at < *until);
         match &entry.command {
+            Command::Lead => Outcome::Done,
             Command::SetPool { pool, limits } => {
                 self.pools.entry(pool.clone()).or_default().limits = limits.clone();
                 Outcome::Done
@@ -315,24 +434,36 @@ impl State {
                 self.caps = caps.clone();
                 Outcome::Done
             }
-            Command::Reserve { pool, batch, claims } => self.reserve(at, pool, *batch, claims),
-            Command::Advance { claim, step } => self.advance(at, claim, step),
-            Command::MarkUnavailable { offering, until } => {
+            Command::Reserve { pool, claims } => self.reserve(at, pool, claims),
+            Command::Launch { zone, batches } => self.launch(at, zone, batches),
+            Command::Advance { steps } => {
+                let mut rejected = Vec::new();
+                for (claim, step) in steps {
+                    if let Err(reason) = self.advance(at, claim, step) {
+                        rejected.push((claim.clone(), reason));
+                    }
+                }
+                self.prune_batches();
+                Outcome::Advanced { rejected }
+            }
+            Command::MarkUnavailable { offerings, until } => {
                 if *until > at {
-                    let e = self.unavailable.entry(offering.clone()).or_insert(*until);
-                    *e = (*e).max(*until);
+                    for offering in offerings {
+                        let e = self.unavailable.entry(offering.clone()).or_insert(*until);
+                        *e = (*e).max(*until);
+                    }
                 }
                 Outcome::Done
             }
         }
     }
 
-    fn reserve(&mut self, at: Millis, pool: &str, batch: u64, claims: &[ClaimRequest]) -> Outcome {
+    fn reserve(&mut self, at: Millis, pool: &str, claims: &[ClaimRequest]) -> Outcome {
         let mut granted = Vec::new();
         let mut denied = Vec::new();
         for req in claims {
             if self.claims.contains_key(&req.id) {
-                granted.push(req.id.clone());
+                denied.push((req.id.clone(), Denial::DuplicateId));
                 continue;
             }
             let Some(p) = self.pools.get(pool) else {
@@ -366,9 +497,9 @@ impl State {
                     pool: pool.to_string(),
                     zone: req.zone.clone(),
                     resources,
+                    allocatable: ResourceList::new(),
                     price_per_hour: req.price_per_hour,
                     state: ClaimState::Reserved,
-                    batch,
                     reserved_at: at,
                     changed_at: at,
                 },
@@ -376,6 +507,49 @@ impl State {
             granted.push(req.id.clone());
         }
         Outcome::Reserved { granted, denied }
+    }
+
+    fn launch(&mut self, at: Millis, zone: &str, batches: &[LaunchBatch]) -> Outcome {
+        let mut started = Vec::new();
+        let mut refused = Vec::new();
+        for batch in batches {
+            let mut members = Vec::new();
+            // A batch already recorded keeps its members: a re-drive launches those only.
+            let recorded = self.batches.get(&batch.id).map(|r| r.claims.clone());
+            for id in &batch.claims {
+                if recorded.as_ref().is_some_and(|r| !r.contains(id)) {
+                    refused.push((id.clone(), format!("claim {id} is not in launch batch {}", batch.id)));
+                    continue;
+                }
+                let Some(c) = self.claims.get_mut(id) else {
+                    refused.push((id.clone(), "unknown claim".to_string()));
+                    continue;
+                };
+                match &c.state {
+                    ClaimState::Reserved => {
+                        c.state = ClaimState::Launching { batch: batch.id.clone() };
+                        c.zone = zone.to_string();
+                        c.changed_at = at;
+                    }
+                    ClaimState::Launching { batch: b } if *b == batch.id => {}
+                    s => {
+                        refused.push((id.clone(), format!("claim {id} is {}", s.name())));
+                        continue;
+                    }
+                }
+                members.push(id.clone());
+                started.push(id.clone());
+            }
+            if !members.is_empty() {
+                // A re-drive keeps the record it was made with (its instances are assigned by it).
+                self.batches.entry(batch.id.clone()).or_insert_with(|| BatchRecord {
+                    zone: zone.to_string(),
+                    claims: batch.claims.clone(),
+                    at,
+                });
+            }
+        }
+        Outcome::Launching { started, refused }
     }
 
     /// Adds a claim's holding to its pool and the totals.
@@ -398,68 +572,106 @@ impl State {
         self.total_price = self.total_price.saturating_sub(price);
     }
 
-    fn advance(&mut self, at: Millis, id: &str, step: &Step) -> Outcome {
+    /// Moves a claim's holding from its reservation to what its instance holds and costs.
+    fn rehold(&mut self, id: &str, resources: &ResourceList, allocatable: &ResourceList, price: MicroDollars) {
+        let Some(claim) = self.claims.get(id) else { return };
+        let (pool, old, old_price) = (claim.pool.clone(), claim.resources.clone(), claim.price_per_hour);
+        let mut new = resources.clone();
+        new.set(ResourceName::Nodes, 1);
+        self.release(&pool, &old, old_price);
+        self.hold(&pool, &new, price);
+        if let Some(c) = self.claims.get_mut(id) {
+            c.resources = new;
+            c.allocatable = allocatable.clone();
+            c.price_per_hour = price;
+        }
+    }
+
+    /// Forgets batches none of whose claims is launching any more.
+    fn prune_batches(&mut self) {
+        if self.batches.is_empty() {
+            return;
+        }
+        let mut live: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        for c in self.claims.values() {
+            if let Some(b) = c.state.batch() {
+                live.insert(b);
+            }
+        }
+        let gone: Vec<String> = self.batches.keys().filter(|b| !live.contains(b.as_str())).cloned().collect();
+        for b in gone {
+            self.batches.remove(&b);
+        }
+    }
+
+    fn advance(&mut self, at: Millis, id: &str, step: &Step) -> Result<(), String> {
         let Some(claim) = self.claims.get(id) else {
             return match step {
                 // Gone twice is harmless.
-                Step::Gone => Outcome::Done,
-                _ => Outcome::Rejected { reason: format!("unknown claim {id}") },
+                Step::Gone => Ok(()),
+                _ => Err(format!("unknown claim {id}")),
             };
         };
-        let reject = |to: &str| Outcome::Rejected {
-            reason: format!("claim {id} cannot go from {} to {to}", claim.state.name()),
-        };
+        let reject = |to: &str| Err(format!("claim {id} cannot go from {} to {to}", claim.state.name()));
         let next = match step {
-            Step::Launching => match claim.state {
-                ClaimState::Reserved => ClaimState::Launching,
-                ClaimState::Launching => return Outcome::Done,
-                _ => return reject("Launching"),
-            },
-            Step::Launched { instance, resources, price_per_hour } => match &claim.state {
-                ClaimState::Reserved | ClaimState::Launching => {
-                    let (pool, old, old_price) = (claim.pool.clone(), claim.resources.clone(), claim.price_per_hour);
-                    let mut new = resources.clone();
-                    new.set(ResourceName::Nodes, 1);
-                    self.release(&pool, &old, old_price);
-                    self.hold(&pool, &new, *price_per_hour);
-                    if let Some(c) = self.claims.get_mut(id) {
-                        c.resources = new;
-                        c.price_per_hour = *price_per_hour;
-                        c.state = ClaimState::Launched { instance: instance.clone() };
-                        c.changed_at = at;
-                    }
-                    return Outcome::Done;
+            Step::Launched { instance, resources, allocatable, price_per_hour } => match &claim.state {
+                ClaimState::Reserved | ClaimState::Launching { .. } => {
+                    self.rehold(id, resources, allocatable, *price_per_hour);
+                    ClaimState::Launched { instance: instance.clone() }
                 }
-                ClaimState::Launched { instance: known } if known == instance => return Outcome::Done,
+                ClaimState::Launched { instance: known } if known == instance => return Ok(()),
+                // Deleted while launching: the instance is recorded so that it is terminated.
+                ClaimState::Terminating { instance: None, batch, .. } => {
+                    let batch = batch.clone();
+                    self.rehold(id, resources, allocatable, *price_per_hour);
+                    ClaimState::Terminating { instance: Some(instance.clone()), batch, instance_gone: false }
+                }
+                ClaimState::Terminating { instance: Some(known), .. } if known == instance => return Ok(()),
                 _ => return reject("Launched"),
+            },
+            Step::Unlaunched => match &claim.state {
+                ClaimState::Launching { .. } => ClaimState::Reserved,
+                ClaimState::Reserved => return Ok(()),
+                _ => return reject("Reserved"),
             },
             Step::Registered => match &claim.state {
                 ClaimState::Launched { instance } => ClaimState::Registered { instance: instance.clone() },
-                ClaimState::Registered { .. } => return Outcome::Done,
+                ClaimState::Registered { .. } => return Ok(()),
                 _ => return reject("Registered"),
             },
             Step::Initialized => match &claim.state {
                 ClaimState::Registered { instance } => ClaimState::Initialized { instance: instance.clone() },
-                ClaimState::Initialized { .. } => return Outcome::Done,
+                ClaimState::Initialized { .. } => return Ok(()),
                 _ => return reject("Initialized"),
             },
             Step::Terminating => match &claim.state {
-                ClaimState::Terminating { .. } => return Outcome::Done,
-                s => ClaimState::Terminating { instance: s.instance().map(str::to_string) },
+                ClaimState::Terminating { .. } => return Ok(()),
+                s => ClaimState::Terminating {
+                    instance: s.instance().map(str::to_string),
+                    batch: s.batch().map(str::to_string),
+                    instance_gone: false,
+                },
+            },
+            Step::InstanceGone => match &claim.state {
+                ClaimState::Terminating { instance, batch, .. } => {
+                    ClaimState::Terminating { instance: instance.clone(), batch: batch.clone(), instance_gone: true }
+                }
+                _ => return reject("InstanceGone"),
             },
             Step::Gone => {
                 let (pool, resources, price) = (claim.pool.clone(), claim.resources.clone(), claim.price_per_hour);
                 self.release(&pool, &resources, price);
                 self.claims.remove(id);
-                return Outcome::Done;
+                return Ok(());
             }
         };
-        debug_assert!(next.rank() > claim.state.rank());
-        if let Some(c) = self.claims.get_mut(id) {
+        if let Some(c) = self.claims.get_mut(id)
+            && c.state != next
+        {
             c.state = next;
             c.changed_at = at;
         }
-        Outcome::Done
+        Ok(())
     }
 }
 
@@ -470,7 +682,7 @@ mod tests {
     const GIB: i64 = 1 << 30;
 
     fn entry(at: Millis, command: Command) -> Entry {
-        Entry { at, command }
+        Entry { term: 1, at, command }
     }
 
     fn req(id: &str, cpu: i64, price: f64) -> ClaimRequest {
@@ -482,10 +694,27 @@ mod tests {
         }
     }
 
+    fn reserve(pool: &str, claims: Vec<ClaimRequest>) -> Command {
+        Command::Reserve { pool: pool.into(), claims }
+    }
+
+    fn step(claim: &str, step: Step) -> Command {
+        Command::Advance { steps: vec![(claim.into(), step)] }
+    }
+
     fn state_with_pool(limits: ResourceList) -> State {
         let mut s = State::default();
         s.apply(&entry(0, Command::SetPool { pool: "default".into(), limits }));
         s
+    }
+
+    fn launched(instance: &str, cpu: i64, price: MicroDollars) -> Step {
+        Step::Launched {
+            instance: instance.into(),
+            resources: ResourceList::cpu_mem(cpu * 1000, cpu * 4 * GIB),
+            allocatable: ResourceList::cpu_mem(cpu * 1000 - 80, cpu * 4 * GIB - GIB),
+            price_per_hour: price,
+        }
     }
 
     #[test]
@@ -493,11 +722,7 @@ mod tests {
         let mut s = state_with_pool(ResourceList::from_pairs([(ResourceName::Cpu, 10_000)]));
         let out = s.apply(&entry(
             1,
-            Command::Reserve {
-                pool: "default".into(),
-                batch: 1,
-                claims: vec![req("a", 4, 0.2), req("b", 4, 0.2), req("c", 4, 0.2), req("d", 2, 0.1)],
-            },
+            reserve("default", vec![req("a", 4, 0.2), req("b", 4, 0.2), req("c", 4, 0.2), req("d", 2, 0.1)]),
         ));
         assert_eq!(
             out,
@@ -513,13 +738,23 @@ mod tests {
     }
 
     #[test]
-    fn a_re_driven_round_counts_once() {
+    fn a_live_id_is_refused_not_granted_again() {
         let mut s = state_with_pool(ResourceList::new());
-        let round = Command::Reserve { pool: "default".into(), batch: 7, claims: vec![req("a", 2, 0.1)] };
-        s.apply(&entry(1, round.clone()));
-        let again = s.apply(&entry(2, round));
-        assert_eq!(again, Outcome::Reserved { granted: vec!["a".into()], denied: vec![] });
-        assert_eq!(s.total().get(&ResourceName::Nodes), 1);
+        s.apply(&entry(1, reserve("default", vec![req("default-abcde", 2, 0.1)])));
+        let again =
+            s.apply(&entry(2, reserve("default", vec![req("default-abcde", 2, 0.1), req("default-fghij", 2, 0.1)])));
+        assert_eq!(
+            again,
+            Outcome::Reserved {
+                granted: vec!["default-fghij".into()],
+                denied: vec![("default-abcde".into(), Denial::DuplicateId)],
+            }
+        );
+        assert_eq!(s.total().get(&ResourceName::Nodes), 2, "counted once");
+        // Once gone, the id may be used again.
+        s.apply(&entry(3, step("default-abcde", Step::Gone)));
+        let out = s.apply(&entry(4, reserve("default", vec![req("default-abcde", 2, 0.1)])));
+        assert!(matches!(out, Outcome::Reserved { ref denied, .. } if denied.is_empty()));
     }
 
     #[test]
@@ -530,42 +765,100 @@ mod tests {
             0,
             Command::SetCaps(Caps { resources: ResourceList::new(), price_per_hour: Some(micro_dollars(1.0)) }),
         ));
-        let out =
-            s.apply(&entry(1, Command::Reserve { pool: "default".into(), batch: 1, claims: vec![req("a", 2, 0.6)] }));
+        let out = s.apply(&entry(1, reserve("default", vec![req("a", 2, 0.6)])));
         assert!(matches!(out, Outcome::Reserved { ref denied, .. } if denied.is_empty()));
-        let out = s.apply(&entry(2, Command::Reserve { pool: "gpu".into(), batch: 2, claims: vec![req("g", 2, 0.6)] }));
+        let out = s.apply(&entry(2, reserve("gpu", vec![req("g", 2, 0.6)])));
         assert_eq!(out, Outcome::Reserved { granted: vec![], denied: vec![("g".into(), Denial::SpendCap)] });
-        let out = s.apply(&entry(3, Command::Reserve { pool: "gpu".into(), batch: 3, claims: vec![req("h", 1, 0.3)] }));
+        let out = s.apply(&entry(3, reserve("gpu", vec![req("h", 1, 0.3)])));
         assert_eq!(out, Outcome::Reserved { granted: vec!["h".into()], denied: vec![] });
     }
 
     #[test]
     fn the_lifecycle_moves_forward_only_and_gone_releases() {
         let mut s = state_with_pool(ResourceList::new());
-        s.apply(&entry(1, Command::Reserve { pool: "default".into(), batch: 1, claims: vec![req("a", 8, 0.4)] }));
-        let adv = |s: &mut State, at, step| s.apply(&entry(at, Command::Advance { claim: "a".into(), step }));
-        assert!(matches!(adv(&mut s, 2, Step::Registered), Outcome::Rejected { .. }), "no instance yet");
-        assert_eq!(adv(&mut s, 2, Step::Launching), Outcome::Done);
-        let launched = Step::Launched {
-            instance: "i-1".into(),
-            resources: ResourceList::cpu_mem(4000, 16 * GIB),
-            price_per_hour: 200_000,
-        };
-        assert_eq!(adv(&mut s, 3, launched.clone()), Outcome::Done);
-        assert_eq!(adv(&mut s, 3, launched), Outcome::Done, "idempotent");
+        s.apply(&entry(1, reserve("default", vec![req("a", 8, 0.4)])));
+        let adv = |s: &mut State, at, st| s.apply(&entry(at, step("a", st)));
+        assert!(matches!(adv(&mut s, 2, Step::Registered), Outcome::Advanced { ref rejected } if rejected.len() == 1));
+        let batch = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
+        let out = s.apply(&entry(2, Command::Launch { zone: "us-east-1b".into(), batches: vec![batch.clone()] }));
+        assert_eq!(out, Outcome::Launching { started: vec!["a".into()], refused: vec![] });
+        assert_eq!(s.claim("a").map(|c| c.zone.as_str()), Some("us-east-1b"), "the launch moves the zone");
+        assert_eq!(s.launch_batch("a"), Some(batch));
+        assert_eq!(adv(&mut s, 3, launched("i-1", 4, 200_000)), Outcome::Advanced { rejected: vec![] });
+        assert_eq!(adv(&mut s, 3, launched("i-1", 4, 200_000)), Outcome::Advanced { rejected: vec![] }, "idempotent");
+        assert!(s.batches().is_empty(), "the batch is forgotten once nothing launches in it");
         assert_eq!(s.total().get(&ResourceName::Cpu), 4000, "usage follows the instance");
         assert_eq!(s.total_price(), 200_000);
-        assert_eq!(adv(&mut s, 4, Step::Registered), Outcome::Done);
-        assert_eq!(adv(&mut s, 5, Step::Initialized), Outcome::Done);
-        assert!(matches!(adv(&mut s, 6, Step::Launching), Outcome::Rejected { .. }));
-        assert_eq!(adv(&mut s, 7, Step::Terminating), Outcome::Done);
-        assert!(matches!(adv(&mut s, 8, Step::Initialized), Outcome::Rejected { .. }));
-        assert_eq!(s.claim("a").and_then(|c| c.state.instance()), Some("i-1"));
-        assert_eq!(adv(&mut s, 9, Step::Gone), Outcome::Done);
-        assert_eq!(adv(&mut s, 10, Step::Gone), Outcome::Done, "gone twice is harmless");
+        adv(&mut s, 4, Step::Registered);
+        adv(&mut s, 5, Step::Initialized);
+        assert!(matches!(adv(&mut s, 6, Step::Unlaunched), Outcome::Advanced { ref rejected } if rejected.len() == 1));
+        adv(&mut s, 7, Step::Terminating);
+        assert_eq!(
+            s.claim("a").map(|c| c.state.clone()),
+            Some(ClaimState::Terminating { instance: Some("i-1".into()), batch: None, instance_gone: false })
+        );
+        adv(&mut s, 8, Step::InstanceGone);
+        adv(&mut s, 9, Step::Gone);
+        assert_eq!(adv(&mut s, 10, Step::Gone), Outcome::Advanced { rejected: vec![] }, "gone twice is harmless");
         assert!(s.claims().is_empty());
         assert_eq!(s.total().get(&ResourceName::Cpu), 0);
         assert_eq!(s.total_price(), 0);
+    }
+
+    #[test]
+    fn a_claim_deleted_while_launching_records_its_instance_to_terminate_it() {
+        let mut s = state_with_pool(ResourceList::new());
+        s.apply(&entry(1, reserve("default", vec![req("a", 2, 0.1)])));
+        let batch = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
+        s.apply(&entry(2, Command::Launch { zone: "us-east-1a".into(), batches: vec![batch] }));
+        s.apply(&entry(3, step("a", Step::Terminating)));
+        assert_eq!(s.claim("a").and_then(|c| c.state.batch()), Some("b1"), "the batch is kept");
+        assert!(s.batches().contains_key("b1"));
+        s.apply(&entry(4, step("a", launched("i-9", 2, 96_000))));
+        assert_eq!(s.claim("a").and_then(|c| c.state.instance()), Some("i-9"));
+        // A launch of a terminating claim is refused.
+        let again = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
+        let out = s.apply(&entry(5, Command::Launch { zone: "us-east-1a".into(), batches: vec![again] }));
+        assert!(matches!(out, Outcome::Launching { ref started, .. } if started.is_empty()));
+    }
+
+    #[test]
+    fn no_capacity_sends_the_claim_back_to_reserved_for_another_offering() {
+        let mut s = state_with_pool(ResourceList::new());
+        s.apply(&entry(1, reserve("default", vec![req("a", 2, 0.1)])));
+        let b1 = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
+        s.apply(&entry(2, Command::Launch { zone: "us-east-1a".into(), batches: vec![b1] }));
+        s.apply(&entry(3, step("a", Step::Unlaunched)));
+        assert_eq!(s.claim("a").map(|c| c.state.clone()), Some(ClaimState::Reserved));
+        assert!(s.batches().is_empty());
+        let b2 = LaunchBatch { id: "b2".into(), claims: vec!["a".into()] };
+        let out = s.apply(&entry(4, Command::Launch { zone: "us-east-1c".into(), batches: vec![b2] }));
+        assert_eq!(out, Outcome::Launching { started: vec!["a".into()], refused: vec![] });
+        assert_eq!(s.claim("a").map(|c| c.zone.as_str()), Some("us-east-1c"));
+    }
+
+    #[test]
+    fn a_stale_term_is_fenced_and_changes_nothing() {
+        let mut s = state_with_pool(ResourceList::new());
+        let lead = Entry { term: 2, at: 5, command: Command::Lead };
+        assert_eq!(s.apply(&lead), Outcome::Done);
+        assert_eq!(s.term(), 2);
+        let before = s.claims().clone();
+        let stale = Entry { term: 1, at: 6, command: reserve("default", vec![req("a", 2, 0.1)]) };
+        assert_eq!(s.apply(&stale), Outcome::Fenced { term: 2 });
+        assert_eq!(s.claims(), &before);
+        let current = Entry { term: 2, at: 6, command: reserve("default", vec![req("a", 2, 0.1)]) };
+        assert!(matches!(s.apply(&current), Outcome::Reserved { ref granted, .. } if granted.len() == 1));
+    }
+
+    #[test]
+    fn time_never_goes_back() {
+        let mut s = state_with_pool(ResourceList::new());
+        s.apply(&entry(1_000, reserve("default", vec![req("a", 2, 0.1)])));
+        // A proposer whose clock is behind: its entry is applied at the ledger's time.
+        s.apply(&entry(400, step("a", Step::Terminating)));
+        assert_eq!(s.now(), 1_000);
+        assert_eq!(s.claim("a").map(|c| c.changed_at), Some(1_000));
     }
 
     #[test]
@@ -573,7 +866,7 @@ mod tests {
         let mut s = State::default();
         let o =
             Offering { instance_type: "m5.large".into(), zone: "us-east-1a".into(), capacity_type: CapacityType::Spot };
-        s.apply(&entry(1_000, Command::MarkUnavailable { offering: o.clone(), until: 4_000 }));
+        s.apply(&entry(1_000, Command::MarkUnavailable { offerings: vec![o.clone()], until: 4_000 }));
         assert!(s.is_unavailable(&o, 3_999));
         assert!(!s.is_unavailable(&o, 4_000));
         assert_eq!(s.unavailable(2_000).count(), 1);
@@ -584,12 +877,11 @@ mod tests {
     #[test]
     fn a_pool_with_claims_is_not_removed() {
         let mut s = state_with_pool(ResourceList::new());
-        s.apply(&entry(1, Command::Reserve { pool: "default".into(), batch: 1, claims: vec![req("a", 1, 0.1)] }));
+        s.apply(&entry(1, reserve("default", vec![req("a", 1, 0.1)])));
         assert!(matches!(s.apply(&entry(2, Command::RemovePool { pool: "default".into() })), Outcome::Rejected { .. }));
-        s.apply(&entry(3, Command::Advance { claim: "a".into(), step: Step::Gone }));
+        s.apply(&entry(3, step("a", Step::Gone)));
         assert_eq!(s.apply(&entry(4, Command::RemovePool { pool: "default".into() })), Outcome::Done);
-        let out =
-            s.apply(&entry(5, Command::Reserve { pool: "default".into(), batch: 2, claims: vec![req("b", 1, 0.1)] }));
+        let out = s.apply(&entry(5, reserve("default", vec![req("b", 1, 0.1)])));
         assert_eq!(out, Outcome::Reserved { granted: vec![], denied: vec![("b".into(), Denial::UnknownPool)] });
     }
 }

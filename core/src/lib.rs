@@ -10,18 +10,27 @@
 //! - [`catalog`]: EC2 instance types, offerings, prices and Karpenter's overhead model.
 //! - [`scheduling`]: the provisioning simulation at Karpenter parity, and the cost lower bound.
 //! - [`clock`]: the `Clock` seam every crate reads time through (Unix epoch time).
-//! - [`ledger`]: the replicated state machine: limits, global caps, the claim registry, ICE marks.
-//! - [`plane`]: the control plane's small decisions: batch windows, zone choice, liveness, drain order.
+//! - [`cluster`]: the Kubernetes objects the plane reads (a [`cluster::Snapshot`]) and the
+//!   patches it asks for.
+//! - [`ledger`]: the replicated state machine: limits, global caps, the claim registry with
+//!   launch batches, ICE marks, the term that fences deposed leaders.
+//! - Planners, which return ledger commands and [`effect`]s: [`provisioning`] (a NodePool's
+//!   round of new claims), [`lifecycle`] (a NodeClaim's life from launch to termination) and [`plane`] (batch windows, zone choice, claim names,
+//!   liveness, drain order, the feed's resend bookkeeping).
 //! - [`workload`]: the benchmark workloads, generated from a seed.
 
 pub mod catalog;
 pub mod clock;
+pub mod cluster;
+pub mod effect;
 pub mod labels;
 pub mod ledger;
+pub mod lifecycle;
 pub mod node;
 pub mod nodepool;
 pub mod plane;
 pub mod pod;
+pub mod provisioning;
 pub mod quantity;
 pub mod requirements;
 pub mod resources;

@@ -23,6 +23,14 @@ pub struct Node {
     pub unschedulable: bool,
     /// `spec.providerID` (`aws:///<zone>/<instance id>`): how a NodeClaim finds its node.
     pub provider_id: Option<String>,
+    /// The `Ready` condition is true.
+    pub ready: bool,
+    /// `metadata.finalizers`.
+    pub finalizers: Vec<String>,
+    /// `metadata.deletionTimestamp` is set: the node goes once its finalizers are removed.
+    pub deleting: bool,
+    /// `metadata.resourceVersion`: the precondition of a write made from this read.
+    pub resource_version: u64,
 }
 
 impl Node {

@@ -128,7 +128,7 @@ pub fn order_by_weight(pools: &mut [NodePool]) {
 }
 
 /// A NodeClaim's spec (`karpenter.sh/v1`), as the scheduler produces it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeClaimSpec {
     pub nodepool: String,
     pub labels: Labels,

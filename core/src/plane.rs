@@ -186,6 +186,33 @@ pub fn plan_claim(c: &NewClaim, spec: &NodeClaimSpec, types: &[InstanceType], zo
     })
 }
 
+/// A claim's candidate types in the order a launch tries them: by the cheapest offering in
+/// `zone` among the allowed capacity types (types not offered there last), then by name.
+pub fn launch_order(
+    types: &[InstanceType],
+    names: &[String],
+    zone: &str,
+    capacity_types: &[CapacityType],
+) -> Vec<String> {
+    let allowed = |c: CapacityType| capacity_types.is_empty() || capacity_types.contains(&c);
+    let by_name: std::collections::HashMap<&str, &InstanceType> = types.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut priced: Vec<(f64, &String)> = names
+        .iter()
+        .map(|n| {
+            let price = by_name
+                .get(n.as_str())
+                .into_iter()
+                .flat_map(|t| t.offerings.iter())
+                .filter(|o| o.zone == zone && o.available && allowed(o.capacity_type))
+                .map(|o| o.price)
+                .fold(f64::INFINITY, f64::min);
+            (price, n)
+        })
+        .collect();
+    priced.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    priced.into_iter().map(|(_, n)| n.clone()).collect()
+}
+
 /// The zone a claim moves to after insufficient capacity: the cheapest available offering of
 /// its candidate types among the zones it may use, skipping what `unavailable` (the ledger's
 /// ICE marks) excludes.
@@ -196,12 +223,93 @@ pub fn relaunch_zone(
     zones: &[String],
     unavailable: impl Fn(&str, &Offering) -> bool,
 ) -> Option<ZoneChoice> {
+    let names: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
     let offerings = types
         .iter()
-        .filter(|t| names.contains(&t.name))
+        .filter(|t| names.contains(t.name.as_str()))
         .flat_map(|t| t.offerings.iter().map(move |o| (t.name.as_str(), o)))
         .filter(|(_, o)| zones.contains(&o.zone));
     pick_zone(offerings, capacity_types, unavailable, &BTreeMap::new())
+}
+
+/// The names the plane mints, from a seeded generator (SplitMix64): the caller seeds it (from
+/// the clock and the control node), so this crate stays free of ambient randomness.
+#[derive(Clone, Debug)]
+pub struct Names {
+    state: u64,
+}
+
+/// What Kubernetes' `generateName` draws from: lowercase letters and digits without vowels
+/// (and without the look-alikes 0, 1, 3), so names never spell words.
+const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+impl Names {
+    pub fn new(seed: u64) -> Self {
+        Names { state: seed }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn suffix(&mut self, len: usize) -> String {
+        (0..len)
+            .map(|_| {
+                let i = (self.next_u64() % NAME_ALPHABET.len() as u64) as usize;
+                char::from(NAME_ALPHABET[i])
+            })
+            .collect()
+    }
+
+    /// A NodeClaim name as Karpenter makes them: `<nodepool>-<5 random characters>`.
+    pub fn claim(&mut self, pool: &str) -> String {
+        format!("{pool}-{}", self.suffix(5))
+    }
+
+    /// A launch batch id: `<zone>-<12 random characters>` (the cloud tags the batch's
+    /// instances with it).
+    pub fn batch(&mut self, zone: &str) -> String {
+        format!("{zone}-{}", self.suffix(12))
+    }
+}
+
+/// The Router's bookkeeping within one batch: which pools each pod was offered to, so that a
+/// pod a pool gave back goes to the pools it has not tried.
+#[derive(Clone, Debug, Default)]
+pub struct Offers {
+    tried: BTreeMap<PodKey, std::collections::BTreeSet<String>>,
+}
+
+impl Offers {
+    /// A new batch: nothing offered yet.
+    pub fn clear(&mut self) {
+        self.tried.clear();
+    }
+
+    /// `pod` was offered to `pool`.
+    pub fn offered(&mut self, pod: &PodKey, pool: &str) {
+        self.tried.entry(pod.clone()).or_default().insert(pool.to_string());
+    }
+
+    /// The pods (indices into `pods`) grouped by the pools (indices into `pools`) they have
+    /// not been offered to yet; an empty key means every pool was tried.
+    pub fn groups<'a>(
+        &self,
+        pods: impl IntoIterator<Item = &'a PodKey>,
+        pools: &[&str],
+    ) -> BTreeMap<Vec<usize>, Vec<usize>> {
+        let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+        for (k, key) in pods.into_iter().enumerate() {
+            let tried = self.tried.get(key);
+            let open: Vec<usize> = (0..pools.len()).filter(|&i| tried.is_none_or(|t| !t.contains(pools[i]))).collect();
+            groups.entry(open).or_default().push(k);
+        }
+        groups
+    }
 }
 
 /// The pending-pod feed's bookkeeping: which pending pods to send the Router, and when.
@@ -228,6 +336,14 @@ pub struct Resend {
 impl Resend {
     pub fn new(every: Millis, settle: Millis) -> Self {
         Resend { every, settle, sent: BTreeMap::new(), nodes: 0, grew: None, last_sweep: 0 }
+    }
+
+    /// Forgets that `keys` were sent (their message was dropped at a full mailbox): they are
+    /// due again at the next look.
+    pub fn unsend<'p>(&mut self, keys: impl IntoIterator<Item = &'p PodKey>) {
+        for k in keys {
+            self.sent.remove(k);
+        }
     }
 
     /// Whether a look is due at `now` without any change in the cluster: a periodic resend,
@@ -296,8 +412,10 @@ impl Liveness {
     pub fn check(&self, state: &ClaimState, created: Millis, now: Millis) -> Option<Expired> {
         let age = now.saturating_sub(created);
         match state {
-            ClaimState::Reserved | ClaimState::Launching if age >= self.launch => Some(Expired::Launch),
-            ClaimState::Reserved | ClaimState::Launching | ClaimState::Launched { .. } if age >= self.registration => {
+            ClaimState::Reserved | ClaimState::Launching { .. } if age >= self.launch => Some(Expired::Launch),
+            ClaimState::Reserved | ClaimState::Launching { .. } | ClaimState::Launched { .. }
+                if age >= self.registration =>
+            {
                 Some(Expired::Registration)
             }
             _ => None,
@@ -322,12 +440,18 @@ pub fn drain_tier(p: &Pod) -> usize {
 /// The annotation that keeps a pod (or node) from voluntary disruption and from eviction.
 pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 
-/// Whether a pod's do-not-disrupt is active: `"true"`, or a duration (dovetail does not know
-/// the pod's start time, so a duration counts as active until the pod goes).
-pub fn do_not_disrupt(p: &Pod) -> bool {
-    p.annotations
-        .get(DO_NOT_DISRUPT)
-        .is_some_and(|v| v == "true" || matches!(crate::nodepool::parse_duration(v), Ok(Some(_))))
+/// Whether a pod's do-not-disrupt is active at `now`: `"true"`, or a duration that has not
+/// run out since the pod started (`status.startTime`; a pod whose start is unknown is
+/// protected). A value that is neither protects nothing, as in Karpenter.
+pub fn do_not_disrupt(p: &Pod, now: Millis) -> bool {
+    let Some(v) = p.annotations.get(DO_NOT_DISRUPT) else { return false };
+    if v == "true" {
+        return true;
+    }
+    match crate::nodepool::parse_duration(v) {
+        Ok(Some(d)) => p.started_at.is_none_or(|start| now < start.saturating_add(crate::clock::to_millis(d))),
+        _ => false,
+    }
 }
 
 /// What a drain does now (Karpenter's terminator).
@@ -338,7 +462,8 @@ pub struct DrainStep<'a> {
     /// Delete now, bypassing PDBs and do-not-disrupt: the node's terminationGracePeriod is
     /// running out for them.
     pub delete: Vec<&'a Pod>,
-    /// do-not-disrupt pods of that tier: not evicted, but waited for (the drain stalls).
+    /// do-not-disrupt pods of that tier, and pods terminating already: not evicted, but
+    /// waited for (the drain stalls until they go).
     pub waiting: Vec<&'a Pod>,
 }
 
@@ -375,7 +500,9 @@ pub fn drain_step<'a>(pods: impl IntoIterator<Item = &'a Pod>, now: Millis, dead
         tiers[drain_tier(p)].push(p);
     }
     if let Some(tier) = tiers.into_iter().find(|t| !t.is_empty()) {
-        let (waiting, evict): (Vec<&Pod>, Vec<&Pod>) = tier.into_iter().partition(|p| do_not_disrupt(p));
+        // A terminating pod is on its way out: evicting it again would only repeat the call.
+        let (waiting, evict): (Vec<&Pod>, Vec<&Pod>) =
+            tier.into_iter().partition(|p| p.deleting || do_not_disrupt(p, now));
         step.evict = evict;
         step.waiting = waiting;
     }
@@ -452,6 +579,38 @@ impl Latencies {
             }
         }
         Some(self.max)
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::*;
+
+    #[test]
+    fn names_are_karpenters_shape_and_repeat_for_a_seed() {
+        let mut a = Names::new(7);
+        let name = a.claim("general-purpose");
+        let suffix = name.strip_prefix("general-purpose-").expect("prefix");
+        assert_eq!(suffix.len(), 5);
+        assert!(suffix.bytes().all(|b| NAME_ALPHABET.contains(&b)), "{name}");
+        assert_eq!(Names::new(7).claim("general-purpose"), name, "a seed gives the same names");
+        let many: std::collections::BTreeSet<String> = (0..1000).map(|_| a.claim("p")).collect();
+        assert!(many.len() > 990, "collisions are rare, not impossible: the ledger refuses them");
+        assert!(a.batch("us-east-1a").starts_with("us-east-1a-"));
+    }
+
+    #[test]
+    fn offers_group_pods_by_the_pools_they_have_not_tried() {
+        let mut o = Offers::default();
+        let (a, b) = (PodKey::new("d", "a"), PodKey::new("d", "b"));
+        o.offered(&a, "gpu");
+        let groups = o.groups([&a, &b], &["gpu", "default"]);
+        assert_eq!(groups.get(&vec![1]), Some(&vec![0]));
+        assert_eq!(groups.get(&vec![0, 1]), Some(&vec![1]));
+        o.offered(&a, "default");
+        assert_eq!(o.groups([&a], &["gpu", "default"]).get(&vec![]), Some(&vec![0]), "every pool tried");
+        o.clear();
+        assert_eq!(o.groups([&a], &["gpu", "default"]).get(&vec![0, 1]), Some(&vec![0]));
     }
 }
 
@@ -554,8 +713,8 @@ mod tests {
     #[test]
     fn liveness_uses_karpenters_timeouts() {
         let l = Liveness::default();
-        assert_eq!(l.check(&ClaimState::Launching, 0, 299_999), None);
-        assert_eq!(l.check(&ClaimState::Launching, 0, 300_000), Some(Expired::Launch));
+        assert_eq!(l.check(&ClaimState::Launching { batch: "b".into() }, 0, 299_999), None);
+        assert_eq!(l.check(&ClaimState::Launching { batch: "b".into() }, 0, 300_000), Some(Expired::Launch));
         let launched = ClaimState::Launched { instance: "i-1".into() };
         assert_eq!(l.check(&launched, 0, 899_999), None);
         assert_eq!(l.check(&launched, 0, 900_000), Some(Expired::Registration));
@@ -634,5 +793,28 @@ mod tests {
         let s = drain_step(&pods, 570_000, Some(600_000));
         assert_eq!(names(&s.delete), vec!["pinned", "for-a-while", "not-really", "slow", "ds"]);
         assert!(s.evict.is_empty() && s.waiting.is_empty());
+    }
+
+    #[test]
+    fn terminating_pods_are_not_evicted_again() {
+        let going = Pod { key: PodKey::new("default", "going"), deleting: true, ..Pod::default() };
+        let staying = Pod { key: PodKey::new("default", "staying"), ..Pod::default() };
+        let pods = vec![going, staying];
+        let s = drain_step(&pods, 0, None);
+        assert_eq!(s.evict.iter().map(|p| p.key.name.as_str()).collect::<Vec<_>>(), vec!["staying"]);
+        assert_eq!(s.waiting.len(), 1, "the terminating pod holds the drain until it goes");
+        assert!(!s.is_done());
+    }
+
+    #[test]
+    fn do_not_disrupt_durations_run_out() {
+        let mut p = Pod { key: PodKey::new("default", "p"), started_at: Some(1_000_000), ..Pod::default() };
+        p.annotations.insert(DO_NOT_DISRUPT.to_string(), "30m".to_string());
+        assert!(do_not_disrupt(&p, 1_000_000 + 29 * 60_000));
+        assert!(!do_not_disrupt(&p, 1_000_000 + 30 * 60_000), "protected for 30 minutes from its start");
+        p.started_at = None;
+        assert!(do_not_disrupt(&p, u64::MAX), "an unknown start protects");
+        p.annotations.insert(DO_NOT_DISRUPT.to_string(), "99999999999999999999h".to_string());
+        assert!(!do_not_disrupt(&p, 0), "an unparseable value protects nothing, and does not panic");
     }
 }

@@ -141,6 +141,19 @@ pub struct Pod {
     pub annotations: Labels,
     /// `spec.terminationGracePeriodSeconds` (Kubernetes' default, 30, when unset).
     pub termination_grace_seconds: Option<i64>,
+    /// `metadata.deletionTimestamp` is set: the pod is terminating (never evicted again).
+    pub deleting: bool,
+    /// `status.startTime`, Unix milliseconds (a do-not-disrupt duration runs from it).
+    pub started_at: Option<u64>,
+    /// The scheduler marked it `PodScheduled=False, reason=Unschedulable`: only such pods are
+    /// provisioned for.
+    pub unschedulable: bool,
+    /// `spec.schedulingGates` is not empty: no scheduler looks at it yet.
+    pub scheduling_gated: bool,
+    /// `spec.schedulerName` when it is not `default-scheduler`.
+    pub scheduler_name: Option<String>,
+    /// `status.nominatedNodeName`: the scheduler is preempting pods for it on that node.
+    pub nominated_node: Option<String>,
 }
 
 impl Pod {
@@ -154,6 +167,24 @@ impl Pod {
         let mut r = self.requests.clone();
         r.add_amount(ResourceName::Pods, 1);
         r
+    }
+
+    /// Whether a node should be provisioned for it (Karpenter's `IsProvisionable`): unbound,
+    /// not finished or terminating, not a DaemonSet's, not nominated, not gated, and marked
+    /// unschedulable by the scheduler.
+    pub fn is_provisionable(&self) -> bool {
+        self.node_name.is_none()
+            && !self.terminal
+            && !self.deleting
+            && !self.daemon
+            && self.nominated_node.is_none()
+            && !self.scheduling_gated
+            && self.unschedulable
+    }
+
+    /// Whether the default scheduler (kube-scheduler) schedules it.
+    pub fn uses_default_scheduler(&self) -> bool {
+        self.scheduler_name.as_deref().is_none_or(|s| s == "default-scheduler")
     }
 
     /// Whether the pod has any anti-affinity term.

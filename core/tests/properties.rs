@@ -654,7 +654,9 @@ fn ten_one_cpu_pods_get_two_smaller_nodes() {
 
 mod ledger_props {
     use dovetail_core::catalog::CapacityType;
-    use dovetail_core::ledger::{Caps, ClaimRequest, Command, Entry, Offering, Outcome, State, Step};
+    use dovetail_core::ledger::{
+        Caps, ClaimRequest, ClaimState, Command, Entry, LaunchBatch, Offering, Outcome, State, Step,
+    };
     use dovetail_core::resources::{ResourceList, ResourceName};
     use proptest::prelude::*;
 
@@ -675,16 +677,18 @@ mod ledger_props {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            Just(Step::Launching),
             (0u8..4, 0i64..=100, 0u64..=100).prop_map(|(i, pct, ppct)| Step::Launched {
                 instance: format!("i-{i}"),
                 // A fraction of what was reserved: scaled when applied below.
                 resources: ResourceList::from_pairs([(ResourceName::Cpu, pct)]),
+                allocatable: ResourceList::new(),
                 price_per_hour: ppct,
             }),
+            Just(Step::Unlaunched),
             Just(Step::Registered),
             Just(Step::Initialized),
             Just(Step::Terminating),
+            Just(Step::InstanceGone),
             Just(Step::Gone),
         ]
     }
@@ -692,13 +696,13 @@ mod ledger_props {
     fn command() -> impl Strategy<Value = Command> {
         let claims = prop::collection::vec((0u8..24, 0usize..3, 250i64..8_000, 10_000u64..900_000), 1..6);
         prop_oneof![
+            1 => Just(Command::Lead),
             1 => (0usize..2, limits()).prop_map(|(p, limits)| Command::SetPool { pool: POOLS[p].into(), limits }),
             1 => (0usize..2).prop_map(|p| Command::RemovePool { pool: POOLS[p].into() }),
             1 => (limits(), prop::option::of(50_000u64..3_000_000))
                 .prop_map(|(resources, price_per_hour)| Command::SetCaps(Caps { resources, price_per_hour })),
-            4 => (0usize..2, 0u64..5, claims).prop_map(|(p, batch, cs)| Command::Reserve {
+            4 => (0usize..2, claims).prop_map(|(p, cs)| Command::Reserve {
                 pool: POOLS[p].into(),
-                batch,
                 claims: cs
                     .into_iter()
                     .map(|(id, z, cpu, price)| ClaimRequest {
@@ -709,9 +713,15 @@ mod ledger_props {
                     })
                     .collect(),
             }),
-            4 => (0u8..24, step()).prop_map(|(id, step)| Command::Advance { claim: format!("c{id}"), step }),
+            2 => (0usize..3, 0u8..4, prop::collection::vec(0u8..24, 1..4)).prop_map(|(z, b, ids)| Command::Launch {
+                zone: format!("z{z}"),
+                batches: vec![LaunchBatch { id: format!("b{b}"), claims: ids.into_iter().map(|i| format!("c{i}")).collect() }],
+            }),
+            4 => prop::collection::vec((0u8..24, step()), 1..4).prop_map(|steps| Command::Advance {
+                steps: steps.into_iter().map(|(id, step)| (format!("c{id}"), step)).collect(),
+            }),
             1 => (0usize..3, 0u64..10_000).prop_map(|(z, d)| Command::MarkUnavailable {
-                offering: Offering { instance_type: "m5.large".into(), zone: format!("z{z}"), capacity_type: CapacityType::Spot },
+                offerings: vec![Offering { instance_type: "m5.large".into(), zone: format!("z{z}"), capacity_type: CapacityType::Spot }],
                 until: d,
             }),
         ]
@@ -720,19 +730,22 @@ mod ledger_props {
     /// A Launched step holds at most what was reserved (the caller's contract): its cpu and
     /// price are given as percentages of the reservation.
     fn concretise(state: &State, mut c: Command) -> Command {
-        if let Command::Advance { claim, step: Step::Launched { instance, resources, price_per_hour } } = &mut c
-            && let Some(known) = state.claim(claim)
-        {
-            let pct = resources.get(&ResourceName::Cpu);
-            let mut actual = ResourceList::new();
-            for (n, v) in known.resources.iter() {
-                if *n != ResourceName::Nodes {
-                    actual.set(n.clone(), v * pct / 100);
+        if let Command::Advance { steps } = &mut c {
+            for (claim, step) in steps.iter_mut() {
+                if let Step::Launched { resources, price_per_hour, .. } = step
+                    && let Some(known) = state.claim(claim)
+                {
+                    let pct = resources.get(&ResourceName::Cpu);
+                    let mut actual = ResourceList::new();
+                    for (n, v) in known.resources.iter() {
+                        if *n != ResourceName::Nodes {
+                            actual.set(n.clone(), v * pct / 100);
+                        }
+                    }
+                    *resources = actual;
+                    *price_per_hour = known.price_per_hour * *price_per_hour / 100;
                 }
             }
-            *resources = actual;
-            *price_per_hour = known.price_per_hour * *price_per_hour / 100;
-            let _ = instance;
         }
         c
     }
@@ -749,8 +762,21 @@ mod ledger_props {
             let mut state = State::default();
             let mut log = Vec::new();
             let mut outcomes = Vec::new();
+            let mut term = 1;
             for (t, c) in cmds.into_iter().enumerate() {
-                let entry = Entry { at: t as u64 * 100, command: concretise(&state, c) };
+                // A Lead starts a new term; every fifth other entry is proposed by the
+                // previous term's leader, which the ledger must fence.
+                let entry_term = match c {
+                    Command::Lead => {
+                        term += 1;
+                        term
+                    }
+                    _ if t % 5 == 4 => term - 1,
+                    _ => term,
+                };
+                // Proposers' clocks disagree: time may go back by up to 250 ms.
+                let at = (t as u64 * 100).saturating_sub((t as u64 * 37) % 250);
+                let entry = Entry { term: entry_term, at, command: concretise(&state, c) };
                 let before = state.clone();
                 let out = state.apply(&entry);
                 // Usage is what the live claims hold, per pool and in total.
@@ -762,6 +788,19 @@ mod ledger_props {
                 }
                 let price: u64 = state.claims().values().map(|c| c.price_per_hour).sum();
                 prop_assert_eq!(state.total_price(), price);
+                prop_assert!(state.now() >= before.now(), "time never goes back");
+                // Every launching claim's batch is known, with the claim in it.
+                for c in state.claims().values() {
+                    if let ClaimState::Launching { batch } = &c.state {
+                        prop_assert!(state.batches().get(batch).is_some_and(|b| b.claims.contains(&c.id)));
+                    }
+                }
+                if entry.term < before.term() {
+                    prop_assert_eq!(&out, &Outcome::Fenced { term: before.term() });
+                    let mut unchanged = before.clone();
+                    unchanged.apply(&Entry { term: 0, at: 0, command: Command::Lead });
+                    prop_assert_eq!(&unchanged, &state, "a fenced entry changes nothing");
+                }
                 // Nothing the ledger granted or changed pushed usage past a limit or cap.
                 if !matches!(out, Outcome::Rejected { .. }) {
                     for (name, p) in state.pools() {
@@ -785,7 +824,8 @@ mod ledger_props {
                 } else {
                     let mut unchanged = before.clone();
                     // A rejected entry changes nothing but the count (and expired marks).
-                    let _ = unchanged.apply(&Entry { at: entry.at, command: Command::SetCaps(before.caps().clone()) });
+                    let same = Entry { term: entry.term, at: entry.at, command: Command::SetCaps(before.caps().clone()) };
+                    unchanged.apply(&same);
                     prop_assert_eq!(&unchanged, &state);
                 }
                 log.push(entry);

@@ -54,6 +54,9 @@ pub struct Report {
     pub relaunched: u64,
     /// What the scenario's faults did.
     pub faults: FaultCounts,
+    /// Every error the plane met, by `<action>/<kind>` (expected ones included: refused
+    /// evictions, throttled calls, conflicts a re-read resolved...).
+    pub errors: std::collections::BTreeMap<String, u64>,
     /// Peak RSS of the whole process (plane, sim cloud, sim cluster, driver), MiB.
     pub peak_rss_mib: Option<f64>,
     pub samples: Vec<Sample>,
@@ -140,6 +143,10 @@ impl Report {
         }
         if let Some(rss) = self.peak_rss_mib {
             let _ = writeln!(t, "peak RSS         {rss:.0} MiB (whole process)");
+        }
+        if !self.errors.is_empty() {
+            let list: Vec<String> = self.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let _ = writeln!(t, "errors seen      {}", list.join(", "));
         }
         if let Some(w) = written {
             let _ = writeln!(t, "report           {}", w.json.display());

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dovetail_actors::feed::FeedConfig;
+use dovetail_actors::config::Config;
 use dovetail_actors::kubelet::registrations;
 use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
 use dovetail_actors::pool::GetPoolStats;
@@ -20,12 +20,12 @@ use dovetail_cluster::ClusterView;
 use dovetail_cluster::sim::{Deployment, Job, Registrar, SimCluster, Workloads};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
 use dovetail_core::clock::{Clock, DEFAULT_EPOCH, to_millis};
-use dovetail_core::ledger::{Command, Entry};
+use dovetail_core::ledger::Command;
 use dovetail_core::plane::Latencies;
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::resources::{ResourceList, ResourceName};
 use dovetail_core::scheduling::{self, PoolInput};
-use dovetail_raft::{InProcess, Ledger};
+use dovetail_raft::{InProcess, propose_now};
 
 use crate::report::FaultCounts;
 use crate::report::{Report, Sample};
@@ -85,6 +85,8 @@ pub enum RunError {
     Ledger(String),
     #[error("cloud: {0}")]
     Cloud(String),
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Scenario time: milliseconds since the run started.
@@ -124,16 +126,11 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let ledger = Arc::new(InProcess::new());
     for (pool, _, _) in &pools {
         let set = Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() };
-        ledger.propose(Entry { at: 0, command: set }).await.map_err(|e| RunError::Ledger(e.to_string()))?;
+        propose_now(ledger.as_ref(), clock.now_millis(), set).await.map_err(|e| RunError::Ledger(e.to_string()))?;
     }
+    let config = Config { window: sc.window.clone(), ..Config::default() };
     let plane = Plane::start(
-        PlaneConfig {
-            zones: sc.zones.clone(),
-            pools: pools.clone(),
-            window: sc.window.clone(),
-            limits,
-            feed: FeedConfig::default(),
-        },
+        PlaneConfig { zones: sc.zones.clone(), pools: pools.clone(), limits, config },
         Seams {
             cloud: cloud.clone(),
             view: cluster.clone(),
@@ -141,7 +138,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             ledger: ledger.clone(),
             clock: clock.clone(),
         },
-    );
+    )
+    .map_err(|e| RunError::Config(e.to_string()))?;
     let mut workloads = Workloads::new();
     let mut registrar = Registrar::new(sc.registration_delay);
     let mut next_event = 0;
@@ -257,6 +255,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         claims_created,
         relaunched,
         faults: FaultCounts { interrupted: faults.interrupted, zone_lost: faults.zone_lost, nodes_lost, throttled },
+        errors: plane.errors.counts(),
         peak_rss_mib: peak_rss_mib(),
         samples,
     })

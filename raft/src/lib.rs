@@ -2,12 +2,19 @@
 //! `dovetail_core::ledger`. [`InProcess`] is the single-node ledger (`simulate`, small
 //! clusters, tests); the openraft ledger implements the same trait, so it drops in without
 //! touching the actors.
+//!
+//! **Leadership and fencing.** [`Ledger::leadership`] is a watch of who leads and in which
+//! term. Only the leader's actors act. Each proposal carries the term its proposer decided
+//! in; the state machine refuses an older term ([`Outcome::Fenced`]), and an effect runs only
+//! after its intent committed in the term that is still current ([`Leadership::is_current`]),
+//! so a deposed leader's decisions never reach the cloud or the cluster.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard};
 
-use dovetail_core::ledger::{Entry, Outcome, State};
+use dovetail_core::ledger::{Command, Entry, Millis, Outcome, State, Term};
+use tokio::sync::watch;
 
 /// A boxed future, so that the seam stays object safe (`Arc<dyn Ledger>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -31,24 +38,62 @@ pub enum LedgerError {
     Unavailable { reason: String },
 }
 
+/// Who leads, as this control node sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    /// The current term (0 before any election).
+    pub term: Term,
+    /// Whether this node leads in `term`.
+    pub leader: bool,
+    /// The leader's id, when known.
+    pub leader_id: Option<String>,
+}
+
+impl Leadership {
+    /// Whether a decision made in `term` may still act: this node leads in that term.
+    pub fn is_current(&self, term: Term) -> bool {
+        self.leader && self.term == term
+    }
+}
+
 /// The replicated ledger.
 ///
 /// Contracts: `propose` returns once the entry is committed and applied, with the outcome
-/// `apply` gave it; entries are applied in one order everywhere. `read` runs `f` on the
-/// committed state (on the leader: everything it committed so far). Proposals carry the
-/// proposer's timestamp (`Entry::at`); the ledger adds none.
+/// `apply` gave it; entries are applied in one order everywhere. An entry's term is its
+/// proposer's (the term it read the state in); `apply` fences older terms. `read` runs `f` on
+/// the committed state (on the leader: everything it committed so far). Proposals carry the
+/// proposer's timestamp (`Entry::at`); the ledger adds none. `leadership` never goes back in
+/// term.
 pub trait Ledger: Send + Sync {
     fn propose(&self, entry: Entry) -> BoxFuture<'_, Result<Committed, LedgerError>>;
 
-    /// Reads the committed state.
-    fn read(&self, f: &mut (dyn FnMut(&State) + Send)) -> Result<(), LedgerError>;
+    /// Runs `f` on the committed state.
+    fn read<'a>(&'a self, f: Box<dyn FnOnce(&State) + Send + 'a>) -> BoxFuture<'a, Result<(), LedgerError>>;
+
+    /// The leadership watch.
+    fn leadership(&self) -> watch::Receiver<Leadership>;
+}
+
+/// Reads a value out of the committed state.
+pub async fn read_with<R: Send>(ledger: &dyn Ledger, f: impl FnOnce(&State) -> R + Send) -> Result<R, LedgerError> {
+    let mut out = None;
+    ledger.read(Box::new(|s| out = Some(f(s)))).await?;
+    out.ok_or_else(|| LedgerError::Unavailable { reason: "the read did not run".into() })
+}
+
+/// Proposes `command` at `at` in the current leader's term: the convenience for callers that
+/// act on no read (configuration, tests). Deciding actors carry the term they read in.
+pub async fn propose_now(ledger: &dyn Ledger, at: Millis, command: Command) -> Result<Committed, LedgerError> {
+    let term = ledger.leadership().borrow().term;
+    ledger.propose(Entry { term, at, command }).await
 }
 
 /// The single-node ledger: applies each proposal at once and keeps the log, so a restart can
-/// replay it ([`InProcess::from_log`]).
-#[derive(Default)]
+/// replay it ([`InProcess::from_log`]). It is a one-node cluster that leads in term 1;
+/// [`InProcess::elect`] starts a new term, as a failover would (tests of fencing).
 pub struct InProcess {
     inner: Mutex<Inner>,
+    leadership: watch::Sender<Leadership>,
 }
 
 #[derive(Default)]
@@ -57,9 +102,18 @@ struct Inner {
     log: Vec<Entry>,
 }
 
+impl Default for InProcess {
+    fn default() -> Self {
+        InProcess::new()
+    }
+}
+
+/// The term a fresh in-process ledger leads in.
+pub const FIRST_TERM: Term = 1;
+
 impl InProcess {
     pub fn new() -> Self {
-        InProcess::default()
+        InProcess::from_log(Vec::new())
     }
 
     /// A ledger rebuilt by replaying `log` (what a restarted node does with its stored log).
@@ -68,12 +122,28 @@ impl InProcess {
         for e in &log {
             state.apply(e);
         }
-        InProcess { inner: Mutex::new(Inner { state, log }) }
+        let term = state.term().max(FIRST_TERM);
+        let (leadership, _) = watch::channel(Leadership { term, leader: true, leader_id: Some("local".into()) });
+        InProcess { inner: Mutex::new(Inner { state, log }), leadership }
     }
 
     /// The log so far.
     pub fn log(&self) -> Vec<Entry> {
         self.lock().log.clone()
+    }
+
+    /// A new term begins with this node leading (a failover to a new leader, as far as the
+    /// proposers of the old term can tell): its first entry fences the old term.
+    pub fn elect(&self, at: Millis) -> Term {
+        let term = self.leadership.borrow().term + 1;
+        {
+            let mut inner = self.lock();
+            let entry = Entry { term, at, command: Command::Lead };
+            inner.state.apply(&entry);
+            inner.log.push(entry);
+        }
+        self.leadership.send_replace(Leadership { term, leader: true, leader_id: Some("local".into()) });
+        term
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -91,9 +161,15 @@ impl Ledger for InProcess {
         })
     }
 
-    fn read(&self, f: &mut (dyn FnMut(&State) + Send)) -> Result<(), LedgerError> {
-        f(&self.lock().state);
-        Ok(())
+    fn read<'a>(&'a self, f: Box<dyn FnOnce(&State) + Send + 'a>) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move {
+            f(&self.lock().state);
+            Ok(())
+        })
+    }
+
+    fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.subscribe()
     }
 }
 
@@ -103,12 +179,12 @@ mod tests {
     use dovetail_core::ledger::{ClaimRequest, Command};
     use dovetail_core::resources::{ResourceList, ResourceName};
 
-    fn reserve(id: &str) -> Entry {
+    fn reserve(term: Term, id: &str) -> Entry {
         Entry {
+            term,
             at: 10,
             command: Command::Reserve {
                 pool: "default".into(),
-                batch: 1,
                 claims: vec![ClaimRequest {
                     id: id.into(),
                     zone: "z".into(),
@@ -122,24 +198,36 @@ mod tests {
     #[tokio::test]
     async fn proposals_commit_in_order_and_a_restart_replays_the_log() {
         let ledger = InProcess::new();
-        let set = Entry {
-            at: 0,
-            command: Command::SetPool {
-                pool: "default".into(),
-                limits: ResourceList::from_pairs([(ResourceName::Nodes, 1)]),
-            },
-        };
-        assert_eq!(ledger.propose(set).await.map(|c| c.index), Ok(1));
-        let first = ledger.propose(reserve("a")).await.expect("committed");
+        let limits = ResourceList::from_pairs([(ResourceName::Nodes, 1)]);
+        let set = Command::SetPool { pool: "default".into(), limits };
+        assert_eq!(propose_now(&ledger, 0, set).await.map(|c| c.index), Ok(1));
+        let first = ledger.propose(reserve(FIRST_TERM, "a")).await.expect("committed");
         assert_eq!(first.outcome, Outcome::Reserved { granted: vec!["a".into()], denied: vec![] });
-        let second = ledger.propose(reserve("b")).await.expect("committed");
+        let second = ledger.propose(reserve(FIRST_TERM, "b")).await.expect("committed");
         assert!(matches!(second.outcome, Outcome::Reserved { ref granted, .. } if granted.is_empty()));
-        let mut before = None;
-        ledger.read(&mut |s| before = Some(s.clone())).expect("read");
+        let before = read_with(&ledger, State::clone).await.expect("read");
         let restarted = InProcess::from_log(ledger.log());
-        let mut after = None;
-        restarted.read(&mut |s| after = Some(s.clone())).expect("read");
+        let after = read_with(&restarted, State::clone).await.expect("read");
         assert_eq!(before, after);
-        assert!(after.is_some_and(|s| s.claim("a").is_some() && s.claim("b").is_none()));
+        assert!(after.claim("a").is_some() && after.claim("b").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_new_term_fences_the_old_one() {
+        let ledger = InProcess::new();
+        propose_now(&ledger, 0, Command::SetPool { pool: "default".into(), limits: ResourceList::new() })
+            .await
+            .expect("pool");
+        let watch = ledger.leadership();
+        assert!(watch.borrow().is_current(FIRST_TERM));
+        let term = ledger.elect(5);
+        assert_eq!(term, FIRST_TERM + 1);
+        assert!(!watch.borrow().is_current(FIRST_TERM), "the watch moved on");
+        let stale = ledger.propose(reserve(FIRST_TERM, "a")).await.expect("committed");
+        assert_eq!(stale.outcome, Outcome::Fenced { term });
+        let state = read_with(&ledger, State::clone).await.expect("read");
+        assert!(state.claims().is_empty(), "a fenced proposal changes nothing");
+        let restarted = InProcess::from_log(ledger.log());
+        assert_eq!(restarted.leadership().borrow().term, term, "a replay keeps the term");
     }
 }

@@ -279,6 +279,10 @@ pub fn pod_from_spec(ctx: &Ctx, field: &str, meta: PodMeta, spec: &core::PodSpec
         volume_requirements: Vec::new(),
         annotations: meta.annotations,
         termination_grace_seconds: spec.termination_grace_period_seconds,
+        scheduling_gated: spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()),
+        scheduler_name: spec.scheduler_name.clone().filter(|s| !s.is_empty() && s != "default-scheduler"),
+        // Status (the scheduler's mark, start time, nomination) is read by the cluster adapter.
+        ..Pod::default()
     })
 }
 
@@ -316,5 +320,9 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
         requirements: None,
         unschedulable: spec.unschedulable.unwrap_or(false),
         provider_id: spec.provider_id.clone(),
+        ready: ready.unwrap_or(true),
+        finalizers: n.metadata.finalizers.clone().unwrap_or_default(),
+        deleting: n.metadata.deletion_timestamp.is_some(),
+        resource_version: n.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
     })
 }

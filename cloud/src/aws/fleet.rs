@@ -15,8 +15,11 @@ use dovetail_core::catalog::CapacityType;
 
 use super::errors::{CAPACITY_CODES, from_code, from_sdk};
 use super::{AwsProvider, Fnv, Resolved, TAG_NODECLASS, TAG_NODECLASS_HASH, Types};
-use crate::types::{group_identical, type_labels};
-use crate::{CloudError, Instance, InstanceState, LaunchRequest, OfferingKey, TAG_NODECLAIM, TAG_NODEPOOL};
+use crate::types::{assign_untagged, group_identical, type_labels};
+use crate::{
+    CloudError, Instance, InstanceState, LaunchBatch, LaunchRequest, Lookup, OfferingKey, TAG_LAUNCH_BATCH,
+    TAG_NODECLAIM, TAG_NODEPOOL,
+};
 
 /// See [`crate::CloudProvider::launch`].
 pub(super) async fn launch(p: &AwsProvider, requests: &[LaunchRequest]) -> Vec<Result<Instance, CloudError>> {
@@ -27,37 +30,19 @@ pub(super) async fn launch(p: &AwsProvider, requests: &[LaunchRequest]) -> Vec<R
         Ok(t) => t,
         Err(e) => return requests.iter().map(|_| Err(e.clone())).collect(),
     };
-    let mut out: Vec<Option<Result<Instance, CloudError>>> = vec![None; requests.len()];
-    // Emulators ignore client tokens: look for instances already tagged with the claims.
-    let claims: Vec<String> = requests.iter().map(|r| r.claim.clone()).collect();
-    for chunk in claims.chunks(200) {
-        let found = p
-            .describe(vec![
-                Filter::builder().name(format!("tag:{TAG_NODECLAIM}")).set_values(Some(chunk.to_vec())).build(),
-            ])
-            .await;
-        match found {
-            Ok(found) => {
-                for inst in found.iter().filter_map(|i| p.view(&types, i)) {
-                    if !matches!(inst.state, InstanceState::Pending | InstanceState::Running) {
-                        continue;
-                    }
-                    for (i, r) in requests.iter().enumerate() {
-                        if out[i].is_none() && inst.claim.as_deref() == Some(r.claim.as_str()) {
-                            out[i] = Some(Ok(inst.clone()));
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                for (i, r) in requests.iter().enumerate() {
-                    if chunk.contains(&r.claim) {
-                        out[i] = Some(Err(e.clone()));
-                    }
-                }
-            }
-        }
-    }
+    // Emulators ignore client tokens, and a crash can leave a batch's instances without their
+    // claim tags: look them up by claim and by batch first.
+    let lookups: Vec<Lookup> =
+        requests.iter().map(|r| Lookup { claim: r.claim.clone(), batch: Some(r.batch.clone()) }).collect();
+    let found = find(p, &types, &lookups).await;
+    let mut out: Vec<Option<Result<Instance, CloudError>>> = found
+        .into_iter()
+        .map(|r| match r {
+            Ok(Some(inst)) => Some(Ok(inst)),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        })
+        .collect();
     for g in group_identical(requests, |i| out[i].is_none()) {
         let group: Vec<&LaunchRequest> = g.iter().map(|&i| &requests[i]).collect();
         for (i, result) in g.iter().zip(launch_group(p, &types, &group).await) {
@@ -65,6 +50,90 @@ pub(super) async fn launch(p: &AwsProvider, requests: &[LaunchRequest]) -> Vec<R
         }
     }
     out.into_iter().map(|r| r.unwrap_or_else(|| Err(CloudError::Transient { message: "no result".into() }))).collect()
+}
+
+/// See [`crate::CloudProvider::find`]: instances by their claim tag, then each batch's
+/// instances that no claim tag names yet, assigned to its claims without one (and tagged).
+pub(super) async fn find(
+    p: &AwsProvider,
+    types: &Types,
+    lookups: &[Lookup],
+) -> Vec<Result<Option<Instance>, CloudError>> {
+    let mut out: Vec<Option<Result<Option<Instance>, CloudError>>> = vec![None; lookups.len()];
+    let live = |i: &Instance| matches!(i.state, InstanceState::Pending | InstanceState::Running);
+    let claims: Vec<String> = lookups.iter().map(|l| l.claim.clone()).collect();
+    for chunk in claims.chunks(200) {
+        let filter = Filter::builder().name(format!("tag:{TAG_NODECLAIM}")).set_values(Some(chunk.to_vec())).build();
+        match p.describe(vec![filter]).await {
+            Ok(found) => {
+                for inst in found.iter().filter_map(|i| p.view(types, i)).filter(live) {
+                    for (i, l) in lookups.iter().enumerate() {
+                        if out[i].is_none() && inst.claim.as_deref() == Some(l.claim.as_str()) {
+                            out[i] = Some(Ok(Some(inst.clone())));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                for (i, l) in lookups.iter().enumerate() {
+                    if chunk.contains(&l.claim) {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+    // The batches of the claims still without an instance.
+    let mut batches: Vec<&LaunchBatch> = Vec::new();
+    for (i, l) in lookups.iter().enumerate() {
+        if let (None, Some(b)) = (&out[i], &l.batch)
+            && !batches.iter().any(|x| x.id == b.id)
+        {
+            batches.push(b);
+        }
+    }
+    for batch in batches {
+        let filter = Filter::builder().name(format!("tag:{TAG_LAUNCH_BATCH}")).values(&batch.id).build();
+        let found = match p.describe(vec![filter]).await {
+            Ok(found) => found,
+            Err(e) => {
+                for (i, l) in lookups.iter().enumerate() {
+                    if out[i].is_none() && l.batch.as_ref().is_some_and(|b| b.id == batch.id) {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+                continue;
+            }
+        };
+        let insts: Vec<Instance> = found.iter().filter_map(|i| p.view(types, i)).filter(live).collect();
+        let tagged: Vec<&str> = insts.iter().filter_map(|i| i.claim.as_deref()).collect();
+        let untagged: Vec<&Instance> = insts.iter().filter(|i| i.claim.is_none()).collect();
+        let ids: Vec<&str> = untagged.iter().map(|i| i.id.as_str()).collect();
+        for (k, claim) in assign_untagged(batch, |c| tagged.contains(&c), &ids) {
+            let mut inst = untagged[k].clone();
+            tag_claim(p, &inst.id, claim).await;
+            inst.claim = Some(claim.to_string());
+            inst.tags.insert(TAG_NODECLAIM.into(), claim.to_string());
+            p.count(|s| s.adopted += 1);
+            for (i, l) in lookups.iter().enumerate() {
+                if out[i].is_none() && l.claim == claim {
+                    out[i] = Some(Ok(Some(inst.clone())));
+                }
+            }
+        }
+    }
+    out.into_iter().map(|r| r.unwrap_or(Ok(None))).collect()
+}
+
+/// Tags an instance with its claim. A failure is logged and counted, not fatal: the instance
+/// is the claim's by the launch's answer, and its batch tag finds it again on a re-drive.
+async fn tag_claim(p: &AwsProvider, instance: &str, claim: &str) {
+    p.count(|s| s.create_tags_calls += 1);
+    let call = p.ec2.create_tags().resources(instance).tags(Tag::builder().key(TAG_NODECLAIM).value(claim).build());
+    if let Err(e) = call.send().await.map_err(|e| from_sdk("CreateTags", e)) {
+        p.count(|s| s.tag_errors += 1);
+        tracing::warn!(instance, nodeclaim = claim, error = %e, "tagging an instance with its nodeclaim failed; its launch batch tag still finds it");
+    }
 }
 
 /// One candidate override: a type in the zone's subnet with its price and image.
@@ -206,11 +275,15 @@ struct Launched {
     capacity_type: CapacityType,
 }
 
-/// The client token of a call: the same claims at the same capacity type give the same token.
-fn client_token(claims: &[&str], ct: CapacityType) -> String {
+/// The client token of a call, derived from its launch batch: the same batch's same claims at
+/// the same capacity type give the same token (so EC2 answers a repeated call with the first
+/// call's instances), and a regrouped re-drive of some of them another.
+fn client_token(batch: &str, claims: &[&str], ct: CapacityType) -> String {
     let mut sorted = claims.to_vec();
     sorted.sort_unstable();
     let mut h = Fnv::default();
+    h.write(batch.as_bytes());
+    h.write(&[0]);
     for c in &sorted {
         h.write(c.as_bytes());
         h.write(&[0]);
@@ -227,6 +300,7 @@ fn tags(p: &AwsProvider, r: &LaunchRequest) -> BTreeMap<String, String> {
     tags.insert(TAG_NODEPOOL.into(), r.nodepool.clone());
     tags.insert(TAG_NODECLASS.into(), r.node_class.name.clone());
     tags.insert(TAG_NODECLASS_HASH.into(), r.node_class.hash.clone());
+    tags.insert(TAG_LAUNCH_BATCH.into(), r.batch.id.clone());
     tags
 }
 
@@ -280,7 +354,7 @@ async fn create_fleet(
         .ec2
         .create_fleet()
         .r#type(FleetType::Instant)
-        .client_token(client_token(claims, ct))
+        .client_token(client_token(&r.batch.id, claims, ct))
         .set_launch_template_configs(Some(configs))
         .target_capacity_specification(target)
         .tag_specifications(
@@ -361,21 +435,33 @@ async fn create_fleet(
         }));
     }
     // A merged call tags each instance with its claim afterwards (one value per instance cannot
-    // ride in the fleet's tag specification), at most 8 calls in flight. An instance whose tag
-    // failed is still the claim's: the result says so; only a re-drive after a lost result
-    // could miss it, and garbage collection finds it then (cluster tag, no claim tag).
+    // ride in the fleet's tag specification), at most 8 calls in flight. Every instance carries
+    // the batch tag already, so one whose claim tag is never written (a crash, a failed call)
+    // is found by the next launch or lookup of its batch and assigned then.
     if claims.len() > 1 {
         let mut tagging = tokio::task::JoinSet::new();
         for (l, claim) in launched.iter().zip(claims) {
-            if tagging.len() >= 8 {
-                let _ = tagging.join_next().await;
+            if tagging.len() >= 8
+                && let Some(Err(e)) = tagging.join_next().await
+            {
+                tracing::warn!(error = %e, "a tagging task failed");
             }
             p.count(|s| s.create_tags_calls += 1);
             let call =
                 p.ec2.create_tags().resources(&l.id).tags(Tag::builder().key(TAG_NODECLAIM).value(*claim).build());
-            tagging.spawn(async move { call.send().await.map_err(|e| from_sdk("CreateTags", e)) });
+            let (instance, claim) = (l.id.clone(), claim.to_string());
+            tagging.spawn(async move { (instance, claim, call.send().await.map_err(|e| from_sdk("CreateTags", e))) });
         }
-        while tagging.join_next().await.is_some() {}
+        while let Some(done) = tagging.join_next().await {
+            match done {
+                Ok((_, _, Ok(_))) => {}
+                Ok((instance, claim, Err(e))) => {
+                    p.count(|s| s.tag_errors += 1);
+                    tracing::warn!(instance, nodeclaim = claim, error = %e, "tagging an instance with its nodeclaim failed; its launch batch tag still finds it");
+                }
+                Err(e) => tracing::warn!(error = %e, "a tagging task failed"),
+            }
+        }
     }
     Ok(Fleet { launched, failed, other })
 }
@@ -423,11 +509,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_same_claims_give_the_same_token_in_any_order() {
-        let a = client_token(&["b", "a"], CapacityType::Spot);
-        assert_eq!(a, client_token(&["a", "b"], CapacityType::Spot));
-        assert_ne!(a, client_token(&["a", "b"], CapacityType::OnDemand));
-        assert_ne!(a, client_token(&["a", "c"], CapacityType::Spot));
+    fn the_same_batch_and_claims_give_the_same_token_in_any_order() {
+        let a = client_token("b1", &["b", "a"], CapacityType::Spot);
+        assert_eq!(a, client_token("b1", &["a", "b"], CapacityType::Spot));
+        assert_ne!(a, client_token("b1", &["a", "b"], CapacityType::OnDemand));
+        assert_ne!(a, client_token("b1", &["a", "c"], CapacityType::Spot));
+        assert_ne!(a, client_token("b2", &["a", "b"], CapacityType::Spot), "another batch");
         assert!(a.len() <= 64);
     }
 }

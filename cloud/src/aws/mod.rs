@@ -29,7 +29,7 @@ pub use queue::SqsQueue;
 
 use crate::types::type_labels;
 use crate::{
-    BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchRequest, NodeClass,
+    BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchRequest, Lookup, NodeClass,
     TAG_CLUSTER_PREFIX, TAG_NODECLAIM, TAG_NODEPOOL,
 };
 use errors::from_sdk;
@@ -150,6 +150,10 @@ struct Caches {
 pub struct AwsStats {
     pub fleet_calls: u64,
     pub create_tags_calls: u64,
+    /// CreateTags calls that failed (the instance's batch tag still finds it).
+    pub tag_errors: u64,
+    /// Instances a re-drive assigned to a claim from its batch's untagged ones.
+    pub adopted: u64,
     pub describe_instances_calls: u64,
     pub terminate_calls: u64,
 }
@@ -380,6 +384,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl CloudProvider for AwsProvider {
     fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
         Box::pin(fleet::launch(self, requests))
+    }
+
+    fn find<'a>(&'a self, lookups: &'a [Lookup]) -> BoxFuture<'a, Vec<Result<Option<Instance>, CloudError>>> {
+        Box::pin(async move {
+            match self.types().await {
+                Ok(types) => fleet::find(self, &types, lookups).await,
+                Err(e) => lookups.iter().map(|_| Err(e.clone())).collect(),
+            }
+        })
     }
 
     fn terminate<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Vec<Result<(), CloudError>>> {

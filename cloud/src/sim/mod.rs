@@ -17,10 +17,10 @@ pub use crate::limits::{ApiLimits, Bucket};
 pub use queue::SimQueue;
 
 use crate::events::{self, EventKind, Origin};
-use crate::types::{group_identical, type_labels};
+use crate::types::{assign_untagged, group_identical, type_labels};
 use crate::{
-    BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchRequest, NodeClass, OfferingKey,
-    TAG_CLUSTER_PREFIX, TAG_NODECLAIM, TAG_NODEPOOL,
+    BoxFuture, CloudError, CloudProvider, DriftReason, Instance, InstanceState, LaunchBatch, LaunchRequest, Lookup,
+    NodeClass, OfferingKey, TAG_CLUSTER_PREFIX, TAG_LAUNCH_BATCH, TAG_NODECLAIM, TAG_NODEPOOL,
 };
 use dovetail_core::clock::Clock;
 
@@ -74,7 +74,11 @@ impl Default for SimConfig {
 /// catalog when an instance is looked at.
 struct SimInstance {
     id: String,
-    claim: String,
+    /// The claim its tag names (`None` for an instance whose launch crashed before the
+    /// per-claim tag: its batch tag finds it).
+    claim: Option<String>,
+    /// The launch batch that made it.
+    batch: String,
     /// Index into the catalog.
     instance_type: usize,
     zone: String,
@@ -106,11 +110,18 @@ pub struct SimStats {
     pub throttled: u64,
     pub insufficient_capacity: u64,
     pub interruptions: u64,
+    /// Instances a re-drive assigned to a claim from its batch's untagged ones.
+    pub adopted: u64,
 }
 
 struct State {
     instances: BTreeMap<String, SimInstance>,
     by_claim: HashMap<String, String>,
+    /// Per launch batch, its instances' ids.
+    by_batch: HashMap<String, Vec<String>>,
+    /// Launch calls still to "crash" after CreateFleet made the instances and before they were
+    /// tagged per claim (the fault the batch tag recovers from).
+    crash_after_fleet: u32,
     capacity: HashMap<OfferingKey, u32>,
     limits: ApiLimits,
     rng: SplitMix64,
@@ -139,6 +150,8 @@ impl SimCloud {
         let state = State {
             instances: BTreeMap::new(),
             by_claim: HashMap::new(),
+            by_batch: HashMap::new(),
+            crash_after_fleet: 0,
             capacity: config.capacity.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             limits: config.limits.clone(),
             rng: SplitMix64::new(config.seed),
@@ -167,6 +180,13 @@ impl SimCloud {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The next `calls` launch calls make their instances (tagged with their batch only) and
+    /// then fail as if the caller crashed before tagging them per claim and before it got the
+    /// result.
+    pub fn crash_after_fleet(&self, calls: u32) {
+        self.lock().crash_after_fleet = calls;
     }
 
     /// Sets how many more instances an offering can launch (0 makes it insufficient).
@@ -198,7 +218,7 @@ impl SimCloud {
         let mut n = 0;
         for id in ids {
             if let Some(inst) = s.instances.remove(id.as_str()) {
-                s.by_claim.remove(&inst.claim);
+                forget(&mut s, &inst);
                 n += 1;
             }
         }
@@ -284,12 +304,15 @@ impl SimCloud {
         labels.insert(labels::CAPACITY_TYPE.to_string(), i.capacity_type.as_str().to_string());
         labels.insert(labels::NODEPOOL.to_string(), i.request.nodepool.clone());
         let mut tags = i.request.tags.clone();
-        tags.insert(TAG_NODECLAIM.to_string(), i.claim.clone());
+        if let Some(claim) = &i.claim {
+            tags.insert(TAG_NODECLAIM.to_string(), claim.clone());
+        }
+        tags.insert(TAG_LAUNCH_BATCH.to_string(), i.batch.clone());
         tags.insert(TAG_NODEPOOL.to_string(), i.request.nodepool.clone());
         tags.insert(format!("{TAG_CLUSTER_PREFIX}{}", self.config.cluster), "owned".to_string());
         Instance {
             id: i.id.clone(),
-            claim: Some(i.claim.clone()),
+            claim: i.claim.clone(),
             instance_type: it.name.clone(),
             zone: i.zone.clone(),
             capacity_type: i.capacity_type,
@@ -334,24 +357,29 @@ impl SimCloud {
             .filter(|c| r.capacity_types.is_empty() || r.capacity_types.contains(c))
             .collect();
         for ct in order {
-            let mut best: Option<(usize, f64)> = None;
-            for name in r.instance_types.iter().take(60) {
-                let Some(&t) = self.index.get(name) else { continue };
-                let Some(o) =
-                    self.types[t].offerings.iter().find(|o| o.zone == r.zone && o.capacity_type == ct && o.available)
-                else {
-                    continue;
-                };
-                let key = OfferingKey { instance_type: name.clone(), zone: r.zone.clone(), capacity_type: ct };
+            // As the AWS provider: the 60 cheapest candidates offered in the zone, cheapest
+            // first; the first with capacity launches.
+            let mut offered: Vec<(usize, f64)> = r
+                .instance_types
+                .iter()
+                .filter_map(|name| {
+                    let &t = self.index.get(name)?;
+                    let o = self.types[t]
+                        .offerings
+                        .iter()
+                        .find(|o| o.zone == r.zone && o.capacity_type == ct && o.available)?;
+                    Some((t, o.price))
+                })
+                .collect();
+            offered.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| self.types[a.0].name.cmp(&self.types[b.0].name)));
+            offered.truncate(60);
+            for (t, price) in offered {
+                let key =
+                    OfferingKey { instance_type: self.types[t].name.clone(), zone: r.zone.clone(), capacity_type: ct };
                 if s.capacity.get(&key).is_some_and(|left| *left == 0) {
                     tried.push(key);
                     continue;
                 }
-                if best.is_none_or(|(_, p)| o.price < p) {
-                    best = Some((t, o.price));
-                }
-            }
-            if let Some((t, price)) = best {
                 return Ok((t, ct, price));
             }
         }
@@ -372,7 +400,8 @@ impl SimCloud {
         let draw = (s.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         SimInstance {
             id,
-            claim: r.claim.clone(),
+            claim: Some(r.claim.clone()),
+            batch: r.batch.id.clone(),
             instance_type: t,
             zone: r.zone.clone(),
             capacity_type,
@@ -384,22 +413,75 @@ impl SimCloud {
     }
 }
 
+/// Forgets an instance that is gone from the claim and batch indexes.
+fn forget(s: &mut State, inst: &SimInstance) {
+    if let Some(c) = &inst.claim {
+        s.by_claim.remove(c);
+    }
+    if let Some(ids) = s.by_batch.get_mut(&inst.batch) {
+        ids.retain(|i| *i != inst.id);
+        if ids.is_empty() {
+            s.by_batch.remove(&inst.batch);
+        }
+    }
+}
+
+impl SimCloud {
+    /// The instance of a claim: by its tag, or one of its batch's untagged instances assigned
+    /// to it (and tagged) as every re-drive assigns them.
+    fn lookup(&self, s: &mut State, claim: &str, batch: Option<&LaunchBatch>) -> Option<String> {
+        if let Some(id) = s.by_claim.get(claim) {
+            return Some(id.clone());
+        }
+        let batch = batch?;
+        let untagged: Vec<String> = s
+            .by_batch
+            .get(&batch.id)
+            .into_iter()
+            .flatten()
+            .filter(|id| s.instances.get(id.as_str()).is_some_and(|i| i.claim.is_none()))
+            .cloned()
+            .collect();
+        if untagged.is_empty() {
+            return None;
+        }
+        let refs: Vec<&str> = untagged.iter().map(String::as_str).collect();
+        let assigned: Vec<(String, String)> = assign_untagged(batch, |c| s.by_claim.contains_key(c), &refs)
+            .into_iter()
+            .map(|(i, c)| (untagged[i].clone(), c.to_string()))
+            .collect();
+        for (id, c) in assigned {
+            if let Some(inst) = s.instances.get_mut(&id) {
+                inst.claim = Some(c.clone());
+                s.by_claim.insert(c, id);
+                s.stats.adopted += 1;
+            }
+        }
+        s.by_claim.get(claim).cloned()
+    }
+}
+
 impl CloudProvider for SimCloud {
     fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
         Box::pin(async move {
             let now = self.clock.now();
             let mut s = self.lock();
             let mut out: Vec<Option<Result<Instance, CloudError>>> = vec![None; requests.len()];
-            // Idempotency: a claim that has an instance gets it back (one lookup call).
+            // Idempotency: a claim that has an instance gets it back, and a batch's untagged
+            // instances go to its claims first (one lookup call).
             if !requests.is_empty() {
                 s.stats.describe_calls += 1;
             }
             for (i, r) in requests.iter().enumerate() {
-                if let Some(id) = s.by_claim.get(&r.claim).cloned()
+                if let Some(id) = self.lookup(&mut s, &r.claim, Some(&r.batch))
                     && let Some(inst) = s.instances.get(&id)
                 {
                     out[i] = Some(Ok(self.view(inst, now)));
                 }
+            }
+            let crash = s.crash_after_fleet > 0;
+            if crash {
+                s.crash_after_fleet -= 1;
             }
             // Merge the rest into calls of identical shape.
             for g in group_identical(requests, |i| out[i].is_none()) {
@@ -439,11 +521,21 @@ impl CloudProvider for SimCloud {
                             if let Some(left) = s.capacity.get_mut(&key) {
                                 *left -= 1;
                             }
-                            let inst = self.make_instance(&mut s, r, &shape, (t, ct, price), now);
+                            let mut inst = self.make_instance(&mut s, r, &shape, (t, ct, price), now);
+                            s.by_batch.entry(inst.batch.clone()).or_default().push(inst.id.clone());
+                            s.stats.launched += 1;
+                            if crash {
+                                // Made, tagged with its batch only; the caller never hears.
+                                inst.claim = None;
+                                s.instances.insert(inst.id.clone(), inst);
+                                out[i] = Some(Err(CloudError::Transient {
+                                    message: "the launch call was cut off after CreateFleet".into(),
+                                }));
+                                continue;
+                            }
                             let view = self.view(&inst, now);
                             s.by_claim.insert(r.claim.clone(), inst.id.clone());
                             s.instances.insert(inst.id.clone(), inst);
-                            s.stats.launched += 1;
                             out[i] = Some(Ok(view));
                         }
                         Err(offerings) => {
@@ -454,6 +546,24 @@ impl CloudProvider for SimCloud {
                 }
             }
             out.into_iter().map(|r| r.unwrap_or(Err(CloudError::Transient { message: "no result".into() }))).collect()
+        })
+    }
+
+    fn find<'a>(&'a self, lookups: &'a [Lookup]) -> BoxFuture<'a, Vec<Result<Option<Instance>, CloudError>>> {
+        Box::pin(async move {
+            let now = self.clock.now();
+            let mut s = self.lock();
+            if let Err(e) = SimCloud::draw(&mut s, now, |l| &mut l.non_mutating, 1.0, "DescribeInstances") {
+                return lookups.iter().map(|_| Err(e.clone())).collect();
+            }
+            s.stats.describe_calls += 1;
+            lookups
+                .iter()
+                .map(|l| {
+                    let id = self.lookup(&mut s, &l.claim, l.batch.as_ref());
+                    Ok(id.and_then(|id| s.instances.get(&id)).map(|i| self.view(i, now)))
+                })
+                .collect()
         })
     }
 
@@ -473,7 +583,7 @@ impl CloudProvider for SimCloud {
             ids.iter()
                 .map(|id| match s.instances.remove(id.as_str()) {
                     Some(inst) => {
-                        s.by_claim.remove(&inst.claim);
+                        forget(&mut s, &inst);
                         let key = OfferingKey {
                             instance_type: self.types[inst.instance_type].name.clone(),
                             zone: inst.zone.clone(),
@@ -571,6 +681,7 @@ mod tests {
     fn request(claim: &str, cts: Vec<CapacityType>) -> LaunchRequest {
         LaunchRequest {
             claim: claim.into(),
+            batch: dovetail_core::ledger::LaunchBatch { id: "batch-1".into(), claims: vec![claim.to_string()] },
             nodepool: "default".into(),
             node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
             zone: "us-east-1b".into(),

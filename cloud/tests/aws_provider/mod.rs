@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use dovetail_cloud::aws::{AwsConfig, AwsProvider, TAG_NODECLASS_HASH};
 use dovetail_cloud::batch::{BatchWindow, Batched};
-use dovetail_cloud::{CloudError, CloudProvider, DriftReason, NodeClass, OfferingKey, TAG_NODECLAIM};
+use dovetail_cloud::{CloudError, CloudProvider, DriftReason, LaunchRequest, NodeClass, OfferingKey, TAG_NODECLAIM};
 use dovetail_core::catalog::CapacityType;
 use dovetail_core::clock::SystemClock;
 
@@ -117,10 +117,15 @@ async fn identical_concurrent_launches_are_one_create_fleet() {
         ),
         BatchWindow::default(),
     ));
+    // The zone actor records one launch batch for identical claims: they merge.
+    let batch = dovetail_core::ledger::LaunchBatch {
+        id: "merge-batch".into(),
+        claims: (0..20).map(|i| format!("claim-merged-{i}")).collect(),
+    };
     let mut tasks = Vec::new();
     for i in 0..20 {
         let b = batched.clone();
-        let r = request(h.as_ref(), &format!("claim-merged-{i}"));
+        let r = LaunchRequest { batch: batch.clone(), ..request(h.as_ref(), &format!("claim-merged-{i}")) };
         tasks.push(tokio::spawn(async move { b.launch(std::slice::from_ref(&r)).await.remove(0) }));
     }
     let mut ids = Vec::new();
@@ -265,6 +270,10 @@ async fn real_account_round_trip() {
     let resolved = cloud.resolve(&nc).await.expect("resolve");
     let r = dovetail_cloud::LaunchRequest {
         claim: "dovetail-real-test".into(),
+        batch: dovetail_core::ledger::LaunchBatch {
+            id: "batch-1".into(),
+            claims: vec!["dovetail-real-test".to_string()],
+        },
         nodepool: "default".into(),
         node_class: nc,
         zone: resolved.subnets[0].1.clone(),

@@ -177,6 +177,9 @@ impl Harness for Aws {
     async fn throttle(&self) {
         self.proxy.faults().throttle_next = 1;
     }
+    async fn crash_after_fleet(&self) {
+        self.proxy.faults().lose_fleet_response += 1;
+    }
     async fn send(&self, body: &str) {
         let sdk = sdk_config(&config(&self.cluster, &format!("http://{}", self.proxy.addr))).await;
         aws_sdk_sqs::Client::new(&sdk)
@@ -221,4 +224,16 @@ async fn throttling_has_a_retry_after() {
 #[tokio::test]
 async fn queue_receive_delete_visibility() {
     suite::queue_receive_delete_visibility(&Aws::new("conf-queue").await).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_create_fleet_and_a_regrouped_redrive_leave_one_instance_per_claim() {
+    let h = Aws::new("conf-crash").await;
+    suite::a_crash_after_create_fleet_and_a_regrouped_redrive_leave_one_instance_per_claim(&h).await;
+    assert_eq!(h.proxy.calls("CreateFleet"), 1, "the re-drives launched nothing");
+}
+
+#[tokio::test]
+async fn find_locates_a_cut_off_launch_by_its_batch() {
+    suite::find_locates_a_cut_off_launch_by_its_batch(&Aws::new("conf-find").await).await;
 }

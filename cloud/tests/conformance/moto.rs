@@ -77,6 +77,9 @@ pub struct Faults {
     pub throttle_next: u32,
     /// Every action seen, in order, as IAM names them (`ec2:CreateFleet`).
     pub actions: Vec<String>,
+    /// How many of the next CreateFleet calls moto carries out while the client gets a 500
+    /// instead of the answer (a caller cut off after the fleet was made).
+    pub lose_fleet_response: u32,
 }
 
 /// The proxy; its address is the SDK's endpoint.
@@ -236,7 +239,11 @@ fn fleet_errors(os: &[Override], lifecycle: &str) -> String {
 enum Verdict {
     Answer(Vec<u8>),
     Forward(Vec<u8>),
+    /// Forward, but answer the client with a server error instead of moto's answer.
+    ForwardAndLose(Vec<u8>),
 }
+
+const INTERNAL_ERROR: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>InternalError</Code><Message>An internal error has occurred.</Message></Error></Errors><RequestID>00000000-0000-0000-0000-000000000002</RequestID></Response>";
 
 fn decide(body: Vec<u8>, target: Option<&str>, faults: &Mutex<Faults>) -> Verdict {
     let mut f = faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -256,6 +263,10 @@ fn decide(body: Vec<u8>, target: Option<&str>, faults: &Mutex<Faults>) -> Verdic
     if ec2 && f.throttle_next > 0 {
         f.throttle_next -= 1;
         return Verdict::Answer(response("503 Service Unavailable", THROTTLED));
+    }
+    if action == "CreateFleet" && f.lose_fleet_response > 0 {
+        f.lose_fleet_response -= 1;
+        return Verdict::ForwardAndLose(body);
     }
     if action != "CreateFleet" || f.exhausted.is_empty() {
         return Verdict::Forward(body);
@@ -332,12 +343,13 @@ async fn handle(client: TcpStream, upstream: SocketAddr, faults: Arc<Mutex<Fault
     let target = header("x-amz-target");
     let mut body = vec![0u8; len];
     rd.read_exact(&mut body).await?;
-    let forward = match decide(body, target.as_deref(), &faults) {
+    let (forward, lose) = match decide(body, target.as_deref(), &faults) {
         Verdict::Answer(bytes) => {
             wr.write_all(&bytes).await?;
             return Ok(());
         }
-        Verdict::Forward(b) => b,
+        Verdict::Forward(b) => (b, false),
+        Verdict::ForwardAndLose(b) => (b, true),
     };
     let mut up = TcpStream::connect(upstream).await?;
     let mut req = String::new();
@@ -356,6 +368,10 @@ async fn handle(client: TcpStream, upstream: SocketAddr, faults: Arc<Mutex<Fault
     up.write_all(&forward).await?;
     let mut answer = Vec::new();
     up.read_to_end(&mut answer).await?;
+    if lose {
+        wr.write_all(&response("500 Internal Server Error", INTERNAL_ERROR)).await?;
+        return Ok(());
+    }
     // Tell the client the connection ends here.
     wr.write_all(&close_after(answer)).await?;
     Ok(())

@@ -66,6 +66,9 @@ impl Harness for Sim {
         // Spend the one token.
         let _ = self.cloud.terminate(&["i-none".to_string()]).await;
     }
+    async fn crash_after_fleet(&self) {
+        self.cloud.crash_after_fleet(1);
+    }
     async fn send(&self, body: &str) {
         self.queue.send(body.to_string());
     }
@@ -102,4 +105,14 @@ async fn throttling_has_a_retry_after() {
 #[tokio::test]
 async fn queue_receive_delete_visibility() {
     suite::queue_receive_delete_visibility(&Sim::new()).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_create_fleet_and_a_regrouped_redrive_leave_one_instance_per_claim() {
+    suite::a_crash_after_create_fleet_and_a_regrouped_redrive_leave_one_instance_per_claim(&Sim::new()).await;
+}
+
+#[tokio::test]
+async fn find_locates_a_cut_off_launch_by_its_batch() {
+    suite::find_locates_a_cut_off_launch_by_its_batch(&Sim::new()).await;
 }

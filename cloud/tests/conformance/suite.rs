@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dovetail_cloud::{
-    CloudError, CloudProvider, InstanceState, InterruptionQueue, LaunchRequest, NodeClass, OfferingKey,
-    TAG_CLUSTER_PREFIX, TAG_NODECLAIM, TAG_NODEPOOL,
+    CloudError, CloudProvider, InstanceState, InterruptionQueue, LaunchBatch, LaunchRequest, Lookup, NodeClass,
+    OfferingKey, TAG_CLUSTER_PREFIX, TAG_LAUNCH_BATCH, TAG_NODECLAIM, TAG_NODEPOOL,
 };
 use dovetail_core::catalog::CapacityType;
 
@@ -25,6 +25,9 @@ pub trait Harness {
     fn exhaust(&self, offering: &OfferingKey) -> impl std::future::Future<Output = ()>;
     /// Makes the next mutating call throttle.
     fn throttle(&self) -> impl std::future::Future<Output = ()>;
+    /// Makes the next launch call end after CreateFleet made the instances and before the
+    /// caller heard (or tagged them per claim): a crash mid-launch.
+    fn crash_after_fleet(&self) -> impl std::future::Future<Output = ()>;
     /// Puts a message in the queue.
     fn send(&self, body: &str) -> impl std::future::Future<Output = ()>;
     /// Lets `by` pass (on the queue's clock).
@@ -34,6 +37,7 @@ pub trait Harness {
 pub fn request(h: &impl Harness, claim: &str) -> LaunchRequest {
     LaunchRequest {
         claim: claim.to_string(),
+        batch: dovetail_core::ledger::LaunchBatch { id: format!("batch-{claim}"), claims: vec![claim.to_string()] },
         nodepool: "default".into(),
         node_class: h.node_class(),
         zone: h.zone().to_string(),
@@ -155,4 +159,89 @@ pub async fn queue_receive_delete_visibility(h: &impl Harness) {
     h.wait(Duration::from_secs(60)).await;
     let empty = within("receive", h.queue().receive(10, Duration::ZERO)).await.expect("receive");
     assert!(empty.is_empty(), "{empty:?}");
+}
+
+/// A merged launch cut off between CreateFleet and the per-claim tags, then re-driven claim
+/// by claim (grouped otherwise than the first call), leaves exactly one instance per claim:
+/// the batch's untagged instances are found by its tag and assigned before anything is
+/// launched. A lookup of a claim deleted mid-launch finds its instance the same way.
+pub async fn a_crash_after_create_fleet_and_a_regrouped_redrive_leave_one_instance_per_claim(h: &impl Harness) {
+    let prefix = format!("crash-{}", h.cluster());
+    let claims: Vec<String> = (0..3).map(|i| format!("{prefix}-{i}")).collect();
+    let batch = LaunchBatch { id: format!("{prefix}-batch"), claims: claims.clone() };
+    let requests: Vec<LaunchRequest> =
+        claims.iter().map(|c| LaunchRequest { batch: batch.clone(), ..request(h, c) }).collect();
+    h.crash_after_fleet().await;
+    let first = within("the cut-off launch", h.cloud().launch(&requests)).await;
+    assert!(first.iter().all(|r| r.is_err()), "the caller never heard: {first:?}");
+    // Regrouped: the last claim alone, then the first two together.
+    let mut got: Vec<(String, String)> = Vec::new();
+    for group in [&requests[2..3], &requests[0..2]] {
+        let results = within("the re-drive", h.cloud().launch(group)).await;
+        for (r, result) in group.iter().zip(results) {
+            let inst = result.unwrap_or_else(|e| panic!("re-drive of {}: {e}", r.claim));
+            assert_eq!(inst.claim.as_deref(), Some(r.claim.as_str()));
+            assert_eq!(inst.tags.get(TAG_LAUNCH_BATCH), Some(&batch.id));
+            got.push((r.claim.clone(), inst.id));
+        }
+    }
+    let mut ids: Vec<&str> = got.iter().map(|(_, i)| i.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "one instance per claim: {got:?}");
+    // Nothing more was made for the batch, and a repeat changes nothing.
+    let listed = within("list", h.cloud().list()).await.expect("list");
+    let of_batch: Vec<_> = listed.iter().filter(|i| i.tags.get(TAG_LAUNCH_BATCH) == Some(&batch.id)).collect();
+    assert_eq!(of_batch.len(), 3, "{of_batch:?}");
+    let again = within("a repeat", h.cloud().launch(&requests)).await;
+    for (r, result) in requests.iter().zip(again) {
+        let inst = result.expect("found");
+        assert!(got.iter().any(|(c, i)| c == &r.claim && *i == inst.id), "{} changed instance", r.claim);
+    }
+    let lookups: Vec<Lookup> = claims.iter().map(|c| Lookup { claim: c.clone(), batch: Some(batch.clone()) }).collect();
+    let found = within("find", h.cloud().find(&lookups)).await;
+    for (c, f) in claims.iter().zip(found) {
+        let inst = f.expect("find").expect("an instance");
+        assert!(got.iter().any(|(gc, i)| gc == c && *i == inst.id));
+        assert_eq!(inst.tags.get(TAG_NODECLAIM), Some(c));
+    }
+    let ids: Vec<String> = got.iter().map(|(_, i)| i.clone()).collect();
+    let done = within("terminate", h.cloud().terminate(&ids)).await;
+    assert!(done.iter().all(|r| r.is_ok()), "{done:?}");
+}
+
+/// A claim whose launch was cut off before its instance was tagged per claim is found by
+/// `find` through its batch (what terminating a claim deleted mid-launch relies on), and a
+/// claim with no instance anywhere is `None`.
+pub async fn find_locates_a_cut_off_launch_by_its_batch(h: &impl Harness) {
+    let claim = format!("find-{}", h.cluster());
+    let batch = LaunchBatch { id: format!("{claim}-batch"), claims: vec![claim.clone()] };
+    // Two claims merged, so the fleet call carries no per-claim tag.
+    let other = format!("{claim}-other");
+    let both = LaunchBatch { id: batch.id.clone(), claims: vec![claim.clone(), other.clone()] };
+    let requests = vec![
+        LaunchRequest { batch: both.clone(), ..request(h, &claim) },
+        LaunchRequest { batch: both.clone(), ..request(h, &other) },
+    ];
+    h.crash_after_fleet().await;
+    let first = within("the cut-off launch", h.cloud().launch(&requests)).await;
+    assert!(first.iter().all(|r| r.is_err()));
+    let found = within("find", h.cloud().find(&[Lookup { claim: claim.clone(), batch: Some(both.clone()) }])).await;
+    let inst = found.into_iter().next().expect("one").expect("find").expect("found by its batch");
+    assert_eq!(inst.claim.as_deref(), Some(claim.as_str()));
+    let none = within(
+        "find nothing",
+        h.cloud().find(&[Lookup {
+            claim: format!("{claim}-never"),
+            batch: Some(LaunchBatch { id: "never".into(), claims: vec![] }),
+        }]),
+    )
+    .await;
+    assert_eq!(none, vec![Ok(None)]);
+    let listed = within("list", h.cloud().list()).await.expect("list");
+    let ids: Vec<String> =
+        listed.iter().filter(|i| i.tags.get(TAG_LAUNCH_BATCH) == Some(&batch.id)).map(|i| i.id.clone()).collect();
+    assert_eq!(ids.len(), 2);
+    let done = within("terminate", h.cloud().terminate(&ids)).await;
+    assert!(done.iter().all(|r| r.is_ok()));
 }

@@ -1,12 +1,16 @@
-//! The in-memory cluster: the API server's objects with resource versions, change
-//! notifications, the eviction API with PodDisruptionBudgets and their status bookkeeping.
-//! The scheduler, registrar and workload controllers that play Kubernetes around it build on
-//! its inputs (`apply_*`, `bind`).
+//! The in-memory cluster: the API server's objects with resource versions (the cluster's and
+//! each object's), change notifications, writes with resource-version preconditions (and
+//! conflicts injected on demand, as a busy API server gives them), the status subresource,
+//! finalizers and deletion, the eviction API with PodDisruptionBudgets and their status
+//! bookkeeping, and Events. The scheduler, registrar and workload controllers that play
+//! Kubernetes around it build on its inputs (`apply_*`, `bind`).
 
 mod workloads;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use dovetail_core::cluster::UNREGISTERED_TAINT;
 use dovetail_core::node::Node;
 use dovetail_core::nodepool::NodePool;
 use dovetail_core::pod::{Pod, PodKey};
@@ -15,8 +19,11 @@ use tokio::sync::watch;
 
 #[cfg(test)]
 use crate::IntOrPercent;
-use crate::Pdb;
+use crate::{BoxFuture, Event, NodeUpdate, Pdb};
 use crate::{ClusterError, ClusterView, ClusterWriter, NodeClaim, NodeClaimStatus, Snapshot};
+
+/// Events kept (the newest), for tests and reports.
+const EVENTS_KEPT: usize = 10_000;
 
 pub use workloads::{Deployment, Job, JobStatus, Registrar, WorkloadStep, Workloads};
 
@@ -24,12 +31,18 @@ pub use workloads::{Deployment, Job, JobStatus, Registrar, WorkloadStep, Workloa
 pub struct SimCluster {
     state: Mutex<State>,
     tx: watch::Sender<u64>,
+    synced: AtomicBool,
 }
 
 struct State {
     objects: Snapshot,
     /// The last snapshot handed out, until the next change.
     shared: Option<Arc<Snapshot>>,
+    /// Conditional writes still to refuse with `Conflict` (another writer got there first).
+    conflicts: u32,
+    events: std::collections::VecDeque<Event>,
+    /// Writes made through the writer seam (the plane's API calls), by kind.
+    writes: std::collections::BTreeMap<&'static str, u64>,
 }
 
 impl Default for SimCluster {
@@ -40,22 +53,52 @@ impl Default for SimCluster {
 
 impl SimCluster {
     pub fn new() -> Self {
-        SimCluster { state: Mutex::new(State { objects: Snapshot::default(), shared: None }), tx: watch::channel(0).0 }
+        let state = State {
+            objects: Snapshot::default(),
+            shared: None,
+            conflicts: 0,
+            events: Default::default(),
+            writes: Default::default(),
+        };
+        SimCluster { state: Mutex::new(state), tx: watch::channel(0).0, synced: AtomicBool::new(true) }
+    }
+
+    /// Whether the view reports the initial lists in (a cache warming up says no).
+    pub fn set_synced(&self, synced: bool) {
+        self.synced.store(synced, Ordering::SeqCst);
+    }
+
+    /// The next `n` writes made from a read (with a resource-version precondition) fail
+    /// with `Conflict`, as when another writer changed the object in between.
+    pub fn inject_conflicts(&self, n: u32) {
+        self.lock().conflicts = n;
+    }
+
+    /// The Events recorded (the newest [`EVENTS_KEPT`]).
+    pub fn events(&self) -> Vec<Event> {
+        self.lock().events.iter().cloned().collect()
+    }
+
+    /// Writes made through the writer seam so far, by method.
+    pub fn writes(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.lock().writes.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Runs one change: bumps the resource version, keeps PDB status, notifies watchers.
-    fn change<T>(&self, f: impl FnOnce(&mut Snapshot) -> Result<T, ClusterError>) -> Result<u64, ClusterError> {
+    /// Runs one change: `f` gets the objects and the version this change makes (to stamp the
+    /// objects it changes with), then the resource version is bumped, PDB status kept and
+    /// watchers notified.
+    fn change<T>(&self, f: impl FnOnce(&mut Snapshot, u64) -> Result<T, ClusterError>) -> Result<u64, ClusterError> {
         let version = {
             let mut state = self.lock();
             let s = &mut state.objects;
-            f(s)?;
-            s.resource_version += 1;
+            let version = s.resource_version + 1;
+            f(s, version)?;
+            s.resource_version = version;
             refresh_pdbs(s);
-            let version = s.resource_version;
             state.shared = None;
             version
         };
@@ -63,9 +106,30 @@ impl SimCluster {
         Ok(version)
     }
 
+    /// A write through the writer seam: counted, and refused with `Conflict` while injected
+    /// conflicts last (`conditional`: it carries a precondition).
+    fn write<T>(
+        &self,
+        method: &'static str,
+        conditional: Option<(&'static str, &str)>,
+        f: impl FnOnce(&mut Snapshot, u64) -> Result<T, ClusterError>,
+    ) -> Result<u64, ClusterError> {
+        {
+            let mut state = self.lock();
+            *state.writes.entry(method).or_default() += 1;
+            if let Some((kind, name)) = conditional
+                && state.conflicts > 0
+            {
+                state.conflicts -= 1;
+                return Err(ClusterError::Conflict { kind, name: name.to_string() });
+            }
+        }
+        self.change(f)
+    }
+
     /// Creates or replaces a pod (a user, or a workload controller).
     pub fn apply_pod(&self, pod: Pod) -> u64 {
-        self.change(|s| {
+        self.change(|s, _| {
             s.pods.insert(pod.key.clone(), Arc::new(pod));
             Ok(())
         })
@@ -77,7 +141,7 @@ impl SimCluster {
         if pods.is_empty() {
             return self.lock().objects.resource_version;
         }
-        self.change(|s| {
+        self.change(|s, _| {
             for pod in pods {
                 s.pods.insert(pod.key.clone(), Arc::new(pod));
             }
@@ -92,16 +156,17 @@ impl SimCluster {
             return 0;
         }
         let mut gone = 0;
-        let _ = self.change(|s| {
+        let changed = self.change(|s, _| {
             gone = keys.iter().filter(|k| s.pods.remove(k).is_some()).count();
             Ok(())
         });
+        debug_assert!(changed.is_ok(), "an infallible change");
         gone
     }
 
     /// Binds a pending pod to a node (what kube-scheduler does).
     pub fn bind(&self, key: &PodKey, node: &str) -> Result<u64, ClusterError> {
-        self.change(|s| {
+        self.change(|s, _| {
             if !s.nodes.contains_key(node) {
                 return Err(not_found("node", node.to_string()));
             }
@@ -109,14 +174,17 @@ impl SimCluster {
             if pod.node_name.is_some() {
                 return Err(ClusterError::Conflict { kind: "pod", name: key.to_string() });
             }
-            Arc::make_mut(pod).node_name = Some(node.to_string());
+            let pod = Arc::make_mut(pod);
+            pod.node_name = Some(node.to_string());
+            pod.unschedulable = false;
             Ok(())
         })
     }
 
     /// Creates or replaces a node (the registrar, or a user's existing nodes).
-    pub fn apply_node(&self, node: Node) -> u64 {
-        self.change(|s| {
+    pub fn apply_node(&self, mut node: Node) -> u64 {
+        self.change(|s, v| {
+            node.resource_version = v;
             s.nodes.insert(node.name.clone(), Arc::new(node));
             Ok(())
         })
@@ -124,7 +192,7 @@ impl SimCluster {
     }
 
     pub fn apply_nodepool(&self, pool: NodePool) -> u64 {
-        self.change(|s| {
+        self.change(|s, _| {
             s.nodepools.insert(pool.name.clone(), Arc::new(pool));
             Ok(())
         })
@@ -133,7 +201,7 @@ impl SimCluster {
 
     /// Creates or replaces a DaemonSet (its pod template).
     pub fn apply_daemonset(&self, template: Pod) -> u64 {
-        self.change(|s| {
+        self.change(|s, _| {
             s.daemonsets.insert(template.key.clone(), Arc::new(template));
             Ok(())
         })
@@ -142,7 +210,7 @@ impl SimCluster {
 
     /// Creates or replaces a PDB; its status is computed here.
     pub fn apply_pdb(&self, pdb: Pdb) -> u64 {
-        self.change(|s| {
+        self.change(|s, _| {
             s.pdbs.insert(pdb.key.clone(), Arc::new(pdb));
             Ok(())
         })
@@ -163,17 +231,13 @@ pub struct Registration {
     pub allocatable: dovetail_core::resources::ResourceList,
 }
 
-/// The taint every node registers with until Karpenter (here: the NodeClaim lifecycle) has
-/// applied its NodeClaim's labels and taints.
-pub const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
-
 impl SimCluster {
     /// What a kubelet does when the instance boots (kwok-like): a Ready Node with the
     /// NodeClaim's labels, taints and startup taints, plus `karpenter.sh/unregistered:NoExecute`.
     /// `NotFound` when the NodeClaim is gone (the instance leaked); `AlreadyExists` when the
     /// node is there.
     pub fn register(&self, r: &Registration) -> Result<u64, ClusterError> {
-        self.change(|s| {
+        self.change(|s, v| {
             if s.nodes.contains_key(&r.node_name) {
                 return Err(ClusterError::AlreadyExists { kind: "node", name: r.node_name.clone() });
             }
@@ -195,6 +259,10 @@ impl SimCluster {
                 requirements: None,
                 unschedulable: false,
                 provider_id: Some(r.provider_id.clone()),
+                ready: true,
+                finalizers: Vec::new(),
+                deleting: false,
+                resource_version: v,
             };
             s.nodes.insert(node.name.clone(), Arc::new(node));
             Ok(())
@@ -215,11 +283,16 @@ impl SimCluster {
             .filter(|n| !n.unschedulable)
             .map(|n| Node { initialized: true, ..n.as_ref().clone() })
             .collect();
-        if nodes.is_empty() {
+        let pending: Vec<Pod> = snap
+            .pending()
+            .filter(|p| p.uses_default_scheduler() && !p.scheduling_gated)
+            .map(|p| p.as_ref().clone())
+            .collect();
+        if pending.is_empty() {
             return 0;
         }
-        let pending: Vec<Pod> = snap.pending().map(|p| p.as_ref().clone()).collect();
-        if pending.is_empty() {
+        if nodes.is_empty() {
+            self.mark_unschedulable(pending.iter().map(|p| &p.key));
             return 0;
         }
         let input = snap.scheduling_input(nodes, Vec::new());
@@ -227,16 +300,54 @@ impl SimCluster {
         // so a pass over 100,000 pods and 10,000 nodes is linear, not quadratic.
         let results = dovetail_core::scheduling::solve(&input, &pending, &Default::default());
         let mut bound = 0;
+        let mut placed = vec![false; pending.len()];
         for placement in &results.existing {
             let node = &input.nodes[placement.node].name;
             for &i in &placement.pods {
                 if self.bind(&pending[i].key, node).is_ok() {
                     bound += 1;
+                    placed[i] = true;
                 }
             }
         }
+        self.mark_unschedulable(pending.iter().zip(&placed).filter(|(_, p)| !**p).map(|(pod, _)| &pod.key));
         bound
     }
+
+    /// What kube-scheduler writes of a pod it could not place: `PodScheduled=False,
+    /// reason=Unschedulable` (only for its own pods, not gated or nominated ones).
+    fn mark_unschedulable<'a>(&self, keys: impl Iterator<Item = &'a PodKey>) {
+        let keys: Vec<&PodKey> = keys.collect();
+        let unmarked = {
+            let state = self.lock();
+            keys.iter().any(|k| state.objects.pods.get(*k).is_some_and(|p| markable(p)))
+        };
+        if !unmarked {
+            return;
+        }
+        let changed = self.change(|s, _| {
+            for k in keys {
+                if let Some(p) = s.pods.get_mut(k)
+                    && markable(p)
+                {
+                    Arc::make_mut(p).unschedulable = true;
+                }
+            }
+            Ok(())
+        });
+        debug_assert!(changed.is_ok(), "an infallible change");
+    }
+}
+
+/// Whether kube-scheduler would mark the pod unschedulable now (not marked yet).
+fn markable(p: &Pod) -> bool {
+    p.node_name.is_none()
+        && !p.unschedulable
+        && !p.terminal
+        && !p.deleting
+        && !p.scheduling_gated
+        && p.nominated_node.is_none()
+        && p.uses_default_scheduler()
 }
 
 fn not_found(kind: &'static str, name: String) -> ClusterError {
@@ -282,7 +393,7 @@ impl ClusterView for SimCluster {
     }
 
     fn synced(&self) -> bool {
-        true
+        self.synced.load(Ordering::SeqCst)
     }
 
     fn changes(&self) -> watch::Receiver<u64> {
@@ -290,42 +401,72 @@ impl ClusterView for SimCluster {
     }
 }
 
-impl ClusterWriter for SimCluster {
-    fn create_nodeclaim(&self, claim: NodeClaim) -> Result<u64, ClusterError> {
-        self.change(|s| {
+/// Deletes a node at version `v`: gone at once without finalizers, else marked.
+fn delete_node_in(s: &mut Snapshot, v: u64, name: &str) -> Result<(), ClusterError> {
+    let n = s.nodes.get_mut(name).ok_or_else(|| not_found("node", name.to_string()))?;
+    if n.finalizers.is_empty() {
+        s.nodes.remove(name);
+    } else if !n.deleting {
+        let n = Arc::make_mut(n);
+        n.deleting = true;
+        n.resource_version = v;
+    }
+    Ok(())
+}
+
+/// Deletes a NodeClaim at version `v`: gone at once without finalizers, else marked.
+fn delete_nodeclaim_in(s: &mut Snapshot, v: u64, name: &str) -> Result<(), ClusterError> {
+    let c = s.nodeclaims.get_mut(name).ok_or_else(|| not_found("nodeclaim", name.to_string()))?;
+    if c.finalizers.is_empty() {
+        s.nodeclaims.remove(name);
+    } else if !c.deleting {
+        let c = Arc::make_mut(c);
+        c.deleting = true;
+        c.resource_version = v;
+    }
+    Ok(())
+}
+
+/// A write made from a read: refused unless the object is still at that version.
+fn precondition(kind: &'static str, name: &str, have: u64, want: u64) -> Result<(), ClusterError> {
+    if have == want { Ok(()) } else { Err(ClusterError::Conflict { kind, name: name.to_string() }) }
+}
+
+impl SimCluster {
+    fn create_nodeclaim_now(&self, mut claim: NodeClaim) -> Result<u64, ClusterError> {
+        self.write("create_nodeclaim", None, |s, v| {
             if s.nodeclaims.contains_key(&claim.name) {
                 return Err(ClusterError::AlreadyExists { kind: "nodeclaim", name: claim.name.clone() });
             }
+            claim.resource_version = v;
+            claim.deleting = false;
             s.nodeclaims.insert(claim.name.clone(), Arc::new(claim));
             Ok(())
         })
     }
 
-    fn update_nodeclaim_status(&self, name: &str, status: NodeClaimStatus) -> Result<u64, ClusterError> {
-        self.change(|s| {
-            let c = s.nodeclaims.get_mut(name).ok_or_else(|| not_found("nodeclaim", name.to_string()))?;
-            Arc::make_mut(c).status = status;
-            Ok(())
-        })
+    fn nodeclaim_now(&self, name: &str) -> Result<Arc<NodeClaim>, ClusterError> {
+        self.lock().objects.nodeclaims.get(name).cloned().ok_or_else(|| not_found("nodeclaim", name.to_string()))
     }
 
-    fn delete_nodeclaim(&self, name: &str) -> Result<u64, ClusterError> {
-        self.change(|s| {
+    fn update_status_now(&self, name: &str, status: NodeClaimStatus, rv: u64) -> Result<u64, ClusterError> {
+        self.write("update_nodeclaim_status", Some(("nodeclaim", name)), |s, v| {
             let c = s.nodeclaims.get_mut(name).ok_or_else(|| not_found("nodeclaim", name.to_string()))?;
-            if c.finalizers.is_empty() {
-                s.nodeclaims.remove(name);
-            } else {
-                Arc::make_mut(c).deleting = true;
-            }
-            Ok(())
-        })
-    }
-
-    fn remove_nodeclaim_finalizer(&self, name: &str, finalizer: &str) -> Result<u64, ClusterError> {
-        self.change(|s| {
-            let c = s.nodeclaims.get_mut(name).ok_or_else(|| not_found("nodeclaim", name.to_string()))?;
+            precondition("nodeclaim", name, c.resource_version, rv)?;
             let c = Arc::make_mut(c);
-            c.finalizers.retain(|f| f != finalizer);
+            c.status = status;
+            c.resource_version = v;
+            Ok(())
+        })
+    }
+
+    fn update_finalizers_now(&self, name: &str, finalizers: Vec<String>, rv: u64) -> Result<u64, ClusterError> {
+        self.write("update_nodeclaim_finalizers", Some(("nodeclaim", name)), |s, v| {
+            let c = s.nodeclaims.get_mut(name).ok_or_else(|| not_found("nodeclaim", name.to_string()))?;
+            precondition("nodeclaim", name, c.resource_version, rv)?;
+            let c = Arc::make_mut(c);
+            c.finalizers = finalizers;
+            c.resource_version = v;
             if c.deleting && c.finalizers.is_empty() {
                 s.nodeclaims.remove(name);
             }
@@ -333,34 +474,36 @@ impl ClusterWriter for SimCluster {
         })
     }
 
-    fn set_node_taints(&self, node: &str, taints: Vec<Taint>) -> Result<u64, ClusterError> {
-        self.change(|s| {
-            let n = s.nodes.get_mut(node).ok_or_else(|| not_found("node", node.to_string()))?;
-            Arc::make_mut(n).taints = taints;
-            Ok(())
-        })
+    fn delete_nodeclaim_now(&self, name: &str) -> Result<u64, ClusterError> {
+        self.write("delete_nodeclaim", None, |s, v| delete_nodeclaim_in(s, v, name))
     }
 
-    fn label_node(&self, node: &str, labels: &[(String, String)]) -> Result<u64, ClusterError> {
-        self.change(|s| {
-            let n = Arc::make_mut(s.nodes.get_mut(node).ok_or_else(|| not_found("node", node.to_string()))?);
-            for (k, v) in labels {
-                n.labels.insert(k.clone(), v.clone());
+    fn node_now(&self, name: &str) -> Result<Arc<Node>, ClusterError> {
+        self.lock().objects.nodes.get(name).cloned().ok_or_else(|| not_found("node", name.to_string()))
+    }
+
+    fn update_node_now(&self, name: &str, update: NodeUpdate, rv: u64) -> Result<u64, ClusterError> {
+        self.write("update_node", Some(("node", name)), |s, v| {
+            let n = s.nodes.get_mut(name).ok_or_else(|| not_found("node", name.to_string()))?;
+            precondition("node", name, n.resource_version, rv)?;
+            let n = Arc::make_mut(n);
+            n.labels = update.labels;
+            n.taints = update.taints;
+            n.finalizers = update.finalizers;
+            n.resource_version = v;
+            if n.deleting && n.finalizers.is_empty() {
+                s.nodes.remove(name);
             }
             Ok(())
         })
     }
 
-    fn cordon(&self, node: &str, unschedulable: bool) -> Result<u64, ClusterError> {
-        self.change(|s| {
-            let n = s.nodes.get_mut(node).ok_or_else(|| not_found("node", node.to_string()))?;
-            Arc::make_mut(n).unschedulable = unschedulable;
-            Ok(())
-        })
+    fn delete_node_now(&self, name: &str) -> Result<u64, ClusterError> {
+        self.write("delete_node", None, |s, v| delete_node_in(s, v, name))
     }
 
-    fn evict(&self, pod: &PodKey) -> Result<u64, ClusterError> {
-        self.change(|s| {
+    fn evict_now(&self, pod: &PodKey) -> Result<u64, ClusterError> {
+        self.write("evict", None, |s, _| {
             let p = s.pods.get(pod).ok_or_else(|| not_found("pod", pod.to_string()))?;
             let counted = p.node_name.as_ref().is_some_and(|n| s.nodes.contains_key(n));
             if counted
@@ -375,12 +518,98 @@ impl ClusterWriter for SimCluster {
         })
     }
 
-    fn delete_pod(&self, key: &PodKey) -> Result<u64, ClusterError> {
-        self.change(|s| s.pods.remove(key).map(|_| ()).ok_or_else(|| not_found("pod", key.to_string())))
+    fn delete_pod_now(&self, key: &PodKey) -> Result<u64, ClusterError> {
+        self.write("delete_pod", None, |s, _| {
+            s.pods.remove(key).map(|_| ()).ok_or_else(|| not_found("pod", key.to_string()))
+        })
     }
 
-    fn delete_node(&self, node: &str) -> Result<u64, ClusterError> {
-        self.change(|s| s.nodes.remove(node).map(|_| ()).ok_or_else(|| not_found("node", node.to_string())))
+    /// Deletes a node as a user or the cloud node lifecycle controller does (held by its
+    /// finalizers, if any); not counted as the plane's write.
+    pub fn remove_node(&self, name: &str) -> Result<u64, ClusterError> {
+        self.change(|s, v| delete_node_in(s, v, name))
+    }
+
+    /// Deletes a NodeClaim as `kubectl delete nodeclaim` does (held by its finalizers).
+    pub fn remove_nodeclaim(&self, name: &str) -> Result<u64, ClusterError> {
+        self.change(|s, v| delete_nodeclaim_in(s, v, name))
+    }
+}
+
+impl ClusterWriter for SimCluster {
+    fn create_nodeclaim(&self, claim: NodeClaim) -> BoxFuture<'_, Result<u64, ClusterError>> {
+        let r = self.create_nodeclaim_now(claim);
+        Box::pin(async move { r })
+    }
+
+    fn get_nodeclaim<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Arc<NodeClaim>, ClusterError>> {
+        let r = self.nodeclaim_now(name);
+        Box::pin(async move { r })
+    }
+
+    fn update_nodeclaim_status<'a>(
+        &'a self,
+        name: &'a str,
+        status: NodeClaimStatus,
+        resource_version: u64,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>> {
+        let r = self.update_status_now(name, status, resource_version);
+        Box::pin(async move { r })
+    }
+
+    fn update_nodeclaim_finalizers<'a>(
+        &'a self,
+        name: &'a str,
+        finalizers: Vec<String>,
+        resource_version: u64,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>> {
+        let r = self.update_finalizers_now(name, finalizers, resource_version);
+        Box::pin(async move { r })
+    }
+
+    fn delete_nodeclaim<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, ClusterError>> {
+        let r = self.delete_nodeclaim_now(name);
+        Box::pin(async move { r })
+    }
+
+    fn get_node<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Arc<Node>, ClusterError>> {
+        let r = self.node_now(name);
+        Box::pin(async move { r })
+    }
+
+    fn update_node<'a>(
+        &'a self,
+        name: &'a str,
+        update: NodeUpdate,
+        resource_version: u64,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>> {
+        let r = self.update_node_now(name, update, resource_version);
+        Box::pin(async move { r })
+    }
+
+    fn delete_node<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, ClusterError>> {
+        let r = self.delete_node_now(name);
+        Box::pin(async move { r })
+    }
+
+    fn evict<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>> {
+        let r = self.evict_now(pod);
+        Box::pin(async move { r })
+    }
+
+    fn delete_pod<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>> {
+        let r = self.delete_pod_now(pod);
+        Box::pin(async move { r })
+    }
+
+    fn record_event(&self, event: Event) -> BoxFuture<'_, Result<(), ClusterError>> {
+        let mut state = self.lock();
+        *state.writes.entry("record_event").or_default() += 1;
+        if state.events.len() >= EVENTS_KEPT {
+            state.events.pop_front();
+        }
+        state.events.push_back(event);
+        Box::pin(async { Ok(()) })
     }
 }
 
@@ -388,8 +617,7 @@ impl ClusterWriter for SimCluster {
 mod tests {
     use super::*;
     use dovetail_core::labels::LabelSelector;
-    use dovetail_core::nodepool::{NodeClaimSpec, NodeClassRef};
-    use dovetail_core::requirements::Requirements;
+    use dovetail_core::nodepool::NodeClaimSpec;
     use dovetail_core::resources::{ResourceList, ResourceName};
     use std::collections::BTreeMap;
 
@@ -405,43 +633,80 @@ mod tests {
     fn claim(name: &str) -> NodeClaim {
         NodeClaim {
             name: name.into(),
-            spec: NodeClaimSpec {
-                nodepool: "default".into(),
-                labels: BTreeMap::new(),
-                annotations: BTreeMap::new(),
-                taints: Vec::new(),
-                startup_taints: Vec::new(),
-                requirements: Requirements::new(),
-                requests: ResourceList::new(),
-                node_class: NodeClassRef::default(),
-                expire_after: None,
-                termination_grace_period: None,
-            },
+            spec: NodeClaimSpec { nodepool: "default".into(), ..NodeClaimSpec::default() },
             finalizers: vec!["karpenter.sh/termination".into()],
             deleting: false,
             status: NodeClaimStatus::default(),
+            resource_version: 0,
         }
     }
 
-    #[test]
-    fn a_nodeclaim_is_created_once_and_goes_when_its_finalizer_does() {
+    #[tokio::test]
+    async fn a_nodeclaim_is_created_once_and_goes_when_its_finalizer_does() {
         let c = SimCluster::new();
         let mut changes = c.changes();
-        let v = c.create_nodeclaim(claim("default-abc")).expect("created");
+        let v = c.create_nodeclaim(claim("default-abc")).await.expect("created");
         assert_eq!(*changes.borrow_and_update(), v);
         assert_eq!(
-            c.create_nodeclaim(claim("default-abc")),
+            c.create_nodeclaim(claim("default-abc")).await,
             Err(ClusterError::AlreadyExists { kind: "nodeclaim", name: "default-abc".into() })
         );
-        c.delete_nodeclaim("default-abc").expect("marked");
-        assert!(c.snapshot().nodeclaims["default-abc"].deleting, "kept while finalized");
-        c.remove_nodeclaim_finalizer("default-abc", "karpenter.sh/termination").expect("finalizer");
+        c.delete_nodeclaim("default-abc").await.expect("marked");
+        let read = c.get_nodeclaim("default-abc").await.expect("read");
+        assert!(read.deleting, "kept while finalized");
+        c.update_nodeclaim_finalizers("default-abc", Vec::new(), read.resource_version).await.expect("finalizer");
         assert!(c.snapshot().nodeclaims.is_empty());
         assert!(changes.has_changed().unwrap_or(false));
     }
 
-    #[test]
-    fn evictions_respect_the_pdb_and_its_status_follows_the_pods() {
+    #[tokio::test]
+    async fn a_write_from_a_stale_read_is_a_conflict() {
+        let c = SimCluster::new();
+        c.create_nodeclaim(claim("default-abc")).await.expect("created");
+        let read = c.get_nodeclaim("default-abc").await.expect("read");
+        // Someone else writes in between.
+        c.update_nodeclaim_finalizers("default-abc", Vec::new(), read.resource_version).await.expect("first");
+        let mut status = read.status.clone();
+        status.node_name = Some("n".into());
+        assert_eq!(
+            c.update_nodeclaim_status("default-abc", status.clone(), read.resource_version).await,
+            Err(ClusterError::Conflict { kind: "nodeclaim", name: "default-abc".into() })
+        );
+        let fresh = c.get_nodeclaim("default-abc").await.expect("read");
+        c.update_nodeclaim_status("default-abc", status, fresh.resource_version).await.expect("from a fresh read");
+        let after = c.get_nodeclaim("default-abc").await.expect("read");
+        assert_eq!(after.status.node_name.as_deref(), Some("n"));
+        assert!(after.finalizers.is_empty(), "the status subresource leaves the rest as it was");
+        // An injected conflict, as a busy API server gives them.
+        c.inject_conflicts(1);
+        let status = after.status.clone();
+        assert!(matches!(
+            c.update_nodeclaim_status("default-abc", status.clone(), after.resource_version).await,
+            Err(ClusterError::Conflict { .. })
+        ));
+        c.update_nodeclaim_status("default-abc", status, after.resource_version).await.expect("the next one goes");
+    }
+
+    #[tokio::test]
+    async fn a_node_with_a_finalizer_stays_while_deleted_until_it_is_removed() {
+        let c = SimCluster::new();
+        c.apply_node(Node {
+            name: "n1".into(),
+            finalizers: vec!["karpenter.sh/termination".into()],
+            ..Node::default()
+        });
+        c.remove_node("n1").expect("deleted by hand");
+        let n = c.get_node("n1").await.expect("still there");
+        assert!(n.deleting);
+        let mut update = NodeUpdate::of(&n);
+        update.finalizers.clear();
+        c.update_node("n1", update, n.resource_version).await.expect("finalizer removed");
+        assert!(c.snapshot().nodes.is_empty(), "gone with its last finalizer");
+        assert!(c.writes().get("update_node").is_some_and(|n| *n == 1), "{:?}", c.writes());
+    }
+
+    #[tokio::test]
+    async fn evictions_respect_the_pdb_and_its_status_follows_the_pods() {
         let c = SimCluster::new();
         c.apply_node(Node { name: "n1".into(), ..Node::default() });
         for i in 0..3 {
@@ -456,27 +721,27 @@ mod tests {
             disruptions_allowed: 0,
         });
         assert_eq!(c.snapshot().pdbs[&PodKey::new("default", "web")].disruptions_allowed, 1);
-        c.evict(&PodKey::new("default", "web-0")).expect("one may go");
+        c.evict(&PodKey::new("default", "web-0")).await.expect("one may go");
         assert_eq!(
-            c.evict(&PodKey::new("default", "web-1")),
+            c.evict(&PodKey::new("default", "web-1")).await,
             Err(ClusterError::DisruptionBudget { pod: "default/web-1".into(), pdb: "default/web".into() })
         );
         // A replacement lands: one may go again.
         c.apply_pod(pod("web-3", "web"));
         c.bind(&PodKey::new("default", "web-3"), "n1").expect("bind");
-        c.evict(&PodKey::new("default", "web-1")).expect("allowed again");
+        c.evict(&PodKey::new("default", "web-1")).await.expect("allowed again");
         // Pods no PDB selects are always evictable.
         c.apply_pod(pod("batch-0", "batch"));
         c.bind(&PodKey::new("default", "batch-0"), "n1").expect("bind");
-        c.evict(&PodKey::new("default", "batch-0")).expect("no budget");
+        c.evict(&PodKey::new("default", "batch-0")).await.expect("no budget");
     }
 
-    #[test]
-    fn the_registrar_makes_an_unregistered_node_and_the_scheduler_binds_to_ready_ones() {
+    #[tokio::test]
+    async fn the_registrar_makes_an_unregistered_node_and_the_scheduler_binds_to_ready_ones() {
         let c = SimCluster::new();
         let mut nc = claim("default-x");
         nc.spec.labels.insert("team".into(), "web".into());
-        c.create_nodeclaim(nc).expect("claim");
+        c.create_nodeclaim(nc).await.expect("claim");
         let reg = Registration {
             claim: "default-x".into(),
             node_name: "ip-10-0-0-1".into(),
@@ -499,40 +764,71 @@ mod tests {
         assert_eq!(n.labels.get("team").map(String::as_str), Some("web"));
         assert_eq!(n.labels.get("karpenter.sh/nodepool").map(String::as_str), Some("default"));
         assert!(n.taints.iter().any(|t| t.key == UNREGISTERED_TAINT));
+        assert!(n.ready);
         // Leaked: no claim.
         let leaked = Registration { claim: "gone".into(), node_name: "ip-2".into(), ..reg.clone() };
         assert!(matches!(c.register(&leaked), Err(ClusterError::NotFound { .. })));
 
         c.apply_pod(pod("a", "web"));
         assert_eq!(c.schedule(), 0, "the unregistered taint keeps pods off");
-        c.set_node_taints("ip-10-0-0-1", Vec::new()).expect("registered by the lifecycle");
+        assert!(c.snapshot().pods[&PodKey::new("default", "a")].unschedulable, "marked as kube-scheduler marks it");
+        let mut update = NodeUpdate::of(&n);
+        update.taints.clear();
+        c.update_node("ip-10-0-0-1", update, n.resource_version).await.expect("registered by the lifecycle");
         assert_eq!(c.schedule(), 1);
         assert_eq!(c.snapshot().pods_on("ip-10-0-0-1").count(), 1);
-        // A pod too big for any node stays pending.
+        assert!(!c.snapshot().pods[&PodKey::new("default", "a")].unschedulable, "bound pods lose the mark");
+        // A pod too big for any node stays pending, marked; a gated one is not looked at.
         let mut big = pod("big", "web");
         big.requests = ResourceList::cpu_mem(64_000, 1 << 30);
         c.apply_pod(big);
+        let mut gated = pod("gated", "web");
+        gated.scheduling_gated = true;
+        c.apply_pod(gated);
+        let mut other = pod("other", "web");
+        other.scheduler_name = Some("my-scheduler".into());
+        c.apply_pod(other);
         assert_eq!(c.schedule(), 0);
-        assert_eq!(c.snapshot().pending().count(), 1);
+        let provisionable: Vec<String> = c.snapshot().provisionable().map(|p| p.key.name.clone()).collect();
+        assert_eq!(provisionable, vec!["big".to_string()]);
+        assert_eq!(c.snapshot().pending().count(), 3);
     }
 
-    #[test]
-    fn node_writes_and_binding() {
+    #[tokio::test]
+    async fn node_writes_and_binding() {
         let c = SimCluster::new();
-        assert!(matches!(c.cordon("nope", true), Err(ClusterError::NotFound { .. })));
+        assert!(matches!(c.get_node("nope").await, Err(ClusterError::NotFound { .. })));
         c.apply_node(Node { name: "n1".into(), ..Node::default() });
-        c.cordon("n1", true).expect("cordon");
-        c.label_node("n1", &[("karpenter.sh/initialized".into(), "true".into())]).expect("label");
-        c.set_node_taints("n1", Vec::new()).expect("taints");
+        let n = c.get_node("n1").await.expect("read");
+        let mut update = NodeUpdate::of(&n);
+        update.labels.insert("karpenter.sh/initialized".into(), "true".into());
+        c.update_node("n1", update, n.resource_version).await.expect("label");
         let s = c.snapshot();
-        assert!(s.nodes["n1"].unschedulable);
         assert_eq!(s.nodes["n1"].labels.get("karpenter.sh/initialized").map(String::as_str), Some("true"));
+        assert!(s.nodes["n1"].resource_version > n.resource_version, "each write stamps the object");
         c.apply_pod(pod("a", "x"));
         assert_eq!(c.snapshot().pending().count(), 1);
         c.bind(&PodKey::new("default", "a"), "n1").expect("bind");
         assert!(matches!(c.bind(&PodKey::new("default", "a"), "n1"), Err(ClusterError::Conflict { .. })));
         assert_eq!(c.snapshot().pods_on("n1").count(), 1);
-        c.delete_node("n1").expect("delete");
+        c.delete_node("n1").await.expect("delete");
         assert!(c.snapshot().nodes.is_empty());
+    }
+
+    #[tokio::test]
+    async fn events_are_kept_and_synced_can_be_withheld() {
+        let c = SimCluster::new();
+        assert!(c.synced());
+        c.set_synced(false);
+        assert!(!c.synced());
+        let e = Event {
+            kind: crate::ObjectKind::NodeClaim,
+            name: "default-abc".into(),
+            warning: true,
+            reason: "LivenessTimeout".into(),
+            message: "m".into(),
+        };
+        c.record_event(e.clone()).await.expect("recorded");
+        assert_eq!(c.events(), vec![e]);
     }
 }

@@ -238,7 +238,8 @@ impl Registrar {
         // One snapshot serves both: the nodes deleted here are not among `launched`.
         let snap = cluster.snapshot();
         for n in snap.nodes.values().filter(|n| n.provider_id.as_deref().is_some_and(|p| !live.contains(p))) {
-            if crate::ClusterWriter::delete_node(cluster, &n.name).is_ok() {
+            // As the cloud node lifecycle controller deletes it: held by its finalizers.
+            if !n.deleting && cluster.remove_node(&n.name).is_ok() {
                 self.deleted += 1;
             }
         }
@@ -260,7 +261,6 @@ impl Registrar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ClusterWriter;
     use dovetail_core::node::Node;
     use dovetail_core::resources::ResourceList;
 
@@ -288,7 +288,7 @@ mod tests {
         // Two are running; an evicted one is replaced.
         c.bind(&PodKey::new("default", "web-00000"), "n1").expect("bind");
         c.bind(&PodKey::new("default", "web-00003"), "n1").expect("bind");
-        c.evict(&PodKey::new("default", "web-00001")).expect("evict");
+        c.evict_now(&PodKey::new("default", "web-00001")).expect("evict");
         assert_eq!(w.step(&c, 2).created, 1);
         assert_eq!(owned(&c).len(), 4);
         // Down to 1: the pending ones go first, then the newer running one.
@@ -345,7 +345,7 @@ mod tests {
         for p in c.snapshot().pods.keys() {
             c.bind(p, "n1").expect("bind");
         }
-        c.delete_node("n1").expect("delete");
+        c.remove_node("n1").expect("delete");
         let s = w.step(&c, 1);
         assert_eq!((s.collected, s.created), (2, 2));
         assert_eq!(c.snapshot().pending().count(), 2);
@@ -354,26 +354,16 @@ mod tests {
     #[test]
     fn the_registrar_registers_after_the_delay_and_only_once() {
         let c = SimCluster::new();
-        let spec = dovetail_core::nodepool::NodeClaimSpec {
-            nodepool: "default".into(),
-            labels: Default::default(),
-            annotations: Default::default(),
-            taints: Vec::new(),
-            startup_taints: Vec::new(),
-            requirements: Default::default(),
-            requests: ResourceList::new(),
-            node_class: Default::default(),
-            expire_after: None,
-            termination_grace_period: None,
-        };
+        let spec = dovetail_core::nodepool::NodeClaimSpec { nodepool: "default".into(), ..Default::default() };
         let claim = crate::NodeClaim {
             name: "c1".into(),
             spec,
             finalizers: Vec::new(),
             deleting: false,
             status: Default::default(),
+            resource_version: 0,
         };
-        c.create_nodeclaim(claim).expect("claim");
+        c.create_nodeclaim_now(claim).expect("claim");
         let r = Registration {
             claim: "c1".into(),
             node_name: "ip-1".into(),

@@ -1,0 +1,165 @@
+//! The plane's settings, every window, interval, timeout, grace period, mailbox size and
+//! concurrency in one place, with documented defaults and [`Config::validate`].
+
+use std::time::Duration;
+
+use dovetail_core::plane::BatchWindow;
+use dovetail_core::scheduling::SolveOptions;
+
+use crate::feed::FeedConfig;
+
+/// A setting that cannot work, named.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid plane setting {field}: {reason}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+/// Mailbox sizes. Messages driven from outside (pending pods, launches) are sent with
+/// `try_send`; the policy at a full mailbox is each sender's (drop-and-resend for the feed,
+/// back to the queue for the Router, hold-and-retry for launches).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mailboxes {
+    pub router: usize,
+    pub pool: usize,
+    pub zone: usize,
+    pub feed: usize,
+}
+
+impl Default for Mailboxes {
+    fn default() -> Self {
+        Mailboxes { router: 1024, pool: 1024, zone: 1024, feed: 16 }
+    }
+}
+
+/// The effect executor's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecutorConfig {
+    /// Effects in flight at once (API calls), across the plane.
+    pub concurrency: usize,
+    /// How often a patch is re-read and re-applied after a `Conflict` before giving up (the
+    /// next reconcile asks again).
+    pub conflict_retries: u32,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig { concurrency: 64, conflict_retries: 5 }
+    }
+}
+
+/// A ZoneActor's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ZoneSettings {
+    /// Launches arriving within this window after the first go out as one call (Karpenter's
+    /// fleet batcher: 35 ms).
+    pub window: Duration,
+    /// How long an offering that had no capacity stays unavailable (Karpenter: 3 min).
+    pub ice_ttl: Duration,
+    /// The longest a throttled call waits before it is tried again, whatever retry-after the
+    /// cloud gave (the AWS SDKs cap their backoff at 20 s; a longer hint is probed).
+    pub max_retry_wait: Duration,
+}
+
+impl Default for ZoneSettings {
+    fn default() -> Self {
+        ZoneSettings {
+            window: Duration::from_millis(35),
+            ice_ttl: Duration::from_secs(180),
+            max_retry_wait: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Everything the plane's actors are configured with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The Router's batch window (Karpenter: 1 s idle, 10 s max).
+    pub window: BatchWindow,
+    /// How often each NodePoolActor reconciles its claims.
+    pub reconcile_every: Duration,
+    pub feed: FeedConfig,
+    pub zone: ZoneSettings,
+    pub mailboxes: Mailboxes,
+    pub executor: ExecutorConfig,
+    pub lifecycle: dovetail_core::lifecycle::Config,
+    /// How long a failed launch or termination (other than throttling) waits before it is
+    /// asked again.
+    pub retry_after_error: Duration,
+    /// How long a launched claim's traces wait for its pods to bind.
+    pub follow_for: Duration,
+    /// How often a round renames and re-proposes claims whose ids the ledger refused.
+    pub rename_attempts: u32,
+    pub solve: SolveOptions,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            window: BatchWindow::default(),
+            reconcile_every: Duration::from_secs(1),
+            feed: FeedConfig::default(),
+            zone: ZoneSettings::default(),
+            mailboxes: Mailboxes::default(),
+            executor: ExecutorConfig::default(),
+            lifecycle: dovetail_core::lifecycle::Config::default(),
+            retry_after_error: Duration::from_secs(5),
+            follow_for: Duration::from_secs(15 * 60),
+            rename_attempts: 3,
+            solve: SolveOptions::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Checks every setting; the error names the first that cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: &str| Err(ConfigError { field, reason: reason.to_string() });
+        if self.window.idle == 0 || self.window.max < self.window.idle {
+            return bad("window", "idle must be positive and at most max");
+        }
+        if self.reconcile_every.is_zero() {
+            return bad("reconcile_every", "must be positive");
+        }
+        if self.feed.tick.is_zero() || self.feed.resend.is_zero() {
+            return bad("feed", "tick and resend must be positive");
+        }
+        if self.zone.window.is_zero() {
+            return bad("zone.window", "must be positive");
+        }
+        let m = &self.mailboxes;
+        if m.router == 0 || m.pool == 0 || m.zone == 0 || m.feed == 0 {
+            return bad("mailboxes", "every mailbox needs room for one message");
+        }
+        if self.executor.concurrency == 0 {
+            return bad("executor.concurrency", "must be positive");
+        }
+        if self.zone.max_retry_wait.is_zero() || self.retry_after_error.is_zero() {
+            return bad("retries", "waits must be positive");
+        }
+        if self.rename_attempts == 0 {
+            return bad("rename_attempts", "must be positive");
+        }
+        self.lifecycle.validate().map_err(|reason| ConfigError { field: "lifecycle", reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_each_bad_setting_is_named() {
+        assert_eq!(Config::default().validate(), Ok(()));
+        let mut c = Config::default();
+        c.mailboxes.pool = 0;
+        assert_eq!(c.validate().map_err(|e| e.field), Err("mailboxes"));
+        let mut c = Config::default();
+        c.lifecycle.lost_grace = 0;
+        assert_eq!(c.validate().map_err(|e| e.field), Err("lifecycle"));
+        let mut c = Config::default();
+        c.window.idle = 0;
+        assert_eq!(c.validate().map_err(|e| e.field), Err("window"));
+    }
+}

@@ -1,0 +1,326 @@
+//! The effect executor: runs the cluster effects planners asked for, as async tasks off the
+//! actors' handlers, with bounded concurrency, fenced by the leader's term.
+//!
+//! **The fencing rule.** An effect runs only if the term its intent committed in is still
+//! current on this node ([`dovetail_raft::Leadership::is_current`]), checked right before
+//! each API call: a deposed leader's effects never reach the cluster, even those already
+//! queued. Patches are applied to a fresh read and written with that read's resource
+//! version as a precondition; a `Conflict` (someone wrote in between) is retried from a new
+//! read, a bounded number of times. A patch that changes nothing writes nothing. At most one
+//! effect of a key ([`Effect::key`]) is in flight: a planner that asks again while the first
+//! is under way is told [`Done::InFlight`].
+//!
+//! Effects of one claim run in the order planned (a node is tainted before it is drained);
+//! its evictions then go out together, and claims run side by side. Every failure is logged
+//! with the object and the action and counted ([`crate::errors::Errors`]).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use dovetail_cluster::{ClusterError, ClusterWriter, NodeUpdate};
+use dovetail_core::cluster::TERMINATION_FINALIZER;
+use dovetail_core::effect::{Action, Effect};
+use dovetail_core::ledger::Term;
+use dovetail_raft::Ledger;
+use tokio::sync::Semaphore;
+
+use crate::config::ExecutorConfig;
+use crate::errors::Errors;
+
+/// What became of one effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Done {
+    /// The cluster changed.
+    Applied,
+    /// Nothing to change (already so, or the object is gone).
+    Unchanged,
+    /// An effect of the same key is under way.
+    InFlight,
+    /// The term it was decided in is over: not run.
+    Fenced,
+    Failed(ClusterError),
+}
+
+/// The executor (cheap to clone: one per plane, shared by its actors).
+#[derive(Clone)]
+pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    writer: Arc<dyn ClusterWriter>,
+    ledger: Arc<dyn Ledger>,
+    permits: Arc<Semaphore>,
+    in_flight: Mutex<HashSet<String>>,
+    errors: Arc<Errors>,
+    cfg: ExecutorConfig,
+}
+
+impl Executor {
+    pub fn new(
+        writer: Arc<dyn ClusterWriter>,
+        ledger: Arc<dyn Ledger>,
+        errors: Arc<Errors>,
+        cfg: ExecutorConfig,
+    ) -> Self {
+        let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
+        Executor {
+            inner: Arc::new(Inner { writer, ledger, permits, in_flight: Mutex::new(HashSet::new()), errors, cfg }),
+        }
+    }
+
+    /// Runs cluster `effects` decided in `term` (cloud effects are the zone actors' and are
+    /// refused here) and returns each one's result, in order.
+    pub async fn run(&self, term: Term, effects: Vec<Effect>) -> Vec<(Effect, Done)> {
+        // Per claim, in the order planned.
+        let mut by_claim: BTreeMap<String, Vec<(usize, Effect)>> = BTreeMap::new();
+        for (i, e) in effects.into_iter().enumerate() {
+            by_claim.entry(e.claim.clone()).or_default().push((i, e));
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for (_, list) in by_claim {
+            let me = self.clone();
+            tasks.spawn(async move { me.run_claim(term, list).await });
+        }
+        let mut out: Vec<(usize, Effect, Done)> = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(results) => out.extend(results),
+                Err(e) => self.inner.errors.warn("execute", "task", "effects", &e),
+            }
+        }
+        out.sort_by_key(|(i, _, _)| *i);
+        out.into_iter().map(|(_, e, d)| (e, d)).collect()
+    }
+
+    /// Runs one effect now (in the caller's task).
+    pub async fn run_one(&self, term: Term, effect: &Effect) -> Done {
+        let key = effect.key();
+        {
+            let mut f = self.inner.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !f.insert(key.clone()) {
+                return Done::InFlight;
+            }
+        }
+        let done = self.fenced(term, effect).await;
+        self.inner.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
+        done
+    }
+
+    async fn run_claim(&self, term: Term, list: Vec<(usize, Effect)>) -> Vec<(usize, Effect, Done)> {
+        let (pods, rest): (Vec<_>, Vec<_>) =
+            list.into_iter().partition(|(_, e)| matches!(e.action, Action::Evict(_) | Action::DeletePod(_)));
+        let mut out = Vec::with_capacity(pods.len() + rest.len());
+        for (i, e) in rest {
+            let done = self.run_one(term, &e).await;
+            out.push((i, e, done));
+        }
+        // A drain step's evictions go out together (within the plane's bound).
+        let mut evictions = tokio::task::JoinSet::new();
+        for (i, e) in pods {
+            let me = self.clone();
+            evictions.spawn(async move {
+                let done = me.run_one(term, &e).await;
+                (i, e, done)
+            });
+        }
+        while let Some(done) = evictions.join_next().await {
+            match done {
+                Ok(r) => out.push(r),
+                Err(e) => self.inner.errors.warn("evict", "task", "pods", &e),
+            }
+        }
+        out
+    }
+
+    /// Checks the term, takes a permit, runs, and sees the error.
+    async fn fenced(&self, term: Term, effect: &Effect) -> Done {
+        let current = self.inner.ledger.leadership().borrow().clone();
+        if !current.is_current(term) {
+            self.inner.errors.note(
+                effect.kind(),
+                "fenced",
+                &effect.claim,
+                &format!("decided in term {term}, now {}", current.term),
+            );
+            return Done::Fenced;
+        }
+        let Ok(_permit) = self.inner.permits.clone().acquire_owned().await else {
+            return Done::Failed(ClusterError::Unavailable { reason: "the executor is closed".into() });
+        };
+        match self.execute(effect).await {
+            Ok(true) => Done::Applied,
+            Ok(false) => Done::Unchanged,
+            Err(e) => {
+                let object = object_of(effect);
+                match &e {
+                    // Expected now and then: a PDB holds the pod, a conflict outlived the retries.
+                    ClusterError::DisruptionBudget { .. } | ClusterError::Conflict { .. } => {
+                        self.inner.errors.note(effect.kind(), e.kind(), &object, &e)
+                    }
+                    _ => self.inner.errors.warn(effect.kind(), e.kind(), &object, &e),
+                }
+                Done::Failed(e)
+            }
+        }
+    }
+
+    /// One effect; whether it changed the cluster.
+    async fn execute(&self, effect: &Effect) -> Result<bool, ClusterError> {
+        let w = &self.inner.writer;
+        let claim = effect.claim.as_str();
+        let gone_is_fine = |r: Result<u64, ClusterError>| match r {
+            Ok(_) => Ok(true),
+            Err(ClusterError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        };
+        match &effect.action {
+            Action::CreateNodeClaim(nc) => match w.create_nodeclaim(nc.as_ref().clone()).await {
+                Ok(_) => Ok(true),
+                Err(ClusterError::AlreadyExists { .. }) => Ok(false),
+                Err(e) => Err(e),
+            },
+            Action::PatchStatus(patch) => {
+                self.retrying(|| async {
+                    let nc = match w.get_nodeclaim(claim).await {
+                        Ok(nc) => nc,
+                        Err(ClusterError::NotFound { .. }) => return Ok(false),
+                        Err(e) => return Err(e),
+                    };
+                    let Some(status) = patch.apply(&nc.status) else { return Ok(false) };
+                    w.update_nodeclaim_status(claim, status, nc.resource_version).await.map(|_| true)
+                })
+                .await
+            }
+            Action::DeleteNodeClaim => gone_is_fine(w.delete_nodeclaim(claim).await),
+            Action::RemoveFinalizer => {
+                self.retrying(|| async {
+                    let nc = match w.get_nodeclaim(claim).await {
+                        Ok(nc) => nc,
+                        Err(ClusterError::NotFound { .. }) => return Ok(false),
+                        Err(e) => return Err(e),
+                    };
+                    if !nc.finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
+                        return Ok(false);
+                    }
+                    let kept: Vec<String> =
+                        nc.finalizers.iter().filter(|f| *f != TERMINATION_FINALIZER).cloned().collect();
+                    w.update_nodeclaim_finalizers(claim, kept, nc.resource_version).await.map(|_| true)
+                })
+                .await
+            }
+            Action::PatchNode { node, patch } => {
+                self.retrying(|| async {
+                    let n = match w.get_node(node).await {
+                        Ok(n) => n,
+                        Err(ClusterError::NotFound { .. }) => return Ok(false),
+                        Err(e) => return Err(e),
+                    };
+                    let Some(patched) = patch.apply(&n) else { return Ok(false) };
+                    w.update_node(node, NodeUpdate::of(&patched), n.resource_version).await.map(|_| true)
+                })
+                .await
+            }
+            Action::DeleteNode { node } => gone_is_fine(w.delete_node(node).await),
+            Action::Evict(pod) => gone_is_fine(w.evict(pod).await),
+            Action::DeletePod(pod) => gone_is_fine(w.delete_pod(pod).await),
+            Action::Event(e) => w.record_event(e.clone()).await.map(|()| true),
+            Action::Launch { .. } | Action::Terminate { .. } => {
+                Err(ClusterError::Unavailable { reason: format!("{} is a cloud effect", effect.kind()) })
+            }
+        }
+    }
+
+    /// Runs a read-modify-write until it is not refused with `Conflict`, at most
+    /// `conflict_retries` times more.
+    async fn retrying<F, Fut>(&self, mut attempt: F) -> Result<bool, ClusterError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, ClusterError>>,
+    {
+        let mut left = self.inner.cfg.conflict_retries;
+        loop {
+            match attempt().await {
+                Err(ClusterError::Conflict { .. }) if left > 0 => left -= 1,
+                r => return r,
+            }
+        }
+    }
+}
+
+/// The object an effect writes, for logs.
+fn object_of(e: &Effect) -> String {
+    match &e.action {
+        Action::PatchNode { node, .. } | Action::DeleteNode { node } => format!("node/{node}"),
+        Action::Evict(p) | Action::DeletePod(p) => format!("pod/{p}"),
+        Action::Event(ev) => format!("event/{}", ev.name),
+        _ => format!("nodeclaim/{}", e.claim),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dovetail_cluster::sim::SimCluster;
+    use dovetail_cluster::{ClusterView, NodePatch};
+    use dovetail_core::node::Node;
+    use dovetail_core::taints::{Effect as TaintEffect, Taint};
+    use dovetail_raft::InProcess;
+
+    fn setup() -> (Arc<SimCluster>, Arc<InProcess>, Executor, Arc<Errors>) {
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        let errors = Arc::new(Errors::new());
+        let ex = Executor::new(cluster.clone(), ledger.clone(), errors.clone(), ExecutorConfig::default());
+        (cluster, ledger, ex, errors)
+    }
+
+    fn taint_node(node: &str) -> Effect {
+        let patch = NodePatch {
+            add_taints: vec![Taint::new("karpenter.sh/disrupted", "", TaintEffect::NoSchedule)],
+            ..NodePatch::default()
+        };
+        Effect::new("default-abcde", Action::PatchNode { node: node.into(), patch })
+    }
+
+    #[tokio::test]
+    async fn a_conflict_is_retried_from_a_fresh_read_and_what_others_wrote_stays() {
+        let (cluster, _, ex, errors) = setup();
+        let other = Taint::new("node.kubernetes.io/unreachable", "", TaintEffect::NoExecute);
+        cluster.apply_node(Node { name: "n1".into(), taints: vec![other.clone()], ..Node::default() });
+        cluster.inject_conflicts(2);
+        let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
+        assert_eq!(done[0].1, Done::Applied);
+        let taints = cluster.snapshot().nodes["n1"].taints.clone();
+        assert!(taints.contains(&other), "the other writer's taint stays");
+        assert!(taints.iter().any(|t| t.key == "karpenter.sh/disrupted"));
+        assert_eq!(cluster.writes().get("update_node"), Some(&3), "two conflicts, then the write");
+        assert!(errors.counts().is_empty(), "resolved conflicts are not errors");
+        // Applied again: nothing to write.
+        let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
+        assert_eq!(done[0].1, Done::Unchanged);
+        assert_eq!(cluster.writes().get("update_node"), Some(&3));
+    }
+
+    #[tokio::test]
+    async fn effects_of_a_stale_term_never_run() {
+        let (cluster, ledger, ex, errors) = setup();
+        cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+        ledger.elect(0);
+        let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
+        assert_eq!(done[0].1, Done::Fenced);
+        assert!(cluster.snapshot().nodes["n1"].taints.is_empty());
+        assert!(cluster.writes().is_empty(), "no API call at all");
+        assert_eq!(errors.counts().get("patch_node/fenced"), Some(&1));
+    }
+
+    #[tokio::test]
+    async fn a_conflict_that_outlives_the_retries_fails_and_is_counted() {
+        let (cluster, _, ex, errors) = setup();
+        cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+        cluster.inject_conflicts(100);
+        let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
+        assert!(matches!(done[0].1, Done::Failed(ClusterError::Conflict { .. })));
+        assert_eq!(errors.counts().get("patch_node/conflict"), Some(&1));
+    }
+}

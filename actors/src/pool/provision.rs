@@ -1,0 +1,334 @@
+//! A provisioning round: the planner runs on the blocking pool, the round is reserved in one
+//! ledger entry (ids the ledger refuses as live are renamed and proposed again), the granted
+//! claims' NodeClaims are created by the executor in the term the reservation committed in,
+//! and each created claim is handed to its zone's actor at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use actix::prelude::*;
+use dovetail_cloud::{LaunchBatch, LaunchRequest};
+use dovetail_cluster::ClusterView;
+use dovetail_core::clock::Clock;
+use dovetail_core::effect::{Action, Effect};
+use dovetail_core::ledger::{Command, Denial, Entry, Offering, Outcome, Step, Term};
+use dovetail_core::plane::{Names, capacity_types, launch_order};
+use dovetail_core::pod::Pod;
+use dovetail_core::provisioning::{PlannedClaim, RoundInput, plan_round, rename};
+use dovetail_core::scheduling::PoolInput;
+use dovetail_raft::{Ledger, read_with};
+
+use super::{NodePoolActor, Traced};
+use crate::config::Config;
+use crate::errors::Errors;
+use crate::executor::{Done, Executor};
+use crate::trace::{self, Cause};
+use crate::zone::Launch;
+
+/// Pods for the pool to place on new capacity.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Provision {
+    pub pods: Vec<Pod>,
+    /// The trace of each pod's decision, parallel to `pods` (empty when untraced).
+    pub causes: Vec<Cause>,
+}
+
+/// What a round came to.
+struct RoundDone {
+    pods: Vec<Pod>,
+    /// Claims reserved and created, to launch.
+    created: Vec<PlannedClaim>,
+    /// Pods (indices) not placed, with why.
+    unplaced: Vec<(usize, String)>,
+    granted: usize,
+    renamed: u64,
+}
+
+/// What a round needs, off the actor.
+struct RoundCtx {
+    pool: PoolInput,
+    zones: Vec<String>,
+    view: Arc<dyn ClusterView>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    executor: Executor,
+    errors: Arc<Errors>,
+    cfg: Arc<Config>,
+    busy: Arc<Mutex<BTreeSet<String>>>,
+    term: Term,
+    seed: u64,
+}
+
+impl Handler<Provision> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Provision, ctx: &mut Context<Self>) {
+        self.round += 1;
+        self.stats.rounds += 1;
+        let leadership = self.ledger.leadership().borrow().clone();
+        if !leadership.leader {
+            // The leader's plane provisions; these pods stay pending for it.
+            return;
+        }
+        // The round's span in each traced decision, and each pod's.
+        let rounds: Vec<(Cause, tracing::Span)> = trace::distinct(&msg.causes)
+            .into_iter()
+            .map(|cause| {
+                let span = tracing::info_span!(
+                    parent: None,
+                    "nodepool.provision",
+                    nodepool = %self.pool.name,
+                    round = self.round,
+                    round.pods = msg.pods.len(),
+                    pods = msg.causes.iter().filter(|c| c.span_id() == cause.span_id()).count(),
+                    claims = tracing::field::Empty,
+                    claims.granted = tracing::field::Empty,
+                );
+                cause.adopt(&span);
+                (cause, span)
+            })
+            .collect();
+        let round_causes: Vec<Cause> = rounds.iter().map(|(_, s)| Cause::of(s)).collect();
+        let pod_causes: Vec<Cause> = (0..msg.pods.len())
+            .map(|i| {
+                let cause = trace::cause_at(&msg.causes, i);
+                rounds
+                    .iter()
+                    .position(|(c, _)| cause.is_traced() && c.span_id() == cause.span_id())
+                    .map(|k| round_causes[k].clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let simulating: Vec<tracing::Span> = rounds
+            .iter()
+            .map(|(_, r)| tracing::info_span!(parent: r, "nodepool.simulate", nodepool = %self.pool.name))
+            .collect();
+        let reserving: Vec<tracing::Span> = rounds
+            .iter()
+            .map(|(_, r)| {
+                tracing::info_span!(parent: r, "ledger.reserve", nodepool = %self.pool.name, claims = tracing::field::Empty, claims.granted = tracing::field::Empty)
+            })
+            .collect();
+        let rc = RoundCtx {
+            pool: PoolInput { pool: self.pool.clone(), instance_types: self.types.clone() },
+            zones: self.zones.keys().cloned().collect(),
+            view: self.view.clone(),
+            ledger: self.ledger.clone(),
+            clock: self.clock.clone(),
+            executor: self.executor.clone(),
+            errors: self.errors.clone(),
+            cfg: self.cfg.clone(),
+            busy: self.busy.clone(),
+            term: leadership.term,
+            seed: self.names.next_u64(),
+        };
+        let work = round(rc, msg.pods, simulating);
+        ctx.spawn(work.into_actor(self).map(move |done, act, ctx| {
+            for (_, r) in &rounds {
+                r.record("claims", done.created.len());
+                r.record("claims.granted", done.granted);
+            }
+            for span in &reserving {
+                span.record("claims", done.created.len());
+                span.record("claims.granted", done.granted);
+            }
+            drop(reserving);
+            act.stats.renamed += done.renamed;
+            let mut pods_of_round = done.pods;
+            let mut unplaced = Traced::default();
+            for (i, _) in &done.unplaced {
+                unplaced.push(std::mem::take(&mut pods_of_round[*i]), pod_causes[*i].clone());
+            }
+            let reason = done
+                .unplaced
+                .first()
+                .map_or_else(|| "nodepool limits, global caps or no launchable type".to_string(), |(_, r)| r.clone());
+            for c in done.created {
+                act.stats.claims_created += 1;
+                let mut pods = Traced::default();
+                for &p in &c.pods {
+                    pods.push(std::mem::take(&mut pods_of_round[p]), pod_causes[p].clone());
+                }
+                let causes = trace::distinct(&pods.causes);
+                let id = c.reserve.id.clone();
+                act.pods.insert(id.clone(), pods);
+                let request = act.launch_request(&c.nodeclaim, &c.reserve.zone, LaunchBatch::default());
+                act.send_launch(ctx, request, causes);
+                if let Ok(mut busy) = act.busy.lock() {
+                    busy.remove(&id);
+                }
+            }
+            act.give_back(unplaced, reason);
+            // A launch the zone's mailbox refused is asked again by the reconcile.
+            act.reconcile(ctx);
+        }));
+    }
+}
+
+impl NodePoolActor {
+    /// The launch of a claim, from its NodeClaim.
+    pub(super) fn launch_request(
+        &self,
+        nc: &dovetail_core::cluster::NodeClaim,
+        zone: &str,
+        batch: LaunchBatch,
+    ) -> LaunchRequest {
+        let reqs = &nc.spec.requirements;
+        let cts = capacity_types(reqs);
+        // Cheapest first: the provider sends the first 60 (Karpenter's) to CreateFleet.
+        let names = reqs.get(dovetail_core::labels::INSTANCE_TYPE).values().to_vec();
+        LaunchRequest {
+            claim: nc.name.clone(),
+            batch,
+            nodepool: self.pool.name.clone(),
+            node_class: self.node_class.clone(),
+            zone: zone.to_string(),
+            instance_types: launch_order(&self.types, &names, zone, &cts),
+            capacity_types: cts,
+            labels: nc.spec.labels.clone(),
+            tags: BTreeMap::new(),
+        }
+    }
+
+    /// Hands a launch to its zone's actor: `try_send`; a full mailbox leaves it for the next
+    /// reconcile (backpressure: the pool does not queue launches of its own).
+    pub(super) fn send_launch(&mut self, ctx: &mut Context<Self>, request: LaunchRequest, causes: Vec<Cause>) -> bool {
+        let claim = request.claim.clone();
+        let Some(zone) = self.zones.get(&request.zone) else {
+            self.errors.warn("launch", "no_zone_actor", &format!("nodeclaim/{claim}"), &request.zone);
+            return false;
+        };
+        let msg = Launch { requests: vec![request], causes, reply: ctx.address().recipient() };
+        match zone.try_send(msg) {
+            Ok(()) => {
+                let now = self.now();
+                self.launching.insert(claim, now);
+                true
+            }
+            Err(e) => {
+                let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
+                self.errors.note("launch", kind, &format!("nodeclaim/{claim}"), &"asked again on the next reconcile");
+                false
+            }
+        }
+    }
+}
+
+/// Plans, reserves and creates one round.
+async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> RoundDone {
+    let now = rc.clock.now_millis();
+    let pool_name = rc.pool.pool.name.clone();
+    let unavailable: BTreeSet<Offering> =
+        match read_with(&*rc.ledger, move |s| s.unavailable(now).cloned().collect()).await {
+            Ok(u) => u,
+            Err(e) => {
+                rc.errors.warn("read_ice_marks", "ledger", &pool_name, &e);
+                BTreeSet::new()
+            }
+        };
+    let snapshot = rc.view.snapshot();
+    let (pool, zones, solve) = (rc.pool.clone(), rc.zones.clone(), rc.cfg.solve.clone());
+    let seed = rc.seed;
+    let planned = tokio::task::spawn_blocking(move || {
+        let mut names = Names::new(seed);
+        let input = RoundInput {
+            pool: &pool,
+            cluster: &snapshot,
+            pods: &pods,
+            zones: &zones,
+            unavailable: &unavailable,
+            opts: &solve,
+        };
+        let round = plan_round(&input, &mut names);
+        (round, pods, names)
+    })
+    .await;
+    drop(simulating);
+    let (plan, pods, mut names) = match planned {
+        Ok(p) => p,
+        Err(e) => {
+            rc.errors.warn("plan_round", "panic", &pool_name, &e);
+            return RoundDone { pods: Vec::new(), created: Vec::new(), unplaced: Vec::new(), granted: 0, renamed: 0 };
+        }
+    };
+    let mut unplaced = plan.unplaced;
+    let mut claims = plan.claims;
+    let mut granted: Vec<PlannedClaim> = Vec::new();
+    let mut renamed = 0u64;
+    for attempt in 0..rc.cfg.rename_attempts {
+        if claims.is_empty() {
+            break;
+        }
+        let reserve =
+            Command::Reserve { pool: pool_name.clone(), claims: claims.iter().map(|c| c.reserve.clone()).collect() };
+        let outcome = match rc.ledger.propose(Entry { term: rc.term, at: now, command: reserve }).await {
+            Ok(c) => c.outcome,
+            Err(e) => {
+                rc.errors.warn("reserve", "ledger", &pool_name, &e);
+                break;
+            }
+        };
+        let Outcome::Reserved { granted: g, denied } = outcome else {
+            rc.errors.note("reserve", "fenced", &pool_name, &format!("{outcome:?}"));
+            break;
+        };
+        let g: BTreeSet<String> = g.into_iter().collect();
+        let duplicate: BTreeSet<String> =
+            denied.iter().filter(|(_, d)| *d == Denial::DuplicateId).map(|(id, _)| id.clone()).collect();
+        let mut next = Vec::new();
+        for c in claims {
+            if g.contains(&c.reserve.id) {
+                granted.push(c);
+            } else if duplicate.contains(&c.reserve.id) && attempt + 1 < rc.cfg.rename_attempts {
+                next.push(c);
+            } else {
+                let why = denied
+                    .iter()
+                    .find(|(id, _)| *id == c.reserve.id)
+                    .map_or_else(|| "not granted".to_string(), |(_, d)| d.to_string());
+                unplaced.extend(c.pods.iter().map(|&p| (p, why.clone())));
+            }
+        }
+        renamed += next.len() as u64;
+        rename(&mut next, &duplicate, &mut names);
+        claims = next;
+    }
+    for c in claims {
+        unplaced.extend(c.pods.iter().map(|&p| (p, "the ledger did not reserve it".to_string())));
+    }
+    let count = granted.len();
+    if let Ok(mut busy) = rc.busy.lock() {
+        busy.extend(granted.iter().map(|c| c.reserve.id.clone()));
+    }
+    // The NodeClaims, created in the term the reservation committed in.
+    let effects: Vec<Effect> = granted
+        .iter()
+        .map(|c| Effect::new(&c.reserve.id, Action::CreateNodeClaim(Box::new(c.nodeclaim.clone()))))
+        .collect();
+    let results = rc.executor.run(rc.term, effects).await;
+    let mut created = Vec::with_capacity(granted.len());
+    let mut gone = Vec::new();
+    for (c, (_, done)) in granted.into_iter().zip(results) {
+        match done {
+            Done::Applied | Done::Unchanged | Done::InFlight => created.push(c),
+            _ => {
+                // Not created: released, its pods back to the Router.
+                unplaced.extend(c.pods.iter().map(|&p| (p, "its NodeClaim could not be created".to_string())));
+                gone.push((c.reserve.id.clone(), Step::Gone));
+            }
+        }
+    }
+    if let Ok(mut busy) = rc.busy.lock() {
+        for (id, _) in &gone {
+            busy.remove(id);
+        }
+    }
+    if !gone.is_empty() {
+        let release = Command::Advance { steps: gone };
+        if let Err(e) = rc.ledger.propose(Entry { term: rc.term, at: rc.clock.now_millis(), command: release }).await {
+            rc.errors.warn("release", "ledger", &pool_name, &e);
+        }
+    }
+    RoundDone { pods, created, unplaced, granted: count, renamed }
+}

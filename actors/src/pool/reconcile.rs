@@ -1,0 +1,282 @@
+//! The lifecycle, reconciled: `core::lifecycle::reconcile` plans on the blocking pool from the
+//! pool's claims (read from the ledger) and a snapshot of the cluster; the plan's steps are
+//! proposed in one entry in the term the ledger was read in; once they committed (and only
+//! then), the plan's effects run: cluster effects on the executor, launches and
+//! terminations on the zone actors. Effects of a claim whose step the ledger rejected are
+//! dropped; a fenced entry drops them all.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use dovetail_cluster::Snapshot;
+use dovetail_core::effect::{Action, Effect};
+use dovetail_core::ledger::{BatchRecord, Claim, Command, Entry, Offering, Outcome, Step, Term};
+use dovetail_core::lifecycle::{Input, Memory, Plan, reconcile};
+use dovetail_raft::read_with;
+
+use super::NodePoolActor;
+use crate::executor::Done;
+use crate::trace;
+use crate::zone::Terminate;
+
+/// Reconcile now (the actor's timer does it every `reconcile_every`; drivers and tests may
+/// ask sooner).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Reconcile;
+
+impl Handler<Reconcile> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Reconcile, ctx: &mut Context<Self>) {
+        self.reconcile(ctx);
+    }
+}
+
+/// What a reconcile read and planned.
+struct Planned {
+    plan: Plan,
+    memory: Memory,
+    snapshot: Arc<Snapshot>,
+    synced: bool,
+}
+
+impl NodePoolActor {
+    /// Starts a reconcile unless one is under way (its plan reads the latest state anyway).
+    pub(super) fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        let leadership = self.ledger.leadership().borrow().clone();
+        if !leadership.leader {
+            return;
+        }
+        let Some(memory) = self.memory.take() else { return };
+        let term = leadership.term;
+        let (ledger, view, clock, errors) =
+            (self.ledger.clone(), self.view.clone(), self.clock.clone(), self.errors.clone());
+        let (pool, types, zones, cfg, busy) = (
+            self.pool.name.clone(),
+            self.types.clone(),
+            self.zones.keys().cloned().collect::<Vec<_>>(),
+            self.cfg.clone(),
+            self.busy.clone(),
+        );
+        let work = async move {
+            let now = clock.now_millis();
+            let name = pool.clone();
+            let read = read_with(&*ledger, move |s| {
+                let claims: Vec<Claim> = s.claims_of(&name).cloned().collect();
+                let ids: BTreeSet<&str> = claims.iter().filter_map(|c| c.state.batch()).collect();
+                let batches: BTreeMap<String, BatchRecord> = s
+                    .batches()
+                    .iter()
+                    .filter(|(id, _)| ids.contains(id.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let unavailable: BTreeSet<Offering> = s.unavailable(now).cloned().collect();
+                (claims, batches, unavailable)
+            })
+            .await;
+            let (claims, batches, unavailable) = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    errors.warn("read_claims", "ledger", &pool, &e);
+                    return Err(memory);
+                }
+            };
+            let snapshot = view.snapshot();
+            let synced = view.synced();
+            let busy: BTreeSet<String> = busy.lock().map(|b| b.clone()).unwrap_or_default();
+            let planned = tokio::task::spawn_blocking(move || {
+                let mut memory = memory;
+                let input = Input {
+                    pool: &pool,
+                    claims: &claims,
+                    batches: &batches,
+                    snapshot: &snapshot,
+                    synced,
+                    now,
+                    types: &types,
+                    zones: &zones,
+                    unavailable: &unavailable,
+                    busy: &busy,
+                };
+                let plan = reconcile(&input, &cfg.lifecycle, &mut memory);
+                Planned { plan, memory, snapshot, synced }
+            })
+            .await;
+            planned.map_err(|e| {
+                errors.warn("plan_lifecycle", "panic", "nodepool", &e);
+                Memory::default()
+            })
+        };
+        ctx.spawn(work.into_actor(self).map(move |planned, act, ctx| match planned {
+            Err(memory) => act.memory = Some(memory),
+            Ok(Planned { plan, memory, snapshot, synced }) => {
+                act.memory = Some(memory);
+                if !synced {
+                    act.stats.unsynced += 1;
+                }
+                act.traced_binding(&snapshot);
+                act.commit(ctx, term, plan, snapshot);
+            }
+        }));
+    }
+
+    /// Proposes the plan's steps, then runs the effects the ledger allowed.
+    fn commit(&mut self, ctx: &mut Context<Self>, term: Term, plan: Plan, snapshot: Arc<Snapshot>) {
+        let Plan { steps, effects } = plan;
+        if steps.is_empty() {
+            self.run_effects(ctx, term, effects, &snapshot);
+            return;
+        }
+        let (ledger, clock, errors, pool) =
+            (self.ledger.clone(), self.clock.clone(), self.errors.clone(), self.pool.name.clone());
+        let proposed = steps.clone();
+        let work = async move {
+            let entry = Entry { term, at: clock.now_millis(), command: Command::Advance { steps: proposed } };
+            match ledger.propose(entry).await {
+                Ok(c) => Some(c.outcome),
+                Err(e) => {
+                    errors.warn("advance", "ledger", &pool, &e);
+                    None
+                }
+            }
+        };
+        ctx.spawn(work.into_actor(self).map(move |outcome, act, ctx| {
+            let rejected: BTreeSet<String> = match outcome {
+                Some(Outcome::Advanced { rejected }) => {
+                    for (claim, why) in &rejected {
+                        act.errors.note("advance", "rejected", &format!("nodeclaim/{claim}"), why);
+                    }
+                    rejected.into_iter().map(|(c, _)| c).collect()
+                }
+                // Fenced, or not committed: nothing of the plan may act.
+                _ => return,
+            };
+            act.committed(&steps, &rejected, &effects, &snapshot);
+            let allowed: Vec<Effect> = effects.into_iter().filter(|e| !rejected.contains(&e.claim)).collect();
+            act.run_effects(ctx, term, allowed, &snapshot);
+        }));
+    }
+
+    /// Counts and traces what committed.
+    fn committed(
+        &mut self,
+        steps: &[(String, Step)],
+        rejected: &BTreeSet<String>,
+        effects: &[Effect],
+        snap: &Snapshot,
+    ) {
+        let reason = |claim: &str| {
+            effects.iter().find_map(|e| match &e.action {
+                Action::Event(ev) if e.claim == claim => Some(ev.reason.clone()),
+                _ => None,
+            })
+        };
+        for (claim, step) in steps.iter().filter(|(c, _)| !rejected.contains(c)) {
+            match step {
+                Step::Registered => {
+                    self.stats.registered += 1;
+                    let node = effects.iter().find_map(|e| match &e.action {
+                        Action::PatchStatus(p) if e.claim == *claim => p.node_name.clone(),
+                        _ => None,
+                    });
+                    let node = node.or_else(|| snap.nodeclaims.get(claim).and_then(|nc| nc.status.node_name.clone()));
+                    self.traced_registration(claim, node.as_deref().unwrap_or_default());
+                }
+                Step::Initialized => self.stats.initialized += 1,
+                Step::Terminating => {
+                    self.stats.terminating += 1;
+                    match reason(claim).as_deref() {
+                        Some("LivenessTimeout") => self.stats.expired += 1,
+                        Some("NodeLost" | "NodeDeleted") => self.stats.lost += 1,
+                        _ => {}
+                    }
+                }
+                Step::Gone => {
+                    self.launching.remove(claim);
+                    self.ice.remove(claim);
+                    self.retry_at.remove(claim);
+                    self.following.remove(claim);
+                    // Its pods were never placed: they go back to the Router.
+                    if let Some(pods) = self.pods.remove(claim) {
+                        self.stats.released += 1;
+                        let why = reason(claim).unwrap_or_else(|| "its claim went before launching".into());
+                        self.give_back(pods, why);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Runs effects: cloud ones through the zone actors (each claim's once at a time, after
+    /// its retry wait), cluster ones on the executor.
+    fn run_effects(&mut self, ctx: &mut Context<Self>, term: Term, effects: Vec<Effect>, snap: &Snapshot) {
+        let now = self.now();
+        let mut cluster = Vec::new();
+        for e in effects {
+            let waiting = self.retry_at.get(&e.claim).is_some_and(|at| now < *at);
+            match e.action {
+                Action::Launch { zone, batch } => {
+                    if waiting || self.still_asked(self.launching.get(&e.claim)) {
+                        continue;
+                    }
+                    let Some(nc) = snap.nodeclaims.get(&e.claim) else { continue };
+                    let request = self.launch_request(nc, &zone, batch.unwrap_or_default());
+                    let causes = self.pods.get(&e.claim).map(|p| trace::distinct(&p.causes)).unwrap_or_default();
+                    let fresh = self.pods.contains_key(&e.claim);
+                    if self.send_launch(ctx, request, causes) {
+                        if self.ice.contains(&e.claim) {
+                            self.stats.relaunched += 1;
+                        } else if !fresh {
+                            self.stats.resumed += 1;
+                        }
+                    }
+                }
+                Action::Terminate { zone, instance, batch } => {
+                    if waiting || self.still_asked(self.terminating.get(&e.claim)) {
+                        continue;
+                    }
+                    let Some(actor) = self.zones.get(&zone) else {
+                        self.errors.warn("terminate", "no_zone_actor", &format!("nodeclaim/{}", e.claim), &zone);
+                        continue;
+                    };
+                    let msg =
+                        Terminate { claim: e.claim.clone(), instance, batch, term, reply: ctx.address().recipient() };
+                    match actor.try_send(msg) {
+                        Ok(()) => {
+                            self.terminating.insert(e.claim, now);
+                        }
+                        Err(err) => {
+                            let kind = if matches!(err, SendError::Full(_)) { "mailbox_full" } else { "closed" };
+                            self.errors.note(
+                                "terminate",
+                                kind,
+                                &format!("nodeclaim/{}", e.claim),
+                                &"asked again on the next reconcile",
+                            );
+                        }
+                    }
+                }
+                action => cluster.push(Effect { claim: e.claim, action }),
+            }
+        }
+        if cluster.is_empty() {
+            return;
+        }
+        let executor = self.executor.clone();
+        ctx.spawn(async move { executor.run(term, cluster).await }.into_actor(self).map(|results, act, _| {
+            for (e, done) in results {
+                if done != Done::Applied {
+                    continue;
+                }
+                match e.action {
+                    Action::Evict(_) => act.stats.evicted += 1,
+                    Action::DeletePod(_) => act.stats.force_deleted += 1,
+                    _ => {}
+                }
+            }
+        }));
+    }
+}

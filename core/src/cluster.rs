@@ -1,0 +1,366 @@
+//! The Kubernetes objects the control plane reads and the changes it asks for, as plain data.
+//!
+//! A [`Snapshot`] is everything the cluster holds at one resource version (pods, nodes,
+//! NodeClaims, NodePools, DaemonSets, PDBs); the planners read it. The changes they ask for
+//! are patches ([`NodePatch`], [`StatusPatch`]) that add or remove one item (a taint, a
+//! label, a finalizer, a condition) rather than replace a list, so that what others wrote
+//! (the node lifecycle controller, the cloud controller) survives: the executor applies a
+//! patch to a fresh read and writes it with that read's resource version as a precondition.
+//! The `dovetail-cluster` crate's seam and its implementations move these objects.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::labels::LabelSelector;
+use crate::node::Node;
+use crate::nodepool::{NodeClaimSpec, NodePool};
+use crate::pod::{Pod, PodKey};
+use crate::resources::ResourceList;
+use crate::taints::Taint;
+
+/// The finalizer every NodeClaim (and every Node dovetail registers) carries until its
+/// instance is gone.
+pub const TERMINATION_FINALIZER: &str = "karpenter.sh/termination";
+
+/// The taint a node registers with, until the NodeClaim lifecycle applied its NodeClaim's
+/// labels and taints.
+pub const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
+
+/// A status condition (`Launched`, `Registered`, `Initialized`, `Drifted`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    pub kind: String,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Condition {
+    /// A true condition whose reason is its kind (how Karpenter writes lifecycle conditions).
+    pub fn met(kind: &str) -> Self {
+        Condition { kind: kind.into(), status: true, reason: kind.into(), message: String::new() }
+    }
+}
+
+/// `status` of a NodeClaim.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeClaimStatus {
+    /// `aws:///<zone>/<instance id>` once launched.
+    pub provider_id: Option<String>,
+    pub node_name: Option<String>,
+    pub capacity: ResourceList,
+    pub allocatable: ResourceList,
+    pub conditions: Vec<Condition>,
+}
+
+impl NodeClaimStatus {
+    /// The condition of a kind, if set.
+    pub fn condition(&self, kind: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.kind == kind)
+    }
+
+    /// Whether a condition of this kind is set and true.
+    pub fn is(&self, kind: &str) -> bool {
+        self.condition(kind).is_some_and(|c| c.status)
+    }
+
+    /// Sets (or replaces) a condition.
+    pub fn set_condition(&mut self, c: Condition) {
+        match self.conditions.iter_mut().find(|x| x.kind == c.kind) {
+            Some(x) => *x = c,
+            None => self.conditions.push(c),
+        }
+    }
+}
+
+/// A NodeClaim object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeClaim {
+    /// The claim id: the idempotency key everywhere (ledger, cloud tag, object name).
+    pub name: String,
+    pub spec: NodeClaimSpec,
+    pub finalizers: Vec<String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    pub status: NodeClaimStatus,
+    /// `metadata.resourceVersion`: the precondition of a write made from this read.
+    pub resource_version: u64,
+}
+
+/// An integer or a percentage, as PDBs write `minAvailable`/`maxUnavailable`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntOrPercent {
+    Int(i32),
+    Percent(i32),
+}
+
+impl IntOrPercent {
+    /// The amount out of `total` (percentages rounded up, as the disruption controller does).
+    pub fn of(&self, total: i32) -> i32 {
+        match *self {
+            IntOrPercent::Int(n) => n,
+            IntOrPercent::Percent(p) => {
+                let scaled = i64::from(total) * i64::from(p);
+                i32::try_from(scaled.div_euclid(100) + i64::from(scaled % 100 != 0)).unwrap_or(i32::MAX)
+            }
+        }
+    }
+}
+
+/// A PodDisruptionBudget with its status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pdb {
+    pub key: PodKey,
+    pub selector: LabelSelector,
+    pub min_available: Option<IntOrPercent>,
+    pub max_unavailable: Option<IntOrPercent>,
+    /// `status.disruptionsAllowed`, kept by the cluster's disruption controller.
+    pub disruptions_allowed: i32,
+}
+
+/// Everything the cluster holds at one resource version. Objects are shared.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub resource_version: u64,
+    pub pods: BTreeMap<PodKey, Arc<Pod>>,
+    pub nodes: BTreeMap<String, Arc<Node>>,
+    pub nodeclaims: BTreeMap<String, Arc<NodeClaim>>,
+    pub nodepools: BTreeMap<String, Arc<NodePool>>,
+    /// DaemonSets by key, each as its pod template.
+    pub daemonsets: BTreeMap<PodKey, Arc<Pod>>,
+    pub pdbs: BTreeMap<PodKey, Arc<Pdb>>,
+}
+
+impl Snapshot {
+    /// Pods not bound to a node (and not finished).
+    pub fn pending(&self) -> impl Iterator<Item = &Arc<Pod>> {
+        self.pods.values().filter(|p| p.node_name.is_none() && !p.terminal)
+    }
+
+    /// Pods a node should be provisioned for (Karpenter's `IsProvisionable`): not bound, not
+    /// finished or being deleted, not a DaemonSet's, not nominated to a node (preempting),
+    /// not held by a scheduling gate, and marked by the scheduler
+    /// `PodScheduled=False, reason=Unschedulable` (so pods of another scheduler, which never
+    /// get that mark from kube-scheduler, are left alone).
+    pub fn provisionable(&self) -> impl Iterator<Item = &Arc<Pod>> {
+        self.pending().filter(|p| p.is_provisionable())
+    }
+
+    /// The capacity the solver may place pods on: every node not being deleted, and every
+    /// NodeClaim not deleting whose node has not registered, as a node with the claim's
+    /// requirements (its allocatable once launched, until then its requests, so only the
+    /// pods planned onto it fit).
+    pub fn capacity_nodes(&self) -> Vec<Node> {
+        let mut nodes: Vec<Node> = self.nodes.values().filter(|n| !n.deleting).map(|n| n.as_ref().clone()).collect();
+        for c in self.nodeclaims.values() {
+            if c.deleting || c.status.node_name.as_ref().is_some_and(|n| self.nodes.contains_key(n)) {
+                continue;
+            }
+            let allocatable =
+                if c.status.allocatable.is_empty() { c.spec.requests.clone() } else { c.status.allocatable.clone() };
+            nodes.push(Node {
+                name: c.name.clone(),
+                labels: c.spec.labels.clone(),
+                taints: c.spec.taints.clone(),
+                capacity: allocatable.clone(),
+                allocatable,
+                initialized: false,
+                requirements: Some(c.spec.requirements.clone()),
+                provider_id: c.status.provider_id.clone(),
+                ..Node::default()
+            });
+        }
+        nodes
+    }
+
+    /// The solver's input over this cluster: `nodes` (chosen by the caller), every bound pod and
+    /// every DaemonSet, with `pools` to launch from.
+    pub fn scheduling_input(
+        &self,
+        nodes: Vec<Node>,
+        pools: Vec<crate::scheduling::PoolInput>,
+    ) -> crate::scheduling::Snapshot {
+        crate::scheduling::Snapshot {
+            nodepools: pools,
+            nodes,
+            bound_pods: self
+                .pods
+                .values()
+                .filter(|p| p.node_name.is_some() && !p.terminal)
+                .map(|p| p.as_ref().clone())
+                .collect(),
+            daemonsets: self.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
+            namespaces: Default::default(),
+        }
+    }
+
+    /// Pods bound to `node`.
+    pub fn pods_on<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Arc<Pod>> {
+        self.pods.values().filter(move |p| p.node_name.as_deref() == Some(node))
+    }
+
+    /// Bound pods by node, in one pass (for callers that look at many nodes).
+    pub fn pods_by_node(&self) -> BTreeMap<&str, Vec<&Arc<Pod>>> {
+        let mut out: BTreeMap<&str, Vec<&Arc<Pod>>> = BTreeMap::new();
+        for p in self.pods.values() {
+            if let Some(n) = p.node_name.as_deref() {
+                out.entry(n).or_default().push(p);
+            }
+        }
+        out
+    }
+
+    /// Nodes by provider id.
+    pub fn nodes_by_provider_id(&self) -> BTreeMap<&str, &Arc<Node>> {
+        self.nodes.values().filter_map(|n| Some((n.provider_id.as_deref()?, n))).collect()
+    }
+}
+
+/// A change to a node that adds or removes single items, so that what others wrote stays.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodePatch {
+    pub add_taints: Vec<Taint>,
+    /// Removed by key and effect.
+    pub remove_taints: Vec<Taint>,
+    /// Set (added or replaced).
+    pub labels: Vec<(String, String)>,
+    pub add_finalizers: Vec<String>,
+    pub remove_finalizers: Vec<String>,
+}
+
+impl NodePatch {
+    /// The node with the patch applied, or `None` when it changes nothing (no write needed).
+    pub fn apply(&self, node: &Node) -> Option<Node> {
+        let mut n = node.clone();
+        n.taints.retain(|t| !self.remove_taints.iter().any(|r| r.key == t.key && r.effect == t.effect));
+        for t in &self.add_taints {
+            if !n.taints.iter().any(|x| x.key == t.key && x.effect == t.effect) {
+                n.taints.push(t.clone());
+            }
+        }
+        for (k, v) in &self.labels {
+            n.labels.insert(k.clone(), v.clone());
+        }
+        n.finalizers.retain(|f| !self.remove_finalizers.contains(f));
+        for f in &self.add_finalizers {
+            if !n.finalizers.contains(f) {
+                n.finalizers.push(f.clone());
+            }
+        }
+        (n != *node).then_some(n)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.add_taints.is_empty()
+            && self.remove_taints.is_empty()
+            && self.labels.is_empty()
+            && self.add_finalizers.is_empty()
+            && self.remove_finalizers.is_empty()
+    }
+}
+
+/// A change to a NodeClaim's status (the status subresource): fields set when given,
+/// conditions set by kind; everything else stays as read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatusPatch {
+    pub provider_id: Option<String>,
+    pub node_name: Option<String>,
+    pub capacity: Option<ResourceList>,
+    pub allocatable: Option<ResourceList>,
+    pub conditions: Vec<Condition>,
+}
+
+impl StatusPatch {
+    /// The status with the patch applied, or `None` when it changes nothing.
+    pub fn apply(&self, status: &NodeClaimStatus) -> Option<NodeClaimStatus> {
+        let mut s = status.clone();
+        if let Some(p) = &self.provider_id {
+            s.provider_id = Some(p.clone());
+        }
+        if let Some(n) = &self.node_name {
+            s.node_name = Some(n.clone());
+        }
+        if let Some(c) = &self.capacity {
+            s.capacity = c.clone();
+        }
+        if let Some(a) = &self.allocatable {
+            s.allocatable = a.clone();
+        }
+        for c in &self.conditions {
+            s.set_condition(c.clone());
+        }
+        (s != *status).then_some(s)
+    }
+}
+
+/// The kind of object an event is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ObjectKind {
+    Pod,
+    Node,
+    NodeClaim,
+    NodePool,
+}
+
+/// A Kubernetes Event (Karpenter's reasons).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub kind: ObjectKind,
+    /// `namespace/name` for pods, the name otherwise.
+    pub name: String,
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::taints::Effect;
+
+    #[test]
+    fn percentages_round_up() {
+        assert_eq!(IntOrPercent::Percent(50).of(3), 2);
+        assert_eq!(IntOrPercent::Percent(10).of(10), 1);
+        assert_eq!(IntOrPercent::Percent(0).of(10), 0);
+        assert_eq!(IntOrPercent::Int(2).of(10), 2);
+        assert_eq!(IntOrPercent::Percent(i32::MAX).of(i32::MAX), i32::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_node_patch_adds_and_removes_single_items_and_keeps_the_rest() {
+        let node = Node {
+            name: "n".into(),
+            taints: vec![
+                Taint::new(UNREGISTERED_TAINT, "", Effect::NoExecute),
+                Taint::new("node.kubernetes.io/not-ready", "", Effect::NoSchedule),
+            ],
+            ..Node::default()
+        };
+        let patch = NodePatch {
+            remove_taints: vec![Taint::new(UNREGISTERED_TAINT, "", Effect::NoExecute)],
+            labels: vec![("karpenter.sh/registered".into(), "true".into())],
+            add_finalizers: vec![TERMINATION_FINALIZER.into()],
+            ..NodePatch::default()
+        };
+        let after = patch.apply(&node).expect("changed");
+        assert_eq!(after.taints.len(), 1, "the lifecycle controller's taint stays");
+        assert_eq!(after.taints[0].key, "node.kubernetes.io/not-ready");
+        assert_eq!(after.finalizers, vec![TERMINATION_FINALIZER.to_string()]);
+        assert_eq!(patch.apply(&after), None, "applied twice changes nothing");
+    }
+
+    #[test]
+    fn a_status_patch_sets_conditions_by_kind() {
+        let mut status = NodeClaimStatus::default();
+        status.set_condition(Condition::met("Launched"));
+        let patch = StatusPatch {
+            node_name: Some("n".into()),
+            conditions: vec![Condition::met("Registered")],
+            ..StatusPatch::default()
+        };
+        let after = patch.apply(&status).expect("changed");
+        assert!(after.is("Launched") && after.is("Registered"));
+        assert_eq!(patch.apply(&after), None);
+    }
+}

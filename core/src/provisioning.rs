@@ -1,0 +1,336 @@
+//! A NodePool's provisioning round as a planner: from the pods the Router handed the pool
+//! and the cluster as it is, the claims to reserve in the ledger, each with its NodeClaim
+//! object, and the pods it could not place.
+//!
+//! The solve sees the whole cluster (existing nodes, in-flight NodeClaims and their bound
+//! pods), so zone spread, pod affinity and anti-affinity against running pods hold for the
+//! new claims; offerings the ledger marks unavailable (insufficient capacity) are not
+//! offered to it, so a round does not pick an exhausted offering again. Claims are named
+//! as Karpenter names NodeClaims, by [`Names`]; an id the ledger refuses as live already is
+//! renamed with [`rename`].
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::catalog::InstanceType;
+use crate::cluster::{NodeClaim, NodeClaimStatus, Snapshot, TERMINATION_FINALIZER};
+use crate::ledger::{ClaimRequest, Offering};
+use crate::plane::{Names, plan_claim};
+use crate::pod::Pod;
+use crate::scheduling::{self, PoolInput, SolveOptions};
+
+/// What a round reads.
+pub struct RoundInput<'a> {
+    /// The pool, its requirements narrowed to the zones it launches in.
+    pub pool: &'a PoolInput,
+    pub cluster: &'a Snapshot,
+    /// The pods to place.
+    pub pods: &'a [Pod],
+    /// The zones the plane launches in.
+    pub zones: &'a [String],
+    /// Offerings the ledger marks unavailable now.
+    pub unavailable: &'a BTreeSet<Offering>,
+    pub opts: &'a SolveOptions,
+}
+
+/// A claim of the round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedClaim {
+    pub reserve: ClaimRequest,
+    pub nodeclaim: NodeClaim,
+    /// Its pods (indices into the round's).
+    pub pods: Vec<usize>,
+}
+
+/// The round's plan.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Round {
+    pub claims: Vec<PlannedClaim>,
+    /// Pods that fit existing or in-flight capacity: left to the scheduler.
+    pub on_existing: Vec<usize>,
+    /// Pods no claim could be made for, with why.
+    pub unplaced: Vec<(usize, String)>,
+}
+
+/// The pool's types with the offerings the ledger marks unavailable taken out (shared when
+/// none of them is marked).
+pub fn available_types(types: &Arc<Vec<InstanceType>>, unavailable: &BTreeSet<Offering>) -> Arc<Vec<InstanceType>> {
+    let marked = |t: &InstanceType, o: &crate::catalog::Offering| {
+        unavailable.contains(&Offering {
+            instance_type: t.name.clone(),
+            zone: o.zone.clone(),
+            capacity_type: o.capacity_type,
+        })
+    };
+    if unavailable.is_empty() || !types.iter().any(|t| t.offerings.iter().any(|o| o.available && marked(t, o))) {
+        return types.clone();
+    }
+    let mut out: Vec<InstanceType> = types.as_ref().clone();
+    for t in &mut out {
+        let name = t.name.clone();
+        for o in &mut t.offerings {
+            if unavailable.contains(&Offering {
+                instance_type: name.clone(),
+                zone: o.zone.clone(),
+                capacity_type: o.capacity_type,
+            }) {
+                o.available = false;
+            }
+        }
+    }
+    Arc::new(out)
+}
+
+/// Plans one round.
+pub fn plan_round(input: &RoundInput<'_>, names: &mut Names) -> Round {
+    let pool = PoolInput {
+        pool: input.pool.pool.clone(),
+        instance_types: available_types(&input.pool.instance_types, input.unavailable),
+    };
+    // Existing nodes and in-flight claims count for topology (spread, affinity over running
+    // pods) but take no new pod: the Router placed on them what fits already, and an
+    // in-flight claim's room is its own pods' (they are pending, not bound, so it would look
+    // empty here).
+    let nodes: Vec<crate::node::Node> =
+        input.cluster.capacity_nodes().into_iter().map(|n| crate::node::Node { unschedulable: true, ..n }).collect();
+    let snapshot = input.cluster.scheduling_input(nodes, vec![pool.clone()]);
+    let results = scheduling::solve(&snapshot, input.pods, input.opts);
+    let mut round = Round {
+        on_existing: results.existing.iter().flat_map(|e| e.pods.iter().copied()).collect(),
+        unplaced: results.errors.iter().map(|(i, why)| (*i, why.clone())).collect(),
+        claims: Vec::new(),
+    };
+    for c in &results.claims {
+        let spec = c.to_spec(&pool);
+        let Some(plan) = plan_claim(c, &spec, &pool.instance_types, input.zones) else {
+            let why = "no zone the plane launches in offers its instance types".to_string();
+            round.unplaced.extend(c.pods.iter().map(|&p| (p, why.clone())));
+            continue;
+        };
+        let id = names.claim(&pool.pool.name);
+        round.claims.push(PlannedClaim {
+            reserve: ClaimRequest {
+                id: id.clone(),
+                zone: plan.zone,
+                resources: plan.resources,
+                price_per_hour: plan.price_per_hour,
+            },
+            nodeclaim: NodeClaim {
+                name: id,
+                spec,
+                finalizers: vec![TERMINATION_FINALIZER.to_string()],
+                deleting: false,
+                status: NodeClaimStatus::default(),
+                resource_version: 0,
+            },
+            pods: c.pods.clone(),
+        });
+    }
+    round
+}
+
+/// Gives the claims whose ids the ledger refused as live a new name (and keeps the others).
+pub fn rename(claims: &mut [PlannedClaim], refused: &BTreeSet<String>, names: &mut Names) {
+    for c in claims.iter_mut().filter(|c| refused.contains(&c.reserve.id)) {
+        let id = names.claim(&c.nodeclaim.spec.nodepool);
+        c.reserve.id = id.clone();
+        c.nodeclaim.name = id;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::catalog::{CapacityType, Catalog, NodeClassSettings};
+    use crate::labels;
+    use crate::node::Node;
+    use crate::nodepool::NodePool;
+    use crate::pod::{PodAffinity, PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable};
+    use crate::requirements::{Requirement, Requirements};
+    use crate::resources::ResourceList;
+
+    fn pool() -> PoolInput {
+        let c = Catalog::embedded("us-east-1").expect("catalog");
+        let types: Vec<InstanceType> = c
+            .instance_types(&NodeClassSettings::default(), None)
+            .into_iter()
+            .filter(|t| t.name.starts_with("m5."))
+            .collect();
+        let mut reqs = Requirements::new();
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+        reqs.add(labels::ZONE, Requirement::is_in(["us-east-1a", "us-east-1b"]));
+        PoolInput { pool: NodePool::new("default", reqs), instance_types: Arc::new(types) }
+    }
+
+    fn zones() -> Vec<String> {
+        vec!["us-east-1a".into(), "us-east-1b".into()]
+    }
+
+    fn web(name: &str) -> Pod {
+        let mut p = Pod::new("default", name, ResourceList::cpu_mem(1000, 1 << 30));
+        p.labels.insert("app".into(), "web".into());
+        p
+    }
+
+    /// A node in `zone` running `pods`.
+    fn running(snap: &mut Snapshot, zone: &str, pods: Vec<Pod>) {
+        let name = format!("node-{zone}");
+        let node = Node {
+            name: name.clone(),
+            labels: BTreeMap::from([
+                (labels::ZONE.to_string(), zone.to_string()),
+                (labels::HOSTNAME.to_string(), name.clone()),
+                (labels::INSTANCE_TYPE.to_string(), "m5.large".to_string()),
+            ]),
+            allocatable: ResourceList::from_pairs([
+                (crate::resources::ResourceName::Cpu, 1930),
+                (crate::resources::ResourceName::Memory, 7 << 30),
+                (crate::resources::ResourceName::Pods, 29),
+            ]),
+            initialized: true,
+            ready: true,
+            ..Node::default()
+        };
+        // Full: nothing more fits on it.
+        let mut filler = Pod::new("default", &format!("filler-{zone}"), ResourceList::cpu_mem(1900, 1 << 30));
+        filler.node_name = Some(name.clone());
+        snap.pods.insert(filler.key.clone(), Arc::new(filler));
+        for mut p in pods {
+            p.node_name = Some(name.clone());
+            snap.pods.insert(p.key.clone(), Arc::new(p));
+        }
+        snap.nodes.insert(name, Arc::new(node));
+    }
+
+    #[test]
+    fn a_zone_spread_counts_the_running_pods() {
+        // Two web pods run in us-east-1a; a zone spread of max skew 1 puts the new ones in b.
+        let mut snap = Snapshot::default();
+        running(&mut snap, "us-east-1a", vec![web("web-0"), web("web-1")]);
+        let spread = TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: labels::ZONE.into(),
+            when_unsatisfiable: WhenUnsatisfiable::DoNotSchedule,
+            selector: Some(crate::labels::LabelSelector::new(
+                BTreeMap::from([("app".into(), "web".into())]),
+                Vec::new(),
+            )),
+            min_domains: None,
+            node_affinity_policy: None,
+            node_taints_policy: None,
+            match_label_keys: Vec::new(),
+        };
+        let pods: Vec<Pod> = (2..4)
+            .map(|i| {
+                let mut p = web(&format!("web-{i}"));
+                p.topology_spread = vec![spread.clone()];
+                p
+            })
+            .collect();
+        let pool = pool();
+        let zones = zones();
+        let input = RoundInput {
+            pool: &pool,
+            cluster: &snap,
+            pods: &pods,
+            zones: &zones,
+            unavailable: &BTreeSet::new(),
+            opts: &SolveOptions::default(),
+        };
+        let round = plan_round(&input, &mut Names::new(1));
+        assert!(round.unplaced.is_empty(), "{:?}", round.unplaced);
+        for c in &round.claims {
+            assert_eq!(c.reserve.zone, "us-east-1b", "{:?}", c.reserve);
+        }
+        assert_eq!(round.claims.iter().map(|c| c.pods.len()).sum::<usize>(), 2);
+    }
+
+    #[test]
+    fn anti_affinity_against_running_pods_holds_for_new_claims() {
+        let mut snap = Snapshot::default();
+        running(&mut snap, "us-east-1a", vec![web("web-0")]);
+        // A pod anti-affine (by zone) to web pods: not in us-east-1a.
+        let mut p = Pod::new("default", "loner", ResourceList::cpu_mem(500, 1 << 30));
+        p.pod_anti_affinity = PodAffinity {
+            required: vec![PodAffinityTerm {
+                selector: Some(crate::labels::LabelSelector::new(
+                    BTreeMap::from([("app".into(), "web".into())]),
+                    Vec::new(),
+                )),
+                namespaces: Vec::new(),
+                namespace_selector: None,
+                topology_key: labels::ZONE.into(),
+            }],
+            ..PodAffinity::default()
+        };
+        let pods = vec![p];
+        let pool = pool();
+        let zones = zones();
+        let input = RoundInput {
+            pool: &pool,
+            cluster: &snap,
+            pods: &pods,
+            zones: &zones,
+            unavailable: &BTreeSet::new(),
+            opts: &SolveOptions::default(),
+        };
+        let round = plan_round(&input, &mut Names::new(1));
+        assert_eq!(round.claims.len(), 1, "{round:?}");
+        assert_eq!(round.claims[0].reserve.zone, "us-east-1b");
+    }
+
+    #[test]
+    fn ice_marks_are_respected_on_the_first_choice() {
+        let snap = Snapshot::default();
+        let pods = vec![web("web-0")];
+        let pool = pool();
+        let zones = zones();
+        // Every m5 offering in us-east-1a is out of capacity.
+        let unavailable: BTreeSet<Offering> = pool
+            .instance_types
+            .iter()
+            .map(|t| Offering {
+                instance_type: t.name.clone(),
+                zone: "us-east-1a".into(),
+                capacity_type: CapacityType::OnDemand,
+            })
+            .collect();
+        let input = RoundInput {
+            pool: &pool,
+            cluster: &snap,
+            pods: &pods,
+            zones: &zones,
+            unavailable: &unavailable,
+            opts: &SolveOptions::default(),
+        };
+        let round = plan_round(&input, &mut Names::new(1));
+        assert_eq!(round.claims.len(), 1);
+        assert_eq!(round.claims[0].reserve.zone, "us-east-1b");
+        assert!(round.claims[0].nodeclaim.name.starts_with("default-"));
+        assert_eq!(round.claims[0].nodeclaim.finalizers, vec![TERMINATION_FINALIZER.to_string()]);
+    }
+
+    #[test]
+    fn refused_ids_are_renamed() {
+        let snap = Snapshot::default();
+        let pods = vec![web("web-0")];
+        let pool = pool();
+        let zones = zones();
+        let input = RoundInput {
+            pool: &pool,
+            cluster: &snap,
+            pods: &pods,
+            zones: &zones,
+            unavailable: &BTreeSet::new(),
+            opts: &SolveOptions::default(),
+        };
+        let mut names = Names::new(1);
+        let mut round = plan_round(&input, &mut names);
+        let old = round.claims[0].reserve.id.clone();
+        rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names);
+        assert_ne!(round.claims[0].reserve.id, old);
+        assert_eq!(round.claims[0].reserve.id, round.claims[0].nodeclaim.name);
+    }
+}
