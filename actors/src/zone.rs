@@ -32,6 +32,9 @@ use crate::errors::Errors;
 use crate::limiter::RegionLimiter;
 use crate::trace::Cause;
 
+/// The tag with the leadership term a launch was decided in.
+pub const TAG_TERM: &str = "dovetail.dev/term";
+
 /// A ZoneActor's settings.
 #[derive(Clone, Debug)]
 pub struct ZoneConfig {
@@ -243,6 +246,10 @@ impl ZoneActor {
             return;
         }
         let term = leadership.term;
+        // Every cloud mutation carries the term it was decided in (and its claim and batch).
+        for f in &mut batch {
+            f.request.tags.insert(TAG_TERM.to_string(), term.to_string());
+        }
         let batches = self.batches(&mut batch);
         for f in &batch {
             if let Some(b) = self.in_flight.get_mut(&f.request.claim) {

@@ -92,6 +92,23 @@ impl Default for AwsConfig {
     }
 }
 
+impl AwsConfig {
+    /// Checks the settings; the error names the one that cannot work.
+    pub fn validate(&self) -> Result<(), CloudError> {
+        let bad = |what: &str, reason: &str| Err(CloudError::Invalid { what: what.into(), reason: reason.into() });
+        if self.cluster.is_empty() {
+            return bad("cluster", "the cluster name tags every instance: it cannot be empty");
+        }
+        if !(1..=150).contains(&self.max_fleet_types) {
+            return bad("max_fleet_types", "CreateFleet takes 1 to 150 overrides (Karpenter sends 60)");
+        }
+        if self.resolve_ttl.is_zero() || self.price_refresh.is_zero() {
+            return bad("resolve_ttl/price_refresh", "must be positive");
+        }
+        Ok(())
+    }
+}
+
 /// The SDK configuration every client of the provider shares: rustls (ring) over hyper, the
 /// SDK's own retries off (callers retry on [`CloudError`]s).
 pub async fn sdk_config(cfg: &AwsConfig) -> aws_config::SdkConfig {
@@ -175,6 +192,7 @@ impl AwsProvider {
     /// A provider on the SDK configuration `cfg` describes; cache ages and launch times are
     /// read from `clock`.
     pub async fn connect(cfg: AwsConfig, clock: Arc<dyn Clock>) -> Result<Self, CloudError> {
+        cfg.validate()?;
         let sdk = sdk_config(&cfg).await;
         let region = sdk.region().map(ToString::to_string).ok_or_else(|| CloudError::Invalid {
             what: "AWS region".into(),
@@ -563,5 +581,14 @@ mod tests {
         {
             assert_eq!(base64(i.as_bytes()), o);
         }
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_named() {
+        assert_eq!(AwsConfig::default().validate(), Ok(()));
+        let cfg = AwsConfig { max_fleet_types: 0, ..AwsConfig::default() };
+        assert!(matches!(cfg.validate(), Err(CloudError::Invalid { ref what, .. }) if what == "max_fleet_types"));
+        let cfg = AwsConfig { cluster: String::new(), ..AwsConfig::default() };
+        assert!(matches!(cfg.validate(), Err(CloudError::Invalid { ref what, .. }) if what == "cluster"));
     }
 }
