@@ -87,6 +87,9 @@ pub struct Config {
     /// How long a failed launch or termination (other than throttling) waits before it is
     /// asked again.
     pub retry_after_error: Duration,
+    /// How long a launch or termination handed to a zone actor may go unanswered before it is
+    /// asked again (a reply dropped at a full mailbox; the zone answers each claim once).
+    pub ask_again_after: Duration,
     /// How long a launched claim's traces wait for its pods to bind.
     pub follow_for: Duration,
     /// How often a round renames and re-proposes claims whose ids the ledger refused.
@@ -105,6 +108,7 @@ impl Default for Config {
             executor: ExecutorConfig::default(),
             lifecycle: dovetail_core::lifecycle::Config::default(),
             retry_after_error: Duration::from_secs(5),
+            ask_again_after: Duration::from_secs(60),
             follow_for: Duration::from_secs(15 * 60),
             rename_attempts: 3,
             solve: SolveOptions::default(),
@@ -135,13 +139,19 @@ impl Config {
         if self.executor.concurrency == 0 {
             return bad("executor.concurrency", "must be positive");
         }
+        if self.ask_again_after <= self.zone.max_retry_wait {
+            return bad(
+                "ask_again_after",
+                "must be longer than zone.max_retry_wait (a throttled launch waits that long)",
+            );
+        }
         if self.zone.max_retry_wait.is_zero() || self.retry_after_error.is_zero() {
             return bad("retries", "waits must be positive");
         }
         if self.rename_attempts == 0 {
             return bad("rename_attempts", "must be positive");
         }
-        self.lifecycle.validate().map_err(|reason| ConfigError { field: "lifecycle", reason })
+        self.lifecycle.validate().map_err(|e| ConfigError { field: "lifecycle", reason: e.to_string() })
     }
 }
 

@@ -102,9 +102,10 @@ impl Executor {
                 return Done::InFlight;
             }
         }
-        let done = self.fenced(term, effect).await;
-        self.inner.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
-        done
+        // Released however the task ends, cancelled included (an actor that stops drops its
+        // futures): a key left marked would refuse that effect forever.
+        let _guard = InFlightGuard { executor: &self.inner, key };
+        self.fenced(term, effect).await
     }
 
     async fn run_claim(&self, term: Term, list: Vec<(usize, Effect)>) -> Vec<(usize, Effect, Done)> {
@@ -133,25 +134,20 @@ impl Executor {
         out
     }
 
-    /// Checks the term, takes a permit, runs, and sees the error.
+    /// Takes a permit, runs (the term checked before every API call), and sees the error.
     async fn fenced(&self, term: Term, effect: &Effect) -> Done {
-        let current = self.inner.ledger.leadership().borrow().clone();
-        if !current.is_current(term) {
-            self.inner.errors.note(
-                effect.kind(),
-                "fenced",
-                &effect.claim,
-                &format!("decided in term {term}, now {}", current.term),
-            );
-            return Done::Fenced;
-        }
         let Ok(_permit) = self.inner.permits.clone().acquire_owned().await else {
             return Done::Failed(ClusterError::Unavailable { reason: "the executor is closed".into() });
         };
-        match self.execute(effect).await {
+        match self.execute(term, effect).await {
             Ok(true) => Done::Applied,
             Ok(false) => Done::Unchanged,
-            Err(e) => {
+            Err(Stop::Fenced(now)) => {
+                let why = format!("decided in term {term}, now {now}");
+                self.inner.errors.note(effect.kind(), "fenced", &effect.claim, &why);
+                Done::Fenced
+            }
+            Err(Stop::Failed(e)) => {
                 let object = object_of(effect);
                 match &e {
                     // Expected now and then: a PDB holds the pod, a conflict outlived the retries.
@@ -165,86 +161,124 @@ impl Executor {
         }
     }
 
-    /// One effect; whether it changed the cluster.
-    async fn execute(&self, effect: &Effect) -> Result<bool, ClusterError> {
+    /// Refuses to go on once `term` is over.
+    fn check(&self, term: Term) -> Result<(), Stop> {
+        let current = self.inner.ledger.leadership().borrow().clone();
+        if current.is_current(term) { Ok(()) } else { Err(Stop::Fenced(current.term)) }
+    }
+
+    /// One effect; whether it changed the cluster. The term is checked before each call.
+    async fn execute(&self, term: Term, effect: &Effect) -> Result<bool, Stop> {
         let w = &self.inner.writer;
         let claim = effect.claim.as_str();
         let gone_is_fine = |r: Result<u64, ClusterError>| match r {
             Ok(_) => Ok(true),
             Err(ClusterError::NotFound { .. }) => Ok(false),
-            Err(e) => Err(e),
+            Err(e) => Err(Stop::Failed(e)),
         };
+        self.check(term)?;
         match &effect.action {
             Action::CreateNodeClaim(nc) => match w.create_nodeclaim(nc.as_ref().clone()).await {
                 Ok(_) => Ok(true),
-                Err(ClusterError::AlreadyExists { .. }) => Ok(false),
-                Err(e) => Err(e),
+                // Ours already (a repeated create) is fine; another object of the name is
+                // not adopted.
+                Err(ClusterError::AlreadyExists { kind, name }) => match w.get_nodeclaim(&nc.name).await {
+                    Ok(existing) if existing.spec == nc.spec => Ok(false),
+                    Ok(_) => Err(Stop::Failed(ClusterError::AlreadyExists { kind, name })),
+                    Err(e) => Err(Stop::Failed(e)),
+                },
+                Err(e) => Err(Stop::Failed(e)),
             },
             Action::PatchStatus(patch) => {
-                self.retrying(|| async {
-                    let nc = match w.get_nodeclaim(claim).await {
-                        Ok(nc) => nc,
-                        Err(ClusterError::NotFound { .. }) => return Ok(false),
-                        Err(e) => return Err(e),
-                    };
+                self.retrying(term, || async {
+                    let Some(nc) = found(w.get_nodeclaim(claim).await)? else { return Ok(false) };
                     let Some(status) = patch.apply(&nc.status) else { return Ok(false) };
-                    w.update_nodeclaim_status(claim, status, nc.resource_version).await.map(|_| true)
+                    self.check(term)?;
+                    let written = w.update_nodeclaim_status(claim, status, nc.resource_version).await;
+                    written.map(|_| true).map_err(Stop::Failed)
                 })
                 .await
             }
             Action::DeleteNodeClaim => gone_is_fine(w.delete_nodeclaim(claim).await),
             Action::RemoveFinalizer => {
-                self.retrying(|| async {
-                    let nc = match w.get_nodeclaim(claim).await {
-                        Ok(nc) => nc,
-                        Err(ClusterError::NotFound { .. }) => return Ok(false),
-                        Err(e) => return Err(e),
-                    };
+                self.retrying(term, || async {
+                    let Some(nc) = found(w.get_nodeclaim(claim).await)? else { return Ok(false) };
                     if !nc.finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
                         return Ok(false);
                     }
                     let kept: Vec<String> =
                         nc.finalizers.iter().filter(|f| *f != TERMINATION_FINALIZER).cloned().collect();
-                    w.update_nodeclaim_finalizers(claim, kept, nc.resource_version).await.map(|_| true)
+                    self.check(term)?;
+                    let written = w.update_nodeclaim_finalizers(claim, kept, nc.resource_version).await;
+                    written.map(|_| true).map_err(Stop::Failed)
                 })
                 .await
             }
             Action::PatchNode { node, patch } => {
-                self.retrying(|| async {
-                    let n = match w.get_node(node).await {
-                        Ok(n) => n,
-                        Err(ClusterError::NotFound { .. }) => return Ok(false),
-                        Err(e) => return Err(e),
-                    };
+                self.retrying(term, || async {
+                    let Some(n) = found(w.get_node(node).await)? else { return Ok(false) };
                     let Some(patched) = patch.apply(&n) else { return Ok(false) };
-                    w.update_node(node, NodeUpdate::of(&patched), n.resource_version).await.map(|_| true)
+                    self.check(term)?;
+                    let written = w.update_node(node, NodeUpdate::of(&patched), n.resource_version).await;
+                    written.map(|_| true).map_err(Stop::Failed)
                 })
                 .await
             }
             Action::DeleteNode { node } => gone_is_fine(w.delete_node(node).await),
             Action::Evict(pod) => gone_is_fine(w.evict(pod).await),
             Action::DeletePod(pod) => gone_is_fine(w.delete_pod(pod).await),
-            Action::Event(e) => w.record_event(e.clone()).await.map(|()| true),
+            Action::Event(e) => w.record_event(e.clone()).await.map(|()| true).map_err(Stop::Failed),
             Action::Launch { .. } | Action::Terminate { .. } => {
-                Err(ClusterError::Unavailable { reason: format!("{} is a cloud effect", effect.kind()) })
+                Err(Stop::Failed(ClusterError::Unavailable { reason: format!("{} is a cloud effect", effect.kind()) }))
             }
         }
     }
 
     /// Runs a read-modify-write until it is not refused with `Conflict`, at most
-    /// `conflict_retries` times more.
-    async fn retrying<F, Fut>(&self, mut attempt: F) -> Result<bool, ClusterError>
+    /// `conflict_retries` times more, while the term lasts.
+    async fn retrying<F, Fut>(&self, term: Term, mut attempt: F) -> Result<bool, Stop>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<bool, ClusterError>>,
+        Fut: std::future::Future<Output = Result<bool, Stop>>,
     {
         let mut left = self.inner.cfg.conflict_retries;
         loop {
             match attempt().await {
-                Err(ClusterError::Conflict { .. }) if left > 0 => left -= 1,
+                Err(Stop::Failed(ClusterError::Conflict { .. })) if left > 0 => {
+                    left -= 1;
+                    self.check(term)?;
+                }
                 r => return r,
             }
         }
+    }
+}
+
+/// A read: the object, `None` when it is gone (nothing to patch), or why it failed.
+fn found<T>(r: Result<T, ClusterError>) -> Result<Option<T>, Stop> {
+    match r {
+        Ok(o) => Ok(Some(o)),
+        Err(ClusterError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(Stop::Failed(e)),
+    }
+}
+
+/// Why an effect stopped.
+enum Stop {
+    /// Its term is over (the current one given).
+    Fenced(Term),
+    Failed(ClusterError),
+}
+
+/// Marks an effect's key in flight while it lives.
+struct InFlightGuard<'a> {
+    executor: &'a Inner,
+    key: String,
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.executor.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.key);
     }
 }
 
@@ -312,6 +346,99 @@ mod tests {
         assert!(cluster.snapshot().nodes["n1"].taints.is_empty());
         assert!(cluster.writes().is_empty(), "no API call at all");
         assert_eq!(errors.counts().get("patch_node/fenced"), Some(&1));
+    }
+
+    /// A writer whose first node read never answers (a call cut off by a stopping actor).
+    struct Hanging {
+        inner: Arc<SimCluster>,
+        hung: std::sync::atomic::AtomicBool,
+    }
+
+    impl ClusterWriter for Hanging {
+        fn create_nodeclaim(
+            &self,
+            c: dovetail_cluster::NodeClaim,
+        ) -> dovetail_cluster::BoxFuture<'_, Result<u64, ClusterError>> {
+            self.inner.create_nodeclaim(c)
+        }
+        fn get_nodeclaim<'a>(
+            &'a self,
+            n: &'a str,
+        ) -> dovetail_cluster::BoxFuture<'a, Result<Arc<dovetail_cluster::NodeClaim>, ClusterError>> {
+            self.inner.get_nodeclaim(n)
+        }
+        fn update_nodeclaim_status<'a>(
+            &'a self,
+            n: &'a str,
+            s: dovetail_cluster::NodeClaimStatus,
+            rv: u64,
+        ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+            self.inner.update_nodeclaim_status(n, s, rv)
+        }
+        fn update_nodeclaim_finalizers<'a>(
+            &'a self,
+            n: &'a str,
+            f: Vec<String>,
+            rv: u64,
+        ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+            self.inner.update_nodeclaim_finalizers(n, f, rv)
+        }
+        fn delete_nodeclaim<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+            self.inner.delete_nodeclaim(n)
+        }
+        fn get_node<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<Arc<Node>, ClusterError>> {
+            if !self.hung.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Box::pin(std::future::pending());
+            }
+            self.inner.get_node(n)
+        }
+        fn update_node<'a>(
+            &'a self,
+            n: &'a str,
+            u: NodeUpdate,
+            rv: u64,
+        ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+            self.inner.update_node(n, u, rv)
+        }
+        fn delete_node<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+            self.inner.delete_node(n)
+        }
+        fn evict<'a>(
+            &'a self,
+            p: &'a dovetail_core::pod::PodKey,
+        ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+            self.inner.evict(p)
+        }
+        fn delete_pod<'a>(
+            &'a self,
+            p: &'a dovetail_core::pod::PodKey,
+        ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+            self.inner.delete_pod(p)
+        }
+        fn record_event(
+            &self,
+            e: dovetail_cluster::Event,
+        ) -> dovetail_cluster::BoxFuture<'_, Result<(), ClusterError>> {
+            self.inner.record_event(e)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_effect_does_not_leave_its_key_in_flight() {
+        let cluster = Arc::new(SimCluster::new());
+        cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+        let writer = Arc::new(Hanging { inner: cluster.clone(), hung: std::sync::atomic::AtomicBool::new(false) });
+        let ledger = Arc::new(InProcess::new());
+        let ex = Executor::new(writer, ledger, Arc::new(Errors::new()), ExecutorConfig::default());
+        let effect = taint_node("n1");
+        // Cut off mid-call (an actor that stops drops its futures).
+        let cut =
+            tokio::time::timeout(std::time::Duration::from_millis(50), ex.run_one(dovetail_raft::FIRST_TERM, &effect))
+                .await;
+        assert!(cut.is_err(), "the first read hangs");
+        let done = ex.run_one(dovetail_raft::FIRST_TERM, &effect).await;
+        assert_eq!(done, Done::Applied, "the key was released when the first run was dropped");
+        assert!(cluster.snapshot().nodes["n1"].taints.iter().any(|t| t.key == "karpenter.sh/disrupted"));
     }
 
     #[tokio::test]

@@ -102,11 +102,13 @@ impl PendingFeed {
         if n > 0 {
             match self.router.try_send(PodsPending { pods: due }) {
                 Ok(()) => {}
-                Err(SendError::Full(msg)) | Err(SendError::Closed(msg)) => {
+                Err(e) => {
+                    let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
+                    let msg = e.into_inner();
                     // Dropped: the pods are due again at the next look.
                     self.dropped += 1;
                     self.resend.unsend(msg.pods.iter().map(|p| &p.key));
-                    self.errors.note("send_pending", "mailbox_full", "router", &format!("{} pods", msg.pods.len()));
+                    self.errors.note("send_pending", kind, "router", &format!("{} pods", msg.pods.len()));
                     return 0;
                 }
             }

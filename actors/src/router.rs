@@ -250,6 +250,15 @@ impl Router {
     }
 
     fn close(&mut self, ctx: &mut Context<Self>) {
+        if !self.cluster.synced() {
+            // Nothing is decided on a view still listing: the batch waits another idle span.
+            let idle = Duration::from_millis(self.window.idle.max(1));
+            self.timer = Some(ctx.run_later(idle, |act, ctx| {
+                act.timer = None;
+                act.close(ctx);
+            }));
+            return;
+        }
         self.batch.close();
         self.stats.batches += 1;
         self.offers.clear();

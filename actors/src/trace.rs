@@ -49,9 +49,12 @@ impl Cause {
 
     /// Makes `span` (just created, not yet entered) a child of this cause: the same trace.
     pub fn adopt(&self, span: &tracing::Span) {
-        if self.is_traced() && !span.is_disabled() {
-            // Fails only without the OpenTelemetry layer, when there is no trace to join.
-            let _ = span.set_parent(self.0.clone());
+        if self.is_traced()
+            && !span.is_disabled()
+            && let Err(e) = span.set_parent(self.0.clone())
+        {
+            // Only without the OpenTelemetry layer, when there is no trace to join.
+            tracing::debug!(error = %e, "a span could not join its decision's trace");
         }
     }
 }

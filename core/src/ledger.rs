@@ -181,20 +181,26 @@ pub enum Step {
     /// The instance, with what it really holds and costs (at most what was reserved). On a
     /// claim deleted while launching, the instance is recorded so that it is terminated.
     Launched {
+        /// The launch batch whose call made it: an outcome of another batch than the one
+        /// the claim launches in (a late answer) is rejected.
+        batch: String,
         instance: String,
         resources: ResourceList,
         allocatable: ResourceList,
         price_per_hour: MicroDollars,
     },
-    /// The launch found no capacity anywhere it tried: back to `Reserved`, for the pool to
-    /// pick another offering.
-    Unlaunched,
+    /// The launch of `batch` found no capacity anywhere it tried: back to `Reserved`, for the
+    /// pool to pick another offering.
+    Unlaunched {
+        batch: String,
+    },
     Registered,
     Initialized,
     Terminating,
     /// The instance is terminated (or there never was one).
     InstanceGone,
-    /// Gone: its resources are released and it leaves the registry.
+    /// Gone: its resources are released and it leaves the registry. Only a claim that never
+    /// launched (`Reserved`) or whose instance is known gone may go: nothing is leaked.
     Gone,
 }
 
@@ -541,10 +547,11 @@ impl State {
                 started.push(id.clone());
             }
             if !members.is_empty() {
-                // A re-drive keeps the record it was made with (its instances are assigned by it).
+                // A re-drive keeps the record it was made with (its instances are assigned by
+                // it); a new record holds the claims started, never one refused.
                 self.batches.entry(batch.id.clone()).or_insert_with(|| BatchRecord {
                     zone: zone.to_string(),
-                    claims: batch.claims.clone(),
+                    claims: members,
                     at,
                 });
             }
@@ -614,25 +621,24 @@ impl State {
         };
         let reject = |to: &str| Err(format!("claim {id} cannot go from {} to {to}", claim.state.name()));
         let next = match step {
-            Step::Launched { instance, resources, allocatable, price_per_hour } => match &claim.state {
-                ClaimState::Reserved | ClaimState::Launching { .. } => {
+            Step::Launched { batch: from, instance, resources, allocatable, price_per_hour } => match &claim.state {
+                ClaimState::Launching { batch } if batch == from => {
                     self.rehold(id, resources, allocatable, *price_per_hour);
                     ClaimState::Launched { instance: instance.clone() }
                 }
                 ClaimState::Launched { instance: known } if known == instance => return Ok(()),
                 // Deleted while launching: the instance is recorded so that it is terminated.
-                ClaimState::Terminating { instance: None, batch, .. } => {
-                    let batch = batch.clone();
+                ClaimState::Terminating { instance: None, batch: Some(batch), .. } if batch == from => {
+                    let batch = Some(batch.clone());
                     self.rehold(id, resources, allocatable, *price_per_hour);
                     ClaimState::Terminating { instance: Some(instance.clone()), batch, instance_gone: false }
                 }
                 ClaimState::Terminating { instance: Some(known), .. } if known == instance => return Ok(()),
-                _ => return reject("Launched"),
+                _ => return Err(format!("claim {id} ({}) is not launching in batch {from}", claim.state.name())),
             },
-            Step::Unlaunched => match &claim.state {
-                ClaimState::Launching { .. } => ClaimState::Reserved,
-                ClaimState::Reserved => return Ok(()),
-                _ => return reject("Reserved"),
+            Step::Unlaunched { batch: from } => match &claim.state {
+                ClaimState::Launching { batch } if batch == from => ClaimState::Reserved,
+                _ => return Err(format!("claim {id} ({}) is not launching in batch {from}", claim.state.name())),
             },
             Step::Registered => match &claim.state {
                 ClaimState::Launched { instance } => ClaimState::Registered { instance: instance.clone() },
@@ -659,6 +665,9 @@ impl State {
                 _ => return reject("InstanceGone"),
             },
             Step::Gone => {
+                if !matches!(claim.state, ClaimState::Reserved | ClaimState::Terminating { instance_gone: true, .. }) {
+                    return reject("Gone");
+                }
                 let (pool, resources, price) = (claim.pool.clone(), claim.resources.clone(), claim.price_per_hour);
                 self.release(&pool, &resources, price);
                 self.claims.remove(id);
@@ -710,6 +719,7 @@ mod tests {
 
     fn launched(instance: &str, cpu: i64, price: MicroDollars) -> Step {
         Step::Launched {
+            batch: "b1".into(),
             instance: instance.into(),
             resources: ResourceList::cpu_mem(cpu * 1000, cpu * 4 * GIB),
             allocatable: ResourceList::cpu_mem(cpu * 1000 - 80, cpu * 4 * GIB - GIB),
@@ -791,7 +801,10 @@ mod tests {
         assert_eq!(s.total_price(), 200_000);
         adv(&mut s, 4, Step::Registered);
         adv(&mut s, 5, Step::Initialized);
-        assert!(matches!(adv(&mut s, 6, Step::Unlaunched), Outcome::Advanced { ref rejected } if rejected.len() == 1));
+        let unlaunched = Step::Unlaunched { batch: "b1".into() };
+        assert!(matches!(adv(&mut s, 6, unlaunched), Outcome::Advanced { ref rejected } if rejected.len() == 1));
+        let gone = adv(&mut s, 6, Step::Gone);
+        assert!(matches!(gone, Outcome::Advanced { ref rejected } if rejected.len() == 1), "its instance is live");
         adv(&mut s, 7, Step::Terminating);
         assert_eq!(
             s.claim("a").map(|c| c.state.clone()),
@@ -828,7 +841,9 @@ mod tests {
         s.apply(&entry(1, reserve("default", vec![req("a", 2, 0.1)])));
         let b1 = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
         s.apply(&entry(2, Command::Launch { zone: "us-east-1a".into(), batches: vec![b1] }));
-        s.apply(&entry(3, step("a", Step::Unlaunched)));
+        let late = s.apply(&entry(3, step("a", Step::Unlaunched { batch: "b0".into() })));
+        assert!(matches!(late, Outcome::Advanced { ref rejected } if rejected.len() == 1), "another batch's answer");
+        s.apply(&entry(3, step("a", Step::Unlaunched { batch: "b1".into() })));
         assert_eq!(s.claim("a").map(|c| c.state.clone()), Some(ClaimState::Reserved));
         assert!(s.batches().is_empty());
         let b2 = LaunchBatch { id: "b2".into(), claims: vec!["a".into()] };

@@ -213,6 +213,34 @@ pub fn launch_order(
     priced.into_iter().map(|(_, n)| n.clone()).collect()
 }
 
+/// A launch's candidate types without those the ledger marks unavailable in `zone` for every
+/// allowed capacity type (Karpenter filters ICE'd offerings before the 60 cheapest go to
+/// CreateFleet). `Err` with every offering tried when none is left: the launch finds no
+/// capacity without a call.
+pub fn unmarked_candidates(
+    names: &[String],
+    zone: &str,
+    capacity_types: &[CapacityType],
+    marked: &std::collections::BTreeSet<crate::ledger::Offering>,
+) -> Result<Vec<String>, Vec<crate::ledger::Offering>> {
+    let cts: Vec<CapacityType> = if capacity_types.is_empty() {
+        vec![CapacityType::Spot, CapacityType::OnDemand]
+    } else {
+        capacity_types.to_vec()
+    };
+    let key = |t: &str, ct: CapacityType| crate::ledger::Offering {
+        instance_type: t.to_string(),
+        zone: zone.to_string(),
+        capacity_type: ct,
+    };
+    let kept: Vec<String> =
+        names.iter().filter(|t| cts.iter().any(|&ct| !marked.contains(&key(t, ct)))).cloned().collect();
+    if kept.is_empty() && !names.is_empty() {
+        return Err(names.iter().flat_map(|t| cts.iter().map(move |&ct| key(t, ct))).collect());
+    }
+    Ok(kept)
+}
+
 /// The zone a claim moves to after insufficient capacity: the cheapest available offering of
 /// its candidate types among the zones it may use, skipping what `unavailable` (the ledger's
 /// ICE marks) excludes.
@@ -597,6 +625,20 @@ mod names_tests {
         let many: std::collections::BTreeSet<String> = (0..1000).map(|_| a.claim("p")).collect();
         assert!(many.len() > 990, "collisions are rare, not impossible: the ledger refuses them");
         assert!(a.batch("us-east-1a").starts_with("us-east-1a-"));
+    }
+
+    #[test]
+    fn marked_offerings_are_not_tried_again() {
+        use crate::ledger::Offering;
+        let mark = |t: &str, ct| Offering { instance_type: t.into(), zone: "z".into(), capacity_type: ct };
+        let names = vec!["a".to_string(), "b".to_string()];
+        let mut marked = std::collections::BTreeSet::from([mark("a", CapacityType::Spot)]);
+        let both = [CapacityType::Spot, CapacityType::OnDemand];
+        assert_eq!(unmarked_candidates(&names, "z", &both, &marked), Ok(names.clone()), "a's on-demand is still there");
+        assert_eq!(unmarked_candidates(&names, "z", &[CapacityType::Spot], &marked), Ok(vec!["b".to_string()]));
+        marked.insert(mark("b", CapacityType::Spot));
+        let none = unmarked_candidates(&names, "z", &[CapacityType::Spot], &marked);
+        assert_eq!(none, Err(vec![mark("a", CapacityType::Spot), mark("b", CapacityType::Spot)]));
     }
 
     #[test]

@@ -300,6 +300,24 @@ pub fn heaviest<T>(terms: &[(i32, T)]) -> Option<&(i32, T)> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_pods_the_scheduler_marked_unschedulable_are_provisioned() {
+        let marked = Pod { unschedulable: true, ..Pod::new("default", "p", ResourceList::new()) };
+        assert!(marked.is_provisionable());
+        assert!(!Pod { unschedulable: false, ..marked.clone() }.is_provisionable(), "not tried by the scheduler yet");
+        assert!(!Pod { scheduling_gated: true, ..marked.clone() }.is_provisionable(), "gated");
+        assert!(
+            !Pod { nominated_node: Some("n".into()), ..marked.clone() }.is_provisionable(),
+            "nominated (preempting)"
+        );
+        assert!(!Pod { daemon: true, ..marked.clone() }.is_provisionable(), "a DaemonSet's");
+        assert!(!Pod { deleting: true, ..marked.clone() }.is_provisionable(), "terminating");
+        assert!(!Pod { terminal: true, ..marked.clone() }.is_provisionable(), "finished");
+        assert!(!Pod { node_name: Some("n".into()), ..marked.clone() }.is_provisionable(), "bound");
+        let other = Pod { scheduler_name: Some("my-scheduler".into()), ..marked };
+        assert!(!other.uses_default_scheduler(), "kube-scheduler never marks another scheduler's pods");
+    }
+
     fn cpu(m: i64) -> ResourceList {
         ResourceList::from_pairs([(ResourceName::Cpu, m)])
     }

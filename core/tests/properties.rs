@@ -677,14 +677,15 @@ mod ledger_props {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            (0u8..4, 0i64..=100, 0u64..=100).prop_map(|(i, pct, ppct)| Step::Launched {
+            (0u8..4, 0u8..4, 0i64..=100, 0u64..=100).prop_map(|(b, i, pct, ppct)| Step::Launched {
+                batch: format!("b{b}"),
                 instance: format!("i-{i}"),
                 // A fraction of what was reserved: scaled when applied below.
                 resources: ResourceList::from_pairs([(ResourceName::Cpu, pct)]),
                 allocatable: ResourceList::new(),
                 price_per_hour: ppct,
             }),
-            Just(Step::Unlaunched),
+            (0u8..4).prop_map(|b| Step::Unlaunched { batch: format!("b{b}") }),
             Just(Step::Registered),
             Just(Step::Initialized),
             Just(Step::Terminating),

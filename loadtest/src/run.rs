@@ -37,6 +37,7 @@ pub struct TokioClock {
 }
 
 impl TokioClock {
+    #[allow(clippy::disallowed_methods, reason = "an implementation of the Clock seam, on tokio's (virtual) time")]
     pub fn new() -> Self {
         TokioClock { start: tokio::time::Instant::now() }
     }

@@ -147,7 +147,7 @@ pub struct NodePoolActor {
     memory: Option<Memory>,
     /// Claims of rounds still reserving or creating them (the lifecycle leaves them alone).
     busy: Arc<Mutex<BTreeSet<String>>>,
-    /// Claims handed to a zone actor, not yet answered, with when: after `asked_again`
+    /// Claims handed to a zone actor, not yet answered, with when: after `ask_again_after`
     /// without an answer (a reply dropped at a full mailbox) a claim is asked again (the zone
     /// answers each claim once however often it is asked).
     launching: BTreeMap<String, Millis>,
@@ -208,9 +208,9 @@ impl NodePoolActor {
     }
 
     /// Whether a launch or termination asked at `at` is still waiting for its answer: after
-    /// twice the longest retry wait it is taken as lost and asked again.
+    /// `ask_again_after` it is taken as lost and asked again.
     fn still_asked(&self, at: Option<&Millis>) -> bool {
-        let wait = to_millis(self.cfg.zone.max_retry_wait).saturating_mul(2);
+        let wait = to_millis(self.cfg.ask_again_after);
         at.is_some_and(|at| self.now().saturating_sub(*at) < wait)
     }
 

@@ -71,6 +71,12 @@ impl Handler<Provision> for NodePoolActor {
             // The leader's plane provisions; these pods stay pending for it.
             return;
         }
+        if !self.view.synced() {
+            // A view still listing would hide nodes and running pods: the pods go back and
+            // come again once it is synced.
+            self.give_back(Traced { pods: msg.pods, causes: msg.causes }, "the cluster view is not synced".into());
+            return;
+        }
         // The round's span in each traced decision, and each pod's.
         let rounds: Vec<(Cause, tracing::Span)> = trace::distinct(&msg.causes)
             .into_iter()

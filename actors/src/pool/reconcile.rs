@@ -40,9 +40,34 @@ struct Planned {
     memory: Memory,
     snapshot: Arc<Snapshot>,
     synced: bool,
+    /// The pool's claims in the ledger.
+    live: BTreeSet<String>,
 }
 
 impl NodePoolActor {
+    /// Every claim the actor tracks something of.
+    fn tracked(&self) -> BTreeSet<String> {
+        let mut t: BTreeSet<String> = self.launching.keys().cloned().collect();
+        t.extend(self.terminating.keys().cloned());
+        t.extend(self.retry_at.keys().cloned());
+        t.extend(self.ice.iter().cloned());
+        t.extend(self.pods.keys().cloned());
+        t.extend(self.following.keys().cloned());
+        t
+    }
+
+    /// Drops what is tracked of claims the ledger no longer knows.
+    fn forget<'a>(&mut self, gone: impl Iterator<Item = &'a String>) {
+        for claim in gone {
+            self.launching.remove(claim);
+            self.terminating.remove(claim);
+            self.retry_at.remove(claim);
+            self.ice.remove(claim);
+            self.pods.remove(claim);
+            self.following.remove(claim);
+        }
+    }
+
     /// Starts a reconcile unless one is under way (its plan reads the latest state anyway).
     pub(super) fn reconcile(&mut self, ctx: &mut Context<Self>) {
         let leadership = self.ledger.leadership().borrow().clone();
@@ -51,6 +76,9 @@ impl NodePoolActor {
         }
         let Some(memory) = self.memory.take() else { return };
         let term = leadership.term;
+        // What the actor tracks now: whatever of it the ledger no longer knows is dropped
+        // once the read is in (entries made while the read runs are kept).
+        let tracked = self.tracked();
         let (ledger, view, clock, errors) =
             (self.ledger.clone(), self.view.clone(), self.clock.clone(), self.errors.clone());
         let (pool, types, zones, cfg, busy) = (
@@ -60,6 +88,7 @@ impl NodePoolActor {
             self.cfg.clone(),
             self.busy.clone(),
         );
+        let name_for_errors = pool.clone();
         let work = async move {
             let now = clock.now_millis();
             let name = pool.clone();
@@ -83,6 +112,7 @@ impl NodePoolActor {
                     return Err(memory);
                 }
             };
+            let live: BTreeSet<String> = claims.iter().map(|c| c.id.clone()).collect();
             let snapshot = view.snapshot();
             let synced = view.synced();
             let busy: BTreeSet<String> = busy.lock().map(|b| b.clone()).unwrap_or_default();
@@ -101,18 +131,19 @@ impl NodePoolActor {
                     busy: &busy,
                 };
                 let plan = reconcile(&input, &cfg.lifecycle, &mut memory);
-                Planned { plan, memory, snapshot, synced }
+                Planned { plan, memory, snapshot, synced, live }
             })
             .await;
             planned.map_err(|e| {
-                errors.warn("plan_lifecycle", "panic", "nodepool", &e);
+                errors.warn("plan_lifecycle", "panic", &name_for_errors, &e);
                 Memory::default()
             })
         };
         ctx.spawn(work.into_actor(self).map(move |planned, act, ctx| match planned {
             Err(memory) => act.memory = Some(memory),
-            Ok(Planned { plan, memory, snapshot, synced }) => {
+            Ok(Planned { plan, memory, snapshot, synced, live }) => {
                 act.memory = Some(memory);
+                act.forget(tracked.difference(&live));
                 if !synced {
                     act.stats.unsynced += 1;
                 }
@@ -195,6 +226,7 @@ impl NodePoolActor {
                 }
                 Step::Gone => {
                     self.launching.remove(claim);
+                    self.terminating.remove(claim);
                     self.ice.remove(claim);
                     self.retry_at.remove(claim);
                     self.following.remove(claim);

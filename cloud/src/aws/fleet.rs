@@ -165,7 +165,11 @@ async fn launch_group(p: &AwsProvider, types: &Types, group: &[&LaunchRequest]) 
     let mut tried: Vec<OfferingKey> = Vec::new();
     let mut other: Option<CloudError> = None;
     for ct in order {
-        let pending: Vec<usize> = (0..group.len()).filter(|&i| results[i].is_none()).collect();
+        // In the batch's claim order: paired with the instances by id, as every re-drive pairs
+        // a batch's untagged instances (`assign_untagged`).
+        let mut pending: Vec<usize> = (0..group.len()).filter(|&i| results[i].is_none()).collect();
+        let position = |c: &str| first.batch.claims.iter().position(|x| x == c).unwrap_or(usize::MAX);
+        pending.sort_by_key(|&i| (position(&group[i].claim), i));
         if pending.is_empty() {
             break;
         }
@@ -276,9 +280,12 @@ struct Launched {
 }
 
 /// The client token of a call, derived from its launch batch: the same batch's same claims at
-/// the same capacity type give the same token (so EC2 answers a repeated call with the first
-/// call's instances), and a regrouped re-drive of some of them another.
-fn client_token(batch: &str, claims: &[&str], ct: CapacityType) -> String {
+/// the same capacity type with the same parameters give the same token (so EC2 answers a
+/// repeated call with the first call's instances); a regrouped re-drive, or one whose
+/// parameters changed (fewer candidates after ICE marks, another term's tag), gets another
+/// (EC2 refuses a token reused with other parameters), and the batch's tag finds what the
+/// first call made.
+fn client_token(batch: &str, claims: &[&str], ct: CapacityType, params: &str) -> String {
     let mut sorted = claims.to_vec();
     sorted.sort_unstable();
     let mut h = Fnv::default();
@@ -289,6 +296,8 @@ fn client_token(batch: &str, claims: &[&str], ct: CapacityType) -> String {
         h.write(&[0]);
     }
     h.write(ct.as_str().as_bytes());
+    h.write(&[0]);
+    h.write(params.as_bytes());
     format!("dovetail-{:016x}-{}", h.finish(), sorted.len())
 }
 
@@ -342,6 +351,14 @@ async fn create_fleet(
     if claims.len() == 1 {
         tags.insert(TAG_NODECLAIM.into(), claims[0].to_string());
     }
+    // Everything else the call sends, for its client token.
+    let mut params = format!("{subnet}|{}|", r.zone);
+    for c in candidates {
+        params.push_str(&format!("{}@{},", c.instance_type, c.template));
+    }
+    for (k, v) in &tags {
+        params.push_str(&format!("|{k}={v}"));
+    }
     let tag_list: Vec<Tag> = tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect();
     let target = TargetCapacitySpecificationRequest::builder()
         .total_target_capacity(claims.len() as i32)
@@ -354,7 +371,7 @@ async fn create_fleet(
         .ec2
         .create_fleet()
         .r#type(FleetType::Instant)
-        .client_token(client_token(&r.batch.id, claims, ct))
+        .client_token(client_token(&r.batch.id, claims, ct, &params))
         .set_launch_template_configs(Some(configs))
         .target_capacity_specification(target)
         .tag_specifications(
@@ -425,6 +442,9 @@ async fn create_fleet(
             });
         }
     }
+    // Instances by id, claims in the batch's order: the same pairing a re-drive makes of a
+    // batch's untagged instances.
+    launched.sort_by(|a, b| a.id.cmp(&b.id));
     launched.truncate(claims.len());
     if launched.is_empty() && failed.is_empty() && other.is_none() {
         // EC2 launched nothing and said nothing: every candidate is out of capacity.
@@ -441,7 +461,7 @@ async fn create_fleet(
     if claims.len() > 1 {
         let mut tagging = tokio::task::JoinSet::new();
         for (l, claim) in launched.iter().zip(claims) {
-            if tagging.len() >= 8
+            if tagging.len() >= p.cfg.tag_concurrency.max(1)
                 && let Some(Err(e)) = tagging.join_next().await
             {
                 tracing::warn!(error = %e, "a tagging task failed");
@@ -510,11 +530,12 @@ mod tests {
 
     #[test]
     fn the_same_batch_and_claims_give_the_same_token_in_any_order() {
-        let a = client_token("b1", &["b", "a"], CapacityType::Spot);
-        assert_eq!(a, client_token("b1", &["a", "b"], CapacityType::Spot));
-        assert_ne!(a, client_token("b1", &["a", "b"], CapacityType::OnDemand));
-        assert_ne!(a, client_token("b1", &["a", "c"], CapacityType::Spot));
-        assert_ne!(a, client_token("b2", &["a", "b"], CapacityType::Spot), "another batch");
+        let a = client_token("b1", &["b", "a"], CapacityType::Spot, "p");
+        assert_eq!(a, client_token("b1", &["a", "b"], CapacityType::Spot, "p"));
+        assert_ne!(a, client_token("b1", &["a", "b"], CapacityType::OnDemand, "p"));
+        assert_ne!(a, client_token("b1", &["a", "c"], CapacityType::Spot, "p"));
+        assert_ne!(a, client_token("b2", &["a", "b"], CapacityType::Spot, "p"), "another batch");
+        assert_ne!(a, client_token("b1", &["a", "b"], CapacityType::Spot, "q"), "other parameters");
         assert!(a.len() <= 64);
     }
 }

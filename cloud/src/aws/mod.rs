@@ -67,6 +67,8 @@ pub struct AwsConfig {
     pub cluster_ca: String,
     /// At most this many (cheapest) instance types per CreateFleet call (Karpenter: 60).
     pub max_fleet_types: usize,
+    /// CreateTags calls in flight at once when a merged call tags its instances per claim.
+    pub tag_concurrency: usize,
     /// The cluster's Kubernetes minor version, for alias AMIs (`1.33`).
     pub kubernetes_version: String,
     /// Where alias AMIs' SSM parameters live (`/aws/service/eks/optimized-ami`).
@@ -86,6 +88,7 @@ impl Default for AwsConfig {
             cluster_endpoint: String::new(),
             cluster_ca: String::new(),
             max_fleet_types: 60,
+            tag_concurrency: 8,
             kubernetes_version: "1.33".into(),
             ami_parameter_prefix: "/aws/service/eks/optimized-ami".into(),
         }
@@ -101,6 +104,9 @@ impl AwsConfig {
         }
         if !(1..=150).contains(&self.max_fleet_types) {
             return bad("max_fleet_types", "CreateFleet takes 1 to 150 overrides (Karpenter sends 60)");
+        }
+        if self.tag_concurrency == 0 {
+            return bad("tag_concurrency", "must be positive");
         }
         if self.resolve_ttl.is_zero() || self.price_refresh.is_zero() {
             return bad("resolve_ttl/price_refresh", "must be positive");

@@ -446,7 +446,16 @@ impl SimCloud {
             return None;
         }
         let refs: Vec<&str> = untagged.iter().map(String::as_str).collect();
-        let assigned: Vec<(String, String)> = assign_untagged(batch, |c| s.by_claim.contains_key(c), &refs)
+        // The batch's own instances say which of its claims have one (as the AWS provider
+        // reads their tags).
+        let tagged: Vec<String> = s
+            .by_batch
+            .get(&batch.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| s.instances.get(id.as_str())?.claim.clone())
+            .collect();
+        let assigned: Vec<(String, String)> = assign_untagged(batch, |c| tagged.iter().any(|t| t == c), &refs)
             .into_iter()
             .map(|(i, c)| (untagged[i].clone(), c.to_string()))
             .collect();

@@ -13,24 +13,25 @@
 //! Throttled launches wait for the retry-after; terminations are fenced the same way and
 //! committed as `InstanceGone`.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod call;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use dovetail_cloud::{CloudError, CloudProvider, Instance, LaunchBatch, LaunchRequest, Lookup, same_shape};
-use dovetail_core::catalog::CapacityType;
+use dovetail_cloud::{CloudError, CloudProvider, Instance, LaunchBatch, LaunchRequest, same_shape};
 use dovetail_core::clock::{Clock, to_millis};
-use dovetail_core::ledger::{Command, Entry, Millis, Offering, Outcome, Step, Term, micro_dollars};
+use dovetail_core::ledger::{Millis, Term};
 use dovetail_core::plane::Names;
 use dovetail_raft::Ledger;
-use dovetail_raft::read_with;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::config::ZoneSettings;
 use crate::errors::Errors;
 use crate::limiter::RegionLimiter;
 use crate::trace::Cause;
+use call::{Failure, LaunchCall, LaunchResult, launch, terminate};
 
 /// The tag with the leadership term a launch was decided in.
 pub const TAG_TERM: &str = "dovetail.dev/term";
@@ -243,6 +244,7 @@ impl ZoneActor {
                 self.in_flight.remove(&f.request.claim);
             }
             self.stats.fenced += batch.len() as u64;
+            self.run_deferred(ctx);
             return;
         }
         let term = leadership.term;
@@ -370,6 +372,8 @@ impl ZoneActor {
 
     fn terminate(&mut self, ctx: &mut Context<Self>, msg: Terminate) {
         if self.in_flight.contains_key(&msg.claim) {
+            // One waiting termination per claim: the latest ask replaces an earlier one.
+            self.deferred.retain(|t| t.claim != msg.claim);
             self.deferred.push(msg);
             return;
         }
@@ -408,232 +412,6 @@ fn same_shape_but_batch(a: &LaunchRequest, b: &LaunchRequest) -> bool {
     same_shape(a, &b)
 }
 
-/// Why a claim of a launch call has no cloud result.
-#[derive(Clone, Debug, PartialEq)]
-enum Failure {
-    Throttled(Duration),
-    /// The ledger did not start it (with why).
-    Refused(String),
-    /// The term was over before the call.
-    Fenced,
-    Cloud(CloudError),
-}
-
-/// What a launch call needs, off the actor.
-struct LaunchCall {
-    cloud: Arc<dyn CloudProvider>,
-    ledger: Arc<dyn Ledger>,
-    clock: Arc<dyn Clock>,
-    ice_ttl: Duration,
-    errors: Arc<Errors>,
-    zone: String,
-    term: Term,
-    batches: Vec<LaunchBatch>,
-    requests: Vec<LaunchRequest>,
-}
-
-/// Records the batches, launches what the ledger started (while the term lasts), records the
-/// outcomes; one result per request.
-async fn launch(c: LaunchCall) -> Vec<Result<Result<Instance, CloudError>, Failure>> {
-    let n = c.requests.len();
-    let at = c.clock.now_millis();
-    let recorded = c
-        .ledger
-        .propose(Entry { term: c.term, at, command: Command::Launch { zone: c.zone.clone(), batches: c.batches } })
-        .await;
-    let refused: BTreeMap<String, String> = match recorded.map(|r| r.outcome) {
-        Ok(Outcome::Launching { refused, .. }) => refused.into_iter().collect(),
-        Ok(Outcome::Fenced { .. }) => return vec![Err(Failure::Fenced); n],
-        Ok(other) => {
-            c.errors.warn("record_launch", "unexpected", &c.zone, &format!("{other:?}"));
-            return vec![Err(Failure::Refused(format!("{other:?}"))); n];
-        }
-        Err(e) => {
-            c.errors.warn("record_launch", "ledger", &c.zone, &e);
-            return vec![Err(Failure::Cloud(CloudError::Transient { message: e.to_string() })); n];
-        }
-    };
-    let mut started: Vec<usize> = (0..n).filter(|&i| !refused.contains_key(&c.requests[i].claim)).collect();
-    let mut out: Vec<Result<Result<Instance, CloudError>, Failure>> =
-        c.requests.iter().map(|r| Err(Failure::Refused(refused.get(&r.claim).cloned().unwrap_or_default()))).collect();
-    if started.is_empty() {
-        return out;
-    }
-    // Fenced right before the cloud is called: a leader deposed meanwhile launches nothing.
-    if !c.ledger.leadership().borrow().is_current(c.term) {
-        for &i in &started {
-            out[i] = Err(Failure::Fenced);
-        }
-        return out;
-    }
-    // Offerings marked unavailable are not tried again (Karpenter filters them before the 60
-    // cheapest go to CreateFleet): a claim left with none finds no capacity without a call.
-    let zone = c.zone.clone();
-    let marked: BTreeSet<Offering> =
-        match read_with(&*c.ledger, move |s| s.unavailable(at).filter(|o| o.zone == zone).cloned().collect()).await {
-            Ok(m) => m,
-            Err(e) => {
-                c.errors.warn("read_ice_marks", "ledger", &c.zone, &e);
-                BTreeSet::new()
-            }
-        };
-    let mut requests: Vec<LaunchRequest> = Vec::with_capacity(started.len());
-    let mut exhausted: Vec<(usize, Vec<dovetail_cloud::OfferingKey>)> = Vec::new();
-    started.retain(|&i| {
-        let mut r = c.requests[i].clone();
-        let cts: Vec<CapacityType> = if r.capacity_types.is_empty() {
-            vec![CapacityType::Spot, CapacityType::OnDemand]
-        } else {
-            r.capacity_types.clone()
-        };
-        let key = |t: &str, ct: CapacityType| Offering {
-            instance_type: t.to_string(),
-            zone: r.zone.clone(),
-            capacity_type: ct,
-        };
-        let before = r.instance_types.len();
-        r.instance_types.retain(|t| cts.iter().any(|&ct| !marked.contains(&key(t, ct))));
-        if r.instance_types.is_empty() && before > 0 {
-            let all = &c.requests[i];
-            let offerings = all
-                .instance_types
-                .iter()
-                .flat_map(|t| {
-                    cts.iter().map(|&ct| dovetail_cloud::OfferingKey {
-                        instance_type: t.clone(),
-                        zone: all.zone.clone(),
-                        capacity_type: ct,
-                    })
-                })
-                .collect();
-            exhausted.push((i, offerings));
-            return false;
-        }
-        requests.push(r);
-        true
-    });
-    let mut results = if requests.is_empty() { Vec::new() } else { c.cloud.launch(&requests).await };
-    for (i, offerings) in exhausted {
-        requests.push(c.requests[i].clone());
-        results.push(Err(CloudError::InsufficientCapacity { offerings }));
-        started.push(i);
-    }
-    let at = c.clock.now_millis();
-    let mut steps = Vec::new();
-    let mut offerings = Vec::new();
-    for (r, result) in requests.iter().zip(&results) {
-        match result {
-            Ok(inst) => steps.push((
-                r.claim.clone(),
-                Step::Launched {
-                    instance: inst.id.clone(),
-                    resources: inst.capacity.clone(),
-                    allocatable: inst.allocatable.clone(),
-                    price_per_hour: micro_dollars(inst.price),
-                },
-            )),
-            Err(CloudError::InsufficientCapacity { offerings: o }) => {
-                steps.push((r.claim.clone(), Step::Unlaunched));
-                offerings.extend(o.iter().map(|o| Offering {
-                    instance_type: o.instance_type.clone(),
-                    zone: o.zone.clone(),
-                    capacity_type: o.capacity_type,
-                }));
-            }
-            Err(e) => {
-                let kind = e.kind();
-                if kind == "throttled" {
-                    c.errors.note("launch", kind, &format!("nodeclaim/{}", r.claim), e);
-                } else {
-                    c.errors.warn("launch", kind, &format!("nodeclaim/{}", r.claim), e);
-                }
-            }
-        }
-    }
-    if !offerings.is_empty() {
-        offerings.sort();
-        offerings.dedup();
-        let until = at.saturating_add(to_millis(c.ice_ttl));
-        let mark = Command::MarkUnavailable { offerings, until };
-        if let Err(e) = c.ledger.propose(Entry { term: c.term, at, command: mark }).await {
-            c.errors.warn("mark_unavailable", "ledger", &c.zone, &e);
-        }
-    }
-    if !steps.is_empty() {
-        match c.ledger.propose(Entry { term: c.term, at, command: Command::Advance { steps } }).await {
-            Ok(committed) => {
-                if let Outcome::Advanced { rejected } = &committed.outcome {
-                    for (claim, why) in rejected {
-                        c.errors.warn("record_launched", "rejected", &format!("nodeclaim/{claim}"), why);
-                    }
-                }
-            }
-            Err(e) => c.errors.warn("record_launched", "ledger", &c.zone, &e),
-        }
-    }
-    for (&i, result) in started.iter().zip(results) {
-        out[i] = match result {
-            Err(CloudError::Throttled { retry_after, .. }) => Err(Failure::Throttled(retry_after)),
-            r => Ok(r),
-        };
-    }
-    out
-}
-
-/// Terminates a claim's instance (looked up by its batch when the ledger knows none) while
-/// the term lasts, and commits `InstanceGone`. `Err(None)`: fenced.
-async fn terminate(
-    cloud: &dyn CloudProvider,
-    ledger: &dyn Ledger,
-    clock: &dyn Clock,
-    errors: &Errors,
-    (claim, instance, batch): (&str, Option<String>, Option<LaunchBatch>),
-    term: Term,
-) -> Result<(), Option<CloudError>> {
-    let object = format!("nodeclaim/{claim}");
-    if !ledger.leadership().borrow().is_current(term) {
-        return Err(None);
-    }
-    let id = match instance {
-        Some(id) => Some(id),
-        None => {
-            let lookup = [Lookup { claim: claim.to_string(), batch }];
-            match cloud.find(&lookup).await.into_iter().next() {
-                Some(Ok(found)) => found.map(|i| i.id),
-                Some(Err(e)) => {
-                    errors.warn("find_instance", e.kind(), &object, &e);
-                    return Err(Some(e));
-                }
-                None => None,
-            }
-        }
-    };
-    if let Some(id) = id {
-        match cloud.terminate(std::slice::from_ref(&id)).await.into_iter().next() {
-            // Gone already is done.
-            Some(Ok(())) | Some(Err(CloudError::NotFound { .. })) => {}
-            Some(Err(e)) => {
-                if matches!(e, CloudError::Throttled { .. }) {
-                    errors.note("terminate", e.kind(), &object, &e);
-                } else {
-                    errors.warn("terminate", e.kind(), &object, &e);
-                }
-                return Err(Some(e));
-            }
-            None => return Err(Some(CloudError::Transient { message: "no result".into() })),
-        }
-    }
-    let gone = Command::Advance { steps: vec![(claim.to_string(), Step::InstanceGone)] };
-    match ledger.propose(Entry { term, at: clock.now_millis(), command: gone }).await {
-        Ok(c) if c.outcome.is_fenced() => Err(None),
-        Ok(_) => Ok(()),
-        Err(e) => {
-            errors.warn("record_terminated", "ledger", &object, &e);
-            Err(Some(CloudError::Transient { message: e.to_string() }))
-        }
-    }
-}
-
 /// This call's span in each traced decision of each claim.
 fn launch_spans(zone: &str, batch: &[InFlight]) -> Vec<Vec<tracing::Span>> {
     batch
@@ -664,7 +442,7 @@ fn launch_spans(zone: &str, batch: &[InFlight]) -> Vec<Vec<tracing::Span>> {
 }
 
 /// Writes a claim's outcome onto its spans.
-fn record(spans: &[tracing::Span], result: &Result<Result<Instance, CloudError>, Failure>) {
+fn record(spans: &[tracing::Span], result: &LaunchResult) {
     for span in spans {
         match result {
             Ok(Ok(inst)) => {

@@ -1,0 +1,246 @@
+//! What a ZoneActor does off its handlers: a launch call (the batches recorded first, the
+//! cloud called only for what the ledger started and only while the term lasts, the outcomes
+//! committed) and a termination (fenced the same way, committed as `InstanceGone`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dovetail_cloud::{CloudError, CloudProvider, Instance, LaunchBatch, LaunchRequest, Lookup, OfferingKey};
+use dovetail_core::clock::{Clock, to_millis};
+use dovetail_core::ledger::{Command, Entry, Offering, Outcome, Step, Term, micro_dollars};
+use dovetail_core::plane::unmarked_candidates;
+use dovetail_raft::{Ledger, read_with};
+
+use crate::errors::Errors;
+
+/// Why a claim of a launch call has no cloud result.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Failure {
+    Throttled(Duration),
+    /// The ledger did not start it (with why).
+    Refused(String),
+    /// The term was over before the call.
+    Fenced,
+    Cloud(CloudError),
+}
+
+/// What a launch call needs, off the actor.
+pub(super) struct LaunchCall {
+    pub(super) cloud: Arc<dyn CloudProvider>,
+    pub(super) ledger: Arc<dyn Ledger>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) ice_ttl: Duration,
+    pub(super) errors: Arc<Errors>,
+    pub(super) zone: String,
+    pub(super) term: Term,
+    pub(super) batches: Vec<LaunchBatch>,
+    pub(super) requests: Vec<LaunchRequest>,
+}
+
+/// One result per request of a launch call.
+pub(super) type LaunchResult = Result<Result<Instance, CloudError>, Failure>;
+
+/// Records the batches, launches what the ledger started (while the term lasts, without the
+/// offerings the ledger marks unavailable), records the outcomes; one result per request.
+pub(super) async fn launch(c: LaunchCall) -> Vec<LaunchResult> {
+    let n = c.requests.len();
+    let at = c.clock.now_millis();
+    let record = Command::Launch { zone: c.zone.clone(), batches: c.batches.clone() };
+    let recorded = c.ledger.propose(Entry { term: c.term, at, command: record }).await;
+    let refused: BTreeMap<String, String> = match recorded.map(|r| r.outcome) {
+        Ok(Outcome::Launching { refused, .. }) => refused.into_iter().collect(),
+        Ok(Outcome::Fenced { .. }) => return vec![Err(Failure::Fenced); n],
+        Ok(other) => {
+            c.errors.warn("record_launch", "unexpected", &c.zone, &format!("{other:?}"));
+            return vec![Err(Failure::Refused(format!("{other:?}"))); n];
+        }
+        Err(e) => {
+            c.errors.warn("record_launch", "ledger", &c.zone, &e);
+            return vec![Err(Failure::Cloud(CloudError::Transient { message: e.to_string() })); n];
+        }
+    };
+    let mut out: Vec<LaunchResult> =
+        c.requests.iter().map(|r| Err(Failure::Refused(refused.get(&r.claim).cloned().unwrap_or_default()))).collect();
+    // The batches as the ledger recorded them (a new one holds only the claims it started):
+    // what the cloud assigns a batch's untagged instances to.
+    let ids: BTreeSet<String> = c.batches.iter().map(|b| b.id.clone()).collect();
+    let zone = c.zone.clone();
+    let read = read_with(&*c.ledger, move |s| {
+        let records: BTreeMap<String, Vec<String>> =
+            ids.iter().filter_map(|id| Some((id.clone(), s.batches().get(id)?.claims.clone()))).collect();
+        let marked: BTreeSet<Offering> = s.unavailable(at).filter(|o| o.zone == zone).cloned().collect();
+        (records, marked)
+    })
+    .await;
+    let (records, marked) = match read {
+        Ok(r) => r,
+        Err(e) => {
+            c.errors.warn("read_batches", "ledger", &c.zone, &e);
+            return vec![Err(Failure::Cloud(CloudError::Transient { message: e.to_string() })); n];
+        }
+    };
+    // Fenced right before the cloud is called: a leader deposed meanwhile launches nothing.
+    if !c.ledger.leadership().borrow().is_current(c.term) {
+        for (i, r) in c.requests.iter().enumerate() {
+            if !refused.contains_key(&r.claim) {
+                out[i] = Err(Failure::Fenced);
+            }
+        }
+        return out;
+    }
+    let mut calls: Vec<(usize, LaunchRequest)> = Vec::new();
+    for (i, r) in c.requests.iter().enumerate() {
+        if refused.contains_key(&r.claim) {
+            continue;
+        }
+        let mut r = r.clone();
+        if let Some(members) = records.get(&r.batch.id) {
+            r.batch.claims = members.clone();
+        }
+        match unmarked_candidates(&r.instance_types, &r.zone, &r.capacity_types, &marked) {
+            Ok(kept) => {
+                r.instance_types = kept;
+                calls.push((i, r));
+            }
+            Err(tried) => {
+                let offerings = tried
+                    .into_iter()
+                    .map(|o| OfferingKey {
+                        instance_type: o.instance_type,
+                        zone: o.zone,
+                        capacity_type: o.capacity_type,
+                    })
+                    .collect();
+                out[i] = Ok(Err(CloudError::InsufficientCapacity { offerings }));
+            }
+        }
+    }
+    let requests: Vec<LaunchRequest> = calls.iter().map(|(_, r)| r.clone()).collect();
+    let results = if requests.is_empty() { Vec::new() } else { c.cloud.launch(&requests).await };
+    for ((i, _), result) in calls.iter().zip(results) {
+        out[*i] = match result {
+            Err(CloudError::Throttled { retry_after, .. }) => Err(Failure::Throttled(retry_after)),
+            r => Ok(r),
+        };
+    }
+    commit_outcomes(&c, &out).await;
+    out
+}
+
+/// Commits a call's outcomes: the launched instances and the claims that found no capacity
+/// in one entry, the offerings that had none marked in another.
+async fn commit_outcomes(c: &LaunchCall, out: &[LaunchResult]) {
+    let at = c.clock.now_millis();
+    let mut steps = Vec::new();
+    let mut offerings = Vec::new();
+    for (r, result) in c.requests.iter().zip(out) {
+        let batch = r.batch.id.clone();
+        match result {
+            Ok(Ok(inst)) => steps.push((
+                r.claim.clone(),
+                Step::Launched {
+                    batch,
+                    instance: inst.id.clone(),
+                    resources: inst.capacity.clone(),
+                    allocatable: inst.allocatable.clone(),
+                    price_per_hour: micro_dollars(inst.price),
+                },
+            )),
+            Ok(Err(CloudError::InsufficientCapacity { offerings: o })) => {
+                steps.push((r.claim.clone(), Step::Unlaunched { batch }));
+                offerings.extend(o.iter().map(|o| Offering {
+                    instance_type: o.instance_type.clone(),
+                    zone: o.zone.clone(),
+                    capacity_type: o.capacity_type,
+                }));
+            }
+            Ok(Err(e)) => c.errors.warn("launch", e.kind(), &format!("nodeclaim/{}", r.claim), e),
+            Err(Failure::Throttled(after)) => c.errors.note(
+                "launch",
+                "throttled",
+                &format!("nodeclaim/{}", r.claim),
+                &format!("retry after {after:?}"),
+            ),
+            Err(_) => {}
+        }
+    }
+    if !offerings.is_empty() {
+        offerings.sort();
+        offerings.dedup();
+        let until = at.saturating_add(to_millis(c.ice_ttl));
+        let mark = Command::MarkUnavailable { offerings, until };
+        if let Err(e) = c.ledger.propose(Entry { term: c.term, at, command: mark }).await {
+            c.errors.warn("mark_unavailable", "ledger", &c.zone, &e);
+        }
+    }
+    if !steps.is_empty() {
+        match c.ledger.propose(Entry { term: c.term, at, command: Command::Advance { steps } }).await {
+            Ok(committed) => {
+                if let Outcome::Advanced { rejected } = &committed.outcome {
+                    for (claim, why) in rejected {
+                        c.errors.warn("record_launched", "rejected", &format!("nodeclaim/{claim}"), why);
+                    }
+                }
+            }
+            Err(e) => c.errors.warn("record_launched", "ledger", &c.zone, &e),
+        }
+    }
+}
+
+/// Terminates a claim's instance (looked up by its batch when the ledger knows none) while
+/// the term lasts, and commits `InstanceGone`. `Err(None)`: fenced.
+pub(super) async fn terminate(
+    cloud: &dyn CloudProvider,
+    ledger: &dyn Ledger,
+    clock: &dyn Clock,
+    errors: &Errors,
+    (claim, instance, batch): (&str, Option<String>, Option<LaunchBatch>),
+    term: Term,
+) -> Result<(), Option<CloudError>> {
+    let object = format!("nodeclaim/{claim}");
+    if !ledger.leadership().borrow().is_current(term) {
+        return Err(None);
+    }
+    let id = match instance {
+        Some(id) => Some(id),
+        None => {
+            let lookup = [Lookup { claim: claim.to_string(), batch }];
+            match cloud.find(&lookup).await.into_iter().next() {
+                Some(Ok(found)) => found.map(|i| i.id),
+                Some(Err(e)) => {
+                    errors.warn("find_instance", e.kind(), &object, &e);
+                    return Err(Some(e));
+                }
+                None => None,
+            }
+        }
+    };
+    if let Some(id) = id {
+        if !ledger.leadership().borrow().is_current(term) {
+            return Err(None);
+        }
+        match cloud.terminate(std::slice::from_ref(&id)).await.into_iter().next() {
+            // Gone already is done.
+            Some(Ok(())) | Some(Err(CloudError::NotFound { .. })) => {}
+            Some(Err(e)) => {
+                if matches!(e, CloudError::Throttled { .. }) {
+                    errors.note("terminate", e.kind(), &object, &e);
+                } else {
+                    errors.warn("terminate", e.kind(), &object, &e);
+                }
+                return Err(Some(e));
+            }
+            None => return Err(Some(CloudError::Transient { message: "no result".into() })),
+        }
+    }
+    let gone = Command::Advance { steps: vec![(claim.to_string(), Step::InstanceGone)] };
+    match ledger.propose(Entry { term, at: clock.now_millis(), command: gone }).await {
+        Ok(c) if c.outcome.is_fenced() => Err(None),
+        Ok(_) => Ok(()),
+        Err(e) => {
+            errors.warn("record_terminated", "ledger", &object, &e);
+            Err(Some(CloudError::Transient { message: e.to_string() }))
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Claims on their way up: launch (and the re-drive of a recorded batch), the relaunch after
+//! insufficient capacity, registration, initialization, and nodes lost.
+
+use std::collections::BTreeSet;
+
+use crate::cluster::{
+    Condition, NodeClaim, NodePatch, ObjectKind, StatusPatch, TERMINATION_FINALIZER, UNREGISTERED_TAINT,
+};
+use crate::effect::Action;
+use crate::labels;
+use crate::ledger::{Claim, ClaimState, LaunchBatch, Offering, Step};
+use crate::node::Node;
+use crate::plane::{allowed_zones, capacity_types, relaunch_zone};
+use crate::resources::{ResourceList, ResourceName};
+
+use super::{Claimed, Config, Input, Memory, Plan, is_extended, provider_id};
+
+/// A claim that is not terminating: launch, registration, initialization, loss.
+pub(super) fn live(
+    plan: &mut Plan,
+    input: &Input<'_>,
+    cfg: &Config,
+    memory: &mut Memory,
+    seen: &mut BTreeSet<String>,
+    cx: &Claimed<'_>,
+) {
+    let claim = cx.claim;
+    let id = claim.id.as_str();
+    let Some(nc) = cx.nc() else {
+        match cx.state {
+            // The round that reserved it stopped before creating it (a restart): nothing was
+            // launched; its pods are still pending and come back.
+            ClaimState::Reserved if cx.now.saturating_sub(claim.reserved_at) >= cfg.create_grace => {
+                plan.step(id, Step::Gone);
+            }
+            ClaimState::Reserved | ClaimState::Launching { .. } => {}
+            // Launched or later with its NodeClaim gone (deleted past its finalizer): lost,
+            // once the absence held.
+            _ => {
+                let key = format!("nodeclaim/{id}");
+                seen.insert(key.clone());
+                if memory.missing_for(key, cx.now, cfg.lost_grace) {
+                    plan.step(id, Step::Terminating);
+                }
+            }
+        }
+        return;
+    };
+    match &cx.state {
+        ClaimState::Reserved => {
+            let zone = launch_zone(input, claim, nc);
+            match zone {
+                Some(zone) => plan.effect(id, Action::Launch { zone, batch: None }),
+                None => {
+                    // Nowhere left with capacity: the claim goes; its pods come back pending.
+                    plan.step(id, Step::Terminating);
+                    let message = format!("no offering of nodeclaim {id} has capacity in any zone it may use");
+                    plan.event(id, ObjectKind::NodeClaim, id, true, "InsufficientCapacityError", message);
+                }
+            }
+        }
+        ClaimState::Launching { batch } => {
+            let batch = recorded(input, batch);
+            plan.effect(id, Action::Launch { zone: claim.zone.clone(), batch });
+        }
+        ClaimState::Launched { instance }
+        | ClaimState::Registered { instance }
+        | ClaimState::Initialized { instance } => {
+            launched_status(plan, claim, nc, instance);
+            let Some(node) = cx.node() else {
+                if !matches!(cx.state, ClaimState::Launched { .. }) {
+                    let key = format!("node/{id}");
+                    seen.insert(key.clone());
+                    if memory.missing_for(key, cx.now, cfg.lost_grace) {
+                        plan.step(id, Step::Terminating);
+                        let message = format!("the node of nodeclaim {id} is gone");
+                        plan.event(id, ObjectKind::NodeClaim, id, true, "NodeLost", message);
+                    }
+                }
+                return;
+            };
+            register(plan, claim, &cx.state, nc, node);
+            if !matches!(cx.state, ClaimState::Launched { .. }) {
+                initialize(plan, claim, &cx.state, nc, node);
+            }
+        }
+        ClaimState::Terminating { .. } => {}
+    }
+}
+
+/// A launch batch as the ledger recorded it.
+pub(super) fn recorded(input: &Input<'_>, id: &str) -> Option<LaunchBatch> {
+    input.batches.get(id).map(|r| LaunchBatch { id: id.to_string(), claims: r.claims.clone() })
+}
+
+/// The zone a reserved claim launches in: its own while an offering there has capacity,
+/// else the cheapest zone it may use that has one (ICE marks respected).
+fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<String> {
+    // Nothing marked in its zone: it stays (the usual case, without a look at the catalog).
+    if !input.unavailable.iter().any(|o| o.zone == claim.zone) {
+        return Some(claim.zone.clone());
+    }
+    let types = nc.spec.requirements.get(labels::INSTANCE_TYPE).values().to_vec();
+    let cts = capacity_types(&nc.spec.requirements);
+    let unavailable = |t: &str, o: &crate::catalog::Offering| {
+        input.unavailable.contains(&Offering {
+            instance_type: t.to_string(),
+            zone: o.zone.clone(),
+            capacity_type: o.capacity_type,
+        })
+    };
+    let own = std::slice::from_ref(&claim.zone);
+    if relaunch_zone(input.types, &types, &cts, own, unavailable).is_some() {
+        return Some(claim.zone.clone());
+    }
+    let zones = allowed_zones(&nc.spec.requirements, input.zones);
+    relaunch_zone(input.types, &types, &cts, &zones, unavailable).map(|c| c.zone)
+}
+
+/// The status a launched claim's NodeClaim shows: its provider id, capacity and `Launched`.
+fn launched_status(plan: &mut Plan, claim: &Claim, nc: &NodeClaim, instance: &str) {
+    let pid = provider_id(&claim.zone, instance);
+    if nc.status.provider_id.as_deref() == Some(pid.as_str()) && nc.status.is("Launched") {
+        return;
+    }
+    let mut capacity = claim.resources.clone();
+    capacity.set(ResourceName::Nodes, 0);
+    let patch = StatusPatch {
+        provider_id: Some(pid),
+        capacity: Some(ResourceList::from_pairs(capacity.iter().filter(|(_, v)| *v != 0).map(|(n, v)| (n.clone(), v)))),
+        allocatable: Some(claim.allocatable.clone()),
+        conditions: vec![Condition::met("Launched")],
+        ..StatusPatch::default()
+    };
+    plan.effect(&claim.id, Action::PatchStatus(patch));
+}
+
+/// Registration (Karpenter's): the node gets the claim's labels and taints and
+/// `karpenter.sh/registered`, loses `karpenter.sh/unregistered`, and carries the termination
+/// finalizer; the NodeClaim names its node and is `Registered`.
+fn register(plan: &mut Plan, claim: &Claim, state: &ClaimState, nc: &NodeClaim, node: &Node) {
+    let mut labels: Vec<(String, String)> = nc
+        .spec
+        .labels
+        .iter()
+        .filter(|(k, v)| node.labels.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if node.labels.get(labels::REGISTERED).map(String::as_str) != Some("true") {
+        labels.push((labels::REGISTERED.to_string(), "true".to_string()));
+    }
+    let patch = NodePatch {
+        add_taints: nc.spec.taints.clone(),
+        remove_taints: node.taints.iter().filter(|t| t.key == UNREGISTERED_TAINT).cloned().collect(),
+        labels,
+        add_finalizers: vec![TERMINATION_FINALIZER.to_string()],
+        ..NodePatch::default()
+    };
+    if patch.apply(node).is_some() {
+        plan.effect(&claim.id, Action::PatchNode { node: node.name.clone(), patch });
+    }
+    let status = StatusPatch {
+        node_name: Some(node.name.clone()),
+        conditions: vec![Condition::met("Registered")],
+        ..StatusPatch::default()
+    };
+    if status.apply(&nc.status).is_some() {
+        plan.effect(&claim.id, Action::PatchStatus(status));
+    }
+    if matches!(state, ClaimState::Launched { .. }) {
+        plan.step(&claim.id, Step::Registered);
+    }
+}
+
+/// Initialization (Karpenter's): the node is Ready, its startup taints and the unregistered
+/// taint are gone, and the extended resources the claim asked for are registered; then the
+/// node is labelled `karpenter.sh/initialized` and the NodeClaim is `Initialized`.
+fn initialize(plan: &mut Plan, claim: &Claim, state: &ClaimState, nc: &NodeClaim, node: &Node) {
+    let tainted = node.taints.iter().any(|t| {
+        t.key == UNREGISTERED_TAINT || nc.spec.startup_taints.iter().any(|s| s.key == t.key && s.effect == t.effect)
+    });
+    let resources_registered =
+        nc.spec.requests.iter().filter(|(r, v)| is_extended(r) && *v > 0).all(|(r, _)| node.allocatable.get(r) > 0);
+    let initialized = matches!(state, ClaimState::Initialized { .. });
+    if !initialized && (!node.ready || tainted || !resources_registered) {
+        return;
+    }
+    if node.labels.get(labels::INITIALIZED).map(String::as_str) != Some("true") {
+        let patch =
+            NodePatch { labels: vec![(labels::INITIALIZED.to_string(), "true".to_string())], ..NodePatch::default() };
+        plan.effect(&claim.id, Action::PatchNode { node: node.name.clone(), patch });
+    }
+    if !nc.status.is("Initialized") {
+        let status = StatusPatch { conditions: vec![Condition::met("Initialized")], ..StatusPatch::default() };
+        plan.effect(&claim.id, Action::PatchStatus(status));
+    }
+    if !initialized {
+        plan.step(&claim.id, Step::Initialized);
+    }
+}
