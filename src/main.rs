@@ -43,6 +43,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    if let Err(e) = dovetail_actors::memory_settings() {
+        eprintln!("warning: transparent huge pages stay on (prctl: {e}); peak RSS may be higher");
+    }
     let cli = Cli::parse();
     let telemetry = match telemetry::install(&cli.telemetry) {
         Ok(t) => t,

@@ -105,7 +105,10 @@ pub fn load(file: Option<&PathBuf>, builtin: Option<&str>) -> Result<Scenario, S
 pub fn execute(scenario: &Scenario, realtime: bool, out: &std::path::Path) -> Result<Report, ExitCode> {
     let opts = RunOptions { realtime, wall: Some(Arc::new(SystemClock)) };
     let mut status = Status { tty: std::io::stderr().is_terminal() };
-    let sys = actix_rt::System::new();
+    let sys = dovetail_actors::system().map_err(|e| {
+        eprintln!("error: cannot start the runtime: {e}");
+        ExitCode::FAILURE
+    })?;
     let report = sys.block_on(async { dovetail_loadtest::run(scenario, &opts, &mut status).await });
     if status.tty {
         eprintln!();

@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flags.iter().find_map(|a| a.strip_prefix("repeat=")).map(|k| k.parse()).transpose()?.unwrap_or(1).max(1);
     let mut times = Vec::new();
     for _ in 0..repeat {
-        let sys = actix_rt::System::new();
+        let sys = dovetail_actors::system()?;
         times.push(sys.block_on(run(n, idle, ec2, adaptive))?);
     }
     times.sort_by(f64::total_cmp);

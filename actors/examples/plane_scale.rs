@@ -90,7 +90,9 @@ fn rss() -> (f64, f64) {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pods: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(100_000);
     let per_node: i64 = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(10).max(1);
-    let sys = actix_rt::System::new();
+    // As the dovetail binary runs the plane.
+    dovetail_actors::memory_settings()?;
+    let sys = dovetail_actors::system()?;
     sys.block_on(run(pods, per_node))
 }
 

@@ -79,6 +79,15 @@ pub struct Config {
     pub window: BatchWindow,
     /// How often each NodePoolActor reconciles its claims.
     pub reconcile_every: Duration,
+    /// How often a quiet NodePoolActor (nothing changed since its last reconcile) reconciles
+    /// anyway: the delay a time-based deadline (a liveness timeout, a lost node's grace, a
+    /// drain's deadline) may see.
+    pub quiet_reconcile_every: Duration,
+    /// A reconcile whose cluster holds at most this many pods and nodes plans on the actor's
+    /// thread: it costs less than a hand-off to the blocking pool (tens of microseconds), and
+    /// at this size under a millisecond, so timers still fire on time. Larger ones plan on the
+    /// blocking pool.
+    pub inline_plan_objects: usize,
     pub feed: FeedConfig,
     pub zone: ZoneSettings,
     pub mailboxes: Mailboxes,
@@ -102,6 +111,8 @@ impl Default for Config {
         Config {
             window: BatchWindow::default(),
             reconcile_every: Duration::from_secs(1),
+            quiet_reconcile_every: Duration::from_secs(10),
+            inline_plan_objects: 5_000,
             feed: FeedConfig::default(),
             zone: ZoneSettings::default(),
             mailboxes: Mailboxes::default(),
@@ -123,8 +134,8 @@ impl Config {
         if self.window.idle == 0 || self.window.max < self.window.idle {
             return bad("window", "idle must be positive and at most max");
         }
-        if self.reconcile_every.is_zero() {
-            return bad("reconcile_every", "must be positive");
+        if self.reconcile_every.is_zero() || self.quiet_reconcile_every < self.reconcile_every {
+            return bad("reconcile_every", "must be positive, and quiet_reconcile_every at least as long");
         }
         if self.feed.tick.is_zero() || self.feed.resend.is_zero() {
             return bad("feed", "tick and resend must be positive");

@@ -243,12 +243,13 @@ pub fn unmarked_candidates(
 
 /// The zone a claim moves to after insufficient capacity: the cheapest available offering of
 /// its candidate types among the zones it may use, skipping what `unavailable` (the ledger's
-/// ICE marks) excludes.
+/// ICE marks) excludes; `prefer` (the claim's own zone) wins a tie.
 pub fn relaunch_zone(
     types: &[InstanceType],
     names: &[String],
     capacity_types: &[CapacityType],
     zones: &[String],
+    prefer: Option<&str>,
     unavailable: impl Fn(&str, &Offering) -> bool,
 ) -> Option<ZoneChoice> {
     let names: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
@@ -257,7 +258,10 @@ pub fn relaunch_zone(
         .filter(|t| names.contains(t.name.as_str()))
         .flat_map(|t| t.offerings.iter().map(move |o| (t.name.as_str(), o)))
         .filter(|(_, o)| zones.contains(&o.zone));
-    pick_zone(offerings, capacity_types, unavailable, &BTreeMap::new())
+    // A tie goes to the zone with the fewest claims: the preferred one counts none.
+    let others: BTreeMap<String, usize> =
+        zones.iter().filter(|z| prefer.is_some_and(|p| p != z.as_str())).map(|z| (z.clone(), 1)).collect();
+    pick_zone(offerings, capacity_types, unavailable, &others)
 }
 
 /// The names the plane mints, from a seeded generator (SplitMix64): the caller seeds it (from
@@ -742,9 +746,15 @@ mod tests {
         let od = [CapacityType::OnDemand];
         let zones = vec!["us-east-1a".to_string(), "us-east-1b".to_string()];
         let a_marked = |_: &str, o: &Offering| o.zone == "us-east-1a";
-        let z = relaunch_zone(&types, &names, &od, &zones, a_marked).expect("b");
+        let z = relaunch_zone(&types, &names, &od, &zones, None, a_marked).expect("b");
         assert_eq!((z.zone.as_str(), z.capacity_type), ("us-east-1b", CapacityType::OnDemand));
-        assert_eq!(relaunch_zone(&types, &names, &od, &zones[..1], a_marked), None, "pinned to a");
+        assert_eq!(relaunch_zone(&types, &names, &od, &zones[..1], None, a_marked), None, "pinned to a");
+        // Nothing marked: on-demand costs the same in both; the preferred zone wins the tie.
+        let none = |_: &str, _: &Offering| false;
+        let z = relaunch_zone(&types, &names, &od, &zones, Some("us-east-1b"), none).expect("tie");
+        assert_eq!(z.zone, "us-east-1b");
+        let z = relaunch_zone(&types, &names, &od, &zones, None, none).expect("tie");
+        assert_eq!(z.zone, "us-east-1a", "without a preference, by name");
         let mut reqs = Requirements::new();
         reqs.add(labels::ZONE, crate::requirements::Requirement::is_in(["us-east-1b"]));
         reqs.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["spot", "on-demand"]));

@@ -153,8 +153,9 @@ pub struct NodePoolActor {
     launching: BTreeMap<String, Millis>,
     /// Claims whose last launch or termination failed, with when to ask again.
     retry_at: BTreeMap<String, Millis>,
-    /// Claims whose last launch found no capacity (their next launch is a relaunch).
-    ice: BTreeSet<String>,
+    /// Claims whose last launch found no capacity (their next launch is a relaunch), with
+    /// whether the relaunch was counted (a claim counts once, however many zones it tries).
+    ice: BTreeMap<String, bool>,
     /// Claims whose termination was asked and not answered, with when (as `launching`).
     terminating: BTreeMap<String, Millis>,
     /// The pods (and traces) of claims this actor launched, until launched or released.
@@ -164,6 +165,12 @@ pub struct NodePoolActor {
     outbox: Vec<Unplaced>,
     round: u64,
     stats: PoolStats,
+    /// Something happened since the last reconcile that its plan did not see (an answer, a
+    /// round, a plan that asked for something): the next tick reconciles.
+    dirty: bool,
+    /// The cluster's resource version the last reconcile read, and when it started.
+    seen_version: Option<u64>,
+    last_reconcile: Millis,
 }
 
 impl NodePoolActor {
@@ -193,13 +200,16 @@ impl NodePoolActor {
             busy: Arc::new(Mutex::new(BTreeSet::new())),
             launching: BTreeMap::new(),
             retry_at: BTreeMap::new(),
-            ice: BTreeSet::new(),
+            ice: BTreeMap::new(),
             terminating: BTreeMap::new(),
             pods: BTreeMap::new(),
             following: BTreeMap::new(),
             outbox: Vec::new(),
             round: 0,
             stats: PoolStats::default(),
+            dirty: true,
+            seen_version: None,
+            last_reconcile: 0,
         }
     }
 
@@ -267,6 +277,20 @@ impl NodePoolActor {
         }
     }
 
+    /// Whether the next tick may skip its reconcile: nothing changed in the cluster since the
+    /// last one, nothing was answered or planned, no retry or lost answer is due, and the last
+    /// one is younger than `quiet_reconcile_every` (which bounds the delay a time-based
+    /// deadline, such as a liveness timeout or a drain's deadline, may see).
+    fn quiet(&self) -> bool {
+        let now = self.now();
+        let version = self.view.snapshot().resource_version;
+        !self.dirty
+            && self.seen_version == Some(version)
+            && now.saturating_sub(self.last_reconcile) < to_millis(self.cfg.quiet_reconcile_every)
+            && self.retry_at.values().all(|at| *at > now)
+            && self.launching.values().chain(self.terminating.values()).all(|at| self.still_asked(Some(at)))
+    }
+
     /// Waits before asking again after a failure: the throttle's retry-after (capped), else
     /// the configured wait.
     fn retry_later(&mut self, claim: &str, error: &CloudError) {
@@ -285,7 +309,12 @@ impl Actor for NodePoolActor {
         ctx.set_mailbox_capacity(self.cfg.mailboxes.pool);
         ctx.run_interval(self.cfg.reconcile_every, |act, ctx| {
             act.flush_outbox();
-            act.reconcile(ctx);
+            // A quiet pool (nothing changed in the cluster, nothing answered, nothing planned
+            // last time) reconciles every `quiet_reconcile_every` only: its plan would be the
+            // same but for time-based deadlines, which that interval bounds.
+            if !act.quiet() {
+                act.reconcile(ctx);
+            }
         });
     }
 }
@@ -306,7 +335,7 @@ impl Handler<LaunchOutcome> for NodePoolActor {
             Err(e) => {
                 if matches!(e, CloudError::InsufficientCapacity { .. }) {
                     // The ledger has it Reserved again: the next reconcile picks another zone.
-                    self.ice.insert(msg.claim.clone());
+                    self.ice.entry(msg.claim.clone()).or_insert(false);
                 } else {
                     self.retry_later(&msg.claim, e);
                 }

@@ -50,7 +50,7 @@ impl NodePoolActor {
         let mut t: BTreeSet<String> = self.launching.keys().cloned().collect();
         t.extend(self.terminating.keys().cloned());
         t.extend(self.retry_at.keys().cloned());
-        t.extend(self.ice.iter().cloned());
+        t.extend(self.ice.keys().cloned());
         t.extend(self.pods.keys().cloned());
         t.extend(self.following.keys().cloned());
         t
@@ -74,7 +74,13 @@ impl NodePoolActor {
         if !leadership.leader {
             return;
         }
-        let Some(memory) = self.memory.take() else { return };
+        let Some(memory) = self.memory.take() else {
+            // One is under way: the next tick reconciles again.
+            self.dirty = true;
+            return;
+        };
+        self.dirty = false;
+        self.last_reconcile = self.now();
         let term = leadership.term;
         // What the actor tracks now: whatever of it the ledger no longer knows is dropped
         // once the read is in (entries made while the read runs are kept).
@@ -116,7 +122,8 @@ impl NodePoolActor {
             let snapshot = view.snapshot();
             let synced = view.synced();
             let busy: BTreeSet<String> = busy.lock().map(|b| b.clone()).unwrap_or_default();
-            let planned = tokio::task::spawn_blocking(move || {
+            let inline = snapshot.pods.len() + snapshot.nodes.len() <= cfg.inline_plan_objects;
+            let work = move || {
                 let mut memory = memory;
                 let input = Input {
                     pool: &pool,
@@ -132,17 +139,25 @@ impl NodePoolActor {
                 };
                 let plan = reconcile(&input, &cfg.lifecycle, &mut memory);
                 Planned { plan, memory, snapshot, synced, live }
-            })
-            .await;
+            };
+            let planned = if inline { Ok(work()) } else { tokio::task::spawn_blocking(work).await };
             planned.map_err(|e| {
                 errors.warn("plan_lifecycle", "panic", &name_for_errors, &e);
                 Memory::default()
             })
         };
         ctx.spawn(work.into_actor(self).map(move |planned, act, ctx| match planned {
-            Err(memory) => act.memory = Some(memory),
+            Err(memory) => {
+                act.memory = Some(memory);
+                act.dirty = true;
+            }
             Ok(Planned { plan, memory, snapshot, synced, live }) => {
                 act.memory = Some(memory);
+                act.seen_version = Some(snapshot.resource_version);
+                // A plan that asked for something is followed up at the next tick.
+                if !plan.is_empty() || !synced {
+                    act.dirty = true;
+                }
                 act.forget(tracked.difference(&live));
                 if !synced {
                     act.stats.unsynced += 1;
@@ -259,8 +274,11 @@ impl NodePoolActor {
                     let causes = self.pods.get(&e.claim).map(|p| trace::distinct(&p.causes)).unwrap_or_default();
                     let fresh = self.pods.contains_key(&e.claim);
                     if self.send_launch(ctx, request, causes) {
-                        if self.ice.contains(&e.claim) {
-                            self.stats.relaunched += 1;
+                        if let Some(counted) = self.ice.get_mut(&e.claim) {
+                            if !*counted {
+                                *counted = true;
+                                self.stats.relaunched += 1;
+                            }
                         } else if !fresh {
                             self.stats.resumed += 1;
                         }

@@ -2,6 +2,7 @@
 //! offerings, resolved from catalog facts as Karpenter's AWS provider resolves them.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::labels;
 use crate::requirements::{Requirement, Requirements};
@@ -127,7 +128,9 @@ impl<'r> OfferingFilter<'r> {
 pub struct InstanceType {
     pub name: String,
     /// The label domain: one value for most keys, every offered zone and capacity type.
-    pub requirements: Requirements,
+    /// Shared: a copy of the type that differs in its offerings (the ICE marks taken out)
+    /// shares it.
+    pub requirements: Arc<Requirements>,
     pub capacity: ResourceList,
     /// kube-reserved + system-reserved + eviction threshold.
     pub overhead: ResourceList,
@@ -322,7 +325,15 @@ impl InstanceType {
         let overhead = overhead(info, settings, mem, storage);
         let allocatable = capacity.subtracted(&overhead);
         let exotic = size.contains("metal") || capacity.iter().any(|(n, v)| n.is_exotic() && v > 0);
-        InstanceType { name: info.name.clone(), requirements: r, capacity, overhead, allocatable, offerings, exotic }
+        InstanceType {
+            name: info.name.clone(),
+            requirements: Arc::new(r),
+            capacity,
+            overhead,
+            allocatable,
+            offerings,
+            exotic,
+        }
     }
 
     /// Whether any offering is available and compatible with `reqs`.

@@ -93,8 +93,11 @@ pub(super) fn recorded(input: &Input<'_>, id: &str) -> Option<LaunchBatch> {
     input.batches.get(id).map(|r| LaunchBatch { id: id.to_string(), claims: r.claims.clone() })
 }
 
-/// The zone a reserved claim launches in: its own while an offering there has capacity,
-/// else the cheapest zone it may use that has one (ICE marks respected).
+/// The zone a reserved claim launches in: its own while nothing there is marked out of
+/// capacity, else the zone of the cheapest offering left unmarked among the zones it may use
+/// (its own on a tie). Karpenter gets there by deleting the NodeClaim and scheduling its pods
+/// again; staying in the zone while any type is left there would try the next 60 types of a
+/// zone that is out of capacity for all of them, one CreateFleet call at a time.
 fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<String> {
     // Nothing marked in its zone: it stays (the usual case, without a look at the catalog).
     if !input.unavailable.iter().any(|o| o.zone == claim.zone) {
@@ -109,12 +112,8 @@ fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<Strin
             capacity_type: o.capacity_type,
         })
     };
-    let own = std::slice::from_ref(&claim.zone);
-    if relaunch_zone(input.types, &types, &cts, own, unavailable).is_some() {
-        return Some(claim.zone.clone());
-    }
     let zones = allowed_zones(&nc.spec.requirements, input.zones);
-    relaunch_zone(input.types, &types, &cts, &zones, unavailable).map(|c| c.zone)
+    relaunch_zone(input.types, &types, &cts, &zones, Some(&claim.zone), unavailable).map(|c| c.zone)
 }
 
 /// The status a launched claim's NodeClaim shows: its provider id, capacity and `Launched`.

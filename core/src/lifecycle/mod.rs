@@ -231,7 +231,9 @@ pub fn reconcile(input: &Input<'_>, cfg: &Config, memory: &mut Memory) -> Plan {
     }
     let snap = input.snapshot;
     let by_provider = snap.nodes_by_provider_id();
-    let pods_by_node = snap.pods_by_node();
+    // Only a terminating claim reads its node's pods (to drain them): the index is built on
+    // the first one.
+    let mut pods_by_node = None;
     let mut seen_missing: BTreeSet<String> = BTreeSet::new();
     let mut known: BTreeSet<&str> = BTreeSet::new();
     for claim in input.claims {
@@ -248,12 +250,17 @@ pub fn reconcile(input: &Input<'_>, cfg: &Config, memory: &mut Memory) -> Plan {
                 nc.as_deref().and_then(|nc| nc.status.provider_id.as_deref()).and_then(|p| by_provider.get(p).copied())
             })
             .map(|n| Cow::Borrowed(n.as_ref()));
-        let pods = node.as_deref().and_then(|n| pods_by_node.get(n.name.as_str()));
         let mut cx =
             Claimed { claim, state: claim.state.clone(), changed_at: claim.changed_at, nc, node, now: input.now };
         // At most one pass per state a claim can move through.
         for _ in 0..8 {
             let mut round = Plan::default();
+            let pods = match (&cx.state, cx.node()) {
+                (ClaimState::Terminating { .. }, Some(n)) => {
+                    pods_by_node.get_or_insert_with(|| snap.pods_by_node()).get(n.name.as_str())
+                }
+                _ => None,
+            };
             plan_claim(&mut round, input, cfg, memory, &mut seen_missing, &cx, pods);
             let mut moved = false;
             let mut gone = false;

@@ -419,6 +419,25 @@ fn a_reserved_claim_whose_zone_has_no_capacity_launches_in_another() {
     assert!(plan.steps.contains(&("default-abcde".into(), Step::Gone)), "released: {:?}", plan.steps);
 }
 
+/// After insufficient capacity a claim goes to the cheapest offering left, not to the next
+/// type in a zone that just ran out (the 60 cheapest types at a time would each be tried
+/// there first).
+#[test]
+fn a_claim_out_of_capacity_in_its_zone_moves_to_the_cheapest_offering_left() {
+    let mut w = World::new();
+    w.claim("default-abcde", vec![]);
+    w.unavailable.insert(Offering {
+        instance_type: "m5.large".into(),
+        zone: ZONE.into(),
+        capacity_type: crate::catalog::CapacityType::OnDemand,
+    });
+    let zone = w.plan().effects.iter().find_map(|e| match &e.action {
+        Action::Launch { zone, .. } => Some(zone.clone()),
+        _ => None,
+    });
+    assert_eq!(zone.as_deref(), Some("us-east-1b"), "m5.large in b is cheaper than m5.xlarge in a");
+}
+
 #[test]
 fn a_claim_busy_in_its_round_and_a_round_cut_off_before_the_create() {
     let mut w = World::new();
