@@ -157,7 +157,8 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
         IN_DRIVER.store(true, Ordering::Relaxed);
         let now = u64::try_from(clock.now().as_millis())?;
         workloads.step(&cluster, now);
-        let launched = registrations(&cloud.list().await?);
+        let instances = cloud.list().await?;
+        let launched = registrations(&instances);
         registrar.step(&cluster, &launched, now);
         cluster.schedule();
         let snap = cluster.snapshot();
@@ -173,10 +174,13 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
             all_claimed = Some(start.elapsed());
         }
         eprintln!(
-            "{:>6.1} s: {pending} pending, {claims} claims, {} nodes, {initialized} initialized, heap {:.0} MB",
+            "{:>6.1} s: {pending} pending, {claims} claims ({} objects, {} instances), {} nodes, {initialized} initialized, heap {:.0} MB (peak {:.0})",
             start.elapsed().as_secs_f64(),
+            snap.nodeclaims.len(),
+            instances.len(),
             snap.nodes.len(),
-            mb(LIVE.load(Ordering::Relaxed))
+            mb(LIVE.load(Ordering::Relaxed)),
+            mb(PEAK.load(Ordering::Relaxed))
         );
         if pending == 0 && claims > 0 && initialized == claims {
             done = Some(start.elapsed());
@@ -200,6 +204,28 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
         mb(PEAK.load(Ordering::Relaxed)),
         mb(LIVE.load(Ordering::Relaxed)),
     );
+    let router = plane.router.send(dovetail_actors::router::GetRouterStats).await?;
+    println!(
+        "router: {} batches, {} routed, {} rerouted, {} on existing or in-flight capacity, {} unschedulable, {} stale, {} requeued",
+        router.batches,
+        router.routed,
+        router.rerouted,
+        router.on_existing,
+        router.unschedulable,
+        router.stale,
+        router.requeued
+    );
+    for (name, pool) in &plane.pools {
+        let s = pool.send(dovetail_actors::pool::GetPoolStats).await?;
+        println!(
+            "pool {name}: {} rounds, {} claims, {} launched, {} relaunched, {} released, {} renamed, {} pods held already",
+            s.rounds, s.claims_created, s.launched, s.relaunched, s.released, s.renamed, s.already_held
+        );
+    }
+    let errors = plane.errors.counts();
+    if !errors.is_empty() {
+        println!("errors and notes: {errors:?}");
+    }
     let instances = cloud.list().await?.len();
     println!("instances {instances}, actors {} pools / {} zones", plane.pools.len(), plane.zones.len());
     actix::System::current().stop();

@@ -88,6 +88,9 @@ pub struct Config {
     /// at this size under a millisecond, so timers still fire on time. Larger ones plan on the
     /// blocking pool.
     pub inline_plan_objects: usize,
+    /// ... and at most this many claims (a claim out of capacity prices every zone's offerings
+    /// of its types).
+    pub inline_plan_claims: usize,
     pub feed: FeedConfig,
     pub zone: ZoneSettings,
     pub mailboxes: Mailboxes,
@@ -113,6 +116,7 @@ impl Default for Config {
             reconcile_every: Duration::from_secs(1),
             quiet_reconcile_every: Duration::from_secs(10),
             inline_plan_objects: 5_000,
+            inline_plan_claims: 100,
             feed: FeedConfig::default(),
             zone: ZoneSettings::default(),
             mailboxes: Mailboxes::default(),

@@ -32,11 +32,21 @@ pub struct FeedConfig {
     /// After new nodes appear, how long before pods sent earlier and still pending are sent
     /// again (the capacity they were counted against went to other pods).
     pub settle: Duration,
+    /// The least time between two looks a change notification causes: changes that arrive
+    /// sooner are looked at together when it is over. Each look copies the cluster's view and
+    /// walks its pending pods; the plane's own writes (one per claim and node as they come
+    /// up) would otherwise make a look per write.
+    pub coalesce: Duration,
 }
 
 impl Default for FeedConfig {
     fn default() -> Self {
-        FeedConfig { tick: Duration::from_secs(5), resend: Duration::from_secs(30), settle: Duration::from_secs(5) }
+        FeedConfig {
+            tick: Duration::from_secs(5),
+            resend: Duration::from_secs(30),
+            settle: Duration::from_secs(5),
+            coalesce: Duration::from_millis(100),
+        }
     }
 }
 
@@ -51,6 +61,7 @@ pub struct PendingFeed {
     clock: Arc<dyn Clock>,
     router: Addr<Router>,
     tick: Duration,
+    coalesce: Duration,
     resend: Resend,
     seen_version: Option<u64>,
     mailbox: usize,
@@ -66,6 +77,7 @@ impl PendingFeed {
             clock,
             router,
             tick: cfg.tick.min(cfg.resend),
+            coalesce: cfg.coalesce,
             resend: Resend::new(to_millis(cfg.resend), to_millis(cfg.settle)),
             seen_version: None,
             mailbox: 16,
@@ -122,13 +134,18 @@ impl Actor for PendingFeed {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(self.mailbox);
-        // Every change notification (a burst of changes wakes it once) is looked at.
+        // Every change notification is looked at, at most one look per `coalesce` (the
+        // changes made meanwhile are seen at the end of it, by the next look).
         let mut changes = self.view.changes();
         let me = ctx.address();
+        let coalesce = self.coalesce;
         ctx.spawn(actix::fut::wrap_future::<_, Self>(async move {
             while changes.changed().await.is_ok() {
                 if me.send(Poll).await.is_err() {
                     break;
+                }
+                if !coalesce.is_zero() {
+                    actix_rt::time::sleep(coalesce).await;
                 }
             }
         }));

@@ -42,9 +42,6 @@ use actix::Message;
 #[rtype(result = "()")]
 pub struct Restart;
 
-/// The actix system the plane runs on: one thread for the actors and a blocking pool as wide
-/// as the machine for the planners. tokio's default blocking pool grows to 512 threads, each
-/// with its own stack and allocator arena, while planners gain nothing past one thread a core.
 /// Process-wide memory settings for a process that runs the plane, called first thing in
 /// `main`: transparent huge pages off. mimalloc asks for huge pages on its arenas, so each
 /// partly used 2 MiB region is resident whole: on the built-in `simulate` scenario that is
@@ -55,7 +52,8 @@ pub fn memory_settings() -> std::io::Result<()> {
     {
         // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes a flag of the
         // process's memory map; no memory of ours is read or written.
-        let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
+        let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, on, unused, unused, unused) };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -63,6 +61,9 @@ pub fn memory_settings() -> std::io::Result<()> {
     Ok(())
 }
 
+/// The actix system the plane runs on: one thread for the actors and a blocking pool as wide
+/// as the machine for the planners. tokio's default blocking pool grows to 512 threads, each
+/// with its own stack and allocator arena, while planners gain nothing past one thread a core.
 pub fn system() -> std::io::Result<actix_rt::SystemRunner> {
     let planners = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().max_blocking_threads(planners).build()?;

@@ -85,7 +85,7 @@ fn request(claim: &str, i: usize) -> LaunchRequest {
     const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
     LaunchRequest {
         claim: claim.to_string(),
-        batch: dovetail_core::ledger::LaunchBatch { id: "batch-1".into(), claims: vec![claim.to_string()] },
+        batch: dovetail_core::ledger::LaunchBatch { id: "batch-1".into(), claims: vec![claim.to_string()].into() },
         nodepool: "default".into(),
         node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
         zone: ZONES[i % 3].into(),

@@ -152,7 +152,7 @@ mod tests {
     fn request(claim: &str, zone: &str) -> LaunchRequest {
         LaunchRequest {
             claim: claim.into(),
-            batch: dovetail_core::ledger::LaunchBatch { id: "batch-1".into(), claims: vec![claim.to_string()] },
+            batch: dovetail_core::ledger::LaunchBatch { id: "batch-1".into(), claims: vec![claim.to_string()].into() },
             nodepool: "default".into(),
             node_class: NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() },
             zone: zone.into(),

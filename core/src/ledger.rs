@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::catalog::CapacityType;
 use crate::resources::{ResourceList, ResourceName};
@@ -163,7 +164,9 @@ pub struct LaunchBatch {
     /// Its id: the cloud tags the batch's instances with it and derives the call's
     /// idempotency token from it.
     pub id: String,
-    pub claims: Vec<String>,
+    /// Shared: every request of the call carries its batch, so a copy costs a count, not the
+    /// list (a batch holds up to a launch window's claims).
+    pub claims: Arc<[String]>,
 }
 
 /// A batch the ledger knows, while any of its claims is launching.
@@ -171,7 +174,7 @@ pub struct LaunchBatch {
 pub struct BatchRecord {
     pub zone: String,
     /// Every claim it was recorded with, in order (what a re-drive assigns instances to).
-    pub claims: Vec<String>,
+    pub claims: Arc<[String]>,
     pub at: Millis,
 }
 
@@ -522,7 +525,7 @@ impl State {
             let mut members = Vec::new();
             // A batch already recorded keeps its members: a re-drive launches those only.
             let recorded = self.batches.get(&batch.id).map(|r| r.claims.clone());
-            for id in &batch.claims {
+            for id in batch.claims.iter() {
                 if recorded.as_ref().is_some_and(|r| !r.contains(id)) {
                     refused.push((id.clone(), format!("claim {id} is not in launch batch {}", batch.id)));
                     continue;
@@ -551,7 +554,7 @@ impl State {
                 // it); a new record holds the claims started, never one refused.
                 self.batches.entry(batch.id.clone()).or_insert_with(|| BatchRecord {
                     zone: zone.to_string(),
-                    claims: members,
+                    claims: members.into(),
                     at,
                 });
             }
@@ -789,7 +792,7 @@ mod tests {
         s.apply(&entry(1, reserve("default", vec![req("a", 8, 0.4)])));
         let adv = |s: &mut State, at, st| s.apply(&entry(at, step("a", st)));
         assert!(matches!(adv(&mut s, 2, Step::Registered), Outcome::Advanced { ref rejected } if rejected.len() == 1));
-        let batch = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
+        let batch = LaunchBatch { id: "b1".into(), claims: vec!["a".into()].into() };
         let out = s.apply(&entry(2, Command::Launch { zone: "us-east-1b".into(), batches: vec![batch.clone()] }));
         assert_eq!(out, Outcome::Launching { started: vec!["a".into()], refused: vec![] });
         assert_eq!(s.claim("a").map(|c| c.zone.as_str()), Some("us-east-1b"), "the launch moves the zone");
@@ -822,7 +825,7 @@ mod tests {
     fn a_claim_deleted_while_launching_records_its_instance_to_terminate_it() {
         let mut s = state_with_pool(ResourceList::new());
         s.apply(&entry(1, reserve("default", vec![req("a", 2, 0.1)])));
-        let batch = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
+        let batch = LaunchBatch { id: "b1".into(), claims: vec!["a".into()].into() };
         s.apply(&entry(2, Command::Launch { zone: "us-east-1a".into(), batches: vec![batch] }));
         s.apply(&entry(3, step("a", Step::Terminating)));
         assert_eq!(s.claim("a").and_then(|c| c.state.batch()), Some("b1"), "the batch is kept");
@@ -830,7 +833,7 @@ mod tests {
         s.apply(&entry(4, step("a", launched("i-9", 2, 96_000))));
         assert_eq!(s.claim("a").and_then(|c| c.state.instance()), Some("i-9"));
         // A launch of a terminating claim is refused.
-        let again = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
+        let again = LaunchBatch { id: "b1".into(), claims: vec!["a".into()].into() };
         let out = s.apply(&entry(5, Command::Launch { zone: "us-east-1a".into(), batches: vec![again] }));
         assert!(matches!(out, Outcome::Launching { ref started, .. } if started.is_empty()));
     }
@@ -839,14 +842,14 @@ mod tests {
     fn no_capacity_sends_the_claim_back_to_reserved_for_another_offering() {
         let mut s = state_with_pool(ResourceList::new());
         s.apply(&entry(1, reserve("default", vec![req("a", 2, 0.1)])));
-        let b1 = LaunchBatch { id: "b1".into(), claims: vec!["a".into()] };
+        let b1 = LaunchBatch { id: "b1".into(), claims: vec!["a".into()].into() };
         s.apply(&entry(2, Command::Launch { zone: "us-east-1a".into(), batches: vec![b1] }));
         let late = s.apply(&entry(3, step("a", Step::Unlaunched { batch: "b0".into() })));
         assert!(matches!(late, Outcome::Advanced { ref rejected } if rejected.len() == 1), "another batch's answer");
         s.apply(&entry(3, step("a", Step::Unlaunched { batch: "b1".into() })));
         assert_eq!(s.claim("a").map(|c| c.state.clone()), Some(ClaimState::Reserved));
         assert!(s.batches().is_empty());
-        let b2 = LaunchBatch { id: "b2".into(), claims: vec!["a".into()] };
+        let b2 = LaunchBatch { id: "b2".into(), claims: vec!["a".into()].into() };
         let out = s.apply(&entry(4, Command::Launch { zone: "us-east-1c".into(), batches: vec![b2] }));
         assert_eq!(out, Outcome::Launching { started: vec!["a".into()], refused: vec![] });
         assert_eq!(s.claim("a").map(|c| c.zone.as_str()), Some("us-east-1c"));

@@ -100,6 +100,9 @@ pub fn plan_round(input: &RoundInput<'_>, names: &mut Names) -> Round {
         unplaced: results.errors.iter().map(|(i, why)| (*i, why.clone())).collect(),
         claims: Vec::new(),
     };
+    // Names drawn this round: 5 characters of 27 collide now and then in a round of
+    // thousands of claims, and the ledger grants an id once.
+    let mut taken: BTreeSet<String> = BTreeSet::new();
     for c in &results.claims {
         let spec = c.to_spec(&pool);
         let Some(plan) = plan_claim(c, &spec, &pool.instance_types, input.zones) else {
@@ -107,7 +110,10 @@ pub fn plan_round(input: &RoundInput<'_>, names: &mut Names) -> Round {
             round.unplaced.extend(c.pods.iter().map(|&p| (p, why.clone())));
             continue;
         };
-        let id = names.claim(&pool.pool.name);
+        let id = unique_claim_name(names, &pool.pool.name, |id| {
+            taken.contains(id) || input.cluster.nodeclaims.contains_key(id)
+        });
+        taken.insert(id.clone());
         round.claims.push(PlannedClaim {
             reserve: ClaimRequest {
                 id: id.clone(),
@@ -129,10 +135,27 @@ pub fn plan_round(input: &RoundInput<'_>, names: &mut Names) -> Round {
     round
 }
 
-/// Gives the claims whose ids the ledger refused as live a new name (and keeps the others).
+/// A claim name `taken` does not hold. Bounded: past 64 draws (a pool of millions of
+/// claims) the last one is returned, and the ledger refuses it if it is live.
+pub fn unique_claim_name(names: &mut Names, pool: &str, taken: impl Fn(&str) -> bool) -> String {
+    let mut id = names.claim(pool);
+    for _ in 0..64 {
+        if !taken(&id) {
+            break;
+        }
+        id = names.claim(pool);
+    }
+    id
+}
+
+/// Gives the claims whose ids the ledger refused as live a new name, unique among the
+/// claims (and keeps the others).
 pub fn rename(claims: &mut [PlannedClaim], refused: &BTreeSet<String>, names: &mut Names) {
+    let mut taken: BTreeSet<String> = claims.iter().map(|c| c.reserve.id.clone()).collect();
+    taken.extend(refused.iter().cloned());
     for c in claims.iter_mut().filter(|c| refused.contains(&c.reserve.id)) {
-        let id = names.claim(&c.nodeclaim.spec.nodepool);
+        let id = unique_claim_name(names, &c.nodeclaim.spec.nodepool, |id| taken.contains(id));
+        taken.insert(id.clone());
         c.reserve.id = id.clone();
         c.nodeclaim.name = id;
     }
@@ -332,5 +355,37 @@ mod tests {
         rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names);
         assert_ne!(round.claims[0].reserve.id, old);
         assert_eq!(round.claims[0].reserve.id, round.claims[0].nodeclaim.name);
+    }
+
+    #[test]
+    fn a_name_drawn_twice_is_drawn_again() {
+        let first = Names::new(5).claim("default");
+        let id = unique_claim_name(&mut Names::new(5), "default", |id| id == first);
+        assert_ne!(id, first);
+        assert!(id.starts_with("default-"));
+    }
+
+    #[test]
+    fn claims_sharing_a_refused_id_get_distinct_names() {
+        let snap = Snapshot::default();
+        let pods = vec![web("web-0")];
+        let pool = pool();
+        let zones = zones();
+        let input = RoundInput {
+            pool: &pool,
+            cluster: &snap,
+            pods: &pods,
+            zones: &zones,
+            unavailable: &BTreeSet::new(),
+            opts: &SolveOptions::default(),
+        };
+        let mut names = Names::new(1);
+        let mut round = plan_round(&input, &mut names);
+        let twin = round.claims[0].clone();
+        round.claims.push(twin);
+        let old = round.claims[0].reserve.id.clone();
+        rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names);
+        let (a, b) = (&round.claims[0].reserve.id, &round.claims[1].reserve.id);
+        assert!(a != &old && b != &old && a != b, "{a} {b} {old}");
     }
 }

@@ -17,7 +17,7 @@ mod follow;
 mod provision;
 mod reconcile;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
@@ -26,11 +26,11 @@ use dovetail_cluster::{ClusterView, ClusterWriter};
 use dovetail_core::catalog::InstanceType;
 use dovetail_core::clock::{Clock, to_millis};
 use dovetail_core::labels;
-use dovetail_core::ledger::Millis;
+use dovetail_core::ledger::{Millis, Term};
 use dovetail_core::lifecycle::Memory;
 use dovetail_core::nodepool::NodePool;
 use dovetail_core::plane::Names;
-use dovetail_core::pod::Pod;
+use dovetail_core::pod::{Pod, PodKey};
 use dovetail_raft::Ledger;
 
 pub use provision::Provision;
@@ -93,6 +93,9 @@ pub struct PoolStats {
     pub terminated: u64,
     /// Claim ids the ledger refused as live already, renamed.
     pub renamed: u64,
+    /// Pods sent again while a claim of this pool was being made or launched for them (a
+    /// resend before the NodeClaim shows in the Router's view): not provisioned twice.
+    pub already_held: u64,
     /// Reconciles skipped because the view was not synced.
     pub unsynced: u64,
 }
@@ -160,6 +163,12 @@ pub struct NodePoolActor {
     terminating: BTreeMap<String, Millis>,
     /// The pods (and traces) of claims this actor launched, until launched or released.
     pods: BTreeMap<String, Traced>,
+    /// Pods of rounds under way (their claims being reserved and created).
+    in_round: HashSet<PodKey>,
+    /// The last plan's cluster effects are running: the next reconcile waits for them (it
+    /// would plan the same writes again from a view that does not show them yet, and the
+    /// queued work would grow with every tick while the writes fall behind).
+    effecting: bool,
     following: BTreeMap<String, follow::Follow>,
     /// Pods to give back that found the Router's mailbox full: sent again on the next tick.
     outbox: Vec<Unplaced>,
@@ -171,6 +180,8 @@ pub struct NodePoolActor {
     /// The cluster's resource version the last reconcile read, and when it started.
     seen_version: Option<u64>,
     last_reconcile: Millis,
+    /// The term the last reconcile read: a new one (a failover) is not quiet.
+    seen_term: Term,
 }
 
 impl NodePoolActor {
@@ -203,6 +214,8 @@ impl NodePoolActor {
             ice: BTreeMap::new(),
             terminating: BTreeMap::new(),
             pods: BTreeMap::new(),
+            in_round: HashSet::new(),
+            effecting: false,
             following: BTreeMap::new(),
             outbox: Vec::new(),
             round: 0,
@@ -210,6 +223,7 @@ impl NodePoolActor {
             dirty: true,
             seen_version: None,
             last_reconcile: 0,
+            seen_term: Term::default(),
         }
     }
 
@@ -266,6 +280,9 @@ impl NodePoolActor {
     /// reserved are resolved from the ledger and the cluster; launches and terminations are
     /// asked again by the next reconcile (the zone and the cloud answer each claim once).
     pub(crate) fn restarting(&mut self) {
+        // The rounds' futures went with the old context.
+        self.in_round.clear();
+        self.effecting = false;
         self.launching.clear();
         self.terminating.clear();
         self.retry_at.clear();
@@ -275,6 +292,7 @@ impl NodePoolActor {
         if self.memory.is_none() {
             self.memory = Some(Memory::default());
         }
+        self.dirty = true;
     }
 
     /// Whether the next tick may skip its reconcile: nothing changed in the cluster since the
@@ -283,9 +301,11 @@ impl NodePoolActor {
     /// deadline, such as a liveness timeout or a drain's deadline, may see).
     fn quiet(&self) -> bool {
         let now = self.now();
-        let version = self.view.snapshot().resource_version;
+        // The version notified last (a snapshot would copy the view's maps to say it).
+        let version = *self.view.changes().borrow();
         !self.dirty
             && self.seen_version == Some(version)
+            && self.ledger.leadership().borrow().term == self.seen_term
             && now.saturating_sub(self.last_reconcile) < to_millis(self.cfg.quiet_reconcile_every)
             && self.retry_at.values().all(|at| *at > now)
             && self.launching.values().chain(self.terminating.values()).all(|at| self.still_asked(Some(at)))
@@ -328,6 +348,7 @@ impl Handler<LaunchOutcome> for NodePoolActor {
             Ok(inst) => {
                 self.stats.launched += 1;
                 self.ice.remove(&msg.claim);
+                self.retry_at.remove(&msg.claim);
                 if let Some(pods) = self.pods.remove(&msg.claim) {
                     self.follow(&msg.claim, inst, pods, msg.causes);
                 }

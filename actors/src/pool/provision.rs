@@ -3,7 +3,7 @@
 //! claims' NodeClaims are created by the executor in the term the reservation committed in,
 //! and each created claim is handed to its zone's actor at once.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
@@ -13,7 +13,7 @@ use dovetail_core::clock::Clock;
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::{Command, Denial, Entry, Offering, Outcome, Step, Term};
 use dovetail_core::plane::{Names, capacity_types, launch_order};
-use dovetail_core::pod::Pod;
+use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::provisioning::{PlannedClaim, RoundInput, plan_round, rename};
 use dovetail_core::scheduling::PoolInput;
 use dovetail_raft::{Ledger, read_with};
@@ -77,6 +77,14 @@ impl Handler<Provision> for NodePoolActor {
             self.give_back(Traced { pods: msg.pods, causes: msg.causes }, "the cluster view is not synced".into());
             return;
         }
+        // Pods a round under way or a claim not yet launched holds already: a resend that
+        // came before the claim's NodeClaim showed in the Router's view. Not provisioned twice.
+        let msg = self.without_held(msg);
+        if msg.pods.is_empty() {
+            return;
+        }
+        let keys: Vec<PodKey> = msg.pods.iter().map(|p| p.key.clone()).collect();
+        self.in_round.extend(keys.iter().cloned());
         // The round's span in each traced decision, and each pod's.
         let rounds: Vec<(Cause, tracing::Span)> = trace::distinct(&msg.causes)
             .into_iter()
@@ -131,6 +139,9 @@ impl Handler<Provision> for NodePoolActor {
         };
         let work = round(rc, msg.pods, simulating);
         ctx.spawn(work.into_actor(self).map(move |done, act, ctx| {
+            for k in &keys {
+                act.in_round.remove(k);
+            }
             for (_, r) in &rounds {
                 r.record("claims", done.created.len());
                 r.record("claims.granted", done.granted);
@@ -150,6 +161,9 @@ impl Handler<Provision> for NodePoolActor {
                 .unplaced
                 .first()
                 .map_or_else(|| "nodepool limits, global caps or no launchable type".to_string(), |(_, r)| r.clone());
+            // One message per zone and set of traced decisions.
+            type Launches = BTreeMap<(String, Vec<[u8; 8]>), (Vec<Cause>, Vec<LaunchRequest>)>;
+            let mut launches = Launches::new();
             for c in done.created {
                 act.stats.claims_created += 1;
                 let mut pods = Traced::default();
@@ -160,10 +174,14 @@ impl Handler<Provision> for NodePoolActor {
                 let id = c.reserve.id.clone();
                 act.pods.insert(id.clone(), pods);
                 let request = act.launch_request(&c.nodeclaim, &c.reserve.zone, LaunchBatch::default());
-                act.send_launch(ctx, request, causes);
+                let key = (c.reserve.zone.clone(), causes.iter().map(|c| c.span_id().to_bytes()).collect());
+                launches.entry(key).or_insert_with(|| (causes, Vec::new())).1.push(request);
                 if let Ok(mut busy) = act.busy.lock() {
                     busy.remove(&id);
                 }
+            }
+            for ((zone, _), (causes, requests)) in launches {
+                act.send_launches(ctx, &zone, requests, causes);
             }
             act.give_back(unplaced, reason);
             // A launch the zone's mailbox refused is asked again by the reconcile.
@@ -173,6 +191,34 @@ impl Handler<Provision> for NodePoolActor {
 }
 
 impl NodePoolActor {
+    /// The message without the pods this pool holds already (in a round under way, or on a
+    /// claim not yet launched), counted.
+    fn without_held(&mut self, msg: Provision) -> Provision {
+        if self.in_round.is_empty() && self.pods.is_empty() {
+            return msg;
+        }
+        let on_claims: HashSet<&PodKey> = self.pods.values().flat_map(|t| t.pods.iter().map(|p| &p.key)).collect();
+        let held = |p: &Pod| self.in_round.contains(&p.key) || on_claims.contains(&p.key);
+        if !msg.pods.iter().any(held) {
+            return msg;
+        }
+        let Provision { pods, causes } = msg;
+        let mut kept = Provision { pods: Vec::with_capacity(pods.len()), causes: Vec::new() };
+        let mut dropped = 0u64;
+        for (i, p) in pods.into_iter().enumerate() {
+            if held(&p) {
+                dropped += 1;
+                continue;
+            }
+            if !causes.is_empty() {
+                kept.causes.push(trace::cause_at(&causes, i));
+            }
+            kept.pods.push(p);
+        }
+        self.stats.already_held += dropped;
+        kept
+    }
+
     /// The launch of a claim, from its NodeClaim.
     pub(super) fn launch_request(
         &self,
@@ -200,21 +246,40 @@ impl NodePoolActor {
     /// Hands a launch to its zone's actor: `try_send`; a full mailbox leaves it for the next
     /// reconcile (backpressure: the pool does not queue launches of its own).
     pub(super) fn send_launch(&mut self, ctx: &mut Context<Self>, request: LaunchRequest, causes: Vec<Cause>) -> bool {
-        let claim = request.claim.clone();
-        let Some(zone) = self.zones.get(&request.zone) else {
-            self.errors.warn("launch", "no_zone_actor", &format!("nodeclaim/{claim}"), &request.zone);
+        let zone = request.zone.clone();
+        self.send_launches(ctx, &zone, vec![request], causes)
+    }
+
+    /// Hands launches of one zone to its actor in one message (a round's thousands of claims
+    /// take a mailbox slot per zone, not one each), as [`Self::send_launch`] does.
+    fn send_launches(
+        &mut self,
+        ctx: &mut Context<Self>,
+        zone: &str,
+        requests: Vec<LaunchRequest>,
+        causes: Vec<Cause>,
+    ) -> bool {
+        let claims: Vec<String> = requests.iter().map(|r| r.claim.clone()).collect();
+        let object = || match claims.as_slice() {
+            [one] => format!("nodeclaim/{one}"),
+            many => format!("{} nodeclaims", many.len()),
+        };
+        let Some(actor) = self.zones.get(zone) else {
+            self.errors.warn("launch", "no_zone_actor", &object(), &zone);
             return false;
         };
-        let msg = Launch { requests: vec![request], causes, reply: ctx.address().recipient() };
-        match zone.try_send(msg) {
+        let msg = Launch { requests, causes, reply: ctx.address().recipient() };
+        match actor.try_send(msg) {
             Ok(()) => {
                 let now = self.now();
-                self.launching.insert(claim, now);
+                for claim in claims {
+                    self.launching.insert(claim, now);
+                }
                 true
             }
             Err(e) => {
                 let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
-                self.errors.note("launch", kind, &format!("nodeclaim/{claim}"), &"asked again on the next reconcile");
+                self.errors.note("launch", kind, &object(), &"asked again on the next reconcile");
                 false
             }
         }
@@ -279,12 +344,14 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> 
             rc.errors.note("reserve", "fenced", &pool_name, &format!("{outcome:?}"));
             break;
         };
-        let g: BTreeSet<String> = g.into_iter().collect();
+        // A granted id is one claim's: a second claim of the id (names are drawn unique in a
+        // round, but a grant must not be counted twice) is renamed like a refused one.
+        let mut g: BTreeSet<String> = g.into_iter().collect();
         let duplicate: BTreeSet<String> =
             denied.iter().filter(|(_, d)| *d == Denial::DuplicateId).map(|(id, _)| id.clone()).collect();
         let mut next = Vec::new();
         for c in claims {
-            if g.contains(&c.reserve.id) {
+            if g.remove(&c.reserve.id) {
                 granted.push(c);
             } else if duplicate.contains(&c.reserve.id) && attempt + 1 < rc.cfg.rename_attempts {
                 next.push(c);

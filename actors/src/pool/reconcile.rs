@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use dovetail_cluster::Snapshot;
+use dovetail_core::clock::to_millis;
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::{BatchRecord, Claim, Command, Entry, Offering, Outcome, Step, Term};
 use dovetail_core::lifecycle::{Input, Memory, Plan, reconcile};
@@ -74,6 +75,11 @@ impl NodePoolActor {
         if !leadership.leader {
             return;
         }
+        if self.effecting {
+            // The last plan's writes are under way: planned again once they are done.
+            self.dirty = true;
+            return;
+        }
         let Some(memory) = self.memory.take() else {
             // One is under way: the next tick reconciles again.
             self.dirty = true;
@@ -81,6 +87,7 @@ impl NodePoolActor {
         };
         self.dirty = false;
         self.last_reconcile = self.now();
+        self.seen_term = leadership.term;
         let term = leadership.term;
         // What the actor tracks now: whatever of it the ledger no longer knows is dropped
         // once the read is in (entries made while the read runs are kept).
@@ -122,7 +129,8 @@ impl NodePoolActor {
             let snapshot = view.snapshot();
             let synced = view.synced();
             let busy: BTreeSet<String> = busy.lock().map(|b| b.clone()).unwrap_or_default();
-            let inline = snapshot.pods.len() + snapshot.nodes.len() <= cfg.inline_plan_objects;
+            let inline = snapshot.pods.len() + snapshot.nodes.len() <= cfg.inline_plan_objects
+                && claims.len() <= cfg.inline_plan_claims;
             let work = move || {
                 let mut memory = memory;
                 let input = Input {
@@ -140,7 +148,13 @@ impl NodePoolActor {
                 let plan = reconcile(&input, &cfg.lifecycle, &mut memory);
                 Planned { plan, memory, snapshot, synced, live }
             };
-            let planned = if inline { Ok(work()) } else { tokio::task::spawn_blocking(work).await };
+            // A panic in the planner is an error of this reconcile, inline as on the pool: the
+            // actor stays up and the next tick plans again.
+            let planned = if inline {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|p| panic_message(p.as_ref()))
+            } else {
+                tokio::task::spawn_blocking(work).await.map_err(|e| e.to_string())
+            };
             planned.map_err(|e| {
                 errors.warn("plan_lifecycle", "panic", &name_for_errors, &e);
                 Memory::default()
@@ -154,6 +168,7 @@ impl NodePoolActor {
             Ok(Planned { plan, memory, snapshot, synced, live }) => {
                 act.memory = Some(memory);
                 act.seen_version = Some(snapshot.resource_version);
+                act.drop_stale_asks();
                 // A plan that asked for something is followed up at the next tick.
                 if !plan.is_empty() || !synced {
                     act.dirty = true;
@@ -166,6 +181,18 @@ impl NodePoolActor {
                 act.commit(ctx, term, plan, snapshot);
             }
         }));
+    }
+
+    /// Forgets retry waits that are over and asks that went unanswered past `ask_again_after`
+    /// (a reply dropped at a full mailbox, a zone fenced by a new term): the plan just made
+    /// asks again for what it still needs, and the entries no longer keep the pool from
+    /// being quiet.
+    fn drop_stale_asks(&mut self) {
+        let now = self.now();
+        let wait = to_millis(self.cfg.ask_again_after);
+        self.retry_at.retain(|_, at| now < *at);
+        self.launching.retain(|_, at| now.saturating_sub(*at) < wait);
+        self.terminating.retain(|_, at| now.saturating_sub(*at) < wait);
     }
 
     /// Proposes the plan's steps, then runs the effects the ledger allowed.
@@ -316,7 +343,10 @@ impl NodePoolActor {
             return;
         }
         let executor = self.executor.clone();
+        self.effecting = true;
         ctx.spawn(async move { executor.run(term, cluster).await }.into_actor(self).map(|results, act, _| {
+            act.effecting = false;
+            act.dirty = true;
             for (e, done) in results {
                 if done != Done::Applied {
                     continue;
@@ -329,4 +359,13 @@ impl NodePoolActor {
             }
         }));
     }
+}
+
+/// What a caught panic said.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|m| (*m).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }

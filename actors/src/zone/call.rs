@@ -67,7 +67,7 @@ pub(super) async fn launch(c: LaunchCall) -> Vec<LaunchResult> {
     let ids: BTreeSet<String> = c.batches.iter().map(|b| b.id.clone()).collect();
     let zone = c.zone.clone();
     let read = read_with(&*c.ledger, move |s| {
-        let records: BTreeMap<String, Vec<String>> =
+        let records: BTreeMap<String, Arc<[String]>> =
             ids.iter().filter_map(|id| Some((id.clone(), s.batches().get(id)?.claims.clone()))).collect();
         let marked: BTreeSet<Offering> = s.unavailable(at).filter(|o| o.zone == zone).cloned().collect();
         (records, marked)

@@ -323,8 +323,9 @@ impl ZoneActor {
     /// shape share a new one. Returns the batches to record.
     fn batches(&mut self, batch: &mut [InFlight]) -> Vec<LaunchBatch> {
         let mut out: Vec<LaunchBatch> = Vec::new();
-        // New claims, grouped by shape, each group a new batch.
-        let mut groups: Vec<(usize, LaunchBatch)> = Vec::new();
+        // New claims, grouped by shape, each group a new batch: (its first request, the
+        // requests in it).
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
         for i in 0..batch.len() {
             if !batch[i].request.batch.id.is_empty() {
                 let b = &batch[i].request.batch;
@@ -334,19 +335,18 @@ impl ZoneActor {
                 continue;
             }
             match groups.iter_mut().find(|(first, _)| same_shape_but_batch(&batch[*first].request, &batch[i].request)) {
-                Some((_, g)) => g.claims.push(batch[i].request.claim.clone()),
-                None => groups.push((
-                    i,
-                    LaunchBatch { id: self.names.batch(&self.cfg.zone), claims: vec![batch[i].request.claim.clone()] },
-                )),
+                Some((_, members)) => members.push(i),
+                None => groups.push((i, vec![i])),
             }
         }
-        for (_, g) in &groups {
-            for f in batch.iter_mut().filter(|f| f.request.batch.id.is_empty() && g.claims.contains(&f.request.claim)) {
-                f.request.batch = g.clone();
+        for (_, members) in groups {
+            let claims: Arc<[String]> = members.iter().map(|&i| batch[i].request.claim.clone()).collect();
+            let group = LaunchBatch { id: self.names.batch(&self.cfg.zone), claims };
+            for &i in &members {
+                batch[i].request.batch = group.clone();
             }
+            out.push(group);
         }
-        out.extend(groups.into_iter().map(|(_, g)| g));
         out
     }
 

@@ -272,7 +272,7 @@ async fn real_account_round_trip() {
         claim: "dovetail-real-test".into(),
         batch: dovetail_core::ledger::LaunchBatch {
             id: "batch-1".into(),
-            claims: vec!["dovetail-real-test".to_string()],
+            claims: vec!["dovetail-real-test".to_string()].into(),
         },
         nodepool: "default".into(),
         node_class: nc,

@@ -37,7 +37,10 @@ pub trait Harness {
 pub fn request(h: &impl Harness, claim: &str) -> LaunchRequest {
     LaunchRequest {
         claim: claim.to_string(),
-        batch: dovetail_core::ledger::LaunchBatch { id: format!("batch-{claim}"), claims: vec![claim.to_string()] },
+        batch: dovetail_core::ledger::LaunchBatch {
+            id: format!("batch-{claim}"),
+            claims: vec![claim.to_string()].into(),
+        },
         nodepool: "default".into(),
         node_class: h.node_class(),
         zone: h.zone().to_string(),
@@ -168,7 +171,7 @@ pub async fn queue_receive_delete_visibility(h: &impl Harness) {
 pub async fn a_crash_after_create_fleet_and_a_regrouped_redrive_leave_one_instance_per_claim(h: &impl Harness) {
     let prefix = format!("crash-{}", h.cluster());
     let claims: Vec<String> = (0..3).map(|i| format!("{prefix}-{i}")).collect();
-    let batch = LaunchBatch { id: format!("{prefix}-batch"), claims: claims.clone() };
+    let batch = LaunchBatch { id: format!("{prefix}-batch"), claims: claims.clone().into() };
     let requests: Vec<LaunchRequest> =
         claims.iter().map(|c| LaunchRequest { batch: batch.clone(), ..request(h, c) }).collect();
     h.crash_after_fleet().await;
@@ -215,10 +218,10 @@ pub async fn a_crash_after_create_fleet_and_a_regrouped_redrive_leave_one_instan
 /// claim with no instance anywhere is `None`.
 pub async fn find_locates_a_cut_off_launch_by_its_batch(h: &impl Harness) {
     let claim = format!("find-{}", h.cluster());
-    let batch = LaunchBatch { id: format!("{claim}-batch"), claims: vec![claim.clone()] };
+    let batch = LaunchBatch { id: format!("{claim}-batch"), claims: vec![claim.clone()].into() };
     // Two claims merged, so the fleet call carries no per-claim tag.
     let other = format!("{claim}-other");
-    let both = LaunchBatch { id: batch.id.clone(), claims: vec![claim.clone(), other.clone()] };
+    let both = LaunchBatch { id: batch.id.clone(), claims: vec![claim.clone(), other.clone()].into() };
     let requests = vec![
         LaunchRequest { batch: both.clone(), ..request(h, &claim) },
         LaunchRequest { batch: both.clone(), ..request(h, &other) },
@@ -233,7 +236,7 @@ pub async fn find_locates_a_cut_off_launch_by_its_batch(h: &impl Harness) {
         "find nothing",
         h.cloud().find(&[Lookup {
             claim: format!("{claim}-never"),
-            batch: Some(LaunchBatch { id: "never".into(), claims: vec![] }),
+            batch: Some(LaunchBatch { id: "never".into(), claims: vec![].into() }),
         }]),
     )
     .await;

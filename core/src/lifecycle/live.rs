@@ -93,17 +93,19 @@ pub(super) fn recorded(input: &Input<'_>, id: &str) -> Option<LaunchBatch> {
     input.batches.get(id).map(|r| LaunchBatch { id: id.to_string(), claims: r.claims.clone() })
 }
 
-/// The zone a reserved claim launches in: its own while nothing there is marked out of
-/// capacity, else the zone of the cheapest offering left unmarked among the zones it may use
+/// The zone a reserved claim launches in: its own while none of its types is marked out of
+/// capacity there, else the zone of the cheapest offering left unmarked among the zones it may use
 /// (its own on a tie). Karpenter gets there by deleting the NodeClaim and scheduling its pods
 /// again; staying in the zone while any type is left there would try the next 60 types of a
 /// zone that is out of capacity for all of them, one CreateFleet call at a time.
 fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<String> {
-    // Nothing marked in its zone: it stays (the usual case, without a look at the catalog).
-    if !input.unavailable.iter().any(|o| o.zone == claim.zone) {
+    let candidates = nc.spec.requirements.get(labels::INSTANCE_TYPE);
+    let types = candidates.values();
+    // None of its types marked in its zone: it stays (the usual case, without a look at the
+    // catalog; marks of other pools' types do not move it).
+    if !input.unavailable.iter().any(|o| o.zone == claim.zone && types.contains(&o.instance_type)) {
         return Some(claim.zone.clone());
     }
-    let types = nc.spec.requirements.get(labels::INSTANCE_TYPE).values().to_vec();
     let cts = capacity_types(&nc.spec.requirements);
     let unavailable = |t: &str, o: &crate::catalog::Offering| {
         input.unavailable.contains(&Offering {
@@ -113,7 +115,7 @@ fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<Strin
         })
     };
     let zones = allowed_zones(&nc.spec.requirements, input.zones);
-    relaunch_zone(input.types, &types, &cts, &zones, Some(&claim.zone), unavailable).map(|c| c.zone)
+    relaunch_zone(input.types, types, &cts, &zones, Some(&claim.zone), unavailable).map(|c| c.zone)
 }
 
 /// The status a launched claim's NodeClaim shows: its provider id, capacity and `Launched`.

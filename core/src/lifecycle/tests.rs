@@ -97,7 +97,7 @@ impl World {
     fn step(&mut self, id: &str, step: Step) {
         let step = match step {
             Step::Launched { instance, resources, allocatable, price_per_hour, .. } => {
-                let batch = crate::ledger::LaunchBatch { id: format!("b-{id}"), claims: vec![id.into()] };
+                let batch = crate::ledger::LaunchBatch { id: format!("b-{id}"), claims: vec![id.into()].into() };
                 self.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
                 Step::Launched { batch: format!("b-{id}"), instance, resources, allocatable, price_per_hour }
             }
@@ -377,7 +377,7 @@ fn a_node_deleted_by_hand_is_drained_before_its_instance_goes() {
 fn a_claim_deleted_mid_launch_terminates_what_its_batch_made() {
     let mut w = World::new();
     w.claim("default-abcde", vec![]);
-    let batch = crate::ledger::LaunchBatch { id: "b1".into(), claims: vec!["default-abcde".into()] };
+    let batch = crate::ledger::LaunchBatch { id: "b1".into(), claims: vec!["default-abcde".into()].into() };
     w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch.clone()] });
     Arc::make_mut(w.snap.nodeclaims.get_mut("default-abcde").expect("claim")).deleting = true;
     let plan = w.plan();
@@ -584,7 +584,7 @@ fn world_of(cases: &[Case]) -> World {
         let fresh = steps.is_empty();
         w.claim(&id, steps);
         if fresh && c.launching {
-            let batch = crate::ledger::LaunchBatch { id: format!("b-{id}"), claims: vec![id.clone()] };
+            let batch = crate::ledger::LaunchBatch { id: format!("b-{id}"), claims: vec![id.clone()].into() };
             w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
         }
         if c.ice {
