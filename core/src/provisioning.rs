@@ -382,10 +382,50 @@ mod tests {
         let mut names = Names::new(1);
         let mut round = plan_round(&input, &mut names);
         let twin = round.claims[0].clone();
-        round.claims.push(twin);
+        round.claims.push(twin.clone());
+        // A third claim holds the name the next draw makes: the rename must not take it.
+        let next = names.clone().claim("default");
+        let mut third = twin;
+        third.reserve.id = next.clone();
+        third.nodeclaim.name = next.clone();
+        round.claims.push(third);
         let old = round.claims[0].reserve.id.clone();
         rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names);
-        let (a, b) = (&round.claims[0].reserve.id, &round.claims[1].reserve.id);
-        assert!(a != &old && b != &old && a != b, "{a} {b} {old}");
+        let ids: BTreeSet<&String> = round.claims.iter().map(|c| &c.reserve.id).collect();
+        assert_eq!(ids.len(), 3, "three distinct names: {ids:?}");
+        assert!(!ids.contains(&old));
+        assert_eq!(round.claims[2].reserve.id, next, "the claim not refused keeps its name");
+    }
+
+    #[test]
+    fn a_round_skips_names_of_nodeclaims_in_the_view() {
+        let taken = Names::new(1).claim("default");
+        let mut snap = Snapshot::default();
+        let pods = vec![web("web-0")];
+        let pool = pool();
+        let zones = zones();
+        let round = {
+            let input = RoundInput {
+                pool: &pool,
+                cluster: &snap,
+                pods: &pods,
+                zones: &zones,
+                unavailable: &BTreeSet::new(),
+                opts: &SolveOptions::default(),
+            };
+            plan_round(&input, &mut Names::new(1))
+        };
+        assert_eq!(round.claims[0].reserve.id, taken, "the same seed draws the same name");
+        snap.nodeclaims.insert(taken.clone(), Arc::new(round.claims[0].nodeclaim.clone()));
+        let input = RoundInput {
+            pool: &pool,
+            cluster: &snap,
+            pods: &pods,
+            zones: &zones,
+            unavailable: &BTreeSet::new(),
+            opts: &SolveOptions::default(),
+        };
+        let again = plan_round(&input, &mut Names::new(1));
+        assert_ne!(again.claims[0].reserve.id, taken);
     }
 }

@@ -165,7 +165,8 @@ pub struct NodePoolActor {
     pods: BTreeMap<String, Traced>,
     /// Pods of rounds under way (their claims being reserved and created).
     in_round: HashSet<PodKey>,
-    /// The last plan's cluster effects are running: the next reconcile waits for them (it
+    /// The last plan's steps are being committed or its cluster effects run: the next
+    /// reconcile waits for them (it
     /// would plan the same writes again from a view that does not show them yet, and the
     /// queued work would grow with every tick while the writes fall behind).
     effecting: bool,

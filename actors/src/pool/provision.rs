@@ -64,8 +64,6 @@ impl Handler<Provision> for NodePoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: Provision, ctx: &mut Context<Self>) {
-        self.round += 1;
-        self.stats.rounds += 1;
         let leadership = self.ledger.leadership().borrow().clone();
         if !leadership.leader {
             // The leader's plane provisions; these pods stay pending for it.
@@ -83,6 +81,8 @@ impl Handler<Provision> for NodePoolActor {
         if msg.pods.is_empty() {
             return;
         }
+        self.round += 1;
+        self.stats.rounds += 1;
         let keys: Vec<PodKey> = msg.pods.iter().map(|p| p.key.clone()).collect();
         self.in_round.extend(keys.iter().cloned());
         // The round's span in each traced decision, and each pod's.
@@ -192,12 +192,20 @@ impl Handler<Provision> for NodePoolActor {
 
 impl NodePoolActor {
     /// The message without the pods this pool holds already (in a round under way, or on a
-    /// claim not yet launched), counted.
+    /// claim whose launch is under way), counted.
     fn without_held(&mut self, msg: Provision) -> Provision {
         if self.in_round.is_empty() && self.pods.is_empty() {
             return msg;
         }
-        let on_claims: HashSet<&PodKey> = self.pods.values().flat_map(|t| t.pods.iter().map(|p| &p.key)).collect();
+        // A claim's pods are held while its launch is asked and not answered (bounded by
+        // `ask_again_after`): a reply lost at a full mailbox must not keep them from a later
+        // claim for the rest of the claim's life.
+        let on_claims: HashSet<&PodKey> = self
+            .pods
+            .iter()
+            .filter(|(claim, _)| self.launching.contains_key(*claim))
+            .flat_map(|(_, t)| t.pods.iter().map(|p| &p.key))
+            .collect();
         let held = |p: &Pod| self.in_round.contains(&p.key) || on_claims.contains(&p.key);
         if !msg.pods.iter().any(held) {
             return msg;

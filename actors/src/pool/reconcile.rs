@@ -178,6 +178,9 @@ impl NodePoolActor {
                     act.stats.unsynced += 1;
                 }
                 act.traced_binding(&snapshot);
+                // Until its steps are committed and its effects done, no other plan is made
+                // (cleared on every way out of `commit` and `run_effects`).
+                act.effecting = true;
                 act.commit(ctx, term, plan, snapshot);
             }
         }));
@@ -224,7 +227,10 @@ impl NodePoolActor {
                     rejected.into_iter().map(|(c, _)| c).collect()
                 }
                 // Fenced, or not committed: nothing of the plan may act.
-                _ => return,
+                _ => {
+                    act.effecting = false;
+                    return;
+                }
             };
             act.committed(&steps, &rejected, &effects, &snapshot);
             let allowed: Vec<Effect> = effects.into_iter().filter(|e| !rejected.contains(&e.claim)).collect();
@@ -340,10 +346,10 @@ impl NodePoolActor {
             }
         }
         if cluster.is_empty() {
+            self.effecting = false;
             return;
         }
         let executor = self.executor.clone();
-        self.effecting = true;
         ctx.spawn(async move { executor.run(term, cluster).await }.into_actor(self).map(|results, act, _| {
             act.effecting = false;
             act.dirty = true;
