@@ -151,8 +151,8 @@ pub fn unique_claim_name(names: &mut Names, pool: &str, taken: impl Fn(&str) -> 
 /// Gives the claims whose ids the ledger refused as live a new name, unique among the
 /// claims (and keeps the others).
 pub fn rename(claims: &mut [PlannedClaim], refused: &BTreeSet<String>, names: &mut Names) {
+    // Every id the claims hold now, the refused ones included (they stay taken once renamed).
     let mut taken: BTreeSet<String> = claims.iter().map(|c| c.reserve.id.clone()).collect();
-    taken.extend(refused.iter().cloned());
     for c in claims.iter_mut().filter(|c| refused.contains(&c.reserve.id)) {
         let id = unique_claim_name(names, &c.nodeclaim.spec.nodepool, |id| taken.contains(id));
         taken.insert(id.clone());
@@ -335,22 +335,25 @@ mod tests {
         assert_eq!(round.claims[0].nodeclaim.finalizers, vec![TERMINATION_FINALIZER.to_string()]);
     }
 
-    #[test]
-    fn refused_ids_are_renamed() {
-        let snap = Snapshot::default();
+    /// A round of one web pod over `snap`, with no offering marked.
+    fn web_round(snap: &Snapshot, names: &mut Names) -> Round {
         let pods = vec![web("web-0")];
-        let pool = pool();
-        let zones = zones();
+        let (pool, zones) = (pool(), zones());
         let input = RoundInput {
             pool: &pool,
-            cluster: &snap,
+            cluster: snap,
             pods: &pods,
             zones: &zones,
             unavailable: &BTreeSet::new(),
             opts: &SolveOptions::default(),
         };
+        plan_round(&input, names)
+    }
+
+    #[test]
+    fn refused_ids_are_renamed() {
         let mut names = Names::new(1);
-        let mut round = plan_round(&input, &mut names);
+        let mut round = web_round(&Snapshot::default(), &mut names);
         let old = round.claims[0].reserve.id.clone();
         rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names);
         assert_ne!(round.claims[0].reserve.id, old);
@@ -367,20 +370,8 @@ mod tests {
 
     #[test]
     fn claims_sharing_a_refused_id_get_distinct_names() {
-        let snap = Snapshot::default();
-        let pods = vec![web("web-0")];
-        let pool = pool();
-        let zones = zones();
-        let input = RoundInput {
-            pool: &pool,
-            cluster: &snap,
-            pods: &pods,
-            zones: &zones,
-            unavailable: &BTreeSet::new(),
-            opts: &SolveOptions::default(),
-        };
         let mut names = Names::new(1);
-        let mut round = plan_round(&input, &mut names);
+        let mut round = web_round(&Snapshot::default(), &mut names);
         let twin = round.claims[0].clone();
         round.claims.push(twin.clone());
         // A third claim holds the name the next draw makes: the rename must not take it.
@@ -401,31 +392,10 @@ mod tests {
     fn a_round_skips_names_of_nodeclaims_in_the_view() {
         let taken = Names::new(1).claim("default");
         let mut snap = Snapshot::default();
-        let pods = vec![web("web-0")];
-        let pool = pool();
-        let zones = zones();
-        let round = {
-            let input = RoundInput {
-                pool: &pool,
-                cluster: &snap,
-                pods: &pods,
-                zones: &zones,
-                unavailable: &BTreeSet::new(),
-                opts: &SolveOptions::default(),
-            };
-            plan_round(&input, &mut Names::new(1))
-        };
+        let round = web_round(&snap, &mut Names::new(1));
         assert_eq!(round.claims[0].reserve.id, taken, "the same seed draws the same name");
         snap.nodeclaims.insert(taken.clone(), Arc::new(round.claims[0].nodeclaim.clone()));
-        let input = RoundInput {
-            pool: &pool,
-            cluster: &snap,
-            pods: &pods,
-            zones: &zones,
-            unavailable: &BTreeSet::new(),
-            opts: &SolveOptions::default(),
-        };
-        let again = plan_round(&input, &mut Names::new(1));
+        let again = web_round(&snap, &mut Names::new(1));
         assert_ne!(again.claims[0].reserve.id, taken);
     }
 }
