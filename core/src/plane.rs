@@ -2,7 +2,7 @@
 //! window closes, which zone a claim launches in, when a claim has outlived its liveness
 //! timeouts, and which pods a drain evicts next.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::catalog::{CapacityType, InstanceType, Offering};
 use crate::labels;
@@ -356,8 +356,10 @@ impl Offers {
 pub struct Resend {
     pub every: Millis,
     pub settle: Millis,
-    /// When each pending pod was last sent.
-    sent: BTreeMap<PodKey, Millis>,
+    /// When each pending pod was last sent, and the last look that saw it pending.
+    sent: HashMap<PodKey, Sent>,
+    /// Looks so far: a pod whose `seen` is behind it is no longer pending.
+    looks: u64,
     /// Nodes at the last look.
     nodes: usize,
     /// When nodes last grew, until a look after it has settled.
@@ -367,7 +369,7 @@ pub struct Resend {
 
 impl Resend {
     pub fn new(every: Millis, settle: Millis) -> Self {
-        Resend { every, settle, sent: BTreeMap::new(), nodes: 0, grew: None, last_sweep: 0 }
+        Resend { every, settle, sent: HashMap::new(), looks: 0, nodes: 0, grew: None, last_sweep: 0 }
     }
 
     /// Forgets that `keys` were sent (their message was dropped at a full mailbox): they are
@@ -394,26 +396,41 @@ impl Resend {
         self.nodes = nodes;
         let settled = self.grew.filter(|g| now.saturating_sub(*g) >= self.settle);
         let mut due = Vec::new();
-        let mut still = BTreeMap::new();
+        // Updated in place: a look at a large, mostly unchanged backlog copies no keys (only
+        // pods new since the last look are added).
+        self.looks += 1;
+        let look = self.looks;
         for (i, key) in pending.into_iter().enumerate() {
-            let at = match self.sent.get(key) {
-                Some(&at) if now.saturating_sub(at) < self.every && settled.is_none_or(|g| at >= g) => at,
-                _ => {
-                    due.push(i);
-                    now
+            match self.sent.get_mut(key) {
+                Some(s) => {
+                    s.seen = look;
+                    if now.saturating_sub(s.at) >= self.every || settled.is_some_and(|g| s.at < g) {
+                        due.push(i);
+                        s.at = now;
+                    }
                 }
-            };
-            still.insert(key.clone(), at);
+                None => {
+                    due.push(i);
+                    self.sent.insert(key.clone(), Sent { at: now, seen: look });
+                }
+            }
         }
+        self.sent.retain(|_, s| s.seen == look);
         if settled.is_some() {
             self.grew = None;
         }
         if now.saturating_sub(self.last_sweep) >= self.every {
             self.last_sweep = now;
         }
-        self.sent = still;
         due
     }
+}
+
+/// When a pending pod was last sent, and the last look that saw it.
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    at: Millis,
+    seen: u64,
 }
 
 /// Karpenter's liveness timeouts of a NodeClaim.
