@@ -416,6 +416,10 @@ impl Resend {
             }
         }
         self.sent.retain(|_, s| s.seen == look);
+        // A drained backlog gives its room back (a map of 300,000 keys kept for good).
+        if self.sent.capacity() > 1024 && self.sent.len() < self.sent.capacity() / 4 {
+            self.sent.shrink_to_fit();
+        }
         if settled.is_some() {
             self.grew = None;
         }

@@ -251,16 +251,10 @@ impl NodePoolActor {
         }
     }
 
-    /// Hands a launch to its zone's actor: `try_send`; a full mailbox leaves it for the next
-    /// reconcile (backpressure: the pool does not queue launches of its own).
-    pub(super) fn send_launch(&mut self, ctx: &mut Context<Self>, request: LaunchRequest, causes: Vec<Cause>) -> bool {
-        let zone = request.zone.clone();
-        self.send_launches(ctx, &zone, vec![request], causes)
-    }
-
     /// Hands launches of one zone to its actor in one message (a round's thousands of claims
-    /// take a mailbox slot per zone, not one each), as [`Self::send_launch`] does.
-    fn send_launches(
+    /// take a mailbox slot per zone, not one each): `try_send`; a full mailbox leaves them for
+    /// the next reconcile (backpressure: the pool does not queue launches of its own).
+    pub(super) fn send_launches(
         &mut self,
         ctx: &mut Context<Self>,
         zone: &str,

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
+use dovetail_cloud::LaunchRequest;
 use dovetail_cluster::Snapshot;
 use dovetail_core::clock::to_millis;
 use dovetail_core::effect::{Action, Effect};
@@ -18,7 +19,7 @@ use dovetail_raft::read_with;
 
 use super::NodePoolActor;
 use crate::executor::Done;
-use crate::trace;
+use crate::trace::{self, Cause};
 use crate::zone::Terminate;
 
 /// Reconcile now (the actor's timer does it every `reconcile_every`; drivers and tests may
@@ -295,6 +296,11 @@ impl NodePoolActor {
     fn run_effects(&mut self, ctx: &mut Context<Self>, term: Term, effects: Vec<Effect>, snap: &Snapshot) {
         let now = self.now();
         let mut cluster = Vec::new();
+        // Launches asked again, one message per zone and set of traced decisions (thousands of
+        // claims re-asked after a restart take a mailbox slot per zone, not one each; a claim's
+        // launch joins only the traces of the decisions it serves).
+        type Asks = BTreeMap<(String, Vec<[u8; 8]>), (Vec<Cause>, Vec<(LaunchRequest, bool)>)>;
+        let mut launches = Asks::new();
         for e in effects {
             let waiting = self.retry_at.get(&e.claim).is_some_and(|at| now < *at);
             match e.action {
@@ -306,16 +312,8 @@ impl NodePoolActor {
                     let request = self.launch_request(nc, &zone, batch.unwrap_or_default());
                     let causes = self.pods.get(&e.claim).map(|p| trace::distinct(&p.causes)).unwrap_or_default();
                     let fresh = self.pods.contains_key(&e.claim);
-                    if self.send_launch(ctx, request, causes) {
-                        if let Some(counted) = self.ice.get_mut(&e.claim) {
-                            if !*counted {
-                                *counted = true;
-                                self.stats.relaunched += 1;
-                            }
-                        } else if !fresh {
-                            self.stats.resumed += 1;
-                        }
-                    }
+                    let key = (zone, causes.iter().map(|c| c.span_id().to_bytes()).collect());
+                    launches.entry(key).or_insert_with(|| (causes, Vec::new())).1.push((request, fresh));
                 }
                 Action::Terminate { zone, instance, batch } => {
                     if waiting || self.still_asked(self.terminating.get(&e.claim)) {
@@ -343,6 +341,23 @@ impl NodePoolActor {
                     }
                 }
                 action => cluster.push(Effect { claim: e.claim, action }),
+            }
+        }
+        for ((zone, _), (causes, asks)) in launches {
+            let kinds: Vec<(String, bool)> = asks.iter().map(|(r, fresh)| (r.claim.clone(), *fresh)).collect();
+            let requests = asks.into_iter().map(|(r, _)| r).collect();
+            if !self.send_launches(ctx, &zone, requests, causes) {
+                continue;
+            }
+            for (claim, fresh) in kinds {
+                if let Some(counted) = self.ice.get_mut(&claim) {
+                    if !*counted {
+                        *counted = true;
+                        self.stats.relaunched += 1;
+                    }
+                } else if !fresh {
+                    self.stats.resumed += 1;
+                }
             }
         }
         if cluster.is_empty() {
