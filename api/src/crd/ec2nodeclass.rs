@@ -42,7 +42,7 @@ pub struct EC2NodeClassSpec {
     pub block_device_mappings: Option<Vec<BlockDeviceMapping>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_store_policy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "associatePublicIPAddress", default, skip_serializing_if = "Option::is_none")]
     pub associate_public_ip_address: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detailed_monitoring: Option<bool>,
@@ -99,7 +99,7 @@ pub struct KubeletConfiguration {
     pub eviction_hard: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eviction_soft: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "clusterDNS", default, skip_serializing_if = "Option::is_none")]
     pub cluster_dns: Option<Vec<String>>,
 }
 
@@ -131,9 +131,9 @@ pub struct BlockDevice {
     pub iops: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throughput: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "kmsKeyID", default, skip_serializing_if = "Option::is_none")]
     pub kms_key_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "snapshotID", default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
 }
 

@@ -54,9 +54,9 @@ pub struct ResourceRequirements {
 pub struct NodeClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "providerID", default, skip_serializing_if = "Option::is_none")]
     pub provider_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "imageID", default, skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<BTreeMap<String, Quantity>>,
