@@ -161,9 +161,7 @@ impl Handler<Provision> for NodePoolActor {
                 .unplaced
                 .first()
                 .map_or_else(|| "nodepool limits, global caps or no launchable type".to_string(), |(_, r)| r.clone());
-            // One message per zone and set of traced decisions.
-            type Launches = BTreeMap<(String, Vec<[u8; 8]>), (Vec<Cause>, Vec<LaunchRequest>)>;
-            let mut launches = Launches::new();
+            let mut launches = Launches::default();
             for c in done.created {
                 act.stats.claims_created += 1;
                 let mut pods = Traced::default();
@@ -174,19 +172,51 @@ impl Handler<Provision> for NodePoolActor {
                 let id = c.reserve.id.clone();
                 act.pods.insert(id.clone(), pods);
                 let request = act.launch_request(&c.nodeclaim, &c.reserve.zone, LaunchBatch::default());
-                let key = (c.reserve.zone.clone(), causes.iter().map(|c| c.span_id().to_bytes()).collect());
-                launches.entry(key).or_insert_with(|| (causes, Vec::new())).1.push(request);
+                launches.add(c.reserve.zone.clone(), causes, request, ());
                 if let Ok(mut busy) = act.busy.lock() {
                     busy.remove(&id);
                 }
             }
-            for ((zone, _), (causes, requests)) in launches {
-                act.send_launches(ctx, &zone, requests, causes);
+            for (zone, Group { causes, asks }) in launches.groups() {
+                act.send_launches(ctx, &zone, asks.into_iter().map(|(r, ())| r).collect(), causes);
             }
             act.give_back(unplaced, reason);
             // A launch the zone's mailbox refused is asked again by the reconcile.
             act.reconcile(ctx);
         }));
+    }
+}
+
+/// Launches to send, one message per zone and set of traced decisions: a round's (or a
+/// reconcile's) thousands of claims take a mailbox slot per zone, not one each, and a claim's
+/// launch joins only the traces of the decisions it serves. `T` rides along with each request.
+pub(super) struct Launches<T>(BTreeMap<(String, SpanIds), Group<T>>);
+
+/// The span ids of a set of traced decisions, as a key.
+type SpanIds = Vec<[u8; 8]>;
+
+/// One message's worth: the decisions it serves and its requests.
+pub(super) struct Group<T> {
+    pub causes: Vec<Cause>,
+    pub asks: Vec<(LaunchRequest, T)>,
+}
+
+impl<T> Default for Launches<T> {
+    fn default() -> Self {
+        Launches(BTreeMap::new())
+    }
+}
+
+impl<T> Launches<T> {
+    /// Adds a request for `zone` serving the decisions `causes` (distinct).
+    pub(super) fn add(&mut self, zone: String, causes: Vec<Cause>, request: LaunchRequest, with: T) {
+        let key = (zone, causes.iter().map(|c| c.span_id().to_bytes()).collect());
+        self.0.entry(key).or_insert_with(|| Group { causes, asks: Vec::new() }).asks.push((request, with));
+    }
+
+    /// Each message: its zone and its group.
+    pub(super) fn groups(self) -> impl Iterator<Item = (String, Group<T>)> {
+        self.0.into_iter().map(|((zone, _), group)| (zone, group))
     }
 }
 

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use dovetail_cloud::LaunchRequest;
 use dovetail_cluster::Snapshot;
 use dovetail_core::clock::to_millis;
 use dovetail_core::effect::{Action, Effect};
@@ -18,8 +17,9 @@ use dovetail_core::lifecycle::{Input, Memory, Plan, reconcile};
 use dovetail_raft::read_with;
 
 use super::NodePoolActor;
+use super::provision::{Group, Launches};
 use crate::executor::Done;
-use crate::trace::{self, Cause};
+use crate::trace;
 use crate::zone::Terminate;
 
 /// Reconcile now (the actor's timer does it every `reconcile_every`; drivers and tests may
@@ -296,11 +296,8 @@ impl NodePoolActor {
     fn run_effects(&mut self, ctx: &mut Context<Self>, term: Term, effects: Vec<Effect>, snap: &Snapshot) {
         let now = self.now();
         let mut cluster = Vec::new();
-        // Launches asked again, one message per zone and set of traced decisions (thousands of
-        // claims re-asked after a restart take a mailbox slot per zone, not one each; a claim's
-        // launch joins only the traces of the decisions it serves).
-        type Asks = BTreeMap<(String, Vec<[u8; 8]>), (Vec<Cause>, Vec<(LaunchRequest, bool)>)>;
-        let mut launches = Asks::new();
+        // Launches asked again (each with whether its pods are this plane's own), grouped.
+        let mut launches = Launches::default();
         for e in effects {
             let waiting = self.retry_at.get(&e.claim).is_some_and(|at| now < *at);
             match e.action {
@@ -312,8 +309,7 @@ impl NodePoolActor {
                     let request = self.launch_request(nc, &zone, batch.unwrap_or_default());
                     let causes = self.pods.get(&e.claim).map(|p| trace::distinct(&p.causes)).unwrap_or_default();
                     let fresh = self.pods.contains_key(&e.claim);
-                    let key = (zone, causes.iter().map(|c| c.span_id().to_bytes()).collect());
-                    launches.entry(key).or_insert_with(|| (causes, Vec::new())).1.push((request, fresh));
+                    launches.add(zone, causes, request, fresh);
                 }
                 Action::Terminate { zone, instance, batch } => {
                     if waiting || self.still_asked(self.terminating.get(&e.claim)) {
@@ -343,7 +339,7 @@ impl NodePoolActor {
                 action => cluster.push(Effect { claim: e.claim, action }),
             }
         }
-        for ((zone, _), (causes, asks)) in launches {
+        for (zone, Group { causes, asks }) in launches.groups() {
             let kinds: Vec<(String, bool)> = asks.iter().map(|(r, fresh)| (r.claim.clone(), *fresh)).collect();
             let requests = asks.into_iter().map(|(r, _)| r).collect();
             if !self.send_launches(ctx, &zone, requests, causes) {

@@ -632,9 +632,12 @@ impl CloudProvider for SimCloud {
         })
     }
 
-    fn instance_types<'a>(&'a self, node_class: &'a NodeClass) -> BoxFuture<'a, Result<Vec<InstanceType>, CloudError>> {
+    fn instance_types<'a>(
+        &'a self,
+        _node_class: &'a NodeClass,
+    ) -> BoxFuture<'a, Result<Vec<InstanceType>, CloudError>> {
+        // One catalog for every node class (the sim has no per-class AMIs or settings).
         Box::pin(async move {
-            let _ = node_class;
             let s = self.lock();
             let mut types: Vec<InstanceType> = self.types.as_ref().clone();
             for t in &mut types {
