@@ -241,6 +241,13 @@ pub enum Command {
     Advance {
         steps: Vec<(String, Step)>,
     },
+    /// Takes over claims the cluster shows and the ledger does not know (NodeClaims made
+    /// before a restart of a ledger that kept no log): each is recorded as given and holds its
+    /// resources, whatever the limits say (the capacity exists). An id the ledger knows, or
+    /// of an unknown pool, is skipped.
+    Adopt {
+        claims: Vec<Claim>,
+    },
     /// Marks offerings unavailable until `until` (insufficient capacity).
     MarkUnavailable {
         offerings: Vec<Offering>,
@@ -454,6 +461,27 @@ impl State {
                 }
                 self.prune_batches();
                 Outcome::Advanced { rejected }
+            }
+            Command::Adopt { claims } => {
+                let mut granted = Vec::new();
+                let mut denied = Vec::new();
+                for c in claims {
+                    if self.claims.contains_key(&c.id) {
+                        denied.push((c.id.clone(), Denial::DuplicateId));
+                        continue;
+                    }
+                    if !self.pools.contains_key(&c.pool) {
+                        denied.push((c.id.clone(), Denial::UnknownPool));
+                        continue;
+                    }
+                    let mut resources = c.resources.clone();
+                    resources.set(ResourceName::Nodes, 1);
+                    self.hold(&c.pool, &resources, c.price_per_hour);
+                    let claim = Claim { resources, reserved_at: at, changed_at: at, ..c.clone() };
+                    self.claims.insert(c.id.clone(), claim);
+                    granted.push(c.id.clone());
+                }
+                Outcome::Reserved { granted, denied }
             }
             Command::MarkUnavailable { offerings, until } => {
                 if *until > at {

@@ -102,8 +102,11 @@ fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<Strin
     let candidates = nc.spec.requirements.get(labels::INSTANCE_TYPE);
     let types = candidates.values();
     // None of its types marked in its zone: it stays (the usual case, without a look at the
-    // catalog; marks of other pools' types do not move it).
-    if !input.unavailable.iter().any(|o| o.zone == claim.zone && types.contains(&o.instance_type)) {
+    // catalog; marks of other pools' types do not move it). A claim taken over from the cluster
+    // before it launched has no zone yet: it gets the cheapest one it may use.
+    if !claim.zone.is_empty()
+        && !input.unavailable.iter().any(|o| o.zone == claim.zone && types.contains(&o.instance_type))
+    {
         return Some(claim.zone.clone());
     }
     let cts = capacity_types(&nc.spec.requirements);
@@ -115,7 +118,8 @@ fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<Strin
         })
     };
     let zones = allowed_zones(&nc.spec.requirements, input.zones);
-    relaunch_zone(input.types, types, &cts, &zones, Some(&claim.zone), unavailable).map(|c| c.zone)
+    let prefer = (!claim.zone.is_empty()).then_some(claim.zone.as_str());
+    relaunch_zone(input.types, types, &cts, &zones, prefer, unavailable).map(|c| c.zone)
 }
 
 /// The status a launched claim's NodeClaim shows: its provider id, capacity and `Launched`.

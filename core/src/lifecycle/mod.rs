@@ -18,6 +18,7 @@
 //! [`live`] plans claims on their way up (launch, registration, initialization, loss);
 //! [`terminate`] plans claims on their way out, and orphaned objects.
 
+pub mod adopt;
 mod live;
 mod terminate;
 #[cfg(test)]
