@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Taint as K8sTaint;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use super::{ConversionError, Ctx, requirements, resource_list, taint};
 use crate::crd::{self, NodeClassReference, NodeSelectorRequirementWithMinValues};
 
 /// The `node selector requirements` form of requirements, as Karpenter writes them on a
@@ -101,6 +102,128 @@ pub fn nodeclaim(name: &str, spec: &NodeClaimSpec, nodepool_uid: Option<&str>) -
     nc
 }
 
+/// A `karpenter.sh/v1` NodeClaim object as core reads it: its spec (the NodePool from the
+/// `karpenter.sh/nodepool` label), finalizers, deletion mark, status and resource version.
+pub fn nodeclaim_from_object(nc: &crd::NodeClaim) -> Result<dovetail_core::cluster::NodeClaim, ConversionError> {
+    use dovetail_core::cluster::{Condition as CoreCondition, NodeClaim as CoreNodeClaim, NodeClaimStatus};
+    let name = nc.metadata.name.clone().unwrap_or_default();
+    let ctx = Ctx::new(format!("NodeClaim {name:?}"));
+    if name.is_empty() {
+        return Err(ctx.err("metadata.name", "a NodeClaim needs a name"));
+    }
+    let labels = nc.metadata.labels.clone().unwrap_or_default();
+    let nodepool = labels.get(dovetail_core::labels::NODEPOOL).cloned().unwrap_or_default();
+    let spec = &nc.spec;
+    let exprs: Vec<_> = spec
+        .requirements
+        .iter()
+        .map(|r| (r.key.clone(), r.operator.clone(), r.values.clone().unwrap_or_default(), r.min_values))
+        .collect();
+    let requirements = requirements(&ctx, "spec.requirements", &exprs, true)?;
+    let mut taints = Vec::new();
+    for (i, t) in spec.taints.iter().flatten().enumerate() {
+        taints.push(taint(&ctx, &format!("spec.taints[{i}]"), t)?);
+    }
+    let mut startup_taints = Vec::new();
+    for (i, t) in spec.startup_taints.iter().flatten().enumerate() {
+        startup_taints.push(taint(&ctx, &format!("spec.startupTaints[{i}]"), t)?);
+    }
+    let requests =
+        resource_list(&ctx, "spec.resources.requests", spec.resources.as_ref().and_then(|r| r.requests.as_ref()))?;
+    let parse = |field: &str, v: Option<&String>| match v {
+        None => Ok(None),
+        Some(s) => dovetail_core::nodepool::parse_duration(s).map_err(|e| ctx.err(field, e)),
+    };
+    let expire_after = parse("spec.expireAfter", spec.expire_after.as_ref())?;
+    let termination_grace_period = parse("spec.terminationGracePeriod", spec.termination_grace_period.as_ref())?;
+    let status = nc.status.clone().unwrap_or_default();
+    let conditions = status
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| CoreCondition {
+            kind: c.type_.clone(),
+            status: c.status == "True",
+            reason: c.reason.clone().unwrap_or_default(),
+            message: c.message.clone().unwrap_or_default(),
+        })
+        .collect();
+    Ok(CoreNodeClaim {
+        name,
+        spec: dovetail_core::nodepool::NodeClaimSpec {
+            nodepool,
+            labels,
+            annotations: nc.metadata.annotations.clone().unwrap_or_default(),
+            taints,
+            startup_taints,
+            requirements,
+            requests,
+            node_class: dovetail_core::nodepool::NodeClassRef {
+                group: spec.node_class_ref.group.clone(),
+                kind: spec.node_class_ref.kind.clone(),
+                name: spec.node_class_ref.name.clone(),
+            },
+            expire_after,
+            termination_grace_period,
+        },
+        finalizers: nc.metadata.finalizers.clone().unwrap_or_default(),
+        deleting: nc.metadata.deletion_timestamp.is_some(),
+        status: NodeClaimStatus {
+            provider_id: status.provider_id.clone(),
+            node_name: status.node_name.clone(),
+            capacity: resource_list(&ctx, "status.capacity", status.capacity.as_ref())?,
+            allocatable: resource_list(&ctx, "status.allocatable", status.allocatable.as_ref())?,
+            conditions,
+        },
+        resource_version: nc.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
+    })
+}
+
+fn quantities(list: &dovetail_core::resources::ResourceList) -> Option<BTreeMap<String, Quantity>> {
+    (!list.is_empty())
+        .then(|| list.iter().map(|(n, v)| (n.to_string(), Quantity(n.quantity_of(v).to_string()))).collect())
+}
+
+/// The `status` object of a core NodeClaim status. Each condition keeps the transition time
+/// `previous` gives it when its status did not change, and gets `now` (RFC 3339) otherwise:
+/// Karpenter's condition schema requires `type`, `status`, `reason`, `message` and
+/// `lastTransitionTime`.
+pub fn nodeclaim_status_object(
+    status: &dovetail_core::cluster::NodeClaimStatus,
+    previous: &[crd::Condition],
+    now: &str,
+) -> crd::NodeClaimStatus {
+    let conditions = status
+        .conditions
+        .iter()
+        .map(|c| {
+            let s = if c.status { "True" } else { "False" };
+            let since = previous
+                .iter()
+                .find(|p| p.type_ == c.kind && p.status == s)
+                .and_then(|p| p.last_transition_time.clone())
+                .unwrap_or_else(|| now.to_string());
+            crd::Condition {
+                type_: c.kind.clone(),
+                status: s.to_string(),
+                reason: Some(if c.reason.is_empty() { c.kind.clone() } else { c.reason.clone() }),
+                message: Some(c.message.clone()),
+                last_transition_time: Some(since),
+                observed_generation: None,
+            }
+        })
+        .collect::<Vec<_>>();
+    crd::NodeClaimStatus {
+        node_name: status.node_name.clone(),
+        provider_id: status.provider_id.clone(),
+        image_id: None,
+        capacity: quantities(&status.capacity),
+        allocatable: quantities(&status.allocatable),
+        last_pod_event_time: None,
+        conditions: (!conditions.is_empty()).then_some(conditions),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use dovetail_core::requirements::{Operator, Requirement};
@@ -117,5 +240,52 @@ mod tests {
         let ops: Vec<(&str, &str)> = out.iter().map(|x| (x.key.as_str(), x.operator.as_str())).collect();
         assert_eq!(ops, [("gen", "Gte"), ("gen", "Lte"), ("zone", "In")]);
         assert_eq!(out[0].values.as_deref(), Some(&["5".to_string()][..]));
+    }
+
+    #[test]
+    fn a_nodeclaim_object_round_trips_through_core() {
+        let mut reqs = Requirements::new();
+        reqs.add("node.kubernetes.io/instance-type", Requirement::is_in(["m5.large", "c5.large"]));
+        let spec = NodeClaimSpec {
+            nodepool: "default".into(),
+            labels: [("karpenter.sh/nodepool".to_string(), "default".to_string())].into(),
+            requirements: reqs.clone(),
+            requests: dovetail_core::resources::ResourceList::from_pairs([(
+                dovetail_core::resources::ResourceName::Cpu,
+                1500,
+            )]),
+            node_class: dovetail_core::nodepool::NodeClassRef::ec2("default"),
+            ..NodeClaimSpec::default()
+        };
+        let mut obj = nodeclaim("default-abc", &spec, Some("uid-1"));
+        obj.metadata.resource_version = Some("42".into());
+        let back = nodeclaim_from_object(&obj).expect("converts");
+        assert_eq!(back.name, "default-abc");
+        assert_eq!(back.spec.nodepool, "default");
+        assert_eq!(back.spec.requirements, reqs);
+        assert_eq!(back.spec.requests, spec.requests);
+        assert_eq!(back.resource_version, 42);
+        assert_eq!(back.finalizers, vec!["karpenter.sh/termination".to_string()]);
+    }
+
+    #[test]
+    fn a_condition_keeps_its_transition_time_while_its_status_holds() {
+        use dovetail_core::cluster::{Condition, NodeClaimStatus};
+        let status = NodeClaimStatus {
+            conditions: vec![Condition::met("Launched"), Condition::met("Registered")],
+            ..NodeClaimStatus::default()
+        };
+        let previous = vec![crd::Condition {
+            type_: "Launched".into(),
+            status: "True".into(),
+            last_transition_time: Some("2026-01-01T00:00:00Z".into()),
+            ..crd::Condition::default()
+        }];
+        let out = nodeclaim_status_object(&status, &previous, "2026-02-02T00:00:00Z");
+        let cs = out.conditions.expect("conditions");
+        assert_eq!(cs[0].last_transition_time.as_deref(), Some("2026-01-01T00:00:00Z"));
+        assert_eq!(cs[1].last_transition_time.as_deref(), Some("2026-02-02T00:00:00Z"));
+        assert_eq!(cs[1].reason.as_deref(), Some("Registered"), "a reason is required");
+        assert_eq!(cs[1].message.as_deref(), Some(""), "a message is required");
     }
 }

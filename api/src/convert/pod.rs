@@ -326,3 +326,35 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
         resource_version: n.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
     })
 }
+
+/// Converts a live Pod object with its status: the scheduler's `Unschedulable` mark, the
+/// nomination, start time, phase and deletion mark.
+pub fn pod_object(p: &core::Pod) -> Result<Pod, ConversionError> {
+    let meta = &p.metadata;
+    let ctx = Ctx::new(format!(
+        "Pod {}/{}",
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or_default()
+    ));
+    let spec = p.spec.as_ref().ok_or_else(|| ctx.err("spec", "a Pod needs a spec"))?;
+    let status = p.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or_default();
+    let pm = PodMeta {
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: meta.name.clone().unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        creation: meta.creation_timestamp.as_ref().map_or(0, |t| t.0.as_millisecond()),
+        daemon: meta.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet"),
+        terminal: matches!(phase, "Succeeded" | "Failed"),
+    };
+    let mut pod = pod_from_spec(&ctx, "spec", pm, spec)?;
+    pod.deleting = meta.deletion_timestamp.is_some();
+    pod.unschedulable = status.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+    });
+    pod.nominated_node = status.and_then(|s| s.nominated_node_name.clone()).filter(|n| !n.is_empty());
+    pod.started_at = status.and_then(|s| s.start_time.as_ref()).and_then(|t| u64::try_from(t.0.as_millisecond()).ok());
+    Ok(pod)
+}

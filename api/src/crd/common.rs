@@ -21,11 +21,8 @@ pub struct NodeSelectorRequirementWithMinValues {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeClassReference {
-    #[serde(default)]
     pub group: String,
-    #[serde(default)]
     pub kind: String,
-    #[serde(default)]
     pub name: String,
 }
 
