@@ -15,8 +15,10 @@
 //! Events. No method retries.
 //!
 //! [`sim::SimCluster`] implements both in memory with the same semantics (resource versions,
-//! conflicts, the status subresource, finalizers); the kube implementation comes next.
+//! conflicts, the status subresource, finalizers); [`kube::KubeCluster`] implements them on a
+//! real API server.
 
+pub mod kube;
 pub mod sim;
 
 use std::future::Future;

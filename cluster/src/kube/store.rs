@@ -1,0 +1,371 @@
+//! The reflector caches: one watch per kind, each event converted into core's objects as it
+//! arrives (the Kubernetes object itself, `managedFields` and all, is dropped at once), and
+//! applied to one [`Snapshot`] under a lock. A (re)list is buffered from `Init` to `InitDone`
+//! and swapped in whole, so an object never goes missing while a watch restarts (after a
+//! 410 Gone, or an API server restart); the kind counts as synced from its first `InitDone`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use dovetail_api::convert::{self, ConversionError, Ctx};
+use dovetail_api::crd;
+use dovetail_core::cluster::{IntOrPercent, NodeClaim, Pdb, Snapshot};
+use dovetail_core::node::Node;
+use dovetail_core::nodepool::NodePool;
+use dovetail_core::pod::{Pod, PodKey};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1 as k8s;
+use kube::Api;
+use kube::api::DynamicObject;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+/// Every kind the view watches; the view is synced once each has listed once.
+pub const KINDS: [&str; 7] =
+    ["Pod", "Node", "NodeClaim", "NodePool", "EC2NodeClass", "DaemonSet", "PodDisruptionBudget"];
+
+/// The caches and what the kube writer needs beside core's objects.
+#[derive(Default)]
+pub struct Store {
+    pub snap: Snapshot,
+    /// The last snapshot handed out, until the next change.
+    pub shared: Option<Arc<Snapshot>>,
+    pub synced: BTreeSet<&'static str>,
+    pub nodeclasses: BTreeMap<String, Arc<crd::EC2NodeClass>>,
+    /// NodePool uids, for the ownerReference of the NodeClaims made for them.
+    pub pool_uids: BTreeMap<String, String>,
+    /// NodeClaim conditions as written, so that a status write keeps each transition time.
+    pub claim_conditions: BTreeMap<String, Vec<crd::Condition>>,
+    /// Objects that could not be converted, by `Kind name`, with the field at fault.
+    pub invalid: BTreeMap<String, ConversionError>,
+    /// Watch errors seen, by kind (each retried with backoff).
+    pub watch_errors: BTreeMap<&'static str, u64>,
+}
+
+/// The store with its change signal.
+pub struct Shared {
+    store: Mutex<Store>,
+    tx: watch::Sender<u64>,
+}
+
+impl Shared {
+    pub fn new() -> Self {
+        Shared { store: Mutex::new(Store::default()), tx: watch::channel(0).0 }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.tx.subscribe()
+    }
+
+    /// Runs one change to the caches: bumps the view's resource version, drops the shared
+    /// snapshot and notifies watchers.
+    pub fn change(&self, f: impl FnOnce(&mut Store)) {
+        let version = {
+            let mut s = self.lock();
+            f(&mut s);
+            s.snap.resource_version += 1;
+            s.shared = None;
+            s.snap.resource_version
+        };
+        self.tx.send_replace(version);
+    }
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared::new()
+    }
+}
+
+/// A kind the view caches: how its objects convert and where they go.
+pub trait Cached: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static {
+    const KIND: &'static str;
+    type Item: Send + 'static;
+    /// `namespace/name`, or the name of a cluster-scoped object.
+    fn id(&self) -> String {
+        let meta = self.meta();
+        match &meta.namespace {
+            Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or_default()),
+            None => meta.name.clone().unwrap_or_default(),
+        }
+    }
+    fn convert(&self) -> Result<Self::Item, ConversionError>;
+    fn upsert(store: &mut Store, item: Self::Item);
+    fn remove(store: &mut Store, id: &str);
+    fn clear(store: &mut Store);
+}
+
+fn pod_key(id: &str) -> PodKey {
+    match id.split_once('/') {
+        Some((ns, name)) => PodKey::new(ns, name),
+        None => PodKey::new("default", id),
+    }
+}
+
+impl Cached for k8s::Pod {
+    const KIND: &'static str = "Pod";
+    type Item = Pod;
+    fn convert(&self) -> Result<Pod, ConversionError> {
+        convert::pod_object(self)
+    }
+    fn upsert(store: &mut Store, item: Pod) {
+        store.snap.pods.insert(item.key.clone(), Arc::new(item));
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.snap.pods.remove(&pod_key(id));
+    }
+    fn clear(store: &mut Store) {
+        store.snap.pods.clear();
+    }
+}
+
+impl Cached for k8s::Node {
+    const KIND: &'static str = "Node";
+    type Item = Node;
+    fn convert(&self) -> Result<Node, ConversionError> {
+        convert::node(&Ctx::new(format!("Node {}", self.id())), self)
+    }
+    fn upsert(store: &mut Store, item: Node) {
+        store.snap.nodes.insert(item.name.clone(), Arc::new(item));
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.snap.nodes.remove(id);
+    }
+    fn clear(store: &mut Store) {
+        store.snap.nodes.clear();
+    }
+}
+
+impl Cached for crd::NodeClaim {
+    const KIND: &'static str = "NodeClaim";
+    type Item = (NodeClaim, Vec<crd::Condition>);
+    fn convert(&self) -> Result<Self::Item, ConversionError> {
+        let conditions = self.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+        Ok((convert::nodeclaim_from_object(self)?, conditions))
+    }
+    fn upsert(store: &mut Store, (claim, conditions): Self::Item) {
+        store.claim_conditions.insert(claim.name.clone(), conditions);
+        store.snap.nodeclaims.insert(claim.name.clone(), Arc::new(claim));
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.claim_conditions.remove(id);
+        store.snap.nodeclaims.remove(id);
+    }
+    fn clear(store: &mut Store) {
+        store.claim_conditions.clear();
+        store.snap.nodeclaims.clear();
+    }
+}
+
+impl Cached for crd::NodePool {
+    const KIND: &'static str = "NodePool";
+    type Item = (NodePool, String);
+    fn convert(&self) -> Result<Self::Item, ConversionError> {
+        Ok((convert::nodepool(self)?, self.metadata.uid.clone().unwrap_or_default()))
+    }
+    fn upsert(store: &mut Store, (pool, uid): Self::Item) {
+        store.pool_uids.insert(pool.name.clone(), uid);
+        store.snap.nodepools.insert(pool.name.clone(), Arc::new(pool));
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.pool_uids.remove(id);
+        store.snap.nodepools.remove(id);
+    }
+    fn clear(store: &mut Store) {
+        store.pool_uids.clear();
+        store.snap.nodepools.clear();
+    }
+}
+
+impl Cached for crd::EC2NodeClass {
+    const KIND: &'static str = "EC2NodeClass";
+    type Item = crd::EC2NodeClass;
+    fn convert(&self) -> Result<Self::Item, ConversionError> {
+        // Checked here so that a bad one is reported; the object itself is what is kept.
+        convert::node_class_settings(self)?;
+        let mut nc = self.clone();
+        nc.metadata.managed_fields = None;
+        Ok(nc)
+    }
+    fn upsert(store: &mut Store, item: Self::Item) {
+        store.nodeclasses.insert(item.metadata.name.clone().unwrap_or_default(), Arc::new(item));
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.nodeclasses.remove(id);
+    }
+    fn clear(store: &mut Store) {
+        store.nodeclasses.clear();
+    }
+}
+
+impl Cached for DaemonSet {
+    const KIND: &'static str = "DaemonSet";
+    type Item = Pod;
+    fn convert(&self) -> Result<Pod, ConversionError> {
+        let id = self.id();
+        let ctx = Ctx::new(format!("DaemonSet {id}"));
+        let spec = &self.spec;
+        let template = spec.template.spec.as_ref().ok_or_else(|| ctx.err("spec.template.spec", "missing"))?;
+        let tmeta = spec.template.metadata.clone().unwrap_or_default();
+        let key = pod_key(&id);
+        let meta = convert::PodMeta {
+            namespace: key.namespace,
+            name: key.name,
+            labels: tmeta.labels.unwrap_or_default(),
+            annotations: tmeta.annotations.unwrap_or_default(),
+            creation: 0,
+            daemon: true,
+            terminal: false,
+        };
+        convert::pod_from_spec(&ctx, "spec.template.spec", meta, template)
+    }
+    fn upsert(store: &mut Store, item: Pod) {
+        store.snap.daemonsets.insert(item.key.clone(), Arc::new(item));
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.snap.daemonsets.remove(&pod_key(id));
+    }
+    fn clear(store: &mut Store) {
+        store.snap.daemonsets.clear();
+    }
+}
+
+fn int_or_percent(
+    ctx: &Ctx,
+    field: &str,
+    v: Option<&serde_json::Value>,
+) -> Result<Option<IntOrPercent>, ConversionError> {
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(n)) => n
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .map(|n| Some(IntOrPercent::Int(n)))
+            .ok_or_else(|| ctx.err(field, format!("{n} is not a 32-bit integer"))),
+        Some(serde_json::Value::String(s)) => match s.strip_suffix('%').map(str::parse::<i32>) {
+            Some(Ok(p)) => Ok(Some(IntOrPercent::Percent(p))),
+            _ => s
+                .parse::<i32>()
+                .map(|n| Some(IntOrPercent::Int(n)))
+                .map_err(|_| ctx.err(field, format!("{s:?} is neither an integer nor a percentage"))),
+        },
+        Some(other) => Err(ctx.err(field, format!("{other} is neither an integer nor a percentage"))),
+    }
+}
+
+/// PodDisruptionBudgets are watched as dynamic objects, at the version discovery found
+/// (`policy/v1`, or `policy/v1beta1` before Kubernetes 1.21): the fields read are the same.
+impl Cached for DynamicObject {
+    const KIND: &'static str = "PodDisruptionBudget";
+    type Item = Pdb;
+    fn convert(&self) -> Result<Pdb, ConversionError> {
+        let id = self.id();
+        let ctx = Ctx::new(format!("PodDisruptionBudget {id}"));
+        let spec = self.data.get("spec");
+        let selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector> = match spec
+            .and_then(|s| s.get("selector"))
+        {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(serde_json::from_value(v.clone()).map_err(|e| ctx.err("spec.selector", e.to_string()))?),
+        };
+        let selector = convert::label_selector(&ctx, "spec.selector", selector.as_ref())?
+            .unwrap_or_else(|| dovetail_core::labels::LabelSelector::new(Default::default(), Vec::new()));
+        let allowed = self
+            .data
+            .get("status")
+            .and_then(|s| s.get("disruptionsAllowed"))
+            .and_then(serde_json::Value::as_i64)
+            .and_then(|n| i32::try_from(n).ok())
+            .unwrap_or(0);
+        Ok(Pdb {
+            key: pod_key(&id),
+            selector,
+            min_available: int_or_percent(&ctx, "spec.minAvailable", spec.and_then(|s| s.get("minAvailable")))?,
+            max_unavailable: int_or_percent(&ctx, "spec.maxUnavailable", spec.and_then(|s| s.get("maxUnavailable")))?,
+            disruptions_allowed: allowed,
+        })
+    }
+    fn upsert(store: &mut Store, item: Pdb) {
+        store.snap.pdbs.insert(item.key.clone(), Arc::new(item));
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.snap.pdbs.remove(&pod_key(id));
+    }
+    fn clear(store: &mut Store) {
+        store.snap.pdbs.clear();
+    }
+}
+
+/// Follows one kind until the stream ends (never, in practice: the watcher relists after a
+/// 410 and retries errors with backoff).
+pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher::Config) {
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut listing: Option<Vec<K::Item>> = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listing = Some(Vec::new()),
+            Ok(Event::InitApply(obj)) => {
+                if let Some(item) = converted(&shared, &obj) {
+                    listing.get_or_insert_with(Vec::new).push(item);
+                }
+            }
+            Ok(Event::InitDone) => {
+                let items = listing.take().unwrap_or_default();
+                shared.change(|s| {
+                    K::clear(s);
+                    for item in items {
+                        K::upsert(s, item);
+                    }
+                    s.synced.insert(K::KIND);
+                });
+            }
+            Ok(Event::Apply(obj)) => {
+                let id = obj.id();
+                let item = converted(&shared, &obj);
+                shared.change(|s| match item {
+                    Some(item) => K::upsert(s, item),
+                    None => K::remove(s, &id),
+                });
+            }
+            Ok(Event::Delete(obj)) => {
+                let id = obj.id();
+                shared.change(|s| {
+                    s.invalid.remove(&format!("{} {id}", K::KIND));
+                    K::remove(s, &id);
+                });
+            }
+            Err(e) => {
+                tracing::warn!(kind = K::KIND, error = %e, "watch of {} failed; retrying with backoff", K::KIND);
+                *shared.lock().watch_errors.entry(K::KIND).or_default() += 1;
+            }
+        }
+    }
+}
+
+/// The object converted, or `None` with the error recorded (named by object and field) and
+/// logged once per change of message.
+fn converted<K: Cached>(shared: &Shared, obj: &K) -> Option<K::Item> {
+    let key = format!("{} {}", K::KIND, obj.id());
+    match obj.convert() {
+        Ok(item) => {
+            shared.lock().invalid.remove(&key);
+            Some(item)
+        }
+        Err(e) => {
+            let mut s = shared.lock();
+            if s.invalid.get(&key) != Some(&e) {
+                tracing::warn!(object = %key, field = %e.field, error = %e, "ignoring {key}: {e}");
+                s.invalid.insert(key, e);
+            }
+            None
+        }
+    }
+}
