@@ -6,6 +6,8 @@
 #![allow(clippy::disallowed_methods)]
 
 mod bench_input;
+mod controller;
+mod crdgen;
 mod loadtest;
 mod plan;
 mod simulate;
@@ -40,6 +42,10 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Runs a scenario on the wall clock and checks its thresholds (non-zero exit on a miss).
     Loadtest(loadtest::LoadtestArgs),
+    /// Runs the control plane against a Kubernetes cluster.
+    Controller(controller::ControllerArgs),
+    /// Writes the CRDs (NodePool, NodeClaim, EC2NodeClass) as YAML.
+    Crdgen(crdgen::CrdgenArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +65,8 @@ fn main() -> ExitCode {
         Command::BenchInput(args) => bench_input::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Loadtest(args) => loadtest::run(&args),
+        Command::Controller(args) => controller::run(&args),
+        Command::Crdgen(args) => crdgen::run(&args),
     };
     // Spans still queued are exported before the process ends.
     if let Some(t) = telemetry {

@@ -1,0 +1,299 @@
+//! The sim cloud's node agent, for `--cloud sim` on a real cluster: what kubelets and the
+//! cloud's node lifecycle controller would do for the sim's instances, through the real API.
+//!
+//! - An instance launched for a NodeClaim registers as a Node (after the registration delay)
+//!   named after the instance, with its `providerID`, the instance's and the NodeClaim's labels,
+//!   the NodeClaim's taints and startup taints and `karpenter.sh/unregistered`, its capacity and
+//!   allocatable, and a Ready condition. The API server's admission adds
+//!   `node.kubernetes.io/not-ready`; the agent removes it as a node lifecycle controller does
+//!   for a Ready node.
+//! - Its Lease in `kube-node-lease` and its Ready heartbeat are renewed, so a cluster's node
+//!   lifecycle controller never finds it unreachable.
+//! - Pods bound to it are set Running and Ready; pods deleted on it are removed (what the
+//!   kubelet does once their containers stopped).
+//! - A Node whose instance is gone is deleted, as the cloud node lifecycle controller does.
+//!
+//! Only Nodes with the [`SIM_LABEL`] are the agent's: a cluster's other nodes are left alone.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use dovetail_cloud::sim::{Restored, SimCloud};
+use dovetail_cluster::kube::{KubeCluster, rfc3339, taints_json};
+use dovetail_cluster::{ClusterError, ClusterView, ClusterWriter, Snapshot};
+use dovetail_core::catalog::CapacityType;
+use dovetail_core::clock::Clock;
+use dovetail_core::cluster::UNREGISTERED_TAINT;
+use dovetail_core::labels;
+use dovetail_core::lifecycle::adopt::parse_provider_id;
+use dovetail_core::pod::PodKey;
+use serde_json::json;
+
+/// The label that marks a Node the sim node agent made.
+pub const SIM_LABEL: &str = "dovetail.sh/sim-node";
+const NOT_READY: &str = "node.kubernetes.io/not-ready";
+
+/// How the agent paces itself.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub registration_delay_ms: u64,
+    /// How often a node's Lease and Ready heartbeat are renewed (kubelet: 10 s).
+    pub renew_every_ms: u64,
+}
+
+/// Write counters of the agent (kubelet-side requests, apart from dovetail's own).
+#[derive(Clone, Debug, Default)]
+pub struct AgentStats {
+    pub writes: BTreeMap<&'static str, u64>,
+    pub errors: BTreeMap<String, u64>,
+}
+
+pub struct Agent {
+    cluster: Arc<KubeCluster>,
+    cloud: Arc<SimCloud>,
+    clock: Arc<dyn Clock>,
+    config: AgentConfig,
+    /// When each instance (by provider id) was first seen unregistered.
+    seen: BTreeMap<String, u64>,
+    /// When each node's Lease and heartbeat were last renewed.
+    renewed: BTreeMap<String, u64>,
+    /// Pods set Running, until the view shows it (one write each).
+    started: BTreeSet<PodKey>,
+    pub stats: AgentStats,
+}
+
+fn quantities(list: &dovetail_core::resources::ResourceList) -> serde_json::Value {
+    list.iter().map(|(n, v)| (n.to_string(), json!(n.quantity_of(v).to_string()))).collect()
+}
+
+/// The sim's instances as the cluster remembers them: every Node of the agent with a
+/// provider id whose NodeClaim exists, and NodeClaims launched but not registered yet.
+pub fn remembered(snap: &Snapshot) -> Vec<Restored> {
+    let mut out: BTreeMap<String, Restored> = BTreeMap::new();
+    let by_provider = snap.nodes_by_provider_id();
+    for nc in snap.nodeclaims.values() {
+        let Some(provider) = nc.status.provider_id.as_deref() else { continue };
+        let Some((zone, id)) = parse_provider_id(provider) else { continue };
+        let node = by_provider.get(provider);
+        if node.is_some_and(|n| !n.labels.contains_key(SIM_LABEL)) {
+            continue;
+        }
+        let label = |key: &str| {
+            node.and_then(|n| n.labels.get(key)).or_else(|| nc.spec.labels.get(key)).cloned().or_else(|| {
+                let r = nc.spec.requirements.get_defined(key)?;
+                match r.values() {
+                    [v] if r.operator() == dovetail_core::requirements::Operator::In => Some(v.clone()),
+                    _ => None,
+                }
+            })
+        };
+        let (Some(instance_type), Some(capacity_type)) = (label(labels::INSTANCE_TYPE), label(labels::CAPACITY_TYPE))
+        else {
+            continue;
+        };
+        let capacity_type = if capacity_type == "spot" { CapacityType::Spot } else { CapacityType::OnDemand };
+        out.insert(
+            id.to_string(),
+            Restored {
+                id: id.to_string(),
+                claim: nc.name.clone(),
+                nodepool: nc.spec.nodepool.clone(),
+                instance_type,
+                zone: zone.to_string(),
+                capacity_type,
+                labels: nc.spec.labels.clone(),
+            },
+        );
+    }
+    out.into_values().collect()
+}
+
+impl Agent {
+    pub fn new(cluster: Arc<KubeCluster>, cloud: Arc<SimCloud>, clock: Arc<dyn Clock>, config: AgentConfig) -> Self {
+        Agent {
+            cluster,
+            cloud,
+            clock,
+            config,
+            seen: BTreeMap::new(),
+            renewed: BTreeMap::new(),
+            started: BTreeSet::new(),
+            stats: AgentStats::default(),
+        }
+    }
+
+    fn failed(&mut self, action: &str, object: &str, e: &ClusterError) {
+        tracing::warn!(action, object, error = %e, "sim node agent: {action} {object} failed");
+        *self.stats.errors.entry(format!("{action}/{}", e.kind())).or_default() += 1;
+    }
+
+    fn wrote(&mut self, what: &'static str) {
+        *self.stats.writes.entry(what).or_default() += 1;
+    }
+
+    /// One pass over the instances, nodes and pods.
+    pub async fn step(&mut self) {
+        if !self.cluster.synced() {
+            return;
+        }
+        let snap = self.cluster.snapshot();
+        let now = self.clock.now_millis();
+        let instances = self.cloud.instances();
+        let live: BTreeSet<String> = instances.iter().map(dovetail_actors::kubelet::provider_id).collect();
+        self.seen.retain(|p, _| live.contains(p));
+        let nodes = snap.nodes_by_provider_id();
+        let mut sim_nodes: BTreeSet<String> = BTreeSet::new();
+        for node in snap.nodes.values().filter(|n| n.labels.contains_key(SIM_LABEL)) {
+            let ours = node.provider_id.as_ref().is_some_and(|p| live.contains(p));
+            if !ours {
+                if !node.deleting {
+                    let name = node.name.clone();
+                    match self.cluster.delete_node(&name).await {
+                        Ok(_) | Err(ClusterError::NotFound { .. }) => self.wrote("node_delete"),
+                        Err(e) => self.failed("delete", &format!("node {name}"), &e),
+                    }
+                    if let Err(e) = self.cluster.delete_lease(&name).await
+                        && !matches!(e, ClusterError::NotFound { .. })
+                    {
+                        self.failed("delete", &format!("lease {name}"), &e);
+                    }
+                }
+                continue;
+            }
+            sim_nodes.insert(node.name.clone());
+            if node.taints.iter().any(|t| t.key == NOT_READY) {
+                let taints = taints_json(node.taints.iter().filter(|t| t.key != NOT_READY));
+                let patch = json!({
+                    "metadata": { "resourceVersion": node.resource_version.to_string() },
+                    "spec": { "taints": taints },
+                });
+                match self.cluster.patch_node_raw(&node.name, &patch).await {
+                    Ok(_) => self.wrote("node_taints"),
+                    // Changed since read (dovetail registering it): the next pass reads it again.
+                    Err(ClusterError::Conflict { .. }) => {}
+                    Err(e) => self.failed("untaint", &format!("node {}", node.name), &e),
+                }
+            }
+            let due =
+                self.renewed.get(&node.name).is_none_or(|at| now.saturating_sub(*at) >= self.config.renew_every_ms);
+            if due || !node.ready {
+                self.renew(&node.name, now).await;
+            }
+        }
+        self.renewed.retain(|n, _| sim_nodes.contains(n));
+        for inst in &instances {
+            let provider = dovetail_actors::kubelet::provider_id(inst);
+            if nodes.contains_key(provider.as_str()) {
+                continue;
+            }
+            let Some(claim) = inst.claim.as_ref().and_then(|c| snap.nodeclaims.get(c)) else { continue };
+            let since = *self.seen.entry(provider.clone()).or_insert(now);
+            if now.saturating_sub(since) < self.config.registration_delay_ms {
+                continue;
+            }
+            let name = format!("ip-{}", inst.id);
+            let mut node_labels = inst.labels.clone();
+            node_labels.extend(claim.spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+            node_labels.insert(labels::NODEPOOL.to_string(), claim.spec.nodepool.clone());
+            node_labels.insert(labels::HOSTNAME.to_string(), name.clone());
+            node_labels.insert(SIM_LABEL.to_string(), "true".to_string());
+            let unregistered =
+                dovetail_core::taints::Taint::new(UNREGISTERED_TAINT, "", dovetail_core::taints::Effect::NoExecute);
+            let taints = taints_json(claim.spec.taints.iter().chain(&claim.spec.startup_taints).chain([&unregistered]));
+            let time = rfc3339(now);
+            let body = json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": { "name": name, "labels": node_labels },
+                "spec": { "providerID": provider, "taints": taints },
+                "status": {
+                    "capacity": quantities(&inst.capacity),
+                    "allocatable": quantities(&inst.allocatable),
+                    "conditions": [ready_condition(&time)],
+                },
+            });
+            match serde_json::from_value(body) {
+                Ok(node) => match self.cluster.create_node(&node).await {
+                    Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {
+                        self.wrote("node_create");
+                        self.renew(&name, now).await;
+                    }
+                    Err(e) => self.failed("register", &format!("node {name}"), &e),
+                },
+                Err(e) => self.failed(
+                    "register",
+                    &format!("node {name}"),
+                    &ClusterError::Unavailable { reason: e.to_string() },
+                ),
+            }
+        }
+        self.pods(&snap, &sim_nodes, now).await;
+    }
+
+    /// Pods on the agent's nodes: started once bound, removed once deleted.
+    async fn pods(&mut self, snap: &Snapshot, sim_nodes: &BTreeSet<String>, now: u64) {
+        let time = rfc3339(now);
+        self.started.retain(|k| snap.pods.get(k).is_some_and(|p| p.started_at.is_none()));
+        for pod in snap.pods.values() {
+            let Some(node) = pod.node_name.as_deref() else { continue };
+            if !sim_nodes.contains(node) {
+                continue;
+            }
+            if pod.deleting {
+                match self.cluster.delete_pod_now(&pod.key).await {
+                    Ok(()) | Err(ClusterError::NotFound { .. }) => self.wrote("pod_delete"),
+                    Err(e) => self.failed("remove", &format!("pod {}", pod.key), &e),
+                }
+                continue;
+            }
+            if pod.started_at.is_some() || pod.terminal || self.started.contains(&pod.key) {
+                continue;
+            }
+            let cond = |t: &str| json!({ "type": t, "status": "True", "lastTransitionTime": time });
+            let patch = json!({ "status": {
+                "phase": "Running",
+                "startTime": time,
+                "hostIP": "127.0.0.1",
+                "podIP": "127.0.0.1",
+                "conditions": [cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
+            }});
+            match self.cluster.patch_status_raw("pod", &pod.key, &patch).await {
+                Ok(_) => {
+                    self.wrote("pod_status");
+                    self.started.insert(pod.key.clone());
+                }
+                Err(ClusterError::NotFound { .. }) => {}
+                Err(e) => self.failed("start", &format!("pod {}", pod.key), &e),
+            }
+        }
+    }
+
+    /// The node's Ready heartbeat and Lease.
+    async fn renew(&mut self, name: &str, now: u64) {
+        let time = rfc3339(now);
+        let patch = json!({ "status": { "conditions": [ready_condition(&time)] } });
+        match self.cluster.patch_status_raw("node", &PodKey::new("", name), &patch).await {
+            Ok(_) => self.wrote("node_status"),
+            Err(e) => {
+                self.failed("heartbeat", &format!("node {name}"), &e);
+                return;
+            }
+        }
+        match self.cluster.renew_lease(name, now).await {
+            Ok(()) => self.wrote("lease"),
+            Err(e) => self.failed("renew", &format!("lease {name}"), &e),
+        }
+        self.renewed.insert(name.to_string(), now);
+    }
+}
+
+fn ready_condition(time: &str) -> serde_json::Value {
+    json!({
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "the dovetail sim node agent plays this node's kubelet",
+        "lastHeartbeatTime": time,
+        "lastTransitionTime": time,
+    })
+}

@@ -1,0 +1,145 @@
+//! The controller's HTTP endpoints: `/healthz` and `/readyz` on the health address, `/metrics`
+//! (Prometheus text) on the metrics address.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dovetail_actors::errors::Errors;
+use dovetail_cluster::ClusterView;
+use dovetail_cluster::kube::KubeCluster;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+
+use super::agent::AgentStats;
+
+/// What `/metrics` reports besides the cluster's caches.
+#[derive(Default)]
+pub struct Metrics {
+    errors: Mutex<Option<Arc<Errors>>>,
+    agent: Mutex<AgentStats>,
+}
+
+impl Metrics {
+    pub fn set_errors(&self, errors: Arc<Errors>) {
+        *self.errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(errors);
+    }
+
+    pub fn set_agent(&self, stats: AgentStats) {
+        *self.agent.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = stats;
+    }
+
+    fn render(&self, cluster: &KubeCluster) -> String {
+        let mut out = String::new();
+        let snap = cluster.snapshot();
+        out.push_str("# HELP dovetail_cluster_synced Whether every watch listed once (1) or not (0).\n");
+        out.push_str("# TYPE dovetail_cluster_synced gauge\n");
+        out.push_str(&format!("dovetail_cluster_synced {}\n", u8::from(cluster.synced())));
+        out.push_str("# HELP dovetail_cluster_objects Objects in the controller's caches, by kind.\n");
+        out.push_str("# TYPE dovetail_cluster_objects gauge\n");
+        for (kind, n) in [
+            ("pod", snap.pods.len()),
+            ("node", snap.nodes.len()),
+            ("nodeclaim", snap.nodeclaims.len()),
+            ("nodepool", snap.nodepools.len()),
+            ("daemonset", snap.daemonsets.len()),
+            ("poddisruptionbudget", snap.pdbs.len()),
+        ] {
+            out.push_str(&format!("dovetail_cluster_objects{{kind=\"{kind}\"}} {n}\n"));
+        }
+        out.push_str(
+            "# HELP dovetail_cluster_invalid_objects Objects that could not be used (an event names the field).\n",
+        );
+        out.push_str("# TYPE dovetail_cluster_invalid_objects gauge\n");
+        out.push_str(&format!("dovetail_cluster_invalid_objects {}\n", cluster.invalid().len()));
+        out.push_str("# HELP dovetail_cluster_watch_errors_total Watch errors, each retried with backoff.\n");
+        out.push_str("# TYPE dovetail_cluster_watch_errors_total counter\n");
+        for (kind, n) in cluster.watch_errors() {
+            out.push_str(&format!("dovetail_cluster_watch_errors_total{{kind=\"{kind}\"}} {n}\n"));
+        }
+        let errors: BTreeMap<String, u64> = self
+            .errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|e| e.counts())
+            .unwrap_or_default();
+        out.push_str("# HELP dovetail_errors_total Errors the control plane met, by action and kind.\n");
+        out.push_str("# TYPE dovetail_errors_total counter\n");
+        for (key, n) in errors {
+            let (action, kind) = key.split_once('/').unwrap_or((key.as_str(), ""));
+            out.push_str(&format!("dovetail_errors_total{{action=\"{action}\",kind=\"{kind}\"}} {n}\n"));
+        }
+        let agent = self.agent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        out.push_str(
+            "# HELP dovetail_sim_agent_writes_total API writes of the sim node agent (the kubelets' share).\n",
+        );
+        out.push_str("# TYPE dovetail_sim_agent_writes_total counter\n");
+        for (what, n) in agent.writes {
+            out.push_str(&format!("dovetail_sim_agent_writes_total{{write=\"{what}\"}} {n}\n"));
+        }
+        out
+    }
+}
+
+fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r
+}
+
+/// Serves `route` on `addr` until the process ends.
+async fn serve<F>(addr: SocketAddr, what: &'static str, route: F) -> Result<(), String>
+where
+    F: Fn(&str) -> Response<Full<Bytes>> + Clone + 'static,
+{
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot serve {what} on {addr}: {e}"))?;
+    tracing::info!(%addr, "serving {what}");
+    actix_rt::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "{what}: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let route = route.clone();
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let resp = route(req.uri().path());
+                async move { Ok::<_, std::convert::Infallible>(resp) }
+            });
+            actix_rt::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await {
+                    tracing::debug!(error = %e, "{what}: connection ended with an error");
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// `/healthz`: live while the process serves; `/readyz`: once the caches synced.
+pub async fn serve_health(addr: SocketAddr, ready: Arc<AtomicBool>) -> Result<(), String> {
+    serve(addr, "health", move |path| match path {
+        "/healthz" => reply(StatusCode::OK, "ok\n".into()),
+        "/readyz" if ready.load(Ordering::SeqCst) => reply(StatusCode::OK, "ok\n".into()),
+        "/readyz" => reply(StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n".into()),
+        _ => reply(StatusCode::NOT_FOUND, "not found\n".into()),
+    })
+    .await
+}
+
+/// `/metrics`.
+pub async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>, cluster: Arc<KubeCluster>) -> Result<(), String> {
+    serve(addr, "metrics", move |path| match path {
+        "/metrics" => reply(StatusCode::OK, metrics.render(&cluster)),
+        _ => reply(StatusCode::NOT_FOUND, "not found\n".into()),
+    })
+    .await
+}

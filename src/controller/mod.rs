@@ -1,0 +1,223 @@
+//! `dovetail controller`: the control plane on a real cluster.
+//!
+//! It connects to the API server (`--kubeconfig`, else in-cluster, else `KUBECONFIG` or
+//! `~/.kube/config`), starts the watches, serves `/healthz` (live) and `/readyz` (ready once
+//! the caches synced) and `/metrics`, and once synced starts the plane with a pool per valid
+//! NodePool whose EC2NodeClass exists. The ledger takes over the NodeClaims the cluster shows
+//! (it keeps no log of its own until the replicated ledger comes); with `--cloud sim` the sim
+//! cloud rebuilds its fleet from the Nodes and NodeClaims first, so a restart launches nothing
+//! twice, and the node agent plays the kubelets.
+
+pub mod agent;
+mod http;
+pub mod settings;
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dovetail_actors::config::Config;
+use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
+use dovetail_cloud::NodeClass;
+use dovetail_cloud::limits::ApiLimits;
+use dovetail_cloud::sim::{Latency, SimCloud, SimConfig};
+use dovetail_cluster::ClusterView;
+use dovetail_cluster::kube::{KubeCluster, KubeSettings};
+use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+use dovetail_core::clock::{Clock, SystemClock};
+use dovetail_core::ledger::Command;
+use dovetail_core::nodepool::NodePool;
+use dovetail_raft::{InProcess, Ledger, propose_now, read_with};
+
+pub use settings::{CloudKind, ControllerArgs, Settings};
+
+/// Runs the controller until SIGINT or SIGTERM.
+pub fn run(args: &ControllerArgs) -> ExitCode {
+    let settings = match Settings::resolve(args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if let Err(e) = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init() {
+        eprintln!("note: logs go to the subscriber installed already ({e})");
+    }
+    let sys = match dovetail_actors::system() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match sys.block_on(serve(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn client(s: &Settings) -> Result<kube::Client, String> {
+    let config = match &s.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| format!("no cluster configuration found: {e}"))?,
+    };
+    kube::Client::try_from(config).map_err(|e| format!("building the API client: {e}"))
+}
+
+/// The pools the plane starts with: each valid NodePool whose EC2NodeClass exists and is
+/// valid, with the catalog's instance types for that class in the zones.
+fn pools(
+    cluster: &KubeCluster,
+    catalog: &Catalog,
+    zones: &[String],
+) -> Vec<(NodePool, Arc<Vec<InstanceType>>, NodeClass)> {
+    let snap = cluster.snapshot();
+    let classes = cluster.nodeclasses();
+    let mut out = Vec::new();
+    for pool in snap.nodepools.values() {
+        let class = &pool.node_class.name;
+        let Some(nc) = classes.get(class) else {
+            tracing::warn!(nodepool = %pool.name, nodeclass = %class, "NodePool {} waits for EC2NodeClass {class}", pool.name);
+            continue;
+        };
+        let settings: NodeClassSettings = match dovetail_api::convert::node_class_settings(nc) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(nodepool = %pool.name, error = %e, "NodePool {} skipped: {e}", pool.name);
+                continue;
+            }
+        };
+        let types = Arc::new(catalog.instance_types(&settings, Some(zones)));
+        let hash = nc.metadata.generation.map_or_else(|| class.clone(), |g| format!("{class}-{g}"));
+        out.push((pool.as_ref().clone(), types, NodeClass { name: class.clone(), hash, ..NodeClass::default() }));
+    }
+    out
+}
+
+async fn wait_synced(cluster: &KubeCluster) {
+    let mut waited = 0u64;
+    while !cluster.synced() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 100;
+        if waited.is_multiple_of(10_000) {
+            tracing::info!(unsynced = ?cluster.unsynced(), "waiting for the caches to sync");
+        }
+    }
+}
+
+async fn serve(s: Settings) -> Result<(), String> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let client = client(&s).await?;
+    let kube_settings = KubeSettings { qps: s.kube_client_qps, burst: s.kube_client_burst };
+    let cluster = Arc::new(KubeCluster::start(client, kube_settings, clock.clone()).await.map_err(|e| e.to_string())?);
+    tracing::info!(server = %cluster.versions().server, policy = %cluster.versions().policy, "connected");
+    let ready = Arc::new(AtomicBool::new(false));
+    let metrics = Arc::new(http::Metrics::default());
+    http::serve_health(s.health_addr, ready.clone()).await?;
+    http::serve_metrics(s.metrics_addr, metrics.clone(), cluster.clone()).await?;
+    wait_synced(&cluster).await;
+    ready.store(true, Ordering::SeqCst);
+    tracing::info!("caches synced");
+
+    let catalog = Catalog::embedded(&s.region).map_err(|e| format!("catalog of {}: {e}", s.region))?;
+    let pools = pools(&cluster, &catalog, &s.zones);
+    let all_types = Arc::new(catalog.instance_types(&NodeClassSettings::default(), Some(&s.zones)));
+    let ledger = Arc::new(InProcess::new());
+    let now = clock.now_millis();
+    for (pool, _, _) in &pools {
+        let set = Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() };
+        propose_now(ledger.as_ref(), now, set).await.map_err(|e| format!("ledger: {e}"))?;
+    }
+    let snap = cluster.snapshot();
+    let known: BTreeSet<String> = read_with(ledger.as_ref(), |st| st.claims().keys().cloned().collect())
+        .await
+        .map_err(|e| format!("ledger: {e}"))?;
+    let names: BTreeSet<String> = pools.iter().map(|(p, _, _)| p.name.clone()).collect();
+    let adopt = dovetail_core::lifecycle::adopt::adoptions(&snap, &known, &names, now);
+    if !adopt.is_empty() {
+        tracing::info!(claims = adopt.len(), "taking over the NodeClaims the cluster shows");
+        propose_now(ledger.as_ref(), now, Command::Adopt { claims: adopt })
+            .await
+            .map_err(|e| format!("ledger: {e}"))?;
+    }
+    let (cloud, sim) = match s.cloud {
+        CloudKind::Sim => {
+            let config = SimConfig {
+                cluster: s.cluster_name.clone(),
+                region: s.region.clone(),
+                seed: now,
+                boot: Latency { min: Duration::ZERO, max: Duration::ZERO },
+                ..SimConfig::default()
+            };
+            let sim = Arc::new(SimCloud::new(config, all_types.clone(), clock.clone()));
+            let restored = sim.restore(&agent::remembered(&snap));
+            if restored > 0 {
+                tracing::info!(instances = restored, "sim cloud fleet rebuilt from the cluster");
+            }
+            (sim.clone() as Arc<dyn dovetail_cloud::CloudProvider>, Some(sim))
+        }
+        CloudKind::Aws => {
+            return Err("--cloud aws needs the EC2NodeClass controller (subnets, security groups, AMIs) that \
+                        this build does not have yet; use --cloud sim"
+                .into());
+        }
+    };
+    let plane = Plane::start(
+        PlaneConfig { zones: s.zones.clone(), pools, limits: ApiLimits::default(), config: Config::default() },
+        Seams {
+            cloud,
+            view: cluster.clone(),
+            cluster: cluster.clone(),
+            ledger: ledger.clone() as Arc<dyn Ledger>,
+            clock: clock.clone(),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    metrics.set_errors(plane.errors.clone());
+    tracing::info!(pools = plane.pools.len(), zones = plane.zones.len(), "control plane started");
+    if let Some(sim) = sim {
+        let config = agent::AgentConfig { registration_delay_ms: s.sim_registration_delay_ms, renew_every_ms: 10_000 };
+        let mut agent = agent::Agent::new(cluster.clone(), sim, clock.clone(), config);
+        let m = metrics.clone();
+        actix_rt::spawn(async move {
+            loop {
+                agent.step().await;
+                m.set_agent(agent.stats.clone());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+    shutdown_signal().await;
+    tracing::info!("stopping");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; stopping on SIGINT only");
+            if let Err(e) = tokio::signal::ctrl_c().await {
+                tracing::error!(error = %e, "cannot listen for SIGINT either");
+            }
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => if let Err(e) = r { tracing::error!(error = %e, "SIGINT listener failed") },
+    }
+}

@@ -1,0 +1,174 @@
+//! The controller's settings: flags, then `DOVETAIL_*` environment variables, then a config
+//! file (YAML, the flags' names in camelCase), then the defaults. Names follow Karpenter's
+//! chart values where the meaning is the same (`clusterName`, `interruptionQueue`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The cloud the controller launches in.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CloudKind {
+    /// EC2, through the AWS SDK (credentials and region as the SDK finds them).
+    Aws,
+    /// The sim cloud: every launched instance becomes a Node object in the real API, kept
+    /// Ready by a node agent, with no cloud account (like Karpenter's kwok provider).
+    Sim,
+}
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ControllerArgs {
+    /// A kubeconfig file. Default: in-cluster config, then KUBECONFIG, then ~/.kube/config.
+    #[arg(long, env = "DOVETAIL_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The cloud to launch in.
+    #[arg(long, value_enum, env = "DOVETAIL_CLOUD")]
+    pub cloud: Option<CloudKind>,
+    /// The cluster's name (tags its instances; Karpenter's `settings.clusterName`).
+    #[arg(long, env = "DOVETAIL_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+    /// The AWS region (its catalog prices the sim cloud's offerings too).
+    #[arg(long, env = "DOVETAIL_REGION")]
+    pub region: Option<String>,
+    /// Where /metrics is served.
+    #[arg(long, env = "DOVETAIL_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Where /healthz (live) and /readyz (caches synced) are served.
+    #[arg(long, env = "DOVETAIL_HEALTH_ADDR")]
+    pub health_addr: Option<SocketAddr>,
+    /// The zones to launch in (default: the region's first three).
+    #[arg(long, value_delimiter = ',', env = "DOVETAIL_ZONES")]
+    pub zones: Option<Vec<String>>,
+    /// Requests per second to the API server (Karpenter's KUBE_CLIENT_QPS).
+    #[arg(long, env = "DOVETAIL_KUBE_CLIENT_QPS")]
+    pub kube_client_qps: Option<f64>,
+    /// Requests at once above the rate (Karpenter's KUBE_CLIENT_BURST).
+    #[arg(long, env = "DOVETAIL_KUBE_CLIENT_BURST")]
+    pub kube_client_burst: Option<u32>,
+    /// With --cloud sim: how long an instance takes to register as a Node, in milliseconds.
+    #[arg(long, env = "DOVETAIL_SIM_REGISTRATION_DELAY_MS")]
+    pub sim_registration_delay_ms: Option<u64>,
+    /// A settings file (YAML); flags and DOVETAIL_* variables override it.
+    #[arg(long, env = "DOVETAIL_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// The file form of the settings.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileSettings {
+    pub kubeconfig: Option<PathBuf>,
+    pub cloud: Option<CloudKind>,
+    pub cluster_name: Option<String>,
+    pub region: Option<String>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub health_addr: Option<SocketAddr>,
+    pub zones: Option<Vec<String>>,
+    pub kube_client_qps: Option<f64>,
+    pub kube_client_burst: Option<u32>,
+    pub sim_registration_delay_ms: Option<u64>,
+}
+
+/// The settings in force.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub kubeconfig: Option<PathBuf>,
+    pub cloud: CloudKind,
+    pub cluster_name: String,
+    pub region: String,
+    pub metrics_addr: SocketAddr,
+    pub health_addr: SocketAddr,
+    pub zones: Vec<String>,
+    pub kube_client_qps: f64,
+    pub kube_client_burst: u32,
+    pub sim_registration_delay_ms: u64,
+}
+
+impl Settings {
+    /// Flags and environment (`args`) over the file over the defaults.
+    pub fn resolve(args: &ControllerArgs) -> Result<Settings, String> {
+        let file = match &args.config {
+            None => FileSettings::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+                serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+            }
+        };
+        let cloud = args.cloud.or(file.cloud).ok_or("--cloud is required (aws or sim)")?;
+        let cluster_name = args.cluster_name.clone().or(file.cluster_name).ok_or("--cluster-name is required")?;
+        if cluster_name.is_empty() {
+            return Err("--cluster-name must not be empty".into());
+        }
+        let region = args.region.clone().or(file.region).unwrap_or_else(|| "us-east-1".into());
+        let zones = args
+            .zones
+            .clone()
+            .or(file.zones)
+            .unwrap_or_else(|| ["a", "b", "c"].iter().map(|z| format!("{region}{z}")).collect());
+        if zones.is_empty() || zones.iter().any(String::is_empty) {
+            return Err("--zones: at least one zone, none empty".into());
+        }
+        let qps = args.kube_client_qps.or(file.kube_client_qps).unwrap_or(200.0);
+        if !(qps.is_finite() && qps > 0.0) {
+            return Err(format!("--kube-client-qps must be positive, got {qps}"));
+        }
+        let burst = args.kube_client_burst.or(file.kube_client_burst).unwrap_or(300);
+        if burst == 0 {
+            return Err("--kube-client-burst must be at least 1".into());
+        }
+        let addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| e.to_string());
+        Ok(Settings {
+            kubeconfig: args.kubeconfig.clone().or(file.kubeconfig),
+            cloud,
+            cluster_name,
+            region,
+            metrics_addr: args.metrics_addr.or(file.metrics_addr).map_or_else(|| addr("0.0.0.0:8080"), Ok)?,
+            health_addr: args.health_addr.or(file.health_addr).map_or_else(|| addr("0.0.0.0:8081"), Ok)?,
+            zones,
+            kube_client_qps: qps,
+            kube_client_burst: burst,
+            sim_registration_delay_ms: args.sim_registration_delay_ms.or(file.sim_registration_delay_ms).unwrap_or(0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_the_file_the_defaults() {
+        let dir = std::env::temp_dir().join(format!("dovetail-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("settings.yaml");
+        std::fs::write(&path, "cloud: sim\nclusterName: from-file\nregion: eu-west-1\nkubeClientQps: 50\n")
+            .expect("write");
+        let args = ControllerArgs {
+            cluster_name: Some("from-flag".into()),
+            config: Some(path.clone()),
+            ..ControllerArgs::default()
+        };
+        let s = Settings::resolve(&args).expect("valid");
+        assert_eq!(s.cloud, CloudKind::Sim);
+        assert_eq!(s.cluster_name, "from-flag");
+        assert_eq!(s.region, "eu-west-1");
+        assert_eq!(s.zones, vec!["eu-west-1a", "eu-west-1b", "eu-west-1c"]);
+        assert_eq!(s.kube_client_qps, 50.0);
+        assert_eq!(s.kube_client_burst, 300);
+        std::fs::write(&path, "cloud: sim\nclusterName: x\nqps: 5\n").expect("write");
+        let err = Settings::resolve(&ControllerArgs { config: Some(path), ..ControllerArgs::default() })
+            .expect_err("unknown key");
+        assert!(err.contains("qps"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_missing_cloud_or_cluster_name_is_named() {
+        let err = Settings::resolve(&ControllerArgs::default()).expect_err("no cloud");
+        assert!(err.contains("--cloud"), "{err}");
+        let args = ControllerArgs { cloud: Some(CloudKind::Sim), ..ControllerArgs::default() };
+        assert!(Settings::resolve(&args).expect_err("no name").contains("--cluster-name"));
+    }
+}

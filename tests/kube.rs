@@ -1,0 +1,303 @@
+//! dovetail on a real kube-apiserver, kube-scheduler and kube-controller-manager
+//! (`scripts/kube-test-env`, which `scripts/test` starts): the CRDs install, `dovetail
+//! controller --cloud sim` provisions for a Deployment until the real scheduler binds every
+//! pod, and `kubectl delete nodeclaim` drains and removes its node through the finalizers.
+//!
+//! The tests share one API server and each runs its own controller, which acts on every
+//! NodePool: they take a lock and leave the cluster as they found it.
+//!
+//! Skipped, with a message, when `DOVETAIL_KUBE_ENV` (the directory `kube-test-env start`
+//! wrote) is unset.
+
+// A test harness reads its environment and paces its waits by the wall clock.
+#![allow(clippy::disallowed_methods)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Env {
+    kubeconfig: PathBuf,
+    dir: PathBuf,
+}
+
+fn env() -> Option<Env> {
+    let Some(dir) = std::env::var_os("DOVETAIL_KUBE_ENV") else {
+        eprintln!("skipped: DOVETAIL_KUBE_ENV is unset (run `scripts/kube-test-env start DIR` and source DIR/env)");
+        return None;
+    };
+    let dir = PathBuf::from(dir);
+    Some(Env { kubeconfig: dir.join("kubeconfig"), dir })
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+impl Env {
+    /// Runs kubectl; returns stdout, or panics with stderr.
+    fn kubectl(&self, args: &[&str]) -> String {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        assert!(out.status.success(), "kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// kubectl reading stdin.
+    fn apply(&self, yaml: &str) -> String {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl runs");
+        child.stdin.take().expect("stdin").write_all(yaml.as_bytes()).expect("write");
+        let out = child.wait_with_output().expect("kubectl ends");
+        assert!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.kubectl(&a)).expect("kubectl prints JSON")
+    }
+
+    fn items(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        self.json(args)["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits (at most `limit`) until `done` holds; panics with `what` and the last state.
+    fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut(&Env) -> Result<(), String>) {
+        let start = Instant::now();
+        let mut last = String::new();
+        for _ in 0..10_000 {
+            match done(self) {
+                Ok(()) => return,
+                Err(state) => last = state,
+            }
+            assert!(start.elapsed() < limit, "{what}: not within {limit:?}; last: {last}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("{what}: gave up; last: {last}");
+    }
+
+    fn install_crds(&self) {
+        self.kubectl(&["apply", "-f", &repo().join("deploy/crds").to_string_lossy()]);
+        for crd in ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"] {
+            self.kubectl(&["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{crd}")]);
+        }
+    }
+}
+
+/// A controller process, killed when dropped.
+struct Controller {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Controller {
+    fn start(env: &Env, name: &str, extra: &[&str]) -> Controller {
+        let log = env.dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let port = |n: u16| format!("127.0.0.1:{}", free_port().unwrap_or(n));
+        let child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
+            .args(["controller", "--cloud", "sim", "--cluster-name", "dovetail-test"])
+            .arg("--kubeconfig")
+            .arg(&env.kubeconfig)
+            .args(["--metrics-addr", &port(18080), "--health-addr", &port(18081)])
+            .args(extra)
+            .env("RUST_LOG", "info,kube_client=error")
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("dovetail controller starts");
+        Controller { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Err(e) = self.child.kill() {
+            eprintln!("killing the controller: {e}");
+        }
+        if let Err(e) = self.child.wait() {
+            eprintln!("reaping the controller: {e}");
+        }
+    }
+}
+
+fn free_port() -> Option<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+    Some(l.local_addr().ok()?.port())
+}
+
+fn deployment(namespace: &str, name: &str, replicas: u32, cpu: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {namespace}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels: {{app: {name}}}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+        - name: pause
+          image: registry.k8s.io/pause:3.9
+          resources:
+            requests:
+              cpu: "{cpu}"
+"#
+    )
+}
+
+fn name_of(o: &serde_json::Value) -> String {
+    o["metadata"]["name"].as_str().unwrap_or_default().to_string()
+}
+
+/// Deletes the test's objects, with the controller still running so that NodeClaims go through
+/// their finalizers, and waits until no NodeClaim and no sim node is left.
+fn clean_up(env: &Env, namespace: &str, ctl: &Controller) {
+    env.kubectl(&["delete", "namespace", namespace, "--wait=false"]);
+    env.kubectl(&["delete", "nodepools", "--all", "--wait=false"]);
+    env.kubectl(&["delete", "nodeclaims", "--all", "--wait=false"]);
+    env.wait("every NodeClaim and sim node gone", Duration::from_secs(90), |e| {
+        let claims = e.items(&["get", "nodeclaims"]).len();
+        let nodes = e.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]).len();
+        if claims + nodes == 0 { Ok(()) } else { Err(format!("{claims} nodeclaims, {nodes} nodes\n{}", ctl.log())) }
+    });
+    env.kubectl(&["delete", "ec2nodeclasses", "--all"]);
+}
+
+#[test]
+fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler() {
+    let Some(env) = env() else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.install_crds();
+    let applied = env.apply(include_str!("fixtures/getting-started.yaml"));
+    assert!(applied.contains("nodepool.karpenter.sh/default"), "{applied}");
+    let ns = "scale-up";
+    env.apply(&deployment(ns, "inflate", 20, "1"));
+    env.wait("pods marked Unschedulable by kube-scheduler", Duration::from_secs(30), |e| {
+        let pods = e.items(&["get", "pods", "-n", ns]);
+        let marked = pods
+            .iter()
+            .filter(|p| {
+                p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["reason"] == "Unschedulable")
+            })
+            .count();
+        if pods.len() == 20 && marked == 20 { Ok(()) } else { Err(format!("{marked}/{} marked", pods.len())) }
+    });
+    let ctl = Controller::start(&env, "scale-up", &[]);
+    env.wait("every pod Running on a sim node", Duration::from_secs(60), |e| {
+        let pods = e.items(&["get", "pods", "-n", ns]);
+        let running = pods.iter().filter(|p| p["status"]["phase"] == "Running").count();
+        if running == 20 { Ok(()) } else { Err(format!("{running}/20 running\n{}", ctl.log())) }
+    });
+
+    let claims = env.items(&["get", "nodeclaims"]);
+    let nodes = env.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]);
+    assert!(!claims.is_empty(), "NodeClaims were made");
+    assert_eq!(claims.len(), nodes.len(), "one node per NodeClaim");
+    for c in &claims {
+        let status = &c["status"];
+        let provider = status["providerID"].as_str().unwrap_or_default();
+        assert!(provider.starts_with("aws:///"), "{} has a provider id: {status}", name_of(c));
+        let node = nodes.iter().find(|n| n["spec"]["providerID"] == provider).expect("its node registered");
+        assert_eq!(status["nodeName"], node["metadata"]["name"], "{} names its node", name_of(c));
+        let conds: Vec<(&str, &str)> = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| (c["type"].as_str().unwrap_or_default(), c["status"].as_str().unwrap_or_default()))
+            .collect();
+        for kind in ["Launched", "Registered", "Initialized"] {
+            assert!(conds.contains(&(kind, "True")), "{} is {kind}: {conds:?}", name_of(c));
+        }
+        assert_eq!(c["metadata"]["ownerReferences"][0]["kind"], "NodePool", "owned by its NodePool");
+        let taints: Vec<&str> =
+            node["spec"]["taints"].as_array().into_iter().flatten().filter_map(|t| t["key"].as_str()).collect();
+        assert!(!taints.contains(&"karpenter.sh/unregistered"), "registered: {taints:?}");
+        assert!(!taints.contains(&"node.kubernetes.io/not-ready"), "ready: {taints:?}");
+        assert_eq!(node["metadata"]["labels"]["karpenter.sh/nodepool"], "default");
+        assert!(
+            node["metadata"]["finalizers"].as_array().into_iter().flatten().any(|f| f == "karpenter.sh/termination"),
+            "the node carries the termination finalizer"
+        );
+    }
+    let bound: Vec<String> = env
+        .items(&["get", "pods", "-n", ns])
+        .iter()
+        .map(|p| p["spec"]["nodeName"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let node_names: Vec<String> = nodes.iter().map(name_of).collect();
+    assert!(bound.iter().all(|n| node_names.contains(n)), "every pod on a sim node: {bound:?}");
+    clean_up(&env, ns, &ctl);
+}
+
+#[test]
+fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_or_instances() {
+    let Some(env) = env() else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.install_crds();
+    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let ns = "restart";
+    env.apply(&deployment(ns, "inflate", 40, "1"));
+    let first = Controller::start(&env, "restart-1", &[]);
+    env.wait("the first NodeClaims", Duration::from_secs(30), |e| {
+        let n = e.items(&["get", "nodeclaims"]).len();
+        if n > 0 { Ok(()) } else { Err(format!("none yet\n{}", first.log())) }
+    });
+    // SIGKILL: no shutdown path runs.
+    drop(first);
+    let made_before = env.items(&["get", "nodeclaims"]).len();
+    let second = Controller::start(&env, "restart-2", &[]);
+    env.wait("every pod Running after the restart", Duration::from_secs(60), |e| {
+        let pods = e.items(&["get", "pods", "-n", ns]);
+        let running = pods.iter().filter(|p| p["status"]["phase"] == "Running").count();
+        if running == 40 { Ok(()) } else { Err(format!("{running}/40 running\n{}", second.log())) }
+    });
+    assert!(second.log().contains("taking over the NodeClaims"), "the restarted ledger adopted: {}", second.log());
+    let claims = env.items(&["get", "nodeclaims"]);
+    let nodes = env.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]);
+    assert!(claims.len() >= made_before, "the first controller's NodeClaims were kept");
+    assert_eq!(claims.len(), nodes.len(), "one instance (node) per NodeClaim");
+    let mut providers: Vec<&str> = claims.iter().filter_map(|c| c["status"]["providerID"].as_str()).collect();
+    providers.sort_unstable();
+    providers.dedup();
+    assert_eq!(providers.len(), claims.len(), "each NodeClaim has its own instance");
+    let pods = env.items(&["get", "pods", "-n", ns]);
+    for n in &nodes {
+        let name = name_of(n);
+        let on = pods.iter().filter(|p| p["spec"]["nodeName"] == name.as_str()).count();
+        assert!(on > 0, "node {name} was launched for pods and holds some (a duplicate would stay empty)");
+    }
+    clean_up(&env, ns, &second);
+}
