@@ -301,3 +301,79 @@ fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_
     }
     clean_up(&env, ns, &second);
 }
+
+/// `policy/v1` where the server has it, else `policy/v1beta1` (Kubernetes 1.20).
+fn policy_version(env: &Env) -> &'static str {
+    let versions = env.kubectl(&["api-versions"]);
+    if versions.lines().any(|l| l.trim() == "policy/v1") { "policy/v1" } else { "policy/v1beta1" }
+}
+
+#[test]
+fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it() {
+    let Some(env) = env() else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.install_crds();
+    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let ns = "drain";
+    env.apply(&deployment(ns, "guarded", 3, "1"));
+    let pdb = |min: u32| {
+        format!(
+            "apiVersion: {}\nkind: PodDisruptionBudget\nmetadata:\n  name: guarded\n  namespace: {ns}\nspec:\n  \
+             minAvailable: {min}\n  selector:\n    matchLabels: {{app: guarded}}\n",
+            policy_version(&env)
+        )
+    };
+    env.apply(&pdb(3));
+    let ctl = Controller::start(&env, "drain", &[]);
+    env.wait("every pod Running", Duration::from_secs(60), |e| {
+        let running = e.items(&["get", "pods", "-n", ns]).iter().filter(|p| p["status"]["phase"] == "Running").count();
+        if running == 3 { Ok(()) } else { Err(format!("{running}/3 running\n{}", ctl.log())) }
+    });
+    env.wait("the PDB counts the pods healthy", Duration::from_secs(30), |e| {
+        let p = e.json(&["get", "pdb", "guarded", "-n", ns]);
+        if p["status"]["currentHealthy"] == 3 { Ok(()) } else { Err(format!("{}", p["status"])) }
+    });
+    let claims = env.items(&["get", "nodeclaims"]);
+    let pods = env.items(&["get", "pods", "-n", ns]);
+    let node = pods[0]["spec"]["nodeName"].as_str().expect("bound").to_string();
+    let claim =
+        claims.iter().find(|c| c["status"]["nodeName"] == node.as_str()).map(name_of).expect("the node's NodeClaim");
+    let on_node = |e: &Env| {
+        e.items(&["get", "pods", "-n", ns])
+            .iter()
+            .filter(|p| p["spec"]["nodeName"] == node.as_str() && p["metadata"]["deletionTimestamp"].is_null())
+            .count()
+    };
+    let held = on_node(&env);
+    env.kubectl(&["delete", "nodeclaim", &claim, "--wait=false"]);
+    // The PDB allows no disruption: for a while nothing may leave the node.
+    env.wait("the node tainted for disruption", Duration::from_secs(20), |e| {
+        let n = e.json(&["get", "node", &node]);
+        let tainted =
+            n["spec"]["taints"].as_array().into_iter().flatten().any(|t| t["key"] == "karpenter.sh/disrupted");
+        if tainted { Ok(()) } else { Err(format!("{}", n["spec"])) }
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(on_node(&env), held, "no pod evicted while the PDB allows none\n{}", ctl.log());
+    assert!(
+        !env.items(&["get", "nodeclaims"]).iter().all(|c| name_of(c) != claim),
+        "the NodeClaim waits for its drain"
+    );
+    env.apply(&pdb(0));
+    env.wait("the NodeClaim and its node gone", Duration::from_secs(90), |e| {
+        let claim_left = e.items(&["get", "nodeclaims"]).iter().any(|c| name_of(c) == claim);
+        let node_left = e.items(&["get", "nodes"]).iter().any(|n| name_of(n) == node);
+        if !claim_left && !node_left {
+            Ok(())
+        } else {
+            Err(format!("claim {claim_left}, node {node_left}\n{}", ctl.log()))
+        }
+    });
+    env.wait("the evicted pods Running elsewhere", Duration::from_secs(60), |e| {
+        let pods = e.items(&["get", "pods", "-n", ns]);
+        let running =
+            pods.iter().filter(|p| p["status"]["phase"] == "Running" && p["spec"]["nodeName"] != node.as_str()).count();
+        if running == 3 { Ok(()) } else { Err(format!("{running}/3 running elsewhere\n{}", ctl.log())) }
+    });
+    clean_up(&env, ns, &ctl);
+}
