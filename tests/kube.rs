@@ -377,3 +377,31 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
     });
     clean_up(&env, ns, &ctl);
 }
+
+#[test]
+fn an_api_server_restart_is_survived_and_nothing_is_terminated_for_being_missing() {
+    let Some(env) = env() else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.install_crds();
+    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let ns = "apiserver-restart";
+    env.apply(&deployment(ns, "inflate", 10, "1"));
+    let ctl = Controller::start(&env, "apiserver-restart", &[]);
+    let running = |e: &Env, want: usize| {
+        let n = e.items(&["get", "pods", "-n", ns]).iter().filter(|p| p["status"]["phase"] == "Running").count();
+        if n == want { Ok(()) } else { Err(format!("{n}/{want} running\n{}", ctl.log())) }
+    };
+    env.wait("every pod Running", Duration::from_secs(60), |e| running(e, 10));
+    let before: Vec<String> = env.items(&["get", "nodeclaims"]).iter().map(name_of).collect();
+    let script = repo().join("scripts/kube-test-env");
+    let out = Command::new("bash").arg(&script).arg("restart-apiserver").arg(&env.dir).output().expect("runs");
+    assert!(out.status.success(), "restart: {}", String::from_utf8_lossy(&out.stderr));
+    env.kubectl(&["scale", "deployment", "inflate", "-n", ns, "--replicas=20"]);
+    env.wait("the watches resumed: the new pods Running", Duration::from_secs(90), |e| running(e, 20));
+    let after: Vec<String> = env.items(&["get", "nodeclaims"]).iter().map(name_of).collect();
+    for c in &before {
+        assert!(after.contains(c), "NodeClaim {c} kept across the restart: {after:?}");
+    }
+    assert!(after.len() > before.len(), "new capacity for the new pods");
+    clean_up(&env, ns, &ctl);
+}
