@@ -93,6 +93,19 @@ impl Env {
         panic!("{what}: gave up; last: {last}");
     }
 
+    /// Waits (at most `limit`) until `want` pods of `ns` are Running (and not on `off`, when
+    /// given); the controller's log goes into the failure.
+    fn wait_running(&self, what: &str, ns: &str, want: usize, off: Option<&str>, ctl: &Controller, limit: Duration) {
+        self.wait(what, limit, |e| {
+            let running = e
+                .items(&["get", "pods", "-n", ns])
+                .iter()
+                .filter(|p| p["status"]["phase"] == "Running" && off.is_none_or(|n| p["spec"]["nodeName"] != n))
+                .count();
+            if running == want { Ok(()) } else { Err(format!("{running}/{want} running\n{}", ctl.log())) }
+        });
+    }
+
     fn install_crds(&self) {
         self.kubectl(&["apply", "-f", &repo().join("deploy/crds").to_string_lossy()]);
         for crd in ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"] {
@@ -216,11 +229,7 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
         if pods.len() == 20 && marked == 20 { Ok(()) } else { Err(format!("{marked}/{} marked", pods.len())) }
     });
     let ctl = Controller::start(&env, "scale-up", &[]);
-    env.wait("every pod Running on a sim node", Duration::from_secs(60), |e| {
-        let pods = e.items(&["get", "pods", "-n", ns]);
-        let running = pods.iter().filter(|p| p["status"]["phase"] == "Running").count();
-        if running == 20 { Ok(()) } else { Err(format!("{running}/20 running\n{}", ctl.log())) }
-    });
+    env.wait_running("every pod Running on a sim node", ns, 20, None, &ctl, Duration::from_secs(60));
 
     let claims = env.items(&["get", "nodeclaims"]);
     let nodes = env.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]);
@@ -279,11 +288,7 @@ fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_
     drop(first);
     let made_before = env.items(&["get", "nodeclaims"]).len();
     let second = Controller::start(&env, "restart-2", &[]);
-    env.wait("every pod Running after the restart", Duration::from_secs(60), |e| {
-        let pods = e.items(&["get", "pods", "-n", ns]);
-        let running = pods.iter().filter(|p| p["status"]["phase"] == "Running").count();
-        if running == 40 { Ok(()) } else { Err(format!("{running}/40 running\n{}", second.log())) }
-    });
+    env.wait_running("every pod Running after the restart", ns, 40, None, &second, Duration::from_secs(60));
     assert!(second.log().contains("taking over the NodeClaims"), "the restarted ledger adopted: {}", second.log());
     let claims = env.items(&["get", "nodeclaims"]);
     let nodes = env.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]);
@@ -325,10 +330,7 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
     };
     env.apply(&pdb(3));
     let ctl = Controller::start(&env, "drain", &[]);
-    env.wait("every pod Running", Duration::from_secs(60), |e| {
-        let running = e.items(&["get", "pods", "-n", ns]).iter().filter(|p| p["status"]["phase"] == "Running").count();
-        if running == 3 { Ok(()) } else { Err(format!("{running}/3 running\n{}", ctl.log())) }
-    });
+    env.wait_running("every pod Running", ns, 3, None, &ctl, Duration::from_secs(60));
     env.wait("the PDB counts the pods healthy", Duration::from_secs(30), |e| {
         let p = e.json(&["get", "pdb", "guarded", "-n", ns]);
         if p["status"]["currentHealthy"] == 3 { Ok(()) } else { Err(format!("{}", p["status"])) }
@@ -369,12 +371,7 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
             Err(format!("claim {claim_left}, node {node_left}\n{}", ctl.log()))
         }
     });
-    env.wait("the evicted pods Running elsewhere", Duration::from_secs(60), |e| {
-        let pods = e.items(&["get", "pods", "-n", ns]);
-        let running =
-            pods.iter().filter(|p| p["status"]["phase"] == "Running" && p["spec"]["nodeName"] != node.as_str()).count();
-        if running == 3 { Ok(()) } else { Err(format!("{running}/3 running elsewhere\n{}", ctl.log())) }
-    });
+    env.wait_running("the evicted pods Running elsewhere", ns, 3, Some(&node), &ctl, Duration::from_secs(60));
     clean_up(&env, ns, &ctl);
 }
 
@@ -387,17 +384,13 @@ fn an_api_server_restart_is_survived_and_nothing_is_terminated_for_being_missing
     let ns = "apiserver-restart";
     env.apply(&deployment(ns, "inflate", 10, "1"));
     let ctl = Controller::start(&env, "apiserver-restart", &[]);
-    let running = |e: &Env, want: usize| {
-        let n = e.items(&["get", "pods", "-n", ns]).iter().filter(|p| p["status"]["phase"] == "Running").count();
-        if n == want { Ok(()) } else { Err(format!("{n}/{want} running\n{}", ctl.log())) }
-    };
-    env.wait("every pod Running", Duration::from_secs(60), |e| running(e, 10));
+    env.wait_running("every pod Running", ns, 10, None, &ctl, Duration::from_secs(60));
     let before: Vec<String> = env.items(&["get", "nodeclaims"]).iter().map(name_of).collect();
     let script = repo().join("scripts/kube-test-env");
     let out = Command::new("bash").arg(&script).arg("restart-apiserver").arg(&env.dir).output().expect("runs");
     assert!(out.status.success(), "restart: {}", String::from_utf8_lossy(&out.stderr));
     env.kubectl(&["scale", "deployment", "inflate", "-n", ns, "--replicas=20"]);
-    env.wait("the watches resumed: the new pods Running", Duration::from_secs(90), |e| running(e, 20));
+    env.wait_running("the watches resumed: the new pods Running", ns, 20, None, &ctl, Duration::from_secs(90));
     let after: Vec<String> = env.items(&["get", "nodeclaims"]).iter().map(name_of).collect();
     for c in &before {
         assert!(after.contains(c), "NodeClaim {c} kept across the restart: {after:?}");

@@ -27,7 +27,7 @@ use dovetail_cluster::ClusterView;
 use dovetail_cluster::kube::{KubeCluster, KubeSettings};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
 use dovetail_core::clock::{Clock, SystemClock};
-use dovetail_core::ledger::Command;
+use dovetail_core::ledger::{Command, Outcome};
 use dovetail_core::nodepool::NodePool;
 use dovetail_raft::{InProcess, Ledger, propose_now, read_with};
 
@@ -107,13 +107,14 @@ fn pools(
     out
 }
 
+/// Waits for every watch to list once, saying every 10 s which are still out.
 async fn wait_synced(cluster: &KubeCluster) {
-    let mut waited = 0u64;
+    let mut changes = cluster.changes();
     while !cluster.synced() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        waited += 100;
-        if waited.is_multiple_of(10_000) {
-            tracing::info!(unsynced = ?cluster.unsynced(), "waiting for the caches to sync");
+        match tokio::time::timeout(Duration::from_secs(10), changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
+            Err(_) => tracing::info!(unsynced = ?cluster.unsynced(), "waiting for the caches to sync"),
         }
     }
 }
@@ -149,9 +150,18 @@ async fn serve(s: Settings) -> Result<(), String> {
     let adopt = dovetail_core::lifecycle::adopt::adoptions(&snap, &known, &names, now);
     if !adopt.is_empty() {
         tracing::info!(claims = adopt.len(), "taking over the NodeClaims the cluster shows");
-        propose_now(ledger.as_ref(), now, Command::Adopt { claims: adopt })
+        let committed = propose_now(ledger.as_ref(), now, Command::Adopt { claims: adopt })
             .await
             .map_err(|e| format!("ledger: {e}"))?;
+        match committed.outcome {
+            Outcome::Reserved { granted, denied } => {
+                for (claim, why) in &denied {
+                    tracing::warn!(nodeclaim = %claim, denial = ?why, "NodeClaim {claim} not taken over: {why:?}");
+                }
+                tracing::info!(taken = granted.len(), refused = denied.len(), "NodeClaims taken over");
+            }
+            other => return Err(format!("ledger: taking over the NodeClaims: {other:?}")),
+        }
     }
     let (cloud, sim) = match s.cloud {
         CloudKind::Sim => {

@@ -105,22 +105,19 @@ fn conversion(kind: &'static str, name: &str, e: ConversionError) -> ClusterErro
     ClusterError::Unavailable { reason: format!("{kind} {name} as read cannot be used: {e}") }
 }
 
-/// RFC 3339 of Unix milliseconds, as Kubernetes writes times.
-pub fn rfc3339(ms: u64) -> String {
+/// RFC 3339 of Unix milliseconds, as Kubernetes writes times (`micro`: with microseconds, as
+/// a MicroTime such as a Lease's `renewTime` is written).
+fn time_of(ms: u64, micro: bool) -> String {
     let ts = i64::try_from(ms)
         .ok()
         .and_then(|ms| k8s_openapi::jiff::Timestamp::from_millisecond(ms).ok())
         .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    ts.strftime(if micro { "%Y-%m-%dT%H:%M:%S.%6fZ" } else { "%Y-%m-%dT%H:%M:%SZ" }).to_string()
 }
 
-/// RFC 3339 with microseconds (a Lease's `renewTime` is a MicroTime).
-pub fn rfc3339_micro(ms: u64) -> String {
-    let ts = i64::try_from(ms)
-        .ok()
-        .and_then(|ms| k8s_openapi::jiff::Timestamp::from_millisecond(ms).ok())
-        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    ts.strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string()
+/// RFC 3339 of Unix milliseconds, to the second.
+pub fn rfc3339(ms: u64) -> String {
+    time_of(ms, false)
 }
 
 impl KubeCluster {
@@ -270,7 +267,7 @@ impl KubeCluster {
         use k8s_openapi::api::coordination::v1::Lease;
         self.admit().await;
         let api: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
-        let time = rfc3339_micro(now_ms);
+        let time = time_of(now_ms, true);
         let patch = json!({ "spec": { "holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": time } });
         match api.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
