@@ -106,6 +106,36 @@ impl Env {
         });
     }
 
+    /// Leaves the cluster as a test expects to find it, whatever a test before left (a failed
+    /// one stops before its clean-up): no NodePool, no NodeClaim and no sim node, their
+    /// finalizers taken off since no controller runs now to honour them.
+    fn reset(&self) {
+        // Owned before owners: the garbage collector deletes nothing from under the patches.
+        self.unfinalize_and_delete("nodes", &["-l", "dovetail.sh/sim-node"]);
+        let karpenter = self.kubectl(&["api-resources", "--api-group=karpenter.sh", "-o", "name"]);
+        for kind in ["nodeclaims", "nodepools"] {
+            if karpenter.contains(kind) {
+                self.unfinalize_and_delete(kind, &[]);
+            }
+        }
+        self.wait("the cluster reset", Duration::from_secs(30), |e| {
+            let nodes = e.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]).len();
+            let claims = if karpenter.contains("nodeclaims") { e.items(&["get", "nodeclaims"]).len() } else { 0 };
+            if nodes + claims == 0 { Ok(()) } else { Err(format!("{nodes} sim nodes, {claims} NodeClaims left")) }
+        });
+    }
+
+    fn unfinalize_and_delete(&self, kind: &str, selector: &[&str]) {
+        let mut args = vec!["get", kind];
+        args.extend(selector);
+        for o in self.items(&args) {
+            let name = name_of(&o);
+            let unfinalize = r#"{"metadata":{"finalizers":null}}"#;
+            self.kubectl(&["patch", kind, &name, "--type=merge", "-p", unfinalize]);
+            self.kubectl(&["delete", kind, &name, "--ignore-not-found", "--wait=false"]);
+        }
+    }
+
     fn install_crds(&self) {
         self.kubectl(&["apply", "-f", &repo().join("deploy/crds").to_string_lossy()]);
         for crd in ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"] {
@@ -213,6 +243,7 @@ fn clean_up(env: &Env, namespace: &str, ctl: &Controller) {
 fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler() {
     let Some(env) = env() else { return };
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.reset();
     env.install_crds();
     let applied = env.apply(include_str!("fixtures/getting-started.yaml"));
     assert!(applied.contains("nodepool.karpenter.sh/default"), "{applied}");
@@ -251,6 +282,11 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
             assert!(conds.contains(&(kind, "True")), "{} is {kind}: {conds:?}", name_of(c));
         }
         assert_eq!(c["metadata"]["ownerReferences"][0]["kind"], "NodePool", "owned by its NodePool");
+        for key in ["node.kubernetes.io/instance-type", "topology.kubernetes.io/zone", "karpenter.sh/capacity-type"] {
+            let label = &c["metadata"]["labels"][key];
+            assert!(label.is_string(), "{} is labelled {key}", name_of(c));
+            assert_eq!(label, &node["metadata"]["labels"][key], "{} and its node agree on {key}", name_of(c));
+        }
         let taints: Vec<&str> =
             node["spec"]["taints"].as_array().into_iter().flatten().filter_map(|t| t["key"].as_str()).collect();
         assert!(!taints.contains(&"karpenter.sh/unregistered"), "registered: {taints:?}");
@@ -275,6 +311,7 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
 fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_or_instances() {
     let Some(env) = env() else { return };
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.reset();
     env.install_crds();
     env.apply(include_str!("fixtures/getting-started.yaml"));
     let ns = "restart";
@@ -286,7 +323,16 @@ fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_
     });
     // SIGKILL: no shutdown path runs.
     drop(first);
-    let made_before = env.items(&["get", "nodeclaims"]).len();
+    let left = env.items(&["get", "nodeclaims"]);
+    let made_before = left.len();
+    // What the restarted controller rebuilds from: a NodeClaim that shows its instance says
+    // what the instance is (written before the provider id).
+    for c in left.iter().filter(|c| c["status"]["providerID"].is_string()) {
+        let labels = &c["metadata"]["labels"];
+        for key in ["node.kubernetes.io/instance-type", "topology.kubernetes.io/zone", "karpenter.sh/capacity-type"] {
+            assert!(labels[key].is_string(), "{} shows its instance but not {key}: {labels}", name_of(c));
+        }
+    }
     let second = Controller::start(&env, "restart-2", &[]);
     env.wait_running("every pod Running after the restart", ns, 40, None, &second, Duration::from_secs(60));
     assert!(second.log().contains("taking over the NodeClaims"), "the restarted ledger adopted: {}", second.log());
@@ -317,6 +363,7 @@ fn policy_version(env: &Env) -> &'static str {
 fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it() {
     let Some(env) = env() else { return };
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.reset();
     env.install_crds();
     env.apply(include_str!("fixtures/getting-started.yaml"));
     let ns = "drain";
@@ -379,6 +426,7 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
 fn an_api_server_restart_is_survived_and_nothing_is_terminated_for_being_missing() {
     let Some(env) = env() else { return };
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.reset();
     env.install_crds();
     env.apply(include_str!("fixtures/getting-started.yaml"));
     let ns = "apiserver-restart";

@@ -17,8 +17,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use dovetail_cluster::{ClusterError, ClusterWriter, NodeUpdate};
-use dovetail_core::cluster::TERMINATION_FINALIZER;
+use dovetail_cluster::{ClusterError, ClusterWriter, NodeClaimUpdate, NodeUpdate};
+use dovetail_core::cluster::{StatusPatch, TERMINATION_FINALIZER};
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::Term;
 use dovetail_raft::Ledger;
@@ -189,16 +189,7 @@ impl Executor {
                 },
                 Err(e) => Err(Stop::Failed(e)),
             },
-            Action::PatchStatus(patch) => {
-                self.retrying(term, || async {
-                    let Some(nc) = found(w.get_nodeclaim(claim).await)? else { return Ok(false) };
-                    let Some(status) = patch.apply(&nc.status) else { return Ok(false) };
-                    self.check(term)?;
-                    let written = w.update_nodeclaim_status(claim, status, nc.resource_version).await;
-                    written.map(|_| true).map_err(Stop::Failed)
-                })
-                .await
-            }
+            Action::PatchStatus(patch) => self.patch_status(term, claim, patch).await,
             Action::DeleteNodeClaim => gone_is_fine(w.delete_nodeclaim(claim).await),
             Action::RemoveFinalizer => {
                 self.retrying(term, || async {
@@ -206,13 +197,30 @@ impl Executor {
                     if !nc.finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
                         return Ok(false);
                     }
-                    let kept: Vec<String> =
-                        nc.finalizers.iter().filter(|f| *f != TERMINATION_FINALIZER).cloned().collect();
+                    let finalizers = nc.finalizers.iter().filter(|f| *f != TERMINATION_FINALIZER).cloned().collect();
                     self.check(term)?;
-                    let written = w.update_nodeclaim_finalizers(claim, kept, nc.resource_version).await;
+                    let update = NodeClaimUpdate { finalizers, ..NodeClaimUpdate::of(&nc) };
+                    let written = w.update_nodeclaim_metadata(claim, update, nc.resource_version).await;
                     written.map(|_| true).map_err(Stop::Failed)
                 })
                 .await
+            }
+            Action::Launched { labels, status } => {
+                let labelled = self
+                    .retrying(term, || async {
+                        let Some(nc) = found(w.get_nodeclaim(claim).await)? else { return Ok(false) };
+                        if labels.iter().all(|(k, v)| nc.spec.labels.get(k) == Some(v)) {
+                            return Ok(false);
+                        }
+                        let mut update = NodeClaimUpdate::of(&nc);
+                        update.labels.extend(labels.iter().cloned());
+                        self.check(term)?;
+                        let written = w.update_nodeclaim_metadata(claim, update, nc.resource_version).await;
+                        written.map(|_| true).map_err(Stop::Failed)
+                    })
+                    .await?;
+                let patched = self.patch_status(term, claim, status).await?;
+                Ok(labelled || patched)
             }
             Action::PatchNode { node, patch } => {
                 self.retrying(term, || async {
@@ -232,6 +240,19 @@ impl Executor {
                 Err(Stop::Failed(ClusterError::Unavailable { reason: format!("{} is a cloud effect", effect.kind()) }))
             }
         }
+    }
+
+    /// Patches a NodeClaim's status from a fresh read; whether it changed.
+    async fn patch_status(&self, term: Term, claim: &str, patch: &StatusPatch) -> Result<bool, Stop> {
+        let w = &self.inner.writer;
+        self.retrying(term, || async {
+            let Some(nc) = found(w.get_nodeclaim(claim).await)? else { return Ok(false) };
+            let Some(status) = patch.apply(&nc.status) else { return Ok(false) };
+            self.check(term)?;
+            let written = w.update_nodeclaim_status(claim, status, nc.resource_version).await;
+            written.map(|_| true).map_err(Stop::Failed)
+        })
+        .await
     }
 
     /// Runs a read-modify-write until it is not refused with `Conflict`, at most
@@ -375,13 +396,13 @@ mod tests {
         ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
             self.inner.update_nodeclaim_status(n, s, rv)
         }
-        fn update_nodeclaim_finalizers<'a>(
+        fn update_nodeclaim_metadata<'a>(
             &'a self,
             n: &'a str,
-            f: Vec<String>,
+            u: dovetail_cluster::NodeClaimUpdate,
             rv: u64,
         ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
-            self.inner.update_nodeclaim_finalizers(n, f, rv)
+            self.inner.update_nodeclaim_metadata(n, u, rv)
         }
         fn delete_nodeclaim<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
             self.inner.delete_nodeclaim(n)

@@ -97,6 +97,20 @@ impl NodeUpdate {
     }
 }
 
+/// The metadata of a NodeClaim a write sets (from a read, changed): its labels merge, its
+/// finalizers are replaced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeClaimUpdate {
+    pub labels: Labels,
+    pub finalizers: Vec<String>,
+}
+
+impl NodeClaimUpdate {
+    pub fn of(claim: &NodeClaim) -> Self {
+        NodeClaimUpdate { labels: claim.spec.labels.clone(), finalizers: claim.finalizers.clone() }
+    }
+}
+
 /// The write side. Every method is one API call; none retries. Writes made from a read carry
 /// its resource version and fail with `Conflict` when the object changed since.
 pub trait ClusterWriter: Send + Sync {
@@ -111,11 +125,12 @@ pub trait ClusterWriter: Send + Sync {
         status: NodeClaimStatus,
         resource_version: u64,
     ) -> BoxFuture<'a, Result<u64, ClusterError>>;
-    /// Writes a NodeClaim's finalizers; one being deleted goes once none are left.
-    fn update_nodeclaim_finalizers<'a>(
+    /// Writes a NodeClaim's labels (added or changed, none removed) and finalizers; one being
+    /// deleted goes once no finalizer is left.
+    fn update_nodeclaim_metadata<'a>(
         &'a self,
         name: &'a str,
-        finalizers: Vec<String>,
+        update: NodeClaimUpdate,
         resource_version: u64,
     ) -> BoxFuture<'a, Result<u64, ClusterError>>;
     /// Marks a NodeClaim for deletion; it goes once its finalizers are removed.

@@ -30,6 +30,10 @@ pub enum Action {
     DeleteNodeClaim,
     /// Remove the termination finalizer from the claim's NodeClaim.
     RemoveFinalizer,
+    /// A launched claim's NodeClaim: labelled with what it launched as (labels added or
+    /// changed, none removed), then its status patched, in that order: a provider id the
+    /// cluster shows always comes with the labels that say what the instance is.
+    Launched { labels: Vec<(String, String)>, status: StatusPatch },
     /// Patch a node (taints, labels, finalizers: single items added or removed).
     PatchNode { node: String, patch: NodePatch },
     /// Delete a node object.
@@ -60,6 +64,8 @@ impl Effect {
             Action::PatchStatus(_) => format!("status/{c}"),
             Action::DeleteNodeClaim => format!("delete/{c}"),
             Action::RemoveFinalizer => format!("finalizer/{c}"),
+            // One status write of a claim at a time, whichever action makes it.
+            Action::Launched { .. } => format!("status/{c}"),
             Action::PatchNode { node, .. } => format!("node/{node}"),
             Action::DeleteNode { node } => format!("delete-node/{node}"),
             Action::Evict(p) | Action::DeletePod(p) => format!("pod/{p}"),
@@ -76,6 +82,7 @@ impl Effect {
             Action::PatchStatus(_) => "patch_nodeclaim_status",
             Action::DeleteNodeClaim => "delete_nodeclaim",
             Action::RemoveFinalizer => "remove_nodeclaim_finalizer",
+            Action::Launched { .. } => "patch_nodeclaim_launched",
             Action::PatchNode { .. } => "patch_node",
             Action::DeleteNode { .. } => "delete_node",
             Action::Evict(_) => "evict",

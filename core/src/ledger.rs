@@ -142,6 +142,9 @@ pub struct Claim {
     /// The instance's allocatable, once launched.
     pub allocatable: ResourceList,
     pub price_per_hour: MicroDollars,
+    /// The instance type and capacity type it launched as, once launched (taken over from
+    /// the NodeClaim's labels when adopted).
+    pub launched_as: Option<(String, CapacityType)>,
     pub state: ClaimState,
     pub reserved_at: Millis,
     pub changed_at: Millis,
@@ -191,6 +194,9 @@ pub enum Step {
         resources: ResourceList,
         allocatable: ResourceList,
         price_per_hour: MicroDollars,
+        /// What it launched as: its NodeClaim is labelled with the type's labels.
+        instance_type: String,
+        capacity_type: CapacityType,
     },
     /// The launch of `batch` found no capacity anywhere it tried: back to `Reserved`, for the
     /// pool to pick another offering.
@@ -536,6 +542,7 @@ impl State {
                     resources,
                     allocatable: ResourceList::new(),
                     price_per_hour: req.price_per_hour,
+                    launched_as: None,
                     state: ClaimState::Reserved,
                     reserved_at: at,
                     changed_at: at,
@@ -625,6 +632,12 @@ impl State {
         }
     }
 
+    fn launched_as(&mut self, id: &str, instance_type: &str, capacity_type: CapacityType) {
+        if let Some(c) = self.claims.get_mut(id) {
+            c.launched_as = Some((instance_type.to_string(), capacity_type));
+        }
+    }
+
     /// Forgets batches none of whose claims is launching any more.
     fn prune_batches(&mut self) {
         if self.batches.is_empty() {
@@ -652,9 +665,18 @@ impl State {
         };
         let reject = |to: &str| Err(format!("claim {id} cannot go from {} to {to}", claim.state.name()));
         let next = match step {
-            Step::Launched { batch: from, instance, resources, allocatable, price_per_hour } => match &claim.state {
+            Step::Launched {
+                batch: from,
+                instance,
+                resources,
+                allocatable,
+                price_per_hour,
+                instance_type,
+                capacity_type,
+            } => match &claim.state {
                 ClaimState::Launching { batch } if batch == from => {
                     self.rehold(id, resources, allocatable, *price_per_hour);
+                    self.launched_as(id, instance_type, *capacity_type);
                     ClaimState::Launched { instance: instance.clone() }
                 }
                 ClaimState::Launched { instance: known } if known == instance => return Ok(()),
@@ -662,6 +684,7 @@ impl State {
                 ClaimState::Terminating { instance: None, batch: Some(batch), .. } if batch == from => {
                     let batch = Some(batch.clone());
                     self.rehold(id, resources, allocatable, *price_per_hour);
+                    self.launched_as(id, instance_type, *capacity_type);
                     ClaimState::Terminating { instance: Some(instance.clone()), batch, instance_gone: false }
                 }
                 ClaimState::Terminating { instance: Some(known), .. } if known == instance => return Ok(()),
@@ -755,6 +778,8 @@ mod tests {
             resources: ResourceList::cpu_mem(cpu * 1000, cpu * 4 * GIB),
             allocatable: ResourceList::cpu_mem(cpu * 1000 - 80, cpu * 4 * GIB - GIB),
             price_per_hour: price,
+            instance_type: "m5.large".into(),
+            capacity_type: CapacityType::OnDemand,
         }
     }
 

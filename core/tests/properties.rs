@@ -684,6 +684,8 @@ mod ledger_props {
                 resources: ResourceList::from_pairs([(ResourceName::Cpu, pct)]),
                 allocatable: ResourceList::new(),
                 price_per_hour: ppct,
+                instance_type: "m5.large".into(),
+                capacity_type: dovetail_core::catalog::CapacityType::OnDemand,
             }),
             (0u8..4).prop_map(|b| Step::Unlaunched { batch: format!("b{b}") }),
             Just(Step::Registered),

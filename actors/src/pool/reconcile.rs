@@ -258,7 +258,9 @@ impl NodePoolActor {
                 Step::Registered => {
                     self.stats.registered += 1;
                     let node = effects.iter().find_map(|e| match &e.action {
-                        Action::PatchStatus(p) if e.claim == *claim => p.node_name.clone(),
+                        Action::PatchStatus(p) | Action::Launched { status: p, .. } if e.claim == *claim => {
+                            p.node_name.clone()
+                        }
                         _ => None,
                     });
                     let node = node.or_else(|| snap.nodeclaims.get(claim).and_then(|nc| nc.status.node_name.clone()));

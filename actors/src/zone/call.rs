@@ -145,6 +145,8 @@ async fn commit_outcomes(c: &LaunchCall, out: &[LaunchResult]) {
                     resources: inst.capacity.clone(),
                     allocatable: inst.allocatable.clone(),
                     price_per_hour: micro_dollars(inst.price),
+                    instance_type: inst.instance_type.clone(),
+                    capacity_type: inst.capacity_type,
                 },
             )),
             Ok(Err(CloudError::InsufficientCapacity { offerings: o })) => {

@@ -27,7 +27,8 @@ use serde_json::json;
 use tokio::sync::{Mutex as AsyncMutex, watch};
 
 use crate::{
-    BoxFuture, ClusterError, ClusterView, ClusterWriter, Event, NodeClaim, NodeClaimStatus, NodeUpdate, Snapshot,
+    BoxFuture, ClusterError, ClusterView, ClusterWriter, Event, NodeClaim, NodeClaimStatus, NodeClaimUpdate,
+    NodeUpdate, Snapshot,
 };
 use store::{Cached, KINDS, Shared};
 
@@ -405,16 +406,21 @@ impl ClusterWriter for KubeCluster {
         })
     }
 
-    fn update_nodeclaim_finalizers<'a>(
+    fn update_nodeclaim_metadata<'a>(
         &'a self,
         name: &'a str,
-        finalizers: Vec<String>,
+        update: NodeClaimUpdate,
         resource_version: u64,
     ) -> BoxFuture<'a, Result<u64, ClusterError>> {
         Box::pin(async move {
             self.admit().await;
-            let patch =
-                json!({ "metadata": { "resourceVersion": resource_version.to_string(), "finalizers": finalizers } });
+            // Labels merge; finalizers are replaced whole, as read and changed, under the
+            // read's resource version.
+            let patch = json!({ "metadata": {
+                "resourceVersion": resource_version.to_string(),
+                "labels": update.labels,
+                "finalizers": update.finalizers,
+            } });
             let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
             match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(out) => Ok(version_of(&out.metadata)),

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 #[cfg(test)]
 use crate::IntOrPercent;
-use crate::{BoxFuture, Event, NodeUpdate, Pdb};
+use crate::{BoxFuture, Event, NodeClaimUpdate, NodeUpdate, Pdb};
 use crate::{ClusterError, ClusterView, ClusterWriter, NodeClaim, NodeClaimStatus, Snapshot};
 
 /// Events kept (the newest), for tests and reports.
@@ -459,12 +459,14 @@ impl SimCluster {
         })
     }
 
-    fn update_finalizers_now(&self, name: &str, finalizers: Vec<String>, rv: u64) -> Result<u64, ClusterError> {
-        self.write("update_nodeclaim_finalizers", Some(("nodeclaim", name)), |s, v| {
+    fn update_metadata_now(&self, name: &str, update: NodeClaimUpdate, rv: u64) -> Result<u64, ClusterError> {
+        self.write("update_nodeclaim_metadata", Some(("nodeclaim", name)), |s, v| {
             let c = s.nodeclaims.get_mut(name).ok_or_else(|| not_found("nodeclaim", name.to_string()))?;
             precondition("nodeclaim", name, c.resource_version, rv)?;
             let c = Arc::make_mut(c);
-            c.finalizers = finalizers;
+            // Labels merge, as a merge patch of `metadata.labels` does.
+            c.spec.labels.extend(update.labels);
+            c.finalizers = update.finalizers;
             c.resource_version = v;
             if c.deleting && c.finalizers.is_empty() {
                 s.nodeclaims.remove(name);
@@ -556,13 +558,13 @@ impl ClusterWriter for SimCluster {
         Box::pin(async move { r })
     }
 
-    fn update_nodeclaim_finalizers<'a>(
+    fn update_nodeclaim_metadata<'a>(
         &'a self,
         name: &'a str,
-        finalizers: Vec<String>,
+        update: NodeClaimUpdate,
         resource_version: u64,
     ) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        let r = self.update_finalizers_now(name, finalizers, resource_version);
+        let r = self.update_metadata_now(name, update, resource_version);
         Box::pin(async move { r })
     }
 
@@ -653,7 +655,8 @@ mod tests {
         c.delete_nodeclaim("default-abc").await.expect("marked");
         let read = c.get_nodeclaim("default-abc").await.expect("read");
         assert!(read.deleting, "kept while finalized");
-        c.update_nodeclaim_finalizers("default-abc", Vec::new(), read.resource_version).await.expect("finalizer");
+        let update = NodeClaimUpdate { finalizers: Vec::new(), ..NodeClaimUpdate::of(&read) };
+        c.update_nodeclaim_metadata("default-abc", update, read.resource_version).await.expect("finalizer");
         assert!(c.snapshot().nodeclaims.is_empty());
         assert!(changes.has_changed().unwrap_or(false));
     }
@@ -664,7 +667,8 @@ mod tests {
         c.create_nodeclaim(claim("default-abc")).await.expect("created");
         let read = c.get_nodeclaim("default-abc").await.expect("read");
         // Someone else writes in between.
-        c.update_nodeclaim_finalizers("default-abc", Vec::new(), read.resource_version).await.expect("first");
+        let update = NodeClaimUpdate { finalizers: Vec::new(), ..NodeClaimUpdate::of(&read) };
+        c.update_nodeclaim_metadata("default-abc", update, read.resource_version).await.expect("first");
         let mut status = read.status.clone();
         status.node_name = Some("n".into());
         assert_eq!(

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::catalog::CapacityType;
 use crate::cluster::{NodeClaim, Snapshot};
 use crate::labels;
 use crate::ledger::{Claim, ClaimState, Millis};
@@ -27,6 +28,14 @@ fn state_of(nc: &NodeClaim) -> ClaimState {
         Some(instance) if nc.status.is("Registered") => ClaimState::Registered { instance },
         Some(instance) => ClaimState::Launched { instance },
     }
+}
+
+/// What a launched NodeClaim launched as, from the labels written at launch.
+fn launched_as(nc: &NodeClaim) -> Option<(String, CapacityType)> {
+    nc.status.provider_id.as_ref()?;
+    let instance_type = nc.spec.labels.get(labels::INSTANCE_TYPE)?;
+    let capacity_type = CapacityType::parse(nc.spec.labels.get(labels::CAPACITY_TYPE)?)?;
+    Some((instance_type.clone(), capacity_type))
 }
 
 /// The claims to adopt: every NodeClaim of a pool in `pools` that `known` lacks. A claim
@@ -62,6 +71,7 @@ pub fn adoptions(snapshot: &Snapshot, known: &BTreeSet<String>, pools: &BTreeSet
                 resources,
                 allocatable: nc.status.allocatable.clone(),
                 price_per_hour: 0,
+                launched_as: launched_as(nc),
                 state: state_of(nc),
                 reserved_at: now,
                 changed_at: now,
@@ -125,6 +135,19 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn what_a_claim_launched_as_is_taken_from_its_labels_once_it_has_an_instance() {
+        let mut launched = claim("b", Some("aws:///us-east-1a/i-1"), &["Launched"], false);
+        launched.spec.labels.insert(labels::INSTANCE_TYPE.into(), "m5.large".into());
+        launched.spec.labels.insert(labels::CAPACITY_TYPE.into(), "spot".into());
+        assert_eq!(launched_as(&launched), Some(("m5.large".to_string(), CapacityType::Spot)));
+        let mut unlaunched = launched.clone();
+        unlaunched.status.provider_id = None;
+        assert_eq!(launched_as(&unlaunched), None);
+        launched.spec.labels.insert(labels::CAPACITY_TYPE.into(), "sometimes".into());
+        assert_eq!(launched_as(&launched), None, "a capacity type not known is not guessed");
     }
 
     #[test]

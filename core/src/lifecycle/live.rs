@@ -11,6 +11,7 @@ use crate::labels;
 use crate::ledger::{Claim, ClaimState, LaunchBatch, Offering, Step};
 use crate::node::Node;
 use crate::plane::{allowed_zones, capacity_types, relaunch_zone};
+use crate::requirements::Operator;
 use crate::resources::{ResourceList, ResourceName};
 
 use super::{Claimed, Config, Input, Memory, Plan, is_extended, provider_id};
@@ -66,7 +67,7 @@ pub(super) fn live(
         ClaimState::Launched { instance }
         | ClaimState::Registered { instance }
         | ClaimState::Initialized { instance } => {
-            launched_status(plan, claim, nc, instance);
+            launched_status(plan, input, claim, nc, instance);
             let Some(node) = cx.node() else {
                 if !matches!(cx.state, ClaimState::Launched { .. }) {
                     let key = format!("node/{id}");
@@ -122,10 +123,16 @@ fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<Strin
     relaunch_zone(input.types, types, &cts, &zones, prefer, unavailable).map(|c| c.zone)
 }
 
-/// The status a launched claim's NodeClaim shows: its provider id, capacity and `Launched`.
-fn launched_status(plan: &mut Plan, claim: &Claim, nc: &NodeClaim, instance: &str) {
+/// What a launched claim's NodeClaim shows: the labels of what it launched as (its instance
+/// type's labels, zone and capacity type, as Karpenter writes them at launch), then its
+/// provider id, capacity and `Launched`; in that order, so that a provider id in the cluster
+/// always comes with the labels that say what the instance is (a controller that restarts
+/// rebuilds from them).
+fn launched_status(plan: &mut Plan, input: &Input<'_>, claim: &Claim, nc: &NodeClaim, instance: &str) {
+    let labels: Vec<(String, String)> =
+        launch_labels(input, claim).into_iter().filter(|(k, v)| nc.spec.labels.get(k) != Some(v)).collect();
     let pid = provider_id(&claim.zone, instance);
-    if nc.status.provider_id.as_deref() == Some(pid.as_str()) && nc.status.is("Launched") {
+    if labels.is_empty() && nc.status.provider_id.as_deref() == Some(pid.as_str()) && nc.status.is("Launched") {
         return;
     }
     let mut capacity = claim.resources.clone();
@@ -137,7 +144,31 @@ fn launched_status(plan: &mut Plan, claim: &Claim, nc: &NodeClaim, instance: &st
         conditions: vec![Condition::met("Launched")],
         ..StatusPatch::default()
     };
-    plan.effect(&claim.id, Action::PatchStatus(patch));
+    plan.effect(&claim.id, Action::Launched { labels, status: patch });
+}
+
+/// The labels a launched claim's NodeClaim gets: every label its instance type has one value
+/// of, its zone and its capacity type (none when what it launched as is not known: a claim
+/// taken over from a cluster that did not write them).
+fn launch_labels(input: &Input<'_>, claim: &Claim) -> Vec<(String, String)> {
+    let Some((instance_type, capacity_type)) = &claim.launched_as else { return Vec::new() };
+    let mut out: Vec<(String, String)> = input
+        .types
+        .iter()
+        .find(|t| &t.name == instance_type)
+        .map(|t| {
+            t.requirements
+                .iter()
+                .filter(|(_, r)| r.operator() == Operator::In && r.values().len() == 1)
+                .map(|(k, r)| (k.to_string(), r.values()[0].clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.retain(|(k, _)| k != labels::ZONE && k != labels::CAPACITY_TYPE && k != labels::INSTANCE_TYPE);
+    out.push((labels::INSTANCE_TYPE.to_string(), instance_type.clone()));
+    out.push((labels::ZONE.to_string(), claim.zone.clone()));
+    out.push((labels::CAPACITY_TYPE.to_string(), capacity_type.as_str().to_string()));
+    out
 }
 
 /// Registration (Karpenter's): the node gets the claim's labels and taints and

@@ -179,9 +179,25 @@ impl Plan {
                     }
                     node_patch.insert(node.clone(), out.len());
                 }
-                Action::PatchStatus(patch) => {
+                Action::PatchStatus(patch) | Action::Launched { status: patch, .. } => {
+                    // One status write per claim: the patches merge (labels too, when launched).
                     if let Some(&i) = status_patch.get(&e.claim) {
-                        if let Action::PatchStatus(into) = &mut out[i].action {
+                        if let Action::Launched { labels, .. } = &e.action {
+                            let merged = match &mut out[i].action {
+                                Action::Launched { labels: into, .. } => {
+                                    into.extend(labels.iter().cloned());
+                                    None
+                                }
+                                Action::PatchStatus(into) => {
+                                    Some(Action::Launched { labels: labels.clone(), status: into.clone() })
+                                }
+                                _ => None,
+                            };
+                            if let Some(m) = merged {
+                                out[i].action = m;
+                            }
+                        }
+                        if let Action::PatchStatus(into) | Action::Launched { status: into, .. } = &mut out[i].action {
                             into.provider_id = patch.provider_id.clone().or(into.provider_id.take());
                             into.node_name = patch.node_name.clone().or(into.node_name.take());
                             into.capacity = patch.capacity.clone().or(into.capacity.take());
@@ -338,6 +354,19 @@ impl Claimed<'_> {
                 {
                     nc.to_mut().status = status;
                     return true;
+                }
+            }
+            Action::Launched { labels, status } => {
+                if let Some(nc) = self.nc.as_mut() {
+                    let relabel = labels.iter().any(|(k, v)| nc.spec.labels.get(k) != Some(v));
+                    let restatus = status.apply(&nc.status);
+                    if relabel {
+                        nc.to_mut().spec.labels.extend(labels.iter().cloned());
+                    }
+                    if let Some(s) = &restatus {
+                        nc.to_mut().status = s.clone();
+                    }
+                    return relabel || restatus.is_some();
                 }
             }
             Action::DeleteNodeClaim => {

@@ -96,10 +96,20 @@ impl World {
 
     fn step(&mut self, id: &str, step: Step) {
         let step = match step {
-            Step::Launched { instance, resources, allocatable, price_per_hour, .. } => {
+            Step::Launched {
+                instance, resources, allocatable, price_per_hour, instance_type, capacity_type, ..
+            } => {
                 let batch = crate::ledger::LaunchBatch { id: format!("b-{id}"), claims: vec![id.into()].into() };
                 self.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
-                Step::Launched { batch: format!("b-{id}"), instance, resources, allocatable, price_per_hour }
+                Step::Launched {
+                    batch: format!("b-{id}"),
+                    instance,
+                    resources,
+                    allocatable,
+                    price_per_hour,
+                    instance_type,
+                    capacity_type,
+                }
             }
             s => s,
         };
@@ -193,6 +203,15 @@ fn apply_effect(snap: &mut Snapshot, e: &Effect) {
                 }
             }
         }
+        Action::Launched { labels, status } => {
+            if let Some(nc) = snap.nodeclaims.get_mut(&claim) {
+                let nc = Arc::make_mut(nc);
+                nc.spec.labels.extend(labels.iter().cloned());
+                if let Some(s) = status.apply(&nc.status) {
+                    nc.status = s;
+                }
+            }
+        }
         Action::RemoveFinalizer => {
             if let Some(nc) = snap.nodeclaims.get_mut(&claim) {
                 let nc = Arc::make_mut(nc);
@@ -236,6 +255,8 @@ fn launched(instance: &str) -> Step {
         resources: ResourceList::cpu_mem(2000, 8 << 30),
         allocatable: ResourceList::cpu_mem(1930, 7 << 30),
         price_per_hour: 96_000,
+        instance_type: "m5.large".into(),
+        capacity_type: crate::catalog::CapacityType::OnDemand,
     }
 }
 
@@ -299,6 +320,32 @@ fn registration_patches_single_items_and_initialization_follows_in_one_plan() {
     w.apply(&plan);
     assert_eq!(w.snap.nodes[&node].labels.get(labels::INITIALIZED).map(String::as_str), Some("true"));
     assert!(w.plan().is_empty());
+}
+
+#[test]
+fn a_launched_nodeclaim_is_labelled_with_what_it_launched_as_in_the_write_that_shows_its_instance() {
+    let mut w = World::new();
+    w.claim("default-abcde", vec![launched("i-1")]);
+    let plan = w.plan();
+    let launched: Vec<_> = plan
+        .effects
+        .iter()
+        .filter_map(|e| match &e.action {
+            Action::Launched { labels, status } => Some((labels.clone(), status.clone())),
+            Action::PatchStatus(_) => panic!("the status goes with the labels: {e:?}"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(launched.len(), 1, "{:?}", plan.effects);
+    let (labels, status) = &launched[0];
+    let label = |k: &str| labels.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    assert_eq!(label(labels::INSTANCE_TYPE), Some("m5.large"));
+    assert_eq!(label(labels::ZONE), Some(ZONE));
+    assert_eq!(label(labels::CAPACITY_TYPE), Some("on-demand"));
+    assert_eq!(label(labels::ARCH), Some("amd64"), "the type's single-valued labels too");
+    assert_eq!(status.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));
+    w.apply(&plan);
+    assert!(!has(&w.plan(), |a| matches!(a, Action::Launched { .. } | Action::PatchStatus(_))), "done once shown");
 }
 
 #[test]
