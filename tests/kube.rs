@@ -137,7 +137,7 @@ impl Env {
     }
 
     fn install_crds(&self) {
-        self.kubectl(&["apply", "-f", &repo().join("deploy/crds").to_string_lossy()]);
+        self.kubectl(&["apply", "-k", &repo().join("deploy/crds").to_string_lossy()]);
         for crd in ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"] {
             self.kubectl(&["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{crd}")]);
         }
@@ -152,13 +152,18 @@ struct Controller {
 
 impl Controller {
     fn start(env: &Env, name: &str, extra: &[&str]) -> Controller {
+        Controller::start_as(env, name, &env.kubeconfig, extra)
+    }
+
+    /// A controller authenticating with `kubeconfig`.
+    fn start_as(env: &Env, name: &str, kubeconfig: &Path, extra: &[&str]) -> Controller {
         let log = env.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let port = |n: u16| format!("127.0.0.1:{}", free_port().unwrap_or(n));
         let child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
             .args(["controller", "--cloud", "sim", "--cluster-name", "dovetail-test"])
             .arg("--kubeconfig")
-            .arg(&env.kubeconfig)
+            .arg(kubeconfig)
             .args(["--metrics-addr", &port(18080), "--health-addr", &port(18081)])
             .args(extra)
             .env("RUST_LOG", "info,kube_client=error")
@@ -445,4 +450,207 @@ fn an_api_server_restart_is_survived_and_nothing_is_terminated_for_being_missing
     }
     assert!(after.len() > before.len(), "new capacity for the new pods");
     clean_up(&env, ns, &ctl);
+}
+
+/// A NodePool of the getting-started shape, named `name`, its nodes labelled `team: NAME`;
+/// `operator`/`value` make its last requirement (an invalid pair makes the pool invalid).
+fn team_pool(name: &str, operator: &str, value: &str) -> String {
+    format!(
+        r#"apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: {name}
+spec:
+  template:
+    metadata:
+      labels: {{team: {name}}}
+    spec:
+      requirements:
+        - key: karpenter.sh/capacity-type
+          operator: In
+          values: ["on-demand"]
+        - key: karpenter.k8s.aws/instance-cpu
+          operator: {operator}
+          values: ["{value}"]
+      nodeClassRef:
+        group: karpenter.k8s.aws
+        kind: EC2NodeClass
+        name: default
+  limits:
+    cpu: 100
+"#
+    )
+}
+
+/// A Deployment whose pods only fit nodes labelled `team: TEAM`.
+fn team_deployment(namespace: &str, team: &str, replicas: u32) -> String {
+    deployment(namespace, team, replicas, "1").replace(
+        "      terminationGracePeriodSeconds: 0\n",
+        &format!("      terminationGracePeriodSeconds: 0\n      nodeSelector: {{team: {team}}}\n"),
+    )
+}
+
+/// A NodePool's condition of `kind`, as `(status, reason, message)`.
+fn condition(env: &Env, pool: &str, kind: &str) -> Option<(String, String, String)> {
+    let p = env.json(&["get", "nodepool", pool]);
+    let c = p["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == kind)?.clone();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+#[test]
+fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_while_the_others_provision() {
+    let Some(env) = env() else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.reset();
+    env.install_crds();
+    env.apply(include_str!("fixtures/getting-started.yaml"));
+    // Passes the 1.20 server (no CEL there): dovetail's own validation refuses it.
+    env.apply(&team_pool("bad", "Gt", "many"));
+    let ctl = Controller::start(&env, "nodepools", &[]);
+    env.wait("the invalid NodePool's Ready condition", Duration::from_secs(30), |e| {
+        match condition(e, "bad", "Ready") {
+            Some((s, reason, message)) if s == "False" && reason == "NodePoolValidationFailed" => {
+                if message.contains("spec.template.spec.requirements[1]") {
+                    Ok(())
+                } else {
+                    Err(format!("the message names no field: {message}"))
+                }
+            }
+            other => Err(format!("{other:?}\n{}", ctl.log())),
+        }
+    });
+    env.wait("the invalid NodePool's event", Duration::from_secs(30), |e| {
+        let events = e.items(&["get", "events", "-A", "--field-selector", "involvedObject.name=bad"]);
+        let found = events.iter().any(|ev| ev["reason"] == "NodePoolValidationFailed" && ev["type"] == "Warning");
+        if found { Ok(()) } else { Err(format!("{events:?}")) }
+    });
+    // The valid pool keeps provisioning.
+    let ns = "nodepools";
+    env.apply(&deployment(ns, "inflate", 4, "1"));
+    env.wait_running("the default pool's pods Running", ns, 4, None, &ctl, Duration::from_secs(60));
+    env.wait("the default pool Ready, counting its nodes", Duration::from_secs(30), |e| {
+        let ready = condition(e, "default", "Ready").map(|c| c.0);
+        let nodes = e.json(&["get", "nodepool", "default"])["status"]["resources"]["nodes"].clone();
+        if ready.as_deref() == Some("True") && nodes.as_str().is_some_and(|n| n != "0") {
+            Ok(())
+        } else {
+            Err(format!("ready {ready:?}, nodes {nodes}"))
+        }
+    });
+    // Added at run time: its pods get its nodes.
+    env.apply(&team_pool("late", "Gt", "1"));
+    env.apply(&team_deployment(ns, "late", 2));
+    env.wait_running("the added pool's pods Running", ns, 6, None, &ctl, Duration::from_secs(60));
+    let late_nodes = env.items(&["get", "nodes", "-l", "karpenter.sh/nodepool=late"]);
+    assert!(!late_nodes.is_empty(), "the added pool made nodes");
+    // Fixed at run time: it provisions.
+    env.apply(&team_pool("bad", "Gt", "1"));
+    env.wait("the fixed NodePool Ready", Duration::from_secs(30), |e| match condition(e, "bad", "Ready") {
+        Some((s, ..)) if s == "True" => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    env.apply(&team_deployment(ns, "bad", 1));
+    env.wait_running("the fixed pool's pod Running", ns, 7, None, &ctl, Duration::from_secs(60));
+    // Deleted at run time: the garbage collector deletes its NodeClaims, which drain and go.
+    env.kubectl(&["delete", "deployment", "late", "-n", ns]);
+    env.kubectl(&["delete", "nodepool", "late", "--wait=false"]);
+    env.wait("the deleted pool's NodeClaims and nodes gone", Duration::from_secs(90), |e| {
+        let claims = e.items(&["get", "nodeclaims", "-l", "karpenter.sh/nodepool=late"]).len();
+        let nodes = e.items(&["get", "nodes", "-l", "karpenter.sh/nodepool=late"]).len();
+        if claims + nodes == 0 { Ok(()) } else { Err(format!("{claims} claims, {nodes} nodes\n{}", ctl.log())) }
+    });
+    env.wait_running("the other pools' pods still Running", ns, 5, None, &ctl, Duration::from_secs(30));
+    clean_up(&env, ns, &ctl);
+}
+
+/// `kubectl auth can-i` as whoever `kubeconfig` names: whether the API allows it.
+fn can_i(kubeconfig: &Path, verb: &str, resource: &str) -> bool {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["auth", "can-i", verb, resource])
+        .output()
+        .expect("kubectl runs");
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+#[test]
+fn the_controller_provisions_and_drains_under_the_shipped_rbac_role_applied_with_kustomize() {
+    let Some(env) = env() else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.reset();
+    let overlay = repo().join("deploy/overlays/sim");
+    env.kubectl(&["apply", "-k", &overlay.to_string_lossy()]);
+    for crd in ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"] {
+        env.kubectl(&["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{crd}")]);
+    }
+    // The controller's own credentials: its ServiceAccount's token (TokenRequest).
+    let mut token = String::new();
+    env.wait("the ServiceAccount", Duration::from_secs(30), |e| {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&e.kubeconfig)
+            .args(["create", "token", "dovetail", "-n", "dovetail", "--duration=1h"])
+            .output()
+            .expect("kubectl runs");
+        token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !token.is_empty() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into())
+        }
+    });
+    let server = env.kubectl(&["config", "view", "--raw", "-o", "jsonpath={.clusters[0].cluster.server}"]);
+    let kubeconfig = env.dir.join("kubeconfig-dovetail");
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    \
+         insecure-skip-tls-verify: true\nusers:\n- name: dovetail\n  user:\n    token: {token}\ncontexts:\n- name: \
+         dovetail\n  context:\n    cluster: test\n    user: dovetail\ncurrent-context: dovetail\n"
+    );
+    std::fs::write(&kubeconfig, yaml).expect("kubeconfig written");
+    // The API enforces RBAC, and the role is what it says: what dovetail uses, nothing more.
+    assert!(can_i(&kubeconfig, "create", "nodeclaims.karpenter.sh"), "the role lets dovetail create NodeClaims");
+    assert!(
+        !can_i(&kubeconfig, "list", "secrets"),
+        "RBAC is enforced (start kube-test-env with KUBE_AUTHZ=RBAC, as scripts/test does) and the role grants no secrets"
+    );
+    assert!(!can_i(&kubeconfig, "delete", "nodepools.karpenter.sh"), "dovetail never deletes a NodePool");
+    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let ns = "rbac";
+    env.apply(&deployment(ns, "inflate", 3, "1"));
+    let ctl = Controller::start_as(&env, "rbac", &kubeconfig, &[]);
+    env.wait_running("every pod Running, provisioned under the role", ns, 3, None, &ctl, Duration::from_secs(60));
+    env.wait("the NodePool's status written under the role", Duration::from_secs(30), |e| {
+        match condition(e, "default", "Ready") {
+            Some((s, ..)) if s == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // Termination through the finalizers: evictions, node and NodeClaim writes, deletes.
+    let claim = name_of(&env.items(&["get", "nodeclaims"])[0]);
+    env.kubectl(&["delete", "nodeclaim", &claim, "--wait=false"]);
+    env.wait("the NodeClaim drained and gone under the role", Duration::from_secs(90), |e| {
+        let left = e.items(&["get", "nodeclaims"]).iter().any(|c| name_of(c) == claim);
+        if left { Err(format!("{claim} left\n{}", ctl.log())) } else { Ok(()) }
+    });
+    env.wait_running("the pods Running again", ns, 3, None, &ctl, Duration::from_secs(60));
+    let log = ctl.log();
+    assert!(!log.contains("403"), "nothing was forbidden: {log}");
+    clean_up(&env, ns, &ctl);
+    for (kind, name, namespace) in [
+        ("clusterrolebinding", "dovetail", None),
+        ("clusterrole", "dovetail", None),
+        ("clusterrolebinding", "dovetail-sim-agent", None),
+        ("clusterrole", "dovetail-sim-agent", None),
+        ("rolebinding", "dovetail-sim-agent", Some("kube-node-lease")),
+        ("role", "dovetail-sim-agent", Some("kube-node-lease")),
+    ] {
+        let mut args = vec!["delete", kind, name, "--ignore-not-found"];
+        if let Some(n) = namespace {
+            args.extend(["-n", n]);
+        }
+        env.kubectl(&args);
+    }
+    env.kubectl(&["delete", "namespace", "dovetail", "--wait=false"]);
 }

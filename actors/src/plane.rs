@@ -24,8 +24,8 @@ use crate::errors::Errors;
 use crate::executor::Executor;
 use crate::feed::PendingFeed;
 use crate::limiter::RegionLimiter;
-use crate::pool::{NodePoolActor, PoolWiring};
-use crate::router::{RoutedPool, Router};
+use crate::pool::{NodePoolActor, PoolWiring, Reconfigure, Retire};
+use crate::router::{RemovePool, RoutedPool, Router, SetPool};
 use crate::zone::{ZoneActor, ZoneConfig};
 
 /// What a plane is made of.
@@ -48,15 +48,30 @@ pub struct Seams {
     pub clock: Arc<dyn Clock>,
 }
 
+/// What a pool actor started at run time is wired to.
+struct Wiring {
+    view: Arc<dyn ClusterView>,
+    cluster: Arc<dyn ClusterWriter>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    zones: BTreeMap<String, Addr<ZoneActor>>,
+    router: Addr<Router>,
+    executor: Executor,
+    errors: Arc<Errors>,
+    config: Arc<Config>,
+}
+
 /// A running plane.
 pub struct Plane {
-    pub feed: Addr<PendingFeed>,
+    /// Set once started (the pools are routed to first).
+    feed: Option<Addr<PendingFeed>>,
     pub router: Addr<Router>,
     pub pools: BTreeMap<String, Addr<NodePoolActor>>,
     pub zones: BTreeMap<String, Addr<ZoneActor>>,
     /// Every error the plane met, counted by action and kind.
     pub errors: Arc<Errors>,
     pub executor: Executor,
+    wiring: Wiring,
 }
 
 impl Supervised for ZoneActor {
@@ -99,49 +114,105 @@ impl Plane {
                 (z.clone(), addr)
             })
             .collect();
-        let zone_names: Vec<String> = cfg.zones.clone();
-        // Room for every pool's address: the sends never wait.
-        let (tx, rx) = std::sync::mpsc::sync_channel(cfg.pools.len());
-        let (zs, view, cluster, ledger, clock) =
-            (zones.clone(), s.view.clone(), s.cluster.clone(), s.ledger.clone(), s.clock.clone());
-        let (pools_cfg, conf, errs, ex) = (cfg.pools, config.clone(), errors.clone(), executor.clone());
-        let router = Supervisor::start(move |ctx: &mut Context<Router>| {
-            let mut routed = Vec::new();
-            for (pool, types, node_class) in &pools_cfg {
-                let wiring = PoolWiring {
-                    view: view.clone(),
-                    cluster: cluster.clone(),
-                    ledger: ledger.clone(),
-                    clock: clock.clone(),
-                    zones: zs.clone(),
-                    router: ctx.address().recipient(),
-                    executor: ex.clone(),
-                    errors: errs.clone(),
-                    config: conf.clone(),
-                };
-                let (p, t, nc) = (pool.clone(), types.clone(), node_class.clone());
-                let actor = Supervisor::start(move |_| NodePoolActor::new(p, t, nc, wiring));
-                if tx.send((pool.name.clone(), actor.clone())).is_err() {
-                    errs.warn("start", "channel", &pool.name, &"the plane stopped while starting");
+        let router = {
+            let (view, clock, conf, errs) = (s.view.clone(), s.clock.clone(), config.clone(), errors.clone());
+            Supervisor::start(move |_| {
+                Router::new(conf.window.clone(), view, clock, Vec::new()).configured(&conf, errs)
+            })
+        };
+        let wiring = Wiring {
+            view: s.view.clone(),
+            cluster: s.cluster.clone(),
+            ledger: s.ledger.clone(),
+            clock: s.clock.clone(),
+            zones: zones.clone(),
+            router: router.clone(),
+            executor: executor.clone(),
+            errors: errors.clone(),
+            config: config.clone(),
+        };
+        let mut plane = Plane {
+            feed: None,
+            router: router.clone(),
+            pools: BTreeMap::new(),
+            zones,
+            errors: errors.clone(),
+            executor,
+            wiring,
+        };
+        // The pools are routed to before the feed sends the first pods.
+        for (pool, types, node_class) in cfg.pools {
+            plane.set_pool(pool, types, node_class);
+        }
+        let (feed_cfg, view, clock, errs, mailbox) =
+            (config.feed, s.view.clone(), s.clock.clone(), errors.clone(), config.mailboxes.feed);
+        let feed =
+            Supervisor::start(move |_| PendingFeed::new(feed_cfg, view, clock, router).configured(mailbox, errs));
+        plane.feed = Some(feed);
+        Ok(plane)
+    }
+
+    /// Starts the actor of a NodePool added at run time, or hands a changed one to its actor;
+    /// either way the Router routes to it as it is now. (The ledger's limits are the caller's:
+    /// `Command::SetPool`.)
+    pub fn set_pool(&mut self, pool: NodePool, types: Arc<Vec<InstanceType>>, node_class: NodeClass) {
+        let w = &self.wiring;
+        let actor = match self.pools.get(&pool.name) {
+            Some(actor) => {
+                let msg = Reconfigure { pool: pool.clone(), types: types.clone(), node_class };
+                if let Err(e) = actor.try_send(msg) {
+                    w.errors.warn("reconfigure", "mailbox", &format!("nodepool/{}", pool.name), &e);
                 }
-                let mut input = pool.clone();
-                input.requirements.add(labels::ZONE, Requirement::is_in(zone_names.iter().map(String::as_str)));
-                routed.push(RoutedPool { input: PoolInput { pool: input, instance_types: types.clone() }, actor });
+                actor.clone()
             }
-            Router::new(conf.window.clone(), view.clone(), clock.clone(), routed).configured(&conf, errs.clone())
-        });
-        let pools = rx.try_iter().collect();
-        let (feed_cfg, view, clock, r, errs, mailbox) =
-            (config.feed, s.view.clone(), s.clock.clone(), router.clone(), errors.clone(), config.mailboxes.feed);
-        let feed = Supervisor::start(move |_| PendingFeed::new(feed_cfg, view, clock, r).configured(mailbox, errs));
-        Ok(Plane { feed, router, pools, zones, errors, executor })
+            None => {
+                let wiring = PoolWiring {
+                    view: w.view.clone(),
+                    cluster: w.cluster.clone(),
+                    ledger: w.ledger.clone(),
+                    clock: w.clock.clone(),
+                    zones: w.zones.clone(),
+                    router: w.router.clone().recipient(),
+                    executor: w.executor.clone(),
+                    errors: w.errors.clone(),
+                    config: w.config.clone(),
+                };
+                let (p, t, nc) = (pool.clone(), types.clone(), node_class);
+                let actor = Supervisor::start(move |_| NodePoolActor::new(p, t, nc, wiring));
+                self.pools.insert(pool.name.clone(), actor.clone());
+                actor
+            }
+        };
+        let mut input = pool;
+        input.requirements.add(labels::ZONE, Requirement::is_in(w.zones.keys().map(String::as_str)));
+        w.router.do_send(SetPool(RoutedPool { input: PoolInput { pool: input, instance_types: types }, actor }));
+    }
+
+    /// Stops provisioning for a NodePool (deleted, invalid, or its NodeClass gone); its actor
+    /// keeps its claims' lifecycle until [`Plane::stop_pool`].
+    pub fn retire_pool(&self, name: &str) {
+        self.wiring.router.do_send(RemovePool(name.to_string()));
+        if let Some(actor) = self.pools.get(name) {
+            actor.do_send(Retire);
+        }
+    }
+
+    /// Stops a retired pool's actor for good (its NodePool gone and its claims with it): with
+    /// its last address dropped, the supervisor does not restart it.
+    pub fn stop_pool(&mut self, name: &str) {
+        if let Some(actor) = self.pools.remove(name) {
+            actor.do_send(crate::Restart);
+        }
     }
 }
 
 impl Plane {
     /// Stops every actor once; each restarts from its seams (chaos runs and tests).
     pub async fn restart_all(&self) {
-        let mut sent = vec![self.feed.send(crate::Restart).await, self.router.send(crate::Restart).await];
+        let mut sent = vec![self.router.send(crate::Restart).await];
+        if let Some(feed) = &self.feed {
+            sent.push(feed.send(crate::Restart).await);
+        }
         for p in self.pools.values() {
             sent.push(p.send(crate::Restart).await);
         }

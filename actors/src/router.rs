@@ -53,6 +53,17 @@ pub struct RouterStats {
     pub latency: Latencies,
 }
 
+/// A NodePool to route to, added or changed at run time (replacing the one of its name).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetPool(pub RoutedPool);
+
+/// A NodePool no longer routed to (deleted, invalid, or its NodeClass gone): its actor keeps
+/// its claims' lifecycle, but no pods go to it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RemovePool(pub String);
+
 /// A NodePool the Router routes to.
 pub struct RoutedPool {
     pub input: PoolInput,
@@ -154,10 +165,14 @@ impl Router {
             opts: self.solve.clone(),
             batch: self.stats.batches,
         };
+        // The pools as they are now: the solve's pool indices point into this list, whatever
+        // changes while it runs.
+        let targets: Vec<(String, Addr<NodePoolActor>)> =
+            self.pools.iter().map(|p| (p.input.pool.name.clone(), p.actor.clone())).collect();
         let work = tokio::task::spawn_blocking(move || route_off_thread(input));
         ctx.spawn(work.into_actor(self).map(move |routed, act, ctx| {
             match routed {
-                Ok(r) => act.routed(r, with_existing),
+                Ok(r) => act.routed(r, &targets, with_existing),
                 Err(e) => act.errors.warn("route", "panic", "router", &e),
             }
             act.rearm_if_requeued(ctx);
@@ -165,7 +180,7 @@ impl Router {
     }
 
     /// Acts on a route's solves.
-    fn routed(&mut self, r: Routed, with_existing: bool) {
+    fn routed(&mut self, r: Routed, targets: &[(String, Addr<NodePoolActor>)], with_existing: bool) {
         self.stats.stale += r.stale;
         // At a batch close, arrivals of pods neither routed now nor queued again are dropped
         // (bound, deleted, or left unschedulable by an earlier batch: a resend restarts their
@@ -183,13 +198,19 @@ impl Router {
             decisions.record();
         }
         for (job, pods, results) in r.solved {
-            self.apply(job, pods, results);
+            self.apply(job, pods, results, targets);
         }
     }
 
     /// Acts on one group's solve: pods placed on existing or in-flight capacity are left to
     /// the scheduler, the rest go to the pools the solve routed them to.
-    fn apply(&mut self, job: Job, mut pods: Vec<Pod>, results: scheduling::Results) {
+    fn apply(
+        &mut self,
+        job: Job,
+        mut pods: Vec<Pod>,
+        results: scheduling::Results,
+        targets: &[(String, Addr<NodePoolActor>)],
+    ) {
         let Job { open, mut decisions, simulating } = job;
         drop(simulating);
         let now = self.clock.now_millis();
@@ -225,13 +246,13 @@ impl Router {
         }
         decisions.record();
         for (pool, (pods, causes)) in per_pool {
-            let name = self.pools[pool].input.pool.name.clone();
+            let (name, actor) = &targets[pool];
             for p in &pods {
-                self.offers.offered(&p.key, &name);
+                self.offers.offered(&p.key, name);
             }
             self.stats.routed += pods.len() as u64;
             let msg = Provision { pods, causes };
-            match self.pools[pool].actor.try_send(msg) {
+            match actor.try_send(msg) {
                 Ok(()) => {}
                 // Backpressure: the pods wait in the queue for the next batch.
                 Err(SendError::Full(msg)) => {
@@ -243,7 +264,7 @@ impl Router {
                     self.rearm = true;
                 }
                 Err(SendError::Closed(msg)) => {
-                    self.errors.warn("provision", "closed", &name, &format!("{} pods", msg.pods.len()));
+                    self.errors.warn("provision", "closed", name, &format!("{} pods", msg.pods.len()));
                 }
             }
         }
@@ -484,6 +505,26 @@ impl Handler<Unplaced> for Router {
         self.stats.rerouted += msg.pods.len() as u64;
         // Existing capacity was offered already; the next pools are.
         self.route(ctx, msg.pods, msg.causes, false);
+    }
+}
+
+impl Handler<SetPool> for Router {
+    type Result = ();
+
+    fn handle(&mut self, SetPool(pool): SetPool, _: &mut Context<Self>) {
+        let name = pool.input.pool.name.clone();
+        match self.pools.iter_mut().find(|p| p.input.pool.name == name) {
+            Some(p) => *p = pool,
+            None => self.pools.push(pool),
+        }
+    }
+}
+
+impl Handler<RemovePool> for Router {
+    type Result = ();
+
+    fn handle(&mut self, RemovePool(name): RemovePool, _: &mut Context<Self>) {
+        self.pools.retain(|p| p.input.pool.name != name);
     }
 }
 

@@ -3,16 +3,17 @@
 //! It connects to the API server (`--kubeconfig`, else in-cluster, else `KUBECONFIG` or
 //! `~/.kube/config`), starts the watches, serves `/healthz` (live) and `/readyz` (ready once
 //! the caches synced) and `/metrics`, and once synced starts the plane with a pool per valid
-//! NodePool whose EC2NodeClass exists. The ledger takes over the NodeClaims the cluster shows
-//! (it keeps no log of its own until the replicated ledger comes); with `--cloud sim` the sim
+//! NodePool whose EC2NodeClass exists, and keeps the pools as the NodePools change
+//! ([`pools`]). The ledger takes over the NodeClaims the cluster shows (it keeps no log of
+//! its own until the replicated ledger comes); with `--cloud sim` the sim
 //! cloud rebuilds its fleet from the Nodes and NodeClaims first, so a restart launches nothing
 //! twice, and the node agent plays the kubelets.
 
 pub mod agent;
 mod http;
+mod pools;
 pub mod settings;
 
-use std::collections::BTreeSet;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,16 +21,13 @@ use std::time::Duration;
 
 use dovetail_actors::config::Config;
 use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
-use dovetail_cloud::NodeClass;
 use dovetail_cloud::limits::ApiLimits;
 use dovetail_cloud::sim::{Latency, SimCloud, SimConfig};
 use dovetail_cluster::ClusterView;
 use dovetail_cluster::kube::{KubeCluster, KubeSettings};
-use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+use dovetail_core::catalog::{Catalog, NodeClassSettings};
 use dovetail_core::clock::{Clock, SystemClock};
-use dovetail_core::ledger::{Command, Outcome};
-use dovetail_core::nodepool::NodePool;
-use dovetail_raft::{InProcess, Ledger, propose_now, read_with};
+use dovetail_raft::{InProcess, Ledger};
 
 pub use settings::{CloudKind, ControllerArgs, Settings};
 
@@ -77,36 +75,6 @@ async fn client(s: &Settings) -> Result<kube::Client, String> {
     kube::Client::try_from(config).map_err(|e| format!("building the API client: {e}"))
 }
 
-/// The pools the plane starts with: each valid NodePool whose EC2NodeClass exists and is
-/// valid, with the catalog's instance types for that class in the zones.
-fn pools(
-    cluster: &KubeCluster,
-    catalog: &Catalog,
-    zones: &[String],
-) -> Vec<(NodePool, Arc<Vec<InstanceType>>, NodeClass)> {
-    let snap = cluster.snapshot();
-    let classes = cluster.nodeclasses();
-    let mut out = Vec::new();
-    for pool in snap.nodepools.values() {
-        let class = &pool.node_class.name;
-        let Some(nc) = classes.get(class) else {
-            tracing::warn!(nodepool = %pool.name, nodeclass = %class, "NodePool {} waits for EC2NodeClass {class}", pool.name);
-            continue;
-        };
-        let settings: NodeClassSettings = match dovetail_api::convert::node_class_settings(nc) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(nodepool = %pool.name, error = %e, "NodePool {} skipped: {e}", pool.name);
-                continue;
-            }
-        };
-        let types = Arc::new(catalog.instance_types(&settings, Some(zones)));
-        let hash = nc.metadata.generation.map_or_else(|| class.clone(), |g| format!("{class}-{g}"));
-        out.push((pool.as_ref().clone(), types, NodeClass { name: class.clone(), hash, ..NodeClass::default() }));
-    }
-    out
-}
-
 /// Waits for every watch to list once, saying every 10 s which are still out.
 async fn wait_synced(cluster: &KubeCluster) {
     let mut changes = cluster.changes();
@@ -134,35 +102,10 @@ async fn serve(s: Settings) -> Result<(), String> {
     tracing::info!("caches synced");
 
     let catalog = Catalog::embedded(&s.region).map_err(|e| format!("catalog of {}: {e}", s.region))?;
-    let pools = pools(&cluster, &catalog, &s.zones);
     let all_types = Arc::new(catalog.instance_types(&NodeClassSettings::default(), Some(&s.zones)));
     let ledger = Arc::new(InProcess::new());
     let now = clock.now_millis();
-    for (pool, _, _) in &pools {
-        let set = Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() };
-        propose_now(ledger.as_ref(), now, set).await.map_err(|e| format!("ledger: {e}"))?;
-    }
     let snap = cluster.snapshot();
-    let known: BTreeSet<String> = read_with(ledger.as_ref(), |st| st.claims().keys().cloned().collect())
-        .await
-        .map_err(|e| format!("ledger: {e}"))?;
-    let names: BTreeSet<String> = pools.iter().map(|(p, _, _)| p.name.clone()).collect();
-    let adopt = dovetail_core::lifecycle::adopt::adoptions(&snap, &known, &names, now);
-    if !adopt.is_empty() {
-        tracing::info!(claims = adopt.len(), "taking over the NodeClaims the cluster shows");
-        let committed = propose_now(ledger.as_ref(), now, Command::Adopt { claims: adopt })
-            .await
-            .map_err(|e| format!("ledger: {e}"))?;
-        match committed.outcome {
-            Outcome::Reserved { granted, denied } => {
-                for (claim, why) in &denied {
-                    tracing::warn!(nodeclaim = %claim, denial = ?why, "NodeClaim {claim} not taken over: {why:?}");
-                }
-                tracing::info!(taken = granted.len(), refused = denied.len(), "NodeClaims taken over");
-            }
-            other => return Err(format!("ledger: taking over the NodeClaims: {other:?}")),
-        }
-    }
     let (cloud, sim) = match s.cloud {
         CloudKind::Sim => {
             let config = SimConfig {
@@ -185,8 +128,13 @@ async fn serve(s: Settings) -> Result<(), String> {
                 .into());
         }
     };
-    let plane = Plane::start(
-        PlaneConfig { zones: s.zones.clone(), pools, limits: ApiLimits::default(), config: Config::default() },
+    let mut plane = Plane::start(
+        PlaneConfig {
+            zones: s.zones.clone(),
+            pools: Vec::new(),
+            limits: ApiLimits::default(),
+            config: Config::default(),
+        },
         Seams {
             cloud,
             view: cluster.clone(),
@@ -197,7 +145,15 @@ async fn serve(s: Settings) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     metrics.set_errors(plane.errors.clone());
+    let mut pools = pools::Pools::new(catalog, s.zones.clone());
+    pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
     tracing::info!(pools = plane.pools.len(), zones = plane.zones.len(), "control plane started");
+    {
+        let (cluster, ledger, clock) = (cluster.clone(), ledger.clone(), clock.clone());
+        actix_rt::spawn(async move {
+            follow_pools(pools, plane, cluster, ledger, clock).await;
+        });
+    }
     if let Some(sim) = sim {
         let config = agent::AgentConfig { registration_delay_ms: s.sim_registration_delay_ms, renew_every_ms: 10_000 };
         let mut agent = agent::Agent::new(cluster.clone(), sim, clock.clone(), config);
@@ -213,6 +169,31 @@ async fn serve(s: Settings) -> Result<(), String> {
     shutdown_signal().await;
     tracing::info!("stopping");
     Ok(())
+}
+
+/// Keeps the plane's pools and the NodePools' statuses as the cluster is: after each change
+/// (at most every `SETTLE`, so a burst of pod events is one pass) and every 5 s (the counts of
+/// what the pools hold, as Karpenter's counter requeues).
+async fn follow_pools(
+    mut pools: pools::Pools,
+    mut plane: Plane,
+    cluster: Arc<KubeCluster>,
+    ledger: Arc<InProcess>,
+    clock: Arc<dyn Clock>,
+) {
+    const SETTLE: Duration = Duration::from_millis(500);
+    let mut changes = cluster.changes();
+    loop {
+        pools.report(&cluster, &plane, ledger.as_ref(), clock.as_ref()).await;
+        let changed = tokio::time::timeout(Duration::from_secs(5), changes.changed()).await;
+        if let Ok(Err(_)) = changed {
+            tracing::warn!("the cluster view closed: NodePools are no longer followed");
+            return;
+        }
+        tokio::time::sleep(SETTLE).await;
+        changes.borrow_and_update();
+        pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
+    }
 }
 
 async fn shutdown_signal() {

@@ -61,6 +61,23 @@ pub struct DeleteClaim {
     pub claim: String,
 }
 
+/// The NodePool changed at run time (limits, weight, requirements, its NodeClass or instance
+/// types): rounds from now on use it; claims made before keep what they were made with.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Reconfigure {
+    pub pool: NodePool,
+    pub types: Arc<Vec<InstanceType>>,
+    pub node_class: NodeClass,
+}
+
+/// The NodePool is no longer provisioned for (deleted, invalid, or its NodeClass gone): pods
+/// sent to it go back to the Router; its claims' lifecycle goes on (a deleted NodePool's
+/// NodeClaims are deleted by the garbage collector and drained here).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Retire;
+
 /// Counters.
 #[derive(Message)]
 #[rtype(result = "PoolStats")]
@@ -183,14 +200,15 @@ pub struct NodePoolActor {
     last_reconcile: Millis,
     /// The term the last reconcile read: a new one (a failover) is not quiet.
     seen_term: Term,
+    /// No longer provisioned for (see [`Retire`]).
+    retired: bool,
 }
 
 impl NodePoolActor {
     /// The pool launches only in zones that have a ZoneActor (its node class's subnets): the
     /// pool's requirements are narrowed to them.
-    pub fn new(mut pool: NodePool, types: Arc<Vec<InstanceType>>, node_class: NodeClass, w: PoolWiring) -> Self {
-        pool.requirements
-            .add(labels::ZONE, dovetail_core::requirements::Requirement::is_in(w.zones.keys().map(String::as_str)));
+    pub fn new(pool: NodePool, types: Arc<Vec<InstanceType>>, node_class: NodeClass, w: PoolWiring) -> Self {
+        let pool = Self::zoned(pool, &w.zones);
         // Claim names must differ between restarts and control nodes: the clock and the
         // pool seed them (the ledger refuses the rare live duplicate).
         let seed = w.clock.now().as_nanos() as u64
@@ -225,7 +243,15 @@ impl NodePoolActor {
             seen_version: None,
             last_reconcile: 0,
             seen_term: Term::default(),
+            retired: false,
         }
+    }
+
+    /// The pool narrowed to the zones that have a ZoneActor.
+    fn zoned(mut pool: NodePool, zones: &BTreeMap<String, Addr<ZoneActor>>) -> NodePool {
+        pool.requirements
+            .add(labels::ZONE, dovetail_core::requirements::Requirement::is_in(zones.keys().map(String::as_str)));
+        pool
     }
 
     fn now(&self) -> Millis {
@@ -395,6 +421,27 @@ impl Handler<DeleteClaim> for NodePoolActor {
                 .into_actor(self)
                 .map(|_, act, ctx| act.reconcile(ctx)),
         );
+    }
+}
+
+impl Handler<Reconfigure> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Reconfigure, ctx: &mut Context<Self>) {
+        self.pool = Self::zoned(msg.pool, &self.zones);
+        self.types = msg.types;
+        self.node_class = msg.node_class;
+        self.retired = false;
+        self.dirty = true;
+        self.reconcile(ctx);
+    }
+}
+
+impl Handler<Retire> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Retire, _: &mut Context<Self>) {
+        self.retired = true;
     }
 }
 

@@ -69,6 +69,10 @@ impl Handler<Provision> for NodePoolActor {
             // The leader's plane provisions; these pods stay pending for it.
             return;
         }
+        if self.retired {
+            self.give_back(Traced { pods: msg.pods, causes: msg.causes }, "the NodePool is not provisioned for".into());
+            return;
+        }
         if !self.view.synced() {
             // A view still listing would hide nodes and running pods: the pods go back and
             // come again once it is synced.

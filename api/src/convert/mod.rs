@@ -16,7 +16,10 @@ use dovetail_core::taints::{Effect, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
-pub use nodeclaim::{node_selector_requirements, nodeclaim, nodeclaim_from_object, nodeclaim_status_object};
+pub use nodeclaim::{
+    conditions_object, node_selector_requirements, nodeclaim, nodeclaim_from_object, nodeclaim_status_object,
+    nodepool_status_object,
+};
 pub use nodeclass::node_class_settings;
 pub use nodepool::{default_nodepool, nodepool};
 pub use pod::{PodMeta, node, pod_from_spec, pod_object};

@@ -184,17 +184,15 @@ fn quantities(list: &dovetail_core::resources::ResourceList) -> Option<BTreeMap<
         .then(|| list.iter().map(|(n, v)| (n.to_string(), Quantity(n.quantity_of(v).to_string()))).collect())
 }
 
-/// The `status` object of a core NodeClaim status. Each condition keeps the transition time
-/// `previous` gives it when its status did not change, and gets `now` (RFC 3339) otherwise:
-/// Karpenter's condition schema requires `type`, `status`, `reason`, `message` and
-/// `lastTransitionTime`.
-pub fn nodeclaim_status_object(
-    status: &dovetail_core::cluster::NodeClaimStatus,
+/// Core conditions as the API writes them. Each keeps the transition time `previous` gives it
+/// when its status did not change, and gets `now` (RFC 3339) otherwise: Karpenter's condition
+/// schema requires `type`, `status`, `reason`, `message` and `lastTransitionTime`.
+pub fn conditions_object(
+    conditions: &[dovetail_core::cluster::Condition],
     previous: &[crd::Condition],
     now: &str,
-) -> crd::NodeClaimStatus {
-    let conditions = status
-        .conditions
+) -> Vec<crd::Condition> {
+    conditions
         .iter()
         .map(|c| {
             let s = if c.status { "True" } else { "False" };
@@ -212,7 +210,16 @@ pub fn nodeclaim_status_object(
                 observed_generation: None,
             }
         })
-        .collect::<Vec<_>>();
+        .collect()
+}
+
+/// The `status` object of a core NodeClaim status (conditions as [`conditions_object`]).
+pub fn nodeclaim_status_object(
+    status: &dovetail_core::cluster::NodeClaimStatus,
+    previous: &[crd::Condition],
+    now: &str,
+) -> crd::NodeClaimStatus {
+    let conditions = conditions_object(&status.conditions, previous, now);
     crd::NodeClaimStatus {
         node_name: status.node_name.clone(),
         provider_id: status.provider_id.clone(),
@@ -221,6 +228,24 @@ pub fn nodeclaim_status_object(
         allocatable: quantities(&status.allocatable),
         last_pod_event_time: None,
         conditions: (!conditions.is_empty()).then_some(conditions),
+    }
+}
+
+/// A NodePool's `status`: what its nodes hold (`resources`, `nodes` among them, as Karpenter's
+/// counter writes it), and its conditions (as [`conditions_object`]).
+pub fn nodepool_status_object(
+    resources: &dovetail_core::resources::ResourceList,
+    nodes: i64,
+    conditions: &[dovetail_core::cluster::Condition],
+    previous: &[crd::Condition],
+    now: &str,
+) -> crd::NodePoolStatus {
+    let mut res = quantities(resources).unwrap_or_default();
+    res.insert("nodes".into(), Quantity(nodes.to_string()));
+    crd::NodePoolStatus {
+        resources: Some(res),
+        nodes: Some(nodes),
+        conditions: Some(conditions_object(conditions, previous, now)),
     }
 }
 

@@ -517,6 +517,12 @@ impl ClusterWriter for KubeCluster {
                     }
                     Err(ClusterError::DisruptionBudget { pod: pod.to_string(), pdb })
                 }
+                // The pod's namespace is being deleted (the API refuses new content there,
+                // evictions included): the namespace controller deletes the pod; the drain
+                // waits for it to go, as after an eviction.
+                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("being terminated") => {
+                    Ok(self.shared.lock().snap.resource_version)
+                }
                 Err(e) => Err(api_error("pod", &pod.to_string(), e)),
             }
         })

@@ -1,0 +1,342 @@
+//! NodePools at run time: the controller keeps the plane's pools as the cluster's NodePools
+//! and EC2NodeClasses are now. A pool added starts its actor (and the ledger takes over the
+//! NodeClaims it already has), a pool changed (limits, weight, requirements, its NodeClass)
+//! hands the new spec to its actor and its limits to the ledger, and a pool deleted, made
+//! invalid or left without its NodeClass is no longer provisioned for: its actor keeps its
+//! claims' lifecycle until the NodePool and its claims are gone. Each NodePool's status shows
+//! what its nodes hold and whether it is `Ready`, with the reason when not; an invalid one also
+//! gets a Warning event naming the field, once per change of the error.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use dovetail_actors::plane::Plane;
+use dovetail_api::convert::{self, ConversionError};
+use dovetail_api::crd;
+use dovetail_cloud::NodeClass;
+use dovetail_cluster::kube::KubeCluster;
+use dovetail_cluster::{ClusterView, ClusterWriter, Condition, Event, ObjectKind};
+use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+use dovetail_core::clock::Clock;
+use dovetail_core::ledger::{Command, Outcome};
+use dovetail_core::lifecycle::adopt::adoptions;
+use dovetail_core::nodepool::NodePool;
+use dovetail_core::resources::ResourceList;
+use dovetail_raft::{Ledger, propose_now, read_with};
+
+/// Why a NodePool is not provisioned for, as its conditions say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Unready {
+    /// The NodePool itself fails validation (the error names the field).
+    Invalid(ConversionError),
+    /// Its EC2NodeClass does not exist.
+    NodeClassNotFound(String),
+    /// Its EC2NodeClass is invalid.
+    NodeClassNotReady(ConversionError),
+}
+
+/// A pool as the plane runs it: what a change is told by.
+#[derive(Clone, Debug, PartialEq)]
+struct Running {
+    pool: NodePool,
+    /// The EC2NodeClass's name and generation.
+    class: (String, Option<i64>),
+}
+
+/// The controller's view of the pools: what runs, what is retired, what each status and event
+/// last said.
+pub struct Pools {
+    catalog: Catalog,
+    zones: Vec<String>,
+    running: BTreeMap<String, Running>,
+    retired: BTreeSet<String>,
+    /// The status last written per NodePool (a write that changes nothing is not made).
+    written: BTreeMap<String, crd::NodePoolStatus>,
+    /// The error last reported by event per NodePool.
+    evented: BTreeMap<String, ConversionError>,
+}
+
+impl Pools {
+    pub fn new(catalog: Catalog, zones: Vec<String>) -> Self {
+        Pools {
+            catalog,
+            zones,
+            running: BTreeMap::new(),
+            retired: BTreeSet::new(),
+            written: BTreeMap::new(),
+            evented: BTreeMap::new(),
+        }
+    }
+
+    /// The pools that can run now, each with its instance types and node class, and why each
+    /// other NodePool cannot.
+    fn desired(
+        &self,
+        cluster: &KubeCluster,
+    ) -> (BTreeMap<String, (Running, NodeClassSettings)>, BTreeMap<String, Unready>) {
+        let snap = cluster.snapshot();
+        let classes = cluster.nodeclasses();
+        let invalid = cluster.invalid();
+        let mut ok = BTreeMap::new();
+        let mut not = BTreeMap::new();
+        for (key, e) in &invalid {
+            if let Some(name) = key.strip_prefix("NodePool ") {
+                not.insert(name.to_string(), Unready::Invalid(e.clone()));
+            }
+        }
+        for pool in snap.nodepools.values() {
+            let class = &pool.node_class.name;
+            let Some(nc) = classes.get(class) else {
+                let bad = invalid.get(&format!("EC2NodeClass {class}"));
+                let why = bad.map_or_else(
+                    || Unready::NodeClassNotFound(class.clone()),
+                    |e| Unready::NodeClassNotReady(e.clone()),
+                );
+                not.insert(pool.name.clone(), why);
+                continue;
+            };
+            match convert::node_class_settings(nc) {
+                Ok(settings) => {
+                    let running =
+                        Running { pool: pool.as_ref().clone(), class: (class.clone(), nc.metadata.generation) };
+                    ok.insert(pool.name.clone(), (running, settings));
+                }
+                Err(e) => {
+                    not.insert(pool.name.clone(), Unready::NodeClassNotReady(e));
+                }
+            }
+        }
+        (ok, not)
+    }
+
+    /// Brings the plane's pools to the cluster's: starts, changes and retires actors, sets the
+    /// ledger's limits, takes over a new pool's NodeClaims, stops what is gone for good.
+    pub async fn sync(&mut self, cluster: &KubeCluster, plane: &mut Plane, ledger: &dyn Ledger, clock: &dyn Clock) {
+        let (desired, _) = self.desired(cluster);
+        let now = clock.now_millis();
+        for (name, (running, settings)) in &desired {
+            if self.running.get(name) == Some(running) {
+                continue;
+            }
+            let set = Command::SetPool { pool: name.clone(), limits: running.pool.limits.clone() };
+            if let Err(e) = propose_now(ledger, now, set).await {
+                plane.errors.warn("set_pool", "ledger", &format!("nodepool/{name}"), &e);
+                continue;
+            }
+            let types: Arc<Vec<InstanceType>> = Arc::new(self.catalog.instance_types(settings, Some(&self.zones)));
+            let (class, generation) = &running.class;
+            let hash = generation.map_or_else(|| class.clone(), |g| format!("{class}-{g}"));
+            let node_class = NodeClass { name: class.clone(), hash, ..NodeClass::default() };
+            let started = !self.running.contains_key(name) && !self.retired.contains(name);
+            if started {
+                adopt(cluster, ledger, name, now, &plane.errors).await;
+            }
+            tracing::info!(nodepool = %name, types = types.len(), started, "NodePool {name} provisioned for");
+            plane.set_pool(running.pool.clone(), types, node_class);
+            self.retired.remove(name);
+            self.running.insert(name.clone(), running.clone());
+        }
+        let gone: Vec<String> = self.running.keys().filter(|n| !desired.contains_key(*n)).cloned().collect();
+        for name in gone {
+            tracing::info!(nodepool = %name, "NodePool {name} no longer provisioned for");
+            plane.retire_pool(&name);
+            self.running.remove(&name);
+            self.retired.insert(name);
+        }
+        self.stop_finished(cluster, plane, ledger, now).await;
+    }
+
+    /// Stops the retired pools whose NodePool is deleted and whose claims are all gone.
+    async fn stop_finished(&mut self, cluster: &KubeCluster, plane: &mut Plane, ledger: &dyn Ledger, now: u64) {
+        if self.retired.is_empty() {
+            return;
+        }
+        let snap = cluster.snapshot();
+        let invalid = cluster.invalid();
+        let with_claims: BTreeSet<String> =
+            match read_with(ledger, |st| st.claims().values().map(|c| c.pool.clone()).collect::<BTreeSet<String>>())
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    plane.errors.warn("stop_pool", "ledger", "nodepools", &e);
+                    return;
+                }
+            };
+        let finished: Vec<String> = self
+            .retired
+            .iter()
+            .filter(|n| {
+                !snap.nodepools.contains_key(*n)
+                    && !invalid.contains_key(&format!("NodePool {n}"))
+                    && !with_claims.contains(*n)
+            })
+            .cloned()
+            .collect();
+        for name in finished {
+            match propose_now(ledger, now, Command::RemovePool { pool: name.clone() }).await {
+                Ok(c) if matches!(c.outcome, Outcome::Done) => {
+                    tracing::info!(nodepool = %name, "NodePool {name} and its claims gone: its actor stops");
+                    plane.stop_pool(&name);
+                    self.retired.remove(&name);
+                    self.written.remove(&name);
+                }
+                Ok(c) => {
+                    plane.errors.note("stop_pool", "rejected", &format!("nodepool/{name}"), &format!("{:?}", c.outcome))
+                }
+                Err(e) => plane.errors.warn("stop_pool", "ledger", &format!("nodepool/{name}"), &e),
+            }
+        }
+    }
+
+    /// Writes each NodePool's status where it changed, and an event per new error of an
+    /// invalid one. Only the leader writes (a follower's plane is not the one deciding).
+    pub async fn report(&mut self, cluster: &KubeCluster, plane: &Plane, ledger: &dyn Ledger, clock: &dyn Clock) {
+        if !ledger.leadership().borrow().leader {
+            return;
+        }
+        let (desired, not_ready) = self.desired(cluster);
+        let snap = cluster.snapshot();
+        let mut held: BTreeMap<&str, (ResourceList, i64)> = BTreeMap::new();
+        for nc in snap.nodeclaims.values().filter(|nc| !nc.status.capacity.is_empty()) {
+            let (res, nodes) = held.entry(nc.spec.nodepool.as_str()).or_default();
+            res.add(&nc.status.capacity);
+            *nodes += 1;
+        }
+        let now = dovetail_cluster::kube::rfc3339(clock.now_millis());
+        let names: BTreeSet<&String> = desired.keys().chain(not_ready.keys()).collect();
+        for name in names {
+            let conditions = conditions(not_ready.get(name));
+            let (res, nodes) = held.get(name.as_str()).cloned().unwrap_or_default();
+            let previous = self.written.get(name).and_then(|s| s.conditions.clone()).unwrap_or_default();
+            let status = convert::nodepool_status_object(&res, nodes, &conditions, &previous, &now);
+            if self.written.get(name) == Some(&status) {
+                continue;
+            }
+            match cluster.patch_nodepool_status(name, &status).await {
+                Ok(_) => {
+                    self.written.insert(name.clone(), status);
+                }
+                Err(e) => plane.errors.warn("nodepool_status", e.kind(), &format!("nodepool/{name}"), &e),
+            }
+        }
+        self.written.retain(|n, _| desired.contains_key(n) || not_ready.contains_key(n));
+        for (name, why) in &not_ready {
+            let Unready::Invalid(e) = why else { continue };
+            if self.evented.get(name) == Some(e) {
+                continue;
+            }
+            let event = Event {
+                kind: ObjectKind::NodePool,
+                name: name.clone(),
+                warning: true,
+                reason: "NodePoolValidationFailed".into(),
+                message: format!("{}: {}", e.field, e.message),
+            };
+            match cluster.record_event(event).await {
+                Ok(()) => {
+                    self.evented.insert(name.clone(), e.clone());
+                }
+                Err(err) => plane.errors.warn("event", err.kind(), &format!("nodepool/{name}"), &err),
+            }
+        }
+        self.evented.retain(|n, _| matches!(not_ready.get(n), Some(Unready::Invalid(_))));
+    }
+}
+
+/// A NodePool's conditions: `ValidationSucceeded`, `NodeClassReady` and `Ready` (both), each
+/// false with Karpenter's reason and a message naming what is wrong.
+fn conditions(why: Option<&Unready>) -> Vec<Condition> {
+    let met = |kind: &str| Condition::met(kind);
+    let unmet = |kind: &str, reason: &str, message: String| Condition {
+        kind: kind.into(),
+        status: false,
+        reason: reason.into(),
+        message,
+    };
+    let (validation, class) = match why {
+        None => (met("ValidationSucceeded"), met("NodeClassReady")),
+        Some(Unready::Invalid(e)) => (
+            unmet("ValidationSucceeded", "NodePoolValidationFailed", format!("{}: {}", e.field, e.message)),
+            met("NodeClassReady"),
+        ),
+        Some(Unready::NodeClassNotFound(c)) => (
+            met("ValidationSucceeded"),
+            unmet("NodeClassReady", "NodeClassNotFound", format!("EC2NodeClass {c} not found on the cluster")),
+        ),
+        Some(Unready::NodeClassNotReady(e)) => (
+            met("ValidationSucceeded"),
+            unmet("NodeClassReady", "NodeClassNotReady", format!("{}: {}: {}", e.object, e.field, e.message)),
+        ),
+    };
+    let ready = match [&validation, &class].into_iter().find(|c| !c.status) {
+        None => met("Ready"),
+        Some(c) => unmet("Ready", &c.reason, c.message.clone()),
+    };
+    vec![class, ready, validation]
+}
+
+/// The ledger takes over the NodeClaims a pool starting now already has (a restart, or a
+/// NodePool that was invalid and is valid again).
+async fn adopt(
+    cluster: &KubeCluster,
+    ledger: &dyn Ledger,
+    pool: &str,
+    now: u64,
+    errors: &dovetail_actors::errors::Errors,
+) {
+    let known: BTreeSet<String> = match read_with(ledger, |st| st.claims().keys().cloned().collect()).await {
+        Ok(k) => k,
+        Err(e) => {
+            errors.warn("adopt", "ledger", &format!("nodepool/{pool}"), &e);
+            return;
+        }
+    };
+    let claims = adoptions(&cluster.snapshot(), &known, &BTreeSet::from([pool.to_string()]), now);
+    if claims.is_empty() {
+        return;
+    }
+    tracing::info!(nodepool = %pool, claims = claims.len(), "taking over the NodeClaims the cluster shows");
+    match propose_now(ledger, now, Command::Adopt { claims }).await {
+        Ok(c) => match c.outcome {
+            Outcome::Reserved { granted, denied } => {
+                for (claim, why) in &denied {
+                    tracing::warn!(nodeclaim = %claim, denial = ?why, "NodeClaim {claim} not taken over: {why:?}");
+                }
+                tracing::info!(nodepool = %pool, taken = granted.len(), refused = denied.len(), "NodeClaims taken over");
+            }
+            other => errors.warn("adopt", "rejected", &format!("nodepool/{pool}"), &format!("{other:?}")),
+        },
+        Err(e) => errors.warn("adopt", "ledger", &format!("nodepool/{pool}"), &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(field: &str) -> ConversionError {
+        ConversionError { object: "NodePool \"bad\"".into(), field: field.into(), message: "is wrong".into() }
+    }
+
+    #[test]
+    fn a_ready_nodepool_is_ready_on_every_count() {
+        let c = conditions(None);
+        assert!(c.iter().all(|c| c.status), "{c:?}");
+        let kinds: Vec<&str> = c.iter().map(|c| c.kind.as_str()).collect();
+        assert_eq!(kinds, ["NodeClassReady", "Ready", "ValidationSucceeded"]);
+    }
+
+    #[test]
+    fn ready_carries_the_reason_and_the_field_of_what_is_wrong() {
+        let c = conditions(Some(&Unready::Invalid(error("spec.template.spec.requirements[0].operator"))));
+        let ready = c.iter().find(|c| c.kind == "Ready").expect("Ready");
+        assert!(!ready.status);
+        assert_eq!(ready.reason, "NodePoolValidationFailed");
+        assert!(ready.message.contains("spec.template.spec.requirements[0].operator"), "{}", ready.message);
+        let c = conditions(Some(&Unready::NodeClassNotFound("default".into())));
+        let ready = c.iter().find(|c| c.kind == "Ready").expect("Ready");
+        assert_eq!((ready.status, ready.reason.as_str()), (false, "NodeClassNotFound"));
+        assert!(c.iter().any(|c| c.kind == "ValidationSucceeded" && c.status), "the pool itself is valid");
+    }
+}
