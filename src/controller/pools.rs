@@ -146,7 +146,8 @@ impl Pools {
         self.stop_finished(cluster, plane, ledger, now).await;
     }
 
-    /// Stops the retired pools whose NodePool is deleted and whose claims are all gone.
+    /// Stops the retired pools whose NodePool is deleted and whose claims are all gone, from
+    /// the ledger and from the cluster.
     async fn stop_finished(&mut self, cluster: &KubeCluster, plane: &mut Plane, ledger: &dyn Ledger, now: u64) {
         if self.retired.is_empty() {
             return;
@@ -163,6 +164,9 @@ impl Pools {
                     return;
                 }
             };
+        // Its NodeClaims gone from the cluster too: one the ledger let go of may still carry
+        // its finalizer, which only its pool's actor takes off.
+        let in_cluster: BTreeSet<&str> = snap.nodeclaims.values().map(|nc| nc.spec.nodepool.as_str()).collect();
         let finished: Vec<String> = self
             .retired
             .iter()
@@ -170,6 +174,7 @@ impl Pools {
                 !snap.nodepools.contains_key(*n)
                     && !invalid.contains_key(&format!("NodePool {n}"))
                     && !with_claims.contains(*n)
+                    && !in_cluster.contains(n.as_str())
             })
             .cloned()
             .collect();
