@@ -48,19 +48,6 @@ pub struct Seams {
     pub clock: Arc<dyn Clock>,
 }
 
-/// What a pool actor started at run time is wired to.
-struct Wiring {
-    view: Arc<dyn ClusterView>,
-    cluster: Arc<dyn ClusterWriter>,
-    ledger: Arc<dyn Ledger>,
-    clock: Arc<dyn Clock>,
-    zones: BTreeMap<String, Addr<ZoneActor>>,
-    router: Addr<Router>,
-    executor: Executor,
-    errors: Arc<Errors>,
-    config: Arc<Config>,
-}
-
 /// A running plane.
 pub struct Plane {
     /// Set once started (the pools are routed to first).
@@ -71,7 +58,8 @@ pub struct Plane {
     /// Every error the plane met, counted by action and kind.
     pub errors: Arc<Errors>,
     pub executor: Executor,
-    wiring: Wiring,
+    /// What a pool actor started at run time is wired to.
+    wiring: PoolWiring,
 }
 
 impl Supervised for ZoneActor {
@@ -120,13 +108,13 @@ impl Plane {
                 Router::new(conf.window.clone(), view, clock, Vec::new()).configured(&conf, errs)
             })
         };
-        let wiring = Wiring {
+        let wiring = PoolWiring {
             view: s.view.clone(),
             cluster: s.cluster.clone(),
             ledger: s.ledger.clone(),
             clock: s.clock.clone(),
             zones: zones.clone(),
-            router: router.clone(),
+            router: router.clone().recipient(),
             executor: executor.clone(),
             errors: errors.clone(),
             config: config.clone(),
@@ -166,17 +154,7 @@ impl Plane {
                 actor.clone()
             }
             None => {
-                let wiring = PoolWiring {
-                    view: w.view.clone(),
-                    cluster: w.cluster.clone(),
-                    ledger: w.ledger.clone(),
-                    clock: w.clock.clone(),
-                    zones: w.zones.clone(),
-                    router: w.router.clone().recipient(),
-                    executor: w.executor.clone(),
-                    errors: w.errors.clone(),
-                    config: w.config.clone(),
-                };
+                let wiring = w.clone();
                 let (p, t, nc) = (pool.clone(), types.clone(), node_class);
                 let actor = Supervisor::start(move |_| NodePoolActor::new(p, t, nc, wiring));
                 self.pools.insert(pool.name.clone(), actor.clone());
@@ -185,13 +163,13 @@ impl Plane {
         };
         let mut input = pool;
         input.requirements.add(labels::ZONE, Requirement::is_in(w.zones.keys().map(String::as_str)));
-        w.router.do_send(SetPool(RoutedPool { input: PoolInput { pool: input, instance_types: types }, actor }));
+        self.router.do_send(SetPool(RoutedPool { input: PoolInput { pool: input, instance_types: types }, actor }));
     }
 
     /// Stops provisioning for a NodePool (deleted, invalid, or its NodeClass gone); its actor
     /// keeps its claims' lifecycle until [`Plane::stop_pool`].
     pub fn retire_pool(&self, name: &str) {
-        self.wiring.router.do_send(RemovePool(name.to_string()));
+        self.router.do_send(RemovePool(name.to_string()));
         if let Some(actor) = self.pools.get(name) {
             actor.do_send(Retire);
         }

@@ -137,6 +137,7 @@ impl Traced {
 }
 
 /// The seams and neighbours a NodePoolActor works with.
+#[derive(Clone)]
 pub struct PoolWiring {
     pub view: Arc<dyn ClusterView>,
     pub cluster: Arc<dyn ClusterWriter>,
