@@ -403,6 +403,20 @@ mod tests {
     }
 
     #[test]
+    fn a_binary_whole_number_that_is_not_a_multiple_of_1024_prints_as_apimachinery_does() {
+        // apimachinery's CanonicalizeBytes keeps BinarySI for a whole value >= 1024 and prints
+        // it with the largest 1024 power that divides it, here none: "793024000". Parsed
+        // again, that string has no suffix, so it is DecimalSI and prints as "793024k". The
+        // value never changes; the text is stable from the second print on.
+        let first = q("774437.50Ki");
+        assert_eq!(first.to_string(), "793024000");
+        let second = q(&first.to_string());
+        assert_eq!(second, first);
+        assert_eq!(second.to_string(), "793024k");
+        assert_eq!(q("793024k").to_string(), "793024k");
+    }
+
+    #[test]
     fn rounds_sub_nano_values_away_from_zero() {
         assert_eq!(q("0.1n").nanos(), 1);
         assert_eq!(q("-0.1n").nanos(), -1);

@@ -7,7 +7,7 @@ use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
 use dovetail_core::labels::{self, LabelSelector};
 use dovetail_core::nodepool::NodePool;
 use dovetail_core::pod::{Pod, PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable};
-use dovetail_core::quantity::Quantity;
+use dovetail_core::quantity::{Format, Quantity};
 use dovetail_core::requirements::{Operator, Requirement, Requirements};
 use dovetail_core::resources::{ResourceList, ResourceName};
 use dovetail_core::scheduling::{self, PoolInput, Snapshot, SolveOptions};
@@ -117,7 +117,20 @@ proptest! {
         let printed = q.to_string();
         let again: Quantity = printed.parse().map_err(|e| TestCaseError::fail(format!("{printed}: {e}")))?;
         prop_assert_eq!(q, again, "{} -> {} changed value", s, printed);
-        prop_assert_eq!(again.to_string(), printed, "printing is not idempotent for {}", s);
+        // The text is a fixed point from the second print on. (From the first, except where
+        // apimachinery's own printing is not: a whole BinarySI value that no power of 1024
+        // divides prints without a suffix and re-parses as DecimalSI; the unit test
+        // `a_binary_whole_number_that_is_not_a_multiple_of_1024_prints_as_apimachinery_does`
+        // pins that case.)
+        let reprinted = again.to_string();
+        let third: Quantity = reprinted.parse().map_err(|e| TestCaseError::fail(format!("{reprinted}: {e}")))?;
+        prop_assert_eq!(third.to_string(), reprinted.clone(), "printing is not stable for {}", s);
+        if reprinted != printed {
+            prop_assert!(
+                !printed.ends_with(|c: char| c.is_ascii_alphabetic()) && q.format() == Format::BinarySi,
+                "{} printed {} then {}: only a suffixless BinarySI print may change", s, printed, reprinted
+            );
+        }
     }
 
     #[test]
