@@ -359,6 +359,137 @@ fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_
 }
 
 /// `policy/v1` where the server has it, else `policy/v1beta1` (Kubernetes 1.20).
+/// Pods that mount a claim bound to a volume reachable from one zone only (a local volume's
+/// node affinity), plus one whose claim does not exist.
+fn pinned_volume_workload(ns: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {ns}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: {ns}-data
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteMany]
+  storageClassName: ""
+  hostPath: {{path: /tmp/{ns}-data}}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - {{key: topology.kubernetes.io/zone, operator: In, values: [us-east-1b]}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: data
+  namespace: {ns}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: ""
+  volumeName: {ns}-data
+  resources: {{requests: {{storage: 1Gi}}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: db
+  namespace: {ns}
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {{app: db}}
+  template:
+    metadata:
+      labels: {{app: db}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+        - name: pause
+          image: registry.k8s.io/pause:3.9
+          resources: {{requests: {{cpu: "1"}}}}
+          volumeMounts: [{{name: data, mountPath: /data}}]
+      volumes:
+        - name: data
+          persistentVolumeClaim: {{claimName: data}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: orphan
+  namespace: {ns}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+    - name: pause
+      image: registry.k8s.io/pause:3.9
+      resources: {{requests: {{cpu: "1"}}}}
+  volumes:
+    - name: data
+      persistentVolumeClaim: {{claimName: missing}}
+"#
+    )
+}
+
+#[test]
+fn pods_on_a_zonal_volume_get_a_node_in_its_zone_and_a_pod_whose_claim_is_missing_gets_none() {
+    let Some(env) = env() else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.reset();
+    env.install_crds();
+    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let ns = "volumes";
+    env.apply(&pinned_volume_workload(ns));
+    env.wait("the claim bound to its volume", Duration::from_secs(30), |e| {
+        let pvc = e.items(&["get", "pvc", "-n", ns]);
+        let phase = pvc.first().map(|c| c["status"]["phase"].clone()).unwrap_or_default();
+        if phase == "Bound" { Ok(()) } else { Err(format!("claim is {phase}")) }
+    });
+    let ctl = Controller::start(&env, "volumes", &[]);
+    env.wait("the pods on the volume Running", Duration::from_secs(60), |e| {
+        let running = e
+            .items(&["get", "pods", "-n", ns, "-l", "app=db"])
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count();
+        if running == 3 { Ok(()) } else { Err(format!("{running}/3 running\n{}", ctl.log())) }
+    });
+    let nodes = env.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]);
+    assert!(!nodes.is_empty());
+    for n in &nodes {
+        assert_eq!(
+            n["metadata"]["labels"]["topology.kubernetes.io/zone"],
+            "us-east-1b",
+            "{} is in the volume's zone",
+            name_of(n)
+        );
+    }
+    // The pod whose claim is missing was never provisioned for: the nodes hold the three
+    // volume pods only (1 CPU each), and the controller said why.
+    let orphan = &env.items(&["get", "pods", "-n", ns, "--field-selector", "metadata.name=orphan"])[0];
+    assert!(orphan["spec"]["nodeName"].is_null(), "the orphan stays pending");
+    assert!(
+        ctl.log().contains("PersistentVolumeClaim volumes/missing not found"),
+        "the controller says why it leaves the orphan: {}",
+        ctl.log()
+    );
+    let claims = env.items(&["get", "nodeclaims"]);
+    let cpu: f64 = claims
+        .iter()
+        .filter_map(|c| c["spec"]["resources"]["requests"]["cpu"].as_str())
+        .map(|q| {
+            q.strip_suffix('m').map_or_else(|| q.parse().unwrap_or(0.0), |m| m.parse::<f64>().unwrap_or(0.0) / 1000.0)
+        })
+        .sum();
+    assert!(cpu < 4.0, "no NodeClaim asked room for the orphan: {cpu} CPUs requested over {} claims", claims.len());
+    clean_up(&env, ns, &ctl);
+    env.kubectl(&["delete", "pv", &format!("{ns}-data"), "--wait=false"]);
+}
+
 fn policy_version(env: &Env) -> &'static str {
     let versions = env.kubectl(&["api-versions"]);
     if versions.lines().any(|l| l.trim() == "policy/v1") { "policy/v1" } else { "policy/v1beta1" }

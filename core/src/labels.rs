@@ -104,6 +104,9 @@ pub const RESTRICTED_DOMAINS: &[&str] = &["karpenter.sh", "karpenter.k8s.aws"];
 pub fn normalize_key(key: &str) -> &str {
     match key {
         "failure-domain.beta.kubernetes.io/zone" => ZONE,
+        // The EBS CSI driver's zone key, as Karpenter's AWS provider normalises it (volume
+        // topology of EBS volumes and of classes that use it).
+        "topology.ebs.csi.aws.com/zone" => ZONE,
         "failure-domain.beta.kubernetes.io/region" => REGION,
         "beta.kubernetes.io/arch" => ARCH,
         "beta.kubernetes.io/os" => OS,

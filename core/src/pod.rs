@@ -137,6 +137,10 @@ pub struct Pod {
     /// Volume topology alternatives (PV node affinity / StorageClass allowed topologies);
     /// the seam for volume topology, tried in order. Empty means no volume constraint.
     pub volume_requirements: Vec<Requirements>,
+    /// The PersistentVolumeClaims the pod mounts, by name in its namespace (a generic
+    /// ephemeral volume's claim is `<pod>-<volume>`): the cluster adapter resolves them into
+    /// `volume_requirements` through [`crate::cluster::Storage`].
+    pub volume_claims: Vec<String>,
     /// Annotations the scheduler reads (`karpenter.sh/do-not-disrupt`, ...).
     pub annotations: Labels,
     /// `spec.terminationGracePeriodSeconds` (Kubernetes' default, 30, when unset).

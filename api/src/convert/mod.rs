@@ -5,6 +5,7 @@ mod nodeclaim;
 mod nodeclass;
 mod nodepool;
 mod pod;
+mod storage;
 
 use std::collections::BTreeMap;
 
@@ -23,6 +24,7 @@ pub use nodeclaim::{
 pub use nodeclass::node_class_settings;
 pub use nodepool::{default_nodepool, nodepool};
 pub use pod::{PodMeta, node, pod_from_spec, pod_object};
+pub use storage::{class_topology, volume_claim, volume_topology};
 
 /// A field of an object that could not be converted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -27,7 +27,7 @@ pub struct PodMeta {
     pub terminal: bool,
 }
 
-fn node_selector_term(
+pub(super) fn node_selector_term(
     ctx: &Ctx,
     field: &str,
     t: &core::NodeSelectorTerm,
@@ -259,6 +259,18 @@ pub fn pod_from_spec(ctx: &Ctx, field: &str, meta: PodMeta, spec: &core::PodSpec
     for (i, t) in spec.topology_spread_constraints.iter().flatten().enumerate() {
         topology_spread.push(spread(ctx, &format!("{field}.topologySpreadConstraints[{i}]"), t)?);
     }
+    // The claims its volumes mount: a PersistentVolumeClaim by name, a generic ephemeral
+    // volume by the name its controller gives the claim it creates.
+    let volume_claims = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| match (&v.persistent_volume_claim, &v.ephemeral) {
+            (Some(c), _) => Some(c.claim_name.clone()),
+            (None, Some(_)) => Some(format!("{}-{}", meta.name, v.name)),
+            (None, None) => None,
+        })
+        .collect();
     Ok(Pod {
         key: PodKey { namespace: meta.namespace, name: meta.name },
         labels: meta.labels,
@@ -277,6 +289,7 @@ pub fn pod_from_spec(ctx: &Ctx, field: &str, meta: PodMeta, spec: &core::PodSpec
         uses_match_fields,
         terminal: meta.terminal,
         volume_requirements: Vec::new(),
+        volume_claims,
         annotations: meta.annotations,
         termination_grace_seconds: spec.termination_grace_period_seconds,
         scheduling_gated: spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()),

@@ -21,6 +21,7 @@ use dovetail_core::node::Node;
 use dovetail_core::pod::PodKey;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1 as k8s;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -138,6 +139,10 @@ impl KubeCluster {
         tasks.push(spawn::<crd::NodePool>(Api::all(client.clone()), &shared, cfg.clone()));
         tasks.push(spawn::<crd::EC2NodeClass>(Api::all(client.clone()), &shared, cfg.clone()));
         tasks.push(spawn::<DaemonSet>(Api::all(client.clone()), &shared, cfg.clone()));
+        tasks.push(spawn::<k8s::Namespace>(Api::all(client.clone()), &shared, cfg.clone()));
+        tasks.push(spawn::<k8s::PersistentVolumeClaim>(Api::all(client.clone()), &shared, cfg.clone()));
+        tasks.push(spawn::<k8s::PersistentVolume>(Api::all(client.clone()), &shared, cfg.clone()));
+        tasks.push(spawn::<StorageClass>(Api::all(client.clone()), &shared, cfg.clone()));
         let (group, version) = versions.policy.split_once('/').unwrap_or(("policy", "v1"));
         let ar = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(group, version, "PodDisruptionBudget"),
@@ -327,7 +332,7 @@ impl ClusterView for KubeCluster {
         if let Some(shared) = &s.shared {
             return shared.clone();
         }
-        let snap = Arc::new(s.snap.clone());
+        let snap = Arc::new(s.view());
         s.shared = Some(snap.clone());
         snap
     }

@@ -10,13 +10,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dovetail_api::convert::{self, ConversionError, Ctx};
 use dovetail_api::crd;
-use dovetail_core::cluster::{IntOrPercent, NodeClaim, Pdb, Snapshot};
+use dovetail_core::cluster::{IntOrPercent, NodeClaim, Pdb, Snapshot, VolumeClaim};
+use dovetail_core::labels::Labels;
 use dovetail_core::node::Node;
 use dovetail_core::nodepool::NodePool;
 use dovetail_core::pod::{Pod, PodKey};
+use dovetail_core::requirements::Requirements;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1 as k8s;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::api::DynamicObject;
 use kube::runtime::WatchStreamExt;
@@ -25,8 +28,19 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 /// Every kind the view watches; the view is synced once each has listed once.
-pub const KINDS: [&str; 7] =
-    ["Pod", "Node", "NodeClaim", "NodePool", "EC2NodeClass", "DaemonSet", "PodDisruptionBudget"];
+pub const KINDS: [&str; 11] = [
+    "Pod",
+    "Node",
+    "NodeClaim",
+    "NodePool",
+    "EC2NodeClass",
+    "DaemonSet",
+    "PodDisruptionBudget",
+    "Namespace",
+    "PersistentVolumeClaim",
+    "PersistentVolume",
+    "StorageClass",
+];
 
 /// The caches and what the kube writer needs beside core's objects.
 #[derive(Default)]
@@ -44,6 +58,39 @@ pub struct Store {
     pub invalid: BTreeMap<String, ConversionError>,
     /// Watch errors seen, by kind (each retried with backoff).
     pub watch_errors: BTreeMap<&'static str, u64>,
+    /// Pending pods whose volumes cannot be placed, with why (logged once per change).
+    pub volume_errors: BTreeMap<PodKey, String>,
+}
+
+impl Store {
+    /// The snapshot handed out: the caches, with each pending pod's volume claims resolved
+    /// into its topology alternatives. A pod whose claims cannot be resolved (a claim, its
+    /// volume or its class not found) is left out, as Karpenter does not provision for it;
+    /// why is logged once per change.
+    pub fn view(&mut self) -> Snapshot {
+        let mut snap = self.snap.clone();
+        let with_volumes: Vec<Arc<Pod>> =
+            snap.pods.pending().filter(|p| !p.volume_claims.is_empty()).cloned().collect();
+        let mut errors = BTreeMap::new();
+        for pod in with_volumes {
+            match snap.storage.requirements(&pod) {
+                Ok(reqs) => {
+                    let mut p = pod.as_ref().clone();
+                    p.volume_requirements = reqs;
+                    snap.pods.insert(p.key.clone(), Arc::new(p));
+                }
+                Err(e) => {
+                    if self.volume_errors.get(&pod.key) != Some(&e) {
+                        tracing::warn!(pod = %pod.key, error = %e, "not provisioning for pod {}: {e}", pod.key);
+                    }
+                    snap.pods.remove(&pod.key);
+                    errors.insert(pod.key.clone(), e);
+                }
+            }
+        }
+        self.volume_errors = errors;
+        snap
+    }
 }
 
 /// The store with its change signal.
@@ -235,6 +282,74 @@ impl Cached for DaemonSet {
     }
     fn clear(store: &mut Store) {
         store.snap.daemonsets.clear();
+    }
+}
+
+impl Cached for k8s::Namespace {
+    const KIND: &'static str = "Namespace";
+    type Item = (String, Labels);
+    fn convert(&self) -> Result<Self::Item, ConversionError> {
+        Ok((self.id(), self.metadata.labels.clone().unwrap_or_default()))
+    }
+    fn upsert(store: &mut Store, (name, labels): Self::Item) {
+        store.snap.namespaces.insert(name, labels);
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.snap.namespaces.remove(id);
+    }
+    fn clear(store: &mut Store) {
+        store.snap.namespaces.clear();
+    }
+}
+
+impl Cached for k8s::PersistentVolumeClaim {
+    const KIND: &'static str = "PersistentVolumeClaim";
+    type Item = (String, VolumeClaim);
+    fn convert(&self) -> Result<Self::Item, ConversionError> {
+        Ok((self.id(), convert::volume_claim(self)))
+    }
+    fn upsert(store: &mut Store, (id, claim): Self::Item) {
+        store.snap.storage.claims.insert(id, claim);
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.snap.storage.claims.remove(id);
+    }
+    fn clear(store: &mut Store) {
+        store.snap.storage.claims.clear();
+    }
+}
+
+impl Cached for k8s::PersistentVolume {
+    const KIND: &'static str = "PersistentVolume";
+    type Item = (String, Vec<Requirements>);
+    fn convert(&self) -> Result<Self::Item, ConversionError> {
+        Ok((self.id(), convert::volume_topology(self)?))
+    }
+    fn upsert(store: &mut Store, (name, terms): Self::Item) {
+        store.snap.storage.volumes.insert(name, terms);
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.snap.storage.volumes.remove(id);
+    }
+    fn clear(store: &mut Store) {
+        store.snap.storage.volumes.clear();
+    }
+}
+
+impl Cached for StorageClass {
+    const KIND: &'static str = "StorageClass";
+    type Item = (String, Vec<Requirements>);
+    fn convert(&self) -> Result<Self::Item, ConversionError> {
+        Ok((self.id(), convert::class_topology(self)?))
+    }
+    fn upsert(store: &mut Store, (name, terms): Self::Item) {
+        store.snap.storage.classes.insert(name, terms);
+    }
+    fn remove(store: &mut Store, id: &str) {
+        store.snap.storage.classes.remove(id);
+    }
+    fn clear(store: &mut Store) {
+        store.snap.storage.classes.clear();
     }
 }
 

@@ -170,13 +170,14 @@ impl SimCluster {
             if !s.nodes.contains_key(node) {
                 return Err(not_found("node", node.to_string()));
             }
-            let pod = s.pods.get_mut(key).ok_or_else(|| not_found("pod", key.to_string()))?;
-            if pod.node_name.is_some() {
+            let bound = s.pods.get(key).ok_or_else(|| not_found("pod", key.to_string()))?.node_name.is_some();
+            if bound {
                 return Err(ClusterError::Conflict { kind: "pod", name: key.to_string() });
             }
-            let pod = Arc::make_mut(pod);
-            pod.node_name = Some(node.to_string());
-            pod.unschedulable = false;
+            s.pods.update(key, |pod| {
+                pod.node_name = Some(node.to_string());
+                pod.unschedulable = false;
+            });
             Ok(())
         })
     }
@@ -326,10 +327,8 @@ impl SimCluster {
         }
         let changed = self.change(|s, _| {
             for k in keys {
-                if let Some(p) = s.pods.get_mut(k)
-                    && markable(p)
-                {
-                    Arc::make_mut(p).unschedulable = true;
+                if s.pods.get(k).is_some_and(|p| markable(p)) {
+                    s.pods.update(k, |p| p.unschedulable = true);
                 }
             }
             Ok(())
