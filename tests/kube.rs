@@ -52,6 +52,13 @@ impl Env {
 
     /// kubectl reading stdin.
     fn apply(&self, yaml: &str) -> String {
+        let (ok, out, err) = self.try_apply(yaml);
+        assert!(ok, "kubectl apply: {err}");
+        out
+    }
+
+    /// `kubectl apply` of `yaml`: whether it succeeded, its stdout and its stderr.
+    fn try_apply(&self, yaml: &str) -> (bool, String, String) {
         use std::io::Write;
         let mut child = Command::new("kubectl")
             .arg("--kubeconfig")
@@ -64,8 +71,11 @@ impl Env {
             .expect("kubectl runs");
         child.stdin.take().expect("stdin").write_all(yaml.as_bytes()).expect("write");
         let out = child.wait_with_output().expect("kubectl ends");
-        assert!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     fn json(&self, args: &[&str]) -> serde_json::Value {
@@ -283,7 +293,7 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
             .flatten()
             .map(|c| (c["type"].as_str().unwrap_or_default(), c["status"].as_str().unwrap_or_default()))
             .collect();
-        for kind in ["Launched", "Registered", "Initialized"] {
+        for kind in ["Launched", "Registered", "Initialized", "Ready"] {
             assert!(conds.contains(&(kind, "True")), "{} is {kind}: {conds:?}", name_of(c));
         }
         assert_eq!(c["metadata"]["ownerReferences"][0]["kind"], "NodePool", "owned by its NodePool");
@@ -297,6 +307,13 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
         assert!(!taints.contains(&"karpenter.sh/unregistered"), "registered: {taints:?}");
         assert!(!taints.contains(&"node.kubernetes.io/not-ready"), "ready: {taints:?}");
         assert_eq!(node["metadata"]["labels"]["karpenter.sh/nodepool"], "default");
+        let owner = &node["metadata"]["ownerReferences"][0];
+        assert_eq!(
+            (&owner["kind"], &owner["name"]),
+            (&"NodeClaim".into(), &c["metadata"]["name"]),
+            "owned by its claim"
+        );
+        assert_eq!(owner["uid"], c["metadata"]["uid"], "the owner is this claim, by uid");
         assert!(
             node["metadata"]["finalizers"].as_array().into_iter().flatten().any(|f| f == "karpenter.sh/termination"),
             "the node carries the termination finalizer"
@@ -636,6 +653,19 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
     env.reset();
     env.install_crds();
     env.apply(include_str!("fixtures/getting-started.yaml"));
+    // The schema is Karpenter's: the server fills in its defaults and refuses what its enums,
+    // patterns and bounds refuse, naming the field.
+    let default = env.json(&["get", "nodepool", "default"]);
+    assert_eq!(default["spec"]["disruption"]["budgets"], serde_json::json!([{"nodes": "10%"}]), "{default}");
+    assert_eq!(default["spec"]["template"]["spec"]["expireAfter"], "720h");
+    let (ok, _, err) = env.try_apply(&team_pool("refused", "Bogus", "1"));
+    // (A 1.20 server names the list without the index: `spec.template.spec.requirements.operator`.)
+    assert!(
+        !ok && err.contains("spec.template.spec.requirements") && err.contains("operator") && err.contains("Bogus"),
+        "refused, naming the field: {err}"
+    );
+    let (ok, _, err) = env.try_apply(&team_pool("refused", "In", "1").replace("cpu: 100", "cpu: 100\n  weight: 0"));
+    assert!(!ok && err.contains("spec.weight"), "a weight of 0 is refused: {err}");
     // Passes the 1.20 server (no CEL there): dovetail's own validation refuses it.
     env.apply(&team_pool("bad", "Gt", "many"));
     let ctl = Controller::start(&env, "nodepools", &[]);
@@ -656,6 +686,13 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
         let found = events.iter().any(|ev| ev["reason"] == "NodePoolValidationFailed" && ev["type"] == "Warning");
         if found { Ok(()) } else { Err(format!("{events:?}")) }
     });
+    // `kubectl describe` lists it: the event names the NodePool's uid.
+    let uid = env.json(&["get", "nodepool", "bad"])["metadata"]["uid"].clone();
+    let events = env.items(&["get", "events", "-A", "--field-selector", "involvedObject.name=bad"]);
+    assert!(!events.is_empty());
+    assert!(events.iter().all(|ev| ev["involvedObject"]["uid"] == uid), "every event names {uid}: {events:?}");
+    let described = env.kubectl(&["describe", "nodepool", "bad"]);
+    assert!(described.contains("NodePoolValidationFailed"), "kubectl describe shows the event:\n{described}");
     // The valid pool keeps provisioning.
     let ns = "nodepools";
     env.apply(&deployment(ns, "inflate", 4, "1"));

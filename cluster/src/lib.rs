@@ -89,11 +89,18 @@ pub struct NodeUpdate {
     pub labels: Labels,
     pub taints: Vec<Taint>,
     pub finalizers: Vec<String>,
+    /// The NodeClaim that owns the node (an ownerReference, written once set).
+    pub owner_claim: Option<String>,
 }
 
 impl NodeUpdate {
     pub fn of(node: &Node) -> Self {
-        NodeUpdate { labels: node.labels.clone(), taints: node.taints.clone(), finalizers: node.finalizers.clone() }
+        NodeUpdate {
+            labels: node.labels.clone(),
+            taints: node.taints.clone(),
+            finalizers: node.finalizers.clone(),
+            owner_claim: node.owner_claim.clone(),
+        }
     }
 }
 

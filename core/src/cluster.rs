@@ -382,6 +382,8 @@ pub struct NodePatch {
     pub labels: Vec<(String, String)>,
     pub add_finalizers: Vec<String>,
     pub remove_finalizers: Vec<String>,
+    /// Made owned by this NodeClaim (an ownerReference).
+    pub owner_claim: Option<String>,
 }
 
 impl NodePatch {
@@ -403,6 +405,9 @@ impl NodePatch {
                 n.finalizers.push(f.clone());
             }
         }
+        if self.owner_claim.is_some() {
+            n.owner_claim.clone_from(&self.owner_claim);
+        }
         (n != *node).then_some(n)
     }
 
@@ -412,6 +417,7 @@ impl NodePatch {
             && self.labels.is_empty()
             && self.add_finalizers.is_empty()
             && self.remove_finalizers.is_empty()
+            && self.owner_claim.is_none()
     }
 }
 

@@ -27,6 +27,8 @@ pub struct Node {
     pub ready: bool,
     /// `metadata.finalizers`.
     pub finalizers: Vec<String>,
+    /// The NodeClaim its `ownerReferences` name (set at registration, as Karpenter does).
+    pub owner_claim: Option<String>,
     /// `metadata.deletionTimestamp` is set: the node goes once its finalizers are removed.
     pub deleting: bool,
     /// `metadata.resourceVersion`: the precondition of a write made from this read.

@@ -219,7 +219,22 @@ pub fn nodeclaim_status_object(
     previous: &[crd::Condition],
     now: &str,
 ) -> crd::NodeClaimStatus {
-    let conditions = conditions_object(&status.conditions, previous, now);
+    // `Ready` is the root condition, as Karpenter's: true once launched, registered and
+    // initialized.
+    let mut all: Vec<_> = status.conditions.iter().filter(|c| c.kind != "Ready").cloned().collect();
+    {
+        let waiting: Vec<&str> = ["Launched", "Registered", "Initialized"]
+            .into_iter()
+            .filter(|k| !status.conditions.iter().any(|c| c.kind == *k && c.status))
+            .collect();
+        all.push(dovetail_core::cluster::Condition {
+            kind: "Ready".into(),
+            status: waiting.is_empty(),
+            reason: if waiting.is_empty() { "Ready".into() } else { "AwaitingReconciliation".into() },
+            message: if waiting.is_empty() { String::new() } else { format!("not yet {}", waiting.join(", ")) },
+        });
+    }
+    let conditions = conditions_object(&all, previous, now);
     crd::NodeClaimStatus {
         node_name: status.node_name.clone(),
         provider_id: status.provider_id.clone(),

@@ -335,6 +335,13 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
         provider_id: spec.provider_id.clone(),
         ready: ready.unwrap_or(true),
         finalizers: n.metadata.finalizers.clone().unwrap_or_default(),
+        owner_claim: n
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "NodeClaim" && o.api_version.starts_with("karpenter.sh/"))
+            .map(|o| o.name.clone()),
         deleting: n.metadata.deletion_timestamp.is_some(),
         resource_version: n.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
     })

@@ -15,8 +15,7 @@ use super::common::Condition;
     version = "v1",
     kind = "EC2NodeClass",
     plural = "ec2nodeclasses",
-    status = "EC2NodeClassStatus",
-    shortname = "ec2nc"
+    status = "EC2NodeClassStatus"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EC2NodeClassSpec {

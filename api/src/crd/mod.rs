@@ -5,6 +5,7 @@ pub mod common;
 pub mod ec2nodeclass;
 pub mod nodeclaim;
 pub mod nodepool;
+pub mod schema;
 
 pub use common::{Condition, NodeClassReference, NodeSelectorRequirementWithMinValues};
 pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, KubeletConfiguration};
@@ -19,7 +20,9 @@ pub fn manifests() -> Result<Vec<(String, String)>, serde_yaml::Error> {
         .into_iter()
         .map(|crd| {
             let name = format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural);
-            Ok((name, format!("{header}{}", serde_yaml::to_string(&crd)?)))
+            let mut value = serde_json::to_value(&crd).map_err(<serde_yaml::Error as serde::ser::Error>::custom)?;
+            schema::shape(&mut value).map_err(<serde_yaml::Error as serde::ser::Error>::custom)?;
+            Ok((name, format!("{header}{}", serde_yaml::to_string(&value)?)))
         })
         .collect()
 }
@@ -95,6 +98,40 @@ spec:
         let status = claim.status.ok_or("no status")?;
         assert_eq!(status.provider_id.as_deref(), Some("aws:///us-east-1a/i-1"));
         assert_eq!(status.image_id.as_deref(), Some("ami-1"));
+        Ok(())
+    }
+
+    #[test]
+    fn the_crds_have_karpenters_names_columns_and_constraints() -> Result<(), Box<dyn std::error::Error>> {
+        let docs: Vec<serde_json::Value> =
+            manifests()?.iter().map(|(_, text)| serde_yaml::from_str(text)).collect::<Result<_, _>>()?;
+        for d in &docs {
+            assert_eq!(d["spec"]["names"]["categories"], serde_json::json!(["karpenter"]));
+        }
+        let (np, nc, ec2) = (&docs[0], &docs[1], &docs[2]);
+        assert!(np["spec"]["names"]["shortNames"].is_null() && nc["spec"]["names"]["shortNames"].is_null());
+        assert_eq!(ec2["spec"]["names"]["shortNames"], serde_json::json!(["ec2nc", "ec2ncs"]));
+        let columns = |d: &serde_json::Value| -> Vec<String> {
+            d["spec"]["versions"][0]["additionalPrinterColumns"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(columns(np), ["NodeClass", "Nodes", "Ready", "Age", "Weight", "CPU", "Memory"]);
+        assert_eq!(columns(nc)[..6], ["Type", "Capacity", "Zone", "Node", "Ready", "Age"]);
+        let spec = &np["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        let template = &spec["template"]["properties"]["spec"];
+        assert_eq!(template["required"], serde_json::json!(["nodeClassRef", "requirements"]));
+        let req = &template["properties"]["requirements"];
+        assert_eq!(req["maxItems"], 100);
+        assert_eq!(req["items"]["properties"]["operator"]["enum"].as_array().map(Vec::len), Some(8));
+        assert!(req.get("default").is_none(), "requirements are required, not defaulted");
+        assert_eq!(spec["weight"]["minimum"], 1);
+        assert_eq!(spec["disruption"]["properties"]["budgets"]["default"], serde_json::json!([{"nodes": "10%"}]));
+        assert_eq!(template["properties"]["expireAfter"]["default"], "720h");
+        assert_eq!(np["spec"]["versions"][0]["subresources"]["scale"]["statusReplicasPath"], ".status.nodes");
         Ok(())
     }
 

@@ -12,17 +12,7 @@ use super::common::{Condition, NodeClassReference, NodeSelectorRequirementWithMi
 
 /// `spec` of a NodeClaim (immutable once created).
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "karpenter.sh",
-    version = "v1",
-    kind = "NodeClaim",
-    plural = "nodeclaims",
-    status = "NodeClaimStatus",
-    shortname = "nc",
-    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".metadata.labels.node\\.kubernetes\\.io/instance-type"}"#,
-    printcolumn = r#"{"name":"Zone","type":"string","jsonPath":".metadata.labels.topology\\.kubernetes\\.io/zone"}"#,
-    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#
-)]
+#[kube(group = "karpenter.sh", version = "v1", kind = "NodeClaim", plural = "nodeclaims", status = "NodeClaimStatus")]
 #[serde(rename_all = "camelCase")]
 pub struct NodeClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]

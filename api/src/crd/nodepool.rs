@@ -12,17 +12,7 @@ use super::common::{Condition, NodeClassReference, NodeSelectorRequirementWithMi
 
 /// `spec` of a NodePool.
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "karpenter.sh",
-    version = "v1",
-    kind = "NodePool",
-    plural = "nodepools",
-    status = "NodePoolStatus",
-    shortname = "np",
-    printcolumn = r#"{"name":"NodeClass","type":"string","jsonPath":".spec.template.spec.nodeClassRef.name"}"#,
-    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.resources.nodes"}"#,
-    printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".spec.weight"}"#
-)]
+#[kube(group = "karpenter.sh", version = "v1", kind = "NodePool", plural = "nodepools", status = "NodePoolStatus")]
 #[serde(rename_all = "camelCase")]
 pub struct NodePoolSpec {
     pub template: NodeClaimTemplate,

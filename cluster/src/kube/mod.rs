@@ -347,6 +347,40 @@ impl ClusterView for KubeCluster {
     }
 }
 
+impl KubeCluster {
+    /// The uid of the object an Event is about, or `None` (logged) when it cannot be read:
+    /// the Event is still recorded, by name.
+    async fn uid_of(&self, kind: crate::ObjectKind, namespace: &str, name: &str) -> Option<String> {
+        use crate::ObjectKind;
+        let cached = {
+            let s = self.shared.lock();
+            match kind {
+                ObjectKind::NodeClaim => s.claim_uids.get(name).cloned(),
+                ObjectKind::NodePool => s.pool_uids.get(name).cloned(),
+                ObjectKind::Pod | ObjectKind::Node => None,
+            }
+        };
+        if cached.is_some() {
+            return cached;
+        }
+        self.admit().await;
+        let c = self.client.clone();
+        let meta = match kind {
+            ObjectKind::Pod => Api::<k8s::Pod>::namespaced(c, namespace).get_metadata(name).await.map(|m| m.metadata),
+            ObjectKind::Node => Api::<k8s::Node>::all(c).get_metadata(name).await.map(|m| m.metadata),
+            ObjectKind::NodeClaim => Api::<crd::NodeClaim>::all(c).get_metadata(name).await.map(|m| m.metadata),
+            ObjectKind::NodePool => Api::<crd::NodePool>::all(c).get_metadata(name).await.map(|m| m.metadata),
+        };
+        match meta {
+            Ok(m) => m.uid,
+            Err(e) => {
+                tracing::debug!(object = %name, error = %e, "reading the uid of {name} for its event failed; recording it by name");
+                None
+            }
+        }
+    }
+}
+
 /// Taints as the API writes them (`value` left out when empty).
 pub fn taints_json<'a>(taints: impl IntoIterator<Item = &'a dovetail_core::taints::Taint>) -> serde_json::Value {
     serde_json::Value::Array(
@@ -467,8 +501,10 @@ impl ClusterWriter for KubeCluster {
         Box::pin(async move {
             self.admit().await;
             // Labels merge (a patch only sets them); taints and finalizers are replaced whole,
-            // as read and patched, under the read's resource version.
-            let patch = json!({
+            // as read and patched, under the read's resource version. The owner (at
+            // registration) is written as the node's one ownerReference, as Karpenter's
+            // registration does: a node dovetail registers was created by its kubelet, with none.
+            let mut patch = json!({
                 "metadata": {
                     "resourceVersion": resource_version.to_string(),
                     "labels": update.labels,
@@ -476,6 +512,27 @@ impl ClusterWriter for KubeCluster {
                 },
                 "spec": { "taints": taints_json(&update.taints) },
             });
+            let read_owner = self.shared.lock().snap.nodes.get(name).and_then(|n| n.owner_claim.clone());
+            if let Some(claim) = update.owner_claim.as_ref().filter(|c| read_owner.as_ref() != Some(*c)) {
+                let uid = self.shared.lock().claim_uids.get(claim).cloned();
+                match uid {
+                    Some(uid) => {
+                        patch["metadata"]["ownerReferences"] = json!([{
+                            "apiVersion": "karpenter.sh/v1",
+                            "kind": "NodeClaim",
+                            "name": claim,
+                            "uid": uid,
+                            "blockOwnerDeletion": true,
+                        }]);
+                    }
+                    // Not cached yet (the claim's watch event is behind): the write is retried.
+                    None => {
+                        return Err(ClusterError::Unavailable {
+                            reason: format!("node {name}: the uid of its owner, NodeClaim {claim}, is not cached yet"),
+                        });
+                    }
+                }
+            }
             let api: Api<k8s::Node> = Api::all(self.client.clone());
             let out = api
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -547,7 +604,6 @@ impl ClusterWriter for KubeCluster {
 
     fn record_event(&self, event: Event) -> BoxFuture<'_, Result<(), ClusterError>> {
         Box::pin(async move {
-            self.admit().await;
             let (kind, api_version) = match event.kind {
                 crate::ObjectKind::Pod => ("Pod", "v1"),
                 crate::ObjectKind::Node => ("Node", "v1"),
@@ -558,6 +614,10 @@ impl ClusterWriter for KubeCluster {
                 Some((ns, n)) if event.kind == crate::ObjectKind::Pod => (ns.to_string(), n.to_string()),
                 _ => ("default".to_string(), event.name.clone()),
             };
+            // The object's uid (cached, or read): `kubectl describe` lists the events whose
+            // involvedObject names the object's uid.
+            let uid = self.uid_of(event.kind, &namespace, &name).await;
+            self.admit().await;
             let now = self.clock.now_millis();
             let seq = self.events.fetch_add(1, Ordering::Relaxed);
             let time = rfc3339(now);
@@ -565,7 +625,13 @@ impl ClusterWriter for KubeCluster {
                 "apiVersion": "v1",
                 "kind": "Event",
                 "metadata": { "name": format!("{name}.{now:x}{seq:x}"), "namespace": namespace },
-                "involvedObject": { "kind": kind, "apiVersion": api_version, "name": name, "namespace": if event.kind == crate::ObjectKind::Pod { Some(&namespace) } else { None } },
+                "involvedObject": {
+                    "kind": kind,
+                    "apiVersion": api_version,
+                    "name": name,
+                    "uid": uid,
+                    "namespace": if event.kind == crate::ObjectKind::Pod { Some(&namespace) } else { None },
+                },
                 "reason": event.reason,
                 "message": event.message,
                 "type": if event.warning { "Warning" } else { "Normal" },

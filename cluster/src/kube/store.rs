@@ -52,6 +52,8 @@ pub struct Store {
     pub nodeclasses: BTreeMap<String, Arc<crd::EC2NodeClass>>,
     /// NodePool uids, for the ownerReference of the NodeClaims made for them.
     pub pool_uids: BTreeMap<String, String>,
+    /// NodeClaim uids, for the ownerReference of their Nodes.
+    pub claim_uids: BTreeMap<String, String>,
     /// NodeClaim conditions as written, so that a status write keeps each transition time.
     pub claim_conditions: BTreeMap<String, Vec<crd::Condition>>,
     /// Objects that could not be converted, by `Kind name`, with the field at fault.
@@ -193,21 +195,24 @@ impl Cached for k8s::Node {
 
 impl Cached for crd::NodeClaim {
     const KIND: &'static str = "NodeClaim";
-    type Item = (NodeClaim, Vec<crd::Condition>);
+    type Item = (NodeClaim, Vec<crd::Condition>, String);
     fn convert(&self) -> Result<Self::Item, ConversionError> {
         let conditions = self.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
-        Ok((convert::nodeclaim_from_object(self)?, conditions))
+        Ok((convert::nodeclaim_from_object(self)?, conditions, self.metadata.uid.clone().unwrap_or_default()))
     }
-    fn upsert(store: &mut Store, (claim, conditions): Self::Item) {
+    fn upsert(store: &mut Store, (claim, conditions, uid): Self::Item) {
         store.claim_conditions.insert(claim.name.clone(), conditions);
+        store.claim_uids.insert(claim.name.clone(), uid);
         store.snap.nodeclaims.insert(claim.name.clone(), Arc::new(claim));
     }
     fn remove(store: &mut Store, id: &str) {
         store.claim_conditions.remove(id);
+        store.claim_uids.remove(id);
         store.snap.nodeclaims.remove(id);
     }
     fn clear(store: &mut Store) {
         store.claim_conditions.clear();
+        store.claim_uids.clear();
         store.snap.nodeclaims.clear();
     }
 }

@@ -262,6 +262,8 @@ impl SimCluster {
                 provider_id: Some(r.provider_id.clone()),
                 ready: true,
                 finalizers: Vec::new(),
+                // A kubelet registers its node with no owner; registration adds it.
+                owner_claim: None,
                 deleting: false,
                 resource_version: v,
             };
@@ -490,6 +492,7 @@ impl SimCluster {
             n.labels = update.labels;
             n.taints = update.taints;
             n.finalizers = update.finalizers;
+            n.owner_claim = update.owner_claim;
             n.resource_version = v;
             if n.deleting && n.finalizers.is_empty() {
                 s.nodes.remove(name);

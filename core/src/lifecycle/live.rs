@@ -190,6 +190,7 @@ fn register(plan: &mut Plan, claim: &Claim, state: &ClaimState, nc: &NodeClaim, 
         remove_taints: node.taints.iter().filter(|t| t.key == UNREGISTERED_TAINT).cloned().collect(),
         labels,
         add_finalizers: vec![TERMINATION_FINALIZER.to_string()],
+        owner_claim: Some(nc.name.clone()),
         ..NodePatch::default()
     };
     if patch.apply(node).is_some() {
