@@ -241,9 +241,9 @@ pub struct Storage {
 impl Storage {
     /// The topology alternatives of `pod`'s volumes: one term of each volume, intersected, for
     /// every choice that is satisfiable (at most [`MAX_VOLUME_ALTERNATIVES`], in term order).
-    /// Karpenter takes only each volume's first term; every term is tried here, the first
-    /// first. Empty when no volume constrains the node. An error names what is missing (a
-    /// claim, its volume or its class), as Karpenter does not provision for such a pod.
+    /// Every term is tried, the first first. Empty when no volume constrains the node. An
+    /// error names what is missing (a claim, its volume or its class), as Karpenter does not
+    /// provision for such a pod.
     pub fn requirements(&self, pod: &Pod) -> Result<Vec<Requirements>, String> {
         let mut alternatives = vec![Requirements::new()];
         for name in &pod.volume_claims {
