@@ -55,11 +55,15 @@ fn at<'v>(root: &'v mut Value, crd: &str, path: &str) -> Result<&'v mut Value, M
 
 /// Sets `fields` on the schema at `path`.
 fn set(root: &mut Value, crd: &str, path: &str, fields: Value) -> Result<(), MissingPath> {
-    let node = at(root, crd, path)?;
-    if let (Some(obj), Value::Object(add)) = (node.as_object_mut(), fields) {
-        obj.extend(add);
+    let missing = || MissingPath { crd: crd.to_string(), path: path.to_string() };
+    let obj = at(root, crd, path)?.as_object_mut().ok_or_else(missing)?;
+    match fields {
+        Value::Object(add) => {
+            obj.extend(add);
+            Ok(())
+        }
+        _ => Err(missing()),
     }
-    Ok(())
 }
 
 /// Removes keywords from the schema at `path`.
@@ -215,7 +219,9 @@ pub fn shape(crd: &mut Value) -> Result<(), MissingPath> {
     names["listKind"] = json!(format!("{}List", names["kind"].as_str().unwrap_or_default()));
     let columns = match name.as_str() {
         "nodepools.karpenter.sh" => {
-            crd["spec"]["names"].as_object_mut().map(|n| n.remove("shortNames"));
+            if let Some(names) = crd["spec"]["names"].as_object_mut() {
+                names.remove("shortNames");
+            }
             crd["spec"]["versions"][0]["subresources"]["scale"] =
                 json!({"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.nodes"});
             json!([
@@ -229,7 +235,9 @@ pub fn shape(crd: &mut Value) -> Result<(), MissingPath> {
             ])
         }
         "nodeclaims.karpenter.sh" => {
-            crd["spec"]["names"].as_object_mut().map(|n| n.remove("shortNames"));
+            if let Some(names) = crd["spec"]["names"].as_object_mut() {
+                names.remove("shortNames");
+            }
             json!([
                 {"jsonPath": ".metadata.labels.node\\.kubernetes\\.io/instance-type", "name": "Type", "type": "string"},
                 {"jsonPath": ".metadata.labels.karpenter\\.sh/capacity-type", "name": "Capacity", "type": "string"},
@@ -244,7 +252,7 @@ pub fn shape(crd: &mut Value) -> Result<(), MissingPath> {
                 {"jsonPath": ".status.conditions[?(@.type==\"Drifted\")].status", "name": "Drifted", "priority": 1, "type": "string"},
             ])
         }
-        _ => {
+        "ec2nodeclasses.karpenter.k8s.aws" => {
             crd["spec"]["names"]["shortNames"] = json!(["ec2nc", "ec2ncs"]);
             json!([
                 {"jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "name": "Ready", "type": "string"},
@@ -252,6 +260,7 @@ pub fn shape(crd: &mut Value) -> Result<(), MissingPath> {
                 {"jsonPath": ".spec.role", "name": "Role", "priority": 1, "type": "string"},
             ])
         }
+        _ => return Err(MissingPath { crd: name, path: "(not a CRD dovetail serves)".into() }),
     };
     let version = &mut crd["spec"]["versions"][0];
     version["additionalPrinterColumns"] = columns;
