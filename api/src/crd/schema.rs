@@ -217,11 +217,12 @@ pub fn shape(crd: &mut Value) -> Result<(), MissingPath> {
     let names = &mut crd["spec"]["names"];
     names["categories"] = json!(["karpenter"]);
     names["listKind"] = json!(format!("{}List", names["kind"].as_str().unwrap_or_default()));
+    // Karpenter gives NodePool and NodeClaim no short names (EC2NodeClass gets its own below).
+    if let Some(names) = crd["spec"]["names"].as_object_mut() {
+        names.remove("shortNames");
+    }
     let columns = match name.as_str() {
         "nodepools.karpenter.sh" => {
-            if let Some(names) = crd["spec"]["names"].as_object_mut() {
-                names.remove("shortNames");
-            }
             crd["spec"]["versions"][0]["subresources"]["scale"] =
                 json!({"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.nodes"});
             json!([
@@ -235,9 +236,6 @@ pub fn shape(crd: &mut Value) -> Result<(), MissingPath> {
             ])
         }
         "nodeclaims.karpenter.sh" => {
-            if let Some(names) = crd["spec"]["names"].as_object_mut() {
-                names.remove("shortNames");
-            }
             json!([
                 {"jsonPath": ".metadata.labels.node\\.kubernetes\\.io/instance-type", "name": "Type", "type": "string"},
                 {"jsonPath": ".metadata.labels.karpenter\\.sh/capacity-type", "name": "Capacity", "type": "string"},

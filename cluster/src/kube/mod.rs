@@ -512,9 +512,13 @@ impl ClusterWriter for KubeCluster {
                 },
                 "spec": { "taints": taints_json(&update.taints) },
             });
-            let read_owner = self.shared.lock().snap.nodes.get(name).and_then(|n| n.owner_claim.clone());
-            if let Some(claim) = update.owner_claim.as_ref().filter(|c| read_owner.as_ref() != Some(*c)) {
-                let uid = self.shared.lock().claim_uids.get(claim).cloned();
+            // The owner's uid, when the node does not carry that owner yet.
+            let owner = update.owner_claim.as_ref().and_then(|claim| {
+                let s = self.shared.lock();
+                let owned = s.snap.nodes.get(name).is_some_and(|n| n.owner_claim.as_ref() == Some(claim));
+                (!owned).then(|| (claim, s.claim_uids.get(claim).cloned()))
+            });
+            if let Some((claim, uid)) = owner {
                 match uid {
                     Some(uid) => {
                         patch["metadata"]["ownerReferences"] = json!([{
