@@ -238,7 +238,7 @@ pub fn snapshot(manifest: &Manifest, catalog: &Catalog, warnings: &mut Vec<Strin
     Snapshot {
         nodepools,
         nodes: manifest.nodes.clone(),
-        bound_pods: manifest.bound.clone(),
+        bound_pods: manifest.bound.iter().cloned().map(Arc::new).collect(),
         daemonsets: manifest.daemonsets.clone(),
         namespaces: manifest.namespaces.clone(),
     }

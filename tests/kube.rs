@@ -343,8 +343,21 @@ fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_
         let n = e.items(&["get", "nodeclaims"]).len();
         if n > 0 { Ok(()) } else { Err(format!("none yet\n{}", first.log())) }
     });
+    let ready_since = |e: &Env| {
+        let p = e.json(&["get", "nodepool", "default"]);
+        let c = p["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "Ready")).cloned();
+        c.and_then(|c| Some((c["status"].as_str()?.to_string(), c["lastTransitionTime"].as_str()?.to_string())))
+    };
+    env.wait("the NodePool's Ready condition", Duration::from_secs(30), |e| match ready_since(e) {
+        Some((status, _)) if status == "True" => Ok(()),
+        other => Err(format!("{other:?}\n{}", first.log())),
+    });
+    let ready_before = ready_since(&env);
     // SIGKILL: no shutdown path runs.
     drop(first);
+    // Past the second the first controller wrote the condition in, so that a rewritten
+    // transition time would show.
+    std::thread::sleep(Duration::from_millis(1100));
     let left = env.items(&["get", "nodeclaims"]);
     let made_before = left.len();
     // What the restarted controller rebuilds from: a NodeClaim that shows its instance says
@@ -358,6 +371,7 @@ fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_
     let second = Controller::start(&env, "restart-2", &[]);
     env.wait_running("every pod Running after the restart", ns, 40, None, &second, Duration::from_secs(60));
     assert!(second.log().contains("taking over the NodeClaims"), "the restarted ledger adopted: {}", second.log());
+    assert_eq!(ready_since(&env), ready_before, "the NodePool's Ready condition kept its transition time");
     let claims = env.items(&["get", "nodeclaims"]);
     let nodes = env.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]);
     assert!(claims.len() >= made_before, "the first controller's NodeClaims were kept");

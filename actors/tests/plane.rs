@@ -1583,7 +1583,7 @@ mod integration {
         };
         let mut web = Pod::new("default", "web", ResourceList::cpu_mem(500, 256 << 20));
         web.labels.insert("app".into(), "web".into());
-        web.topology_spread = vec![spread];
+        web.topology_spread = vec![spread].into();
         let mut cache = Pod::new("default", "cache", ResourceList::cpu_mem(500, 256 << 20));
         cache.labels.insert("app".into(), "cache".into());
         cache.pod_anti_affinity = PodAffinity {
@@ -1594,7 +1594,8 @@ mod integration {
                 topology_key: labels::ZONE.into(),
             }],
             preferred: Vec::new(),
-        };
+        }
+        .into();
         let mut workloads = Workloads::new();
         workloads.apply_deployment(Deployment {
             namespace: "default".into(),
@@ -1698,7 +1699,7 @@ mod integration {
         let input = scheduling::Snapshot {
             nodepools: pools.iter().map(|p| PoolInput { pool: p.clone(), instance_types: types() }).collect(),
             nodes,
-            bound_pods: before.iter().map(|p| p.as_ref().clone()).collect(),
+            bound_pods: before.iter().map(|p| Arc::clone(p)).collect(),
             ..scheduling::Snapshot::default()
         };
         let violations = scheduling::validate(&input, &pods, &results, Semantics::Strict);

@@ -17,6 +17,7 @@
 //! - Planners, which return ledger commands and [`effect`]s: [`provisioning`] (a NodePool's
 //!   round of new claims), [`lifecycle`] (a NodeClaim's life from launch to termination) and [`plane`] (batch windows, zone choice, claim names,
 //!   liveness, drain order, the feed's resend bookkeeping).
+//! - [`shared`]: values many objects hold one copy of (an interner for the caches).
 //! - [`workload`]: the benchmark workloads, generated from a seed.
 
 pub mod catalog;
@@ -35,5 +36,6 @@ pub mod quantity;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;
+pub mod shared;
 pub mod taints;
 pub mod workload;

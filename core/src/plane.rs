@@ -807,7 +807,10 @@ mod tests {
             pod("critical", CRITICAL_PRIORITY + 1000, false),
             pod("ds", 0, true),
             pod("web", 0, false),
-            Pod { tolerations: vec![Toleration::exists("karpenter.sh/disrupted", None)], ..pod("tolerant", 0, false) },
+            Pod {
+                tolerations: vec![Toleration::exists("karpenter.sh/disrupted", None)].into(),
+                ..pod("tolerant", 0, false)
+            },
         ];
         let names = |v: Vec<&Pod>| v.into_iter().map(|p| p.key.name.clone()).collect::<Vec<_>>();
         let next = |pods: &[Pod]| names(drain_step(pods, 0, None).evict);

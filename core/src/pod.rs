@@ -5,6 +5,7 @@ use std::fmt;
 use crate::labels::{LabelSelector, Labels};
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::{ResourceList, ResourceName};
+use crate::shared::{Interner, Shared};
 use crate::taints::Toleration;
 
 /// `namespace/name`, the identity users see.
@@ -112,16 +113,18 @@ impl HostPort {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pod {
     pub key: PodKey,
-    pub labels: Labels,
+    /// Shared with the pods of the same workload (see [`crate::shared`]), as are the node
+    /// selector, affinity, tolerations and spread constraints.
+    pub labels: Shared<Labels>,
     /// Effective requests (containers, init containers, overhead; limits where requests
     /// are unset), without the implicit `pods: 1`.
     pub requests: ResourceList,
-    pub node_selector: Labels,
-    pub node_affinity: NodeAffinity,
-    pub pod_affinity: PodAffinity,
-    pub pod_anti_affinity: PodAffinity,
-    pub tolerations: Vec<Toleration>,
-    pub topology_spread: Vec<TopologySpreadConstraint>,
+    pub node_selector: Shared<Labels>,
+    pub node_affinity: Shared<NodeAffinity>,
+    pub pod_affinity: Shared<PodAffinity>,
+    pub pod_anti_affinity: Shared<PodAffinity>,
+    pub tolerations: Shared<Vec<Toleration>>,
+    pub topology_spread: Shared<Vec<TopologySpreadConstraint>>,
     pub host_ports: Vec<HostPort>,
     /// Set when the pod is bound to a node.
     pub node_name: Option<String>,
@@ -158,6 +161,44 @@ pub struct Pod {
     pub scheduler_name: Option<String>,
     /// `status.nominatedNodeName`: the scheduler is preempting pods for it on that node.
     pub nominated_node: Option<String>,
+}
+
+/// One copy of each distinct shared part of the pods a cache holds (see [`crate::shared`]):
+/// the pods of one workload then share their labels, selector, affinity, tolerations and
+/// spread constraints.
+#[derive(Default)]
+pub struct PodInterner {
+    labels: Interner<Labels>,
+    node_affinity: Interner<NodeAffinity>,
+    pod_affinity: Interner<PodAffinity>,
+    tolerations: Interner<Vec<Toleration>>,
+    spread: Interner<Vec<TopologySpreadConstraint>>,
+}
+
+impl PodInterner {
+    /// Points the pod's shared parts at the one copy of each value.
+    pub fn intern(&mut self, pod: &mut Pod) {
+        self.labels.intern(&mut pod.labels);
+        self.labels.intern(&mut pod.node_selector);
+        self.node_affinity.intern(&mut pod.node_affinity);
+        self.pod_affinity.intern(&mut pod.pod_affinity);
+        self.pod_affinity.intern(&mut pod.pod_anti_affinity);
+        self.tolerations.intern(&mut pod.tolerations);
+        self.spread.intern(&mut pod.topology_spread);
+    }
+
+    /// How many distinct values are kept, over all parts.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+            + self.node_affinity.len()
+            + self.pod_affinity.len()
+            + self.tolerations.len()
+            + self.spread.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Pod {
@@ -303,6 +344,45 @@ pub fn heaviest<T>(terms: &[(i32, T)]) -> Option<&(i32, T)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pods_of_one_workload_share_their_parts_once_interned() {
+        let replica = |name: &str| {
+            let mut p = Pod::new("shop", name, ResourceList::cpu_mem(250, 1 << 28));
+            p.labels.insert("app".into(), "web".into());
+            p.tolerations.push(Toleration::exists("node.kubernetes.io/not-ready", None));
+            p.topology_spread.push(TopologySpreadConstraint {
+                max_skew: 1,
+                topology_key: crate::labels::ZONE.into(),
+                when_unsatisfiable: WhenUnsatisfiable::ScheduleAnyway,
+                selector: None,
+                min_domains: None,
+                node_affinity_policy: None,
+                node_taints_policy: None,
+                match_label_keys: Vec::new(),
+            });
+            p
+        };
+        let mut interner = PodInterner::default();
+        let (mut a, mut b) = (replica("web-1"), replica("web-2"));
+        let mut other = replica("db-1");
+        other.labels.insert("app".into(), "db".into());
+        for p in [&mut a, &mut b, &mut other] {
+            interner.intern(p);
+        }
+        assert!(Shared::same(&a.labels, &b.labels));
+        assert!(Shared::same(&a.tolerations, &b.tolerations));
+        assert!(Shared::same(&a.topology_spread, &b.topology_spread));
+        assert!(Shared::same(&a.node_affinity, &b.node_affinity));
+        assert!(Shared::same(&a.pod_affinity, &a.pod_anti_affinity), "both empty: one copy");
+        assert!(!Shared::same(&a.labels, &other.labels));
+        assert!(Shared::same(&a.tolerations, &other.tolerations));
+
+        // A pod changed later copies what it changes; the others keep theirs.
+        b.labels.insert("canary".into(), "true".into());
+        assert_eq!(a.labels.get("canary"), None);
+        assert_eq!(b.labels.get("canary").map(String::as_str), Some("true"));
+    }
 
     #[test]
     fn only_pods_the_scheduler_marked_unschedulable_are_provisioned() {

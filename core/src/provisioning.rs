@@ -248,7 +248,7 @@ mod tests {
         let pods: Vec<Pod> = (2..4)
             .map(|i| {
                 let mut p = web(&format!("web-{i}"));
-                p.topology_spread = vec![spread.clone()];
+                p.topology_spread = vec![spread.clone()].into();
                 p
             })
             .collect();
@@ -287,7 +287,8 @@ mod tests {
                 topology_key: labels::ZONE.into(),
             }],
             ..PodAffinity::default()
-        };
+        }
+        .into();
         let pods = vec![p];
         let pool = pool();
         let zones = zones();

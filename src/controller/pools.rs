@@ -213,9 +213,14 @@ impl Pools {
         for name in names {
             let conditions = conditions(not_ready.get(name));
             let (res, nodes) = held.get(name.as_str()).cloned().unwrap_or_default();
-            let previous = self.written.get(name).and_then(|s| s.conditions.clone()).unwrap_or_default();
+            // What was written, or after a restart what the NodePool carries: a condition
+            // keeps its transition time while its status holds, and an unchanged status is
+            // not written again.
+            let before = self.written.get(name).cloned().or_else(|| cluster.nodepool_status(name));
+            let previous = before.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
             let status = convert::nodepool_status_object(&res, nodes, &conditions, &previous, &now);
-            if self.written.get(name) == Some(&status) {
+            if before.as_ref() == Some(&status) {
+                self.written.insert(name.clone(), status);
                 continue;
             }
             match cluster.patch_nodepool_status(name, &status).await {

@@ -14,6 +14,10 @@ use k8s_openapi::api::core::v1 as core;
 
 use super::{ConversionError, Ctx, label_selector, requirements, resource_list, taint};
 
+/// The annotations a pod keeps: dovetail reads Karpenter's (`karpenter.sh/do-not-disrupt`)
+/// and no others, so a cache of many pods does not hold everything tools write there.
+pub const KEPT_ANNOTATIONS: &str = "karpenter.sh/";
+
 /// The identity and metadata a pod gets (from its own metadata or a workload's).
 #[derive(Clone, Debug, Default)]
 pub struct PodMeta {
@@ -273,14 +277,14 @@ pub fn pod_from_spec(ctx: &Ctx, field: &str, meta: PodMeta, spec: &core::PodSpec
         .collect();
     Ok(Pod {
         key: PodKey { namespace: meta.namespace, name: meta.name },
-        labels: meta.labels,
+        labels: meta.labels.into(),
         requests,
-        node_selector: spec.node_selector.clone().unwrap_or_default(),
-        node_affinity,
-        pod_affinity: pod_aff,
-        pod_anti_affinity: anti,
-        tolerations,
-        topology_spread,
+        node_selector: spec.node_selector.clone().unwrap_or_default().into(),
+        node_affinity: node_affinity.into(),
+        pod_affinity: pod_aff.into(),
+        pod_anti_affinity: anti.into(),
+        tolerations: tolerations.into(),
+        topology_spread: topology_spread.into(),
         host_ports: ports,
         node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
         priority: spec.priority.unwrap_or(0),
@@ -290,7 +294,7 @@ pub fn pod_from_spec(ctx: &Ctx, field: &str, meta: PodMeta, spec: &core::PodSpec
         terminal: meta.terminal,
         volume_requirements: Vec::new(),
         volume_claims,
-        annotations: meta.annotations,
+        annotations: meta.annotations.into_iter().filter(|(k, _)| k.starts_with(KEPT_ANNOTATIONS)).collect(),
         termination_grace_seconds: spec.termination_grace_period_seconds,
         scheduling_gated: spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()),
         scheduler_name: spec.scheduler_name.clone().filter(|s| !s.is_empty() && s != "default-scheduler"),

@@ -18,19 +18,23 @@ pub fn volume_claim(pvc: &core::PersistentVolumeClaim) -> VolumeClaim {
 }
 
 /// A volume's node affinity: the terms of `spec.nodeAffinity.required`, any one of which
-/// must hold (none: the volume is reachable from every node).
+/// must hold (none: the volume is reachable from every node). A local or hostPath volume's
+/// hostname is left out, as Karpenter leaves it out: the pod's next node is a new one.
 pub fn volume_topology(pv: &core::PersistentVolume) -> Result<Vec<Requirements>, ConversionError> {
     let ctx = Ctx::new(format!("PersistentVolume {}", pv.metadata.name.as_deref().unwrap_or_default()));
-    let terms = pv
-        .spec
-        .as_ref()
+    let spec = pv.spec.as_ref();
+    let on_a_node = spec.is_some_and(|s| s.local.is_some() || s.host_path.is_some());
+    let terms = spec
         .and_then(|s| s.node_affinity.as_ref())
         .and_then(|a| a.required.as_ref())
         .map(|r| r.node_selector_terms.as_slice())
         .unwrap_or_default();
     let mut out = Vec::new();
     for (i, t) in terms.iter().enumerate() {
-        let (reqs, _) = node_selector_term(&ctx, &format!("spec.nodeAffinity.required.nodeSelectorTerms[{i}]"), t)?;
+        let (mut reqs, _) = node_selector_term(&ctx, &format!("spec.nodeAffinity.required.nodeSelectorTerms[{i}]"), t)?;
+        if on_a_node {
+            reqs.remove(dovetail_core::labels::HOSTNAME);
+        }
         out.push(reqs);
     }
     Ok(out)
@@ -91,5 +95,32 @@ mod tests {
         .expect("a StorageClass");
         let e = class_topology(&bad).expect_err("no values");
         assert_eq!(e.field, "allowedTopologies[0].matchLabelExpressions[0]");
+    }
+
+    #[test]
+    fn a_local_volume_does_not_pin_its_old_hostname() {
+        let pv = |source: serde_json::Value| -> core::PersistentVolume {
+            let mut spec = serde_json::json!({"nodeAffinity": {"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["ip-10-0-0-1"]},
+                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}
+                ]}
+            ]}}});
+            if let (Some(spec), Some(source)) = (spec.as_object_mut(), source.as_object()) {
+                spec.extend(source.clone());
+            }
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "pv"}, "spec": spec})).expect("a PV")
+        };
+        for source in
+            [serde_json::json!({"local": {"path": "/mnt/disk"}}), serde_json::json!({"hostPath": {"path": "/data"}})]
+        {
+            let terms = volume_topology(&pv(source.clone())).expect("valid");
+            assert!(!terms[0].has("kubernetes.io/hostname"), "{source}: the hostname is dropped");
+            assert_eq!(terms[0].get("topology.kubernetes.io/zone").any().as_deref(), Some("us-west-2a"), "{source}");
+        }
+        let csi =
+            volume_topology(&pv(serde_json::json!({"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-1"}})))
+                .expect("valid");
+        assert!(csi[0].has("kubernetes.io/hostname"), "any other volume keeps its hostname");
     }
 }

@@ -10,14 +10,16 @@
 //! through a token bucket (`qps`, `burst`), as client-go's rate limiter does.
 
 pub mod store;
+mod writer;
+
+pub use writer::taints_json;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-use dovetail_api::convert::{self, ConversionError};
+use dovetail_api::convert::ConversionError;
 use dovetail_api::crd;
 use dovetail_core::clock::Clock;
-use dovetail_core::node::Node;
 use dovetail_core::pod::PodKey;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1 as k8s;
@@ -27,10 +29,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tokio::sync::{Mutex as AsyncMutex, watch};
 
-use crate::{
-    BoxFuture, ClusterError, ClusterView, ClusterWriter, Event, NodeClaim, NodeClaimStatus, NodeClaimUpdate,
-    NodeUpdate, Snapshot,
-};
+use crate::{ClusterError, ClusterView, Snapshot};
 use store::{Cached, KINDS, Shared};
 
 /// The field manager of dovetail's writes, and the source of its Events.
@@ -168,6 +167,11 @@ impl KubeCluster {
     /// The EC2NodeClasses, by name.
     pub fn nodeclasses(&self) -> std::collections::BTreeMap<String, Arc<crd::EC2NodeClass>> {
         self.shared.lock().nodeclasses.clone()
+    }
+
+    /// A NodePool's status as last read (a valid NodePool's).
+    pub fn nodepool_status(&self, name: &str) -> Option<crd::NodePoolStatus> {
+        self.shared.lock().pool_statuses.get(name).cloned()
     }
 
     /// Objects that could not be used, by `Kind name`, with the field at fault.
@@ -344,311 +348,5 @@ impl ClusterView for KubeCluster {
 
     fn changes(&self) -> watch::Receiver<u64> {
         self.shared.subscribe()
-    }
-}
-
-impl KubeCluster {
-    /// The uid of the object an Event is about, or `None` (logged) when it cannot be read:
-    /// the Event is still recorded, by name.
-    async fn uid_of(&self, kind: crate::ObjectKind, namespace: &str, name: &str) -> Option<String> {
-        use crate::ObjectKind;
-        let cached = {
-            let s = self.shared.lock();
-            match kind {
-                ObjectKind::NodeClaim => s.claim_uids.get(name).cloned(),
-                ObjectKind::NodePool => s.pool_uids.get(name).cloned(),
-                ObjectKind::Pod | ObjectKind::Node => None,
-            }
-        };
-        if cached.is_some() {
-            return cached;
-        }
-        self.admit().await;
-        let c = self.client.clone();
-        let meta = match kind {
-            ObjectKind::Pod => Api::<k8s::Pod>::namespaced(c, namespace).get_metadata(name).await.map(|m| m.metadata),
-            ObjectKind::Node => Api::<k8s::Node>::all(c).get_metadata(name).await.map(|m| m.metadata),
-            ObjectKind::NodeClaim => Api::<crd::NodeClaim>::all(c).get_metadata(name).await.map(|m| m.metadata),
-            ObjectKind::NodePool => Api::<crd::NodePool>::all(c).get_metadata(name).await.map(|m| m.metadata),
-        };
-        match meta {
-            Ok(m) => m.uid,
-            Err(e) => {
-                tracing::debug!(object = %name, error = %e, "reading the uid of {name} for its event failed; recording it by name");
-                None
-            }
-        }
-    }
-}
-
-/// Taints as the API writes them (`value` left out when empty).
-pub fn taints_json<'a>(taints: impl IntoIterator<Item = &'a dovetail_core::taints::Taint>) -> serde_json::Value {
-    serde_json::Value::Array(
-        taints
-            .into_iter()
-            .map(|t| {
-                let mut o = json!({ "key": t.key, "effect": t.effect.as_str() });
-                if !t.value.is_empty() {
-                    o["value"] = json!(t.value);
-                }
-                o
-            })
-            .collect(),
-    )
-}
-
-impl ClusterWriter for KubeCluster {
-    fn create_nodeclaim(&self, claim: NodeClaim) -> BoxFuture<'_, Result<u64, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            let uid = self.shared.lock().pool_uids.get(&claim.spec.nodepool).cloned();
-            let obj = convert::nodeclaim(&claim.name, &claim.spec, uid.as_deref());
-            let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
-            let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
-            let out = api.create(&pp, &obj).await.map_err(|e| api_error("nodeclaim", &claim.name, e))?;
-            Ok(version_of(&out.metadata))
-        })
-    }
-
-    fn get_nodeclaim<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Arc<NodeClaim>, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
-            let obj = api.get(name).await.map_err(|e| api_error("nodeclaim", name, e))?;
-            let conditions = obj.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
-            let claim = convert::nodeclaim_from_object(&obj).map_err(|e| conversion("nodeclaim", name, e))?;
-            self.shared.lock().claim_conditions.insert(name.to_string(), conditions);
-            Ok(Arc::new(claim))
-        })
-    }
-
-    fn update_nodeclaim_status<'a>(
-        &'a self,
-        name: &'a str,
-        status: NodeClaimStatus,
-        resource_version: u64,
-    ) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            let previous = self.shared.lock().claim_conditions.get(name).cloned().unwrap_or_default();
-            let body = convert::nodeclaim_status_object(&status, &previous, &rfc3339(self.clock.now_millis()));
-            let patch = json!({ "metadata": { "resourceVersion": resource_version.to_string() }, "status": body });
-            let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
-            let out = api
-                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| api_error("nodeclaim", name, e))?;
-            if let Some(cs) = out.status.as_ref().and_then(|s| s.conditions.clone()) {
-                self.shared.lock().claim_conditions.insert(name.to_string(), cs);
-            }
-            Ok(version_of(&out.metadata))
-        })
-    }
-
-    fn update_nodeclaim_metadata<'a>(
-        &'a self,
-        name: &'a str,
-        update: NodeClaimUpdate,
-        resource_version: u64,
-    ) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            // Labels merge; finalizers are replaced whole, as read and changed, under the
-            // read's resource version.
-            let patch = json!({ "metadata": {
-                "resourceVersion": resource_version.to_string(),
-                "labels": update.labels,
-                "finalizers": update.finalizers,
-            } });
-            let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
-            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                Ok(out) => Ok(version_of(&out.metadata)),
-                // The last finalizer removed from an object being deleted: it is gone.
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    Err(ClusterError::NotFound { kind: "nodeclaim", name: name.into() })
-                }
-                Err(e) => Err(api_error("nodeclaim", name, e)),
-            }
-        })
-    }
-
-    fn delete_nodeclaim<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
-            let out = api.delete(name, &DeleteParams::default()).await.map_err(|e| api_error("nodeclaim", name, e))?;
-            Ok(out.left().map_or(0, |o| version_of(&o.metadata)))
-        })
-    }
-
-    fn get_node<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Arc<Node>, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            let api: Api<k8s::Node> = Api::all(self.client.clone());
-            let obj = api.get(name).await.map_err(|e| api_error("node", name, e))?;
-            let node = convert::node(&convert::Ctx::new(format!("Node {name}")), &obj)
-                .map_err(|e| conversion("node", name, e))?;
-            Ok(Arc::new(node))
-        })
-    }
-
-    fn update_node<'a>(
-        &'a self,
-        name: &'a str,
-        update: NodeUpdate,
-        resource_version: u64,
-    ) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            // Labels merge (a patch only sets them); taints and finalizers are replaced whole,
-            // as read and patched, under the read's resource version. The owner (at
-            // registration) is written as the node's one ownerReference, as Karpenter's
-            // registration does: a node dovetail registers was created by its kubelet, with none.
-            let mut patch = json!({
-                "metadata": {
-                    "resourceVersion": resource_version.to_string(),
-                    "labels": update.labels,
-                    "finalizers": update.finalizers,
-                },
-                "spec": { "taints": taints_json(&update.taints) },
-            });
-            // The owner's uid, when the node does not carry that owner yet.
-            let owner = update.owner_claim.as_ref().and_then(|claim| {
-                let s = self.shared.lock();
-                let owned = s.snap.nodes.get(name).is_some_and(|n| n.owner_claim.as_ref() == Some(claim));
-                (!owned).then(|| (claim, s.claim_uids.get(claim).cloned()))
-            });
-            if let Some((claim, uid)) = owner {
-                match uid {
-                    Some(uid) => {
-                        patch["metadata"]["ownerReferences"] = json!([{
-                            "apiVersion": "karpenter.sh/v1",
-                            "kind": "NodeClaim",
-                            "name": claim,
-                            "uid": uid,
-                            "blockOwnerDeletion": true,
-                        }]);
-                    }
-                    // Not cached yet (the claim's watch event is behind): the write is retried.
-                    None => {
-                        return Err(ClusterError::Unavailable {
-                            reason: format!("node {name}: the uid of its owner, NodeClaim {claim}, is not cached yet"),
-                        });
-                    }
-                }
-            }
-            let api: Api<k8s::Node> = Api::all(self.client.clone());
-            let out = api
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| api_error("node", name, e))?;
-            Ok(version_of(&out.metadata))
-        })
-    }
-
-    fn delete_node<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            let api: Api<k8s::Node> = Api::all(self.client.clone());
-            let out = api.delete(name, &DeleteParams::default()).await.map_err(|e| api_error("node", name, e))?;
-            Ok(out.left().map_or(0, |o| version_of(&o.metadata)))
-        })
-    }
-
-    fn evict<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            let body = json!({
-                "apiVersion": self.versions.policy,
-                "kind": "Eviction",
-                "metadata": { "name": pod.name, "namespace": pod.namespace },
-            });
-            let url = format!("/api/v1/namespaces/{}/pods/{}/eviction", pod.namespace, pod.name);
-            let req = http::Request::post(url)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(serde_json::to_vec(&body).unwrap_or_default())
-                .map_err(|e| ClusterError::Unavailable { reason: format!("eviction request for {pod}: {e}") })?;
-            match self.client.request::<serde_json::Value>(req).await {
-                Ok(_) => Ok(self.shared.lock().snap.resource_version),
-                Err(kube::Error::Api(s)) if s.code == 429 => {
-                    // The eviction API answers 429 while a PodDisruptionBudget allows none.
-                    let pdb = s
-                        .details
-                        .as_ref()
-                        .and_then(|d| d.causes.iter().find(|c| c.reason == "DisruptionBudget"))
-                        .map(|c| c.message.clone())
-                        .unwrap_or_default();
-                    if pdb.is_empty() && !s.message.contains("disruption budget") {
-                        return Err(ClusterError::Throttled { kind: "pod", name: pod.to_string() });
-                    }
-                    Err(ClusterError::DisruptionBudget { pod: pod.to_string(), pdb })
-                }
-                // The pod's namespace is being deleted (the API refuses new content there,
-                // evictions included): the namespace controller deletes the pod; the drain
-                // waits for it to go, as after an eviction.
-                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("being terminated") => {
-                    Ok(self.shared.lock().snap.resource_version)
-                }
-                Err(e) => Err(api_error("pod", &pod.to_string(), e)),
-            }
-        })
-    }
-
-    fn delete_pod<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        Box::pin(async move {
-            self.admit().await;
-            let api: Api<k8s::Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-            let out = api
-                .delete(&pod.name, &DeleteParams::default())
-                .await
-                .map_err(|e| api_error("pod", &pod.to_string(), e))?;
-            Ok(out.left().map_or(0, |o| version_of(&o.metadata)))
-        })
-    }
-
-    fn record_event(&self, event: Event) -> BoxFuture<'_, Result<(), ClusterError>> {
-        Box::pin(async move {
-            let (kind, api_version) = match event.kind {
-                crate::ObjectKind::Pod => ("Pod", "v1"),
-                crate::ObjectKind::Node => ("Node", "v1"),
-                crate::ObjectKind::NodeClaim => ("NodeClaim", "karpenter.sh/v1"),
-                crate::ObjectKind::NodePool => ("NodePool", "karpenter.sh/v1"),
-            };
-            let (namespace, name) = match event.name.split_once('/') {
-                Some((ns, n)) if event.kind == crate::ObjectKind::Pod => (ns.to_string(), n.to_string()),
-                _ => ("default".to_string(), event.name.clone()),
-            };
-            // The object's uid (cached, or read): `kubectl describe` lists the events whose
-            // involvedObject names the object's uid.
-            let uid = self.uid_of(event.kind, &namespace, &name).await;
-            self.admit().await;
-            let now = self.clock.now_millis();
-            let seq = self.events.fetch_add(1, Ordering::Relaxed);
-            let time = rfc3339(now);
-            let body = json!({
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": { "name": format!("{name}.{now:x}{seq:x}"), "namespace": namespace },
-                "involvedObject": {
-                    "kind": kind,
-                    "apiVersion": api_version,
-                    "name": name,
-                    "uid": uid,
-                    "namespace": if event.kind == crate::ObjectKind::Pod { Some(&namespace) } else { None },
-                },
-                "reason": event.reason,
-                "message": event.message,
-                "type": if event.warning { "Warning" } else { "Normal" },
-                "source": { "component": FIELD_MANAGER },
-                "firstTimestamp": time,
-                "lastTimestamp": time,
-                "count": 1,
-            });
-            let ev: k8s::Event = serde_json::from_value(body)
-                .map_err(|e| ClusterError::Unavailable { reason: format!("event for {kind} {name}: {e}") })?;
-            let api: Api<k8s::Event> = Api::namespaced(self.client.clone(), &namespace);
-            api.create(&PostParams::default(), &ev).await.map_err(|e| api_error("event", &name, e))?;
-            Ok(())
-        })
     }
 }

@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dovetail_api::convert::{self, ConversionError, Ctx};
 use dovetail_api::crd;
-use dovetail_core::cluster::{IntOrPercent, NodeClaim, Pdb, Snapshot, VolumeClaim};
+use dovetail_core::cluster::{IntOrPercent, NodeClaim, Pdb, Snapshot, VolumeClaim, VolumeError};
 use dovetail_core::labels::Labels;
 use dovetail_core::node::Node;
 use dovetail_core::nodepool::NodePool;
-use dovetail_core::pod::{Pod, PodKey};
+use dovetail_core::pod::{Pod, PodInterner, PodKey};
 use dovetail_core::requirements::Requirements;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -52,6 +52,9 @@ pub struct Store {
     pub nodeclasses: BTreeMap<String, Arc<crd::EC2NodeClass>>,
     /// NodePool uids, for the ownerReference of the NodeClaims made for them.
     pub pool_uids: BTreeMap<String, String>,
+    /// NodePool status as read, so that a restarted controller keeps each condition's
+    /// transition time and does not rewrite a status that has not changed.
+    pub pool_statuses: BTreeMap<String, crd::NodePoolStatus>,
     /// NodeClaim uids, for the ownerReference of their Nodes.
     pub claim_uids: BTreeMap<String, String>,
     /// NodeClaim conditions as written, so that a status write keeps each transition time.
@@ -61,7 +64,9 @@ pub struct Store {
     /// Watch errors seen, by kind (each retried with backoff).
     pub watch_errors: BTreeMap<&'static str, u64>,
     /// Pending pods whose volumes cannot be placed, with why (logged once per change).
-    pub volume_errors: BTreeMap<PodKey, String>,
+    pub volume_errors: BTreeMap<PodKey, VolumeError>,
+    /// One copy of what the pods (and DaemonSet templates) of a workload share.
+    pub interner: PodInterner,
 }
 
 impl Store {
@@ -147,6 +152,9 @@ pub trait Cached: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'st
         }
     }
     fn convert(&self) -> Result<Self::Item, ConversionError>;
+    /// Makes the item share what it has in common with what is cached (the pods of one
+    /// workload, their labels and constraints), before it is buffered or stored.
+    fn share(_store: &mut Store, _item: &mut Self::Item) {}
     fn upsert(store: &mut Store, item: Self::Item);
     fn remove(store: &mut Store, id: &str);
     fn clear(store: &mut Store);
@@ -164,6 +172,9 @@ impl Cached for k8s::Pod {
     type Item = Pod;
     fn convert(&self) -> Result<Pod, ConversionError> {
         convert::pod_object(self)
+    }
+    fn share(store: &mut Store, item: &mut Pod) {
+        store.interner.intern(item);
     }
     fn upsert(store: &mut Store, item: Pod) {
         store.snap.pods.insert(item.key.clone(), Arc::new(item));
@@ -219,20 +230,26 @@ impl Cached for crd::NodeClaim {
 
 impl Cached for crd::NodePool {
     const KIND: &'static str = "NodePool";
-    type Item = (NodePool, String);
+    type Item = (NodePool, String, Option<crd::NodePoolStatus>);
     fn convert(&self) -> Result<Self::Item, ConversionError> {
-        Ok((convert::nodepool(self)?, self.metadata.uid.clone().unwrap_or_default()))
+        Ok((convert::nodepool(self)?, self.metadata.uid.clone().unwrap_or_default(), self.status.clone()))
     }
-    fn upsert(store: &mut Store, (pool, uid): Self::Item) {
+    fn upsert(store: &mut Store, (pool, uid, status): Self::Item) {
         store.pool_uids.insert(pool.name.clone(), uid);
+        match status {
+            Some(status) => store.pool_statuses.insert(pool.name.clone(), status),
+            None => store.pool_statuses.remove(&pool.name),
+        };
         store.snap.nodepools.insert(pool.name.clone(), Arc::new(pool));
     }
     fn remove(store: &mut Store, id: &str) {
         store.pool_uids.remove(id);
+        store.pool_statuses.remove(id);
         store.snap.nodepools.remove(id);
     }
     fn clear(store: &mut Store) {
         store.pool_uids.clear();
+        store.pool_statuses.clear();
         store.snap.nodepools.clear();
     }
 }
@@ -278,6 +295,9 @@ impl Cached for DaemonSet {
             terminal: false,
         };
         convert::pod_from_spec(&ctx, "spec.template.spec", meta, template)
+    }
+    fn share(store: &mut Store, item: &mut Pod) {
+        store.interner.intern(item);
     }
     fn upsert(store: &mut Store, item: Pod) {
         store.snap.daemonsets.insert(item.key.clone(), Arc::new(item));
@@ -433,7 +453,9 @@ pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher
         match event {
             Ok(Event::Init) => listing = Some(Vec::new()),
             Ok(Event::InitApply(obj)) => {
-                if let Some(item) = converted(&shared, &obj) {
+                // Shared as it arrives: a list of 300,000 pods is buffered whole until it ends.
+                if let Some(mut item) = converted(&shared, &obj) {
+                    K::share(&mut shared.lock(), &mut item);
                     listing.get_or_insert_with(Vec::new).push(item);
                 }
             }
@@ -451,7 +473,10 @@ pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher
                 let id = obj.id();
                 let item = converted(&shared, &obj);
                 shared.change(|s| match item {
-                    Some(item) => K::upsert(s, item),
+                    Some(mut item) => {
+                        K::share(s, &mut item);
+                        K::upsert(s, item);
+                    }
                     None => K::remove(s, &id),
                 });
             }
@@ -487,5 +512,37 @@ fn converted<K: Cached>(shared: &Shared, obj: &K) -> Option<K::Item> {
             }
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dovetail_core::shared::Shared;
+
+    fn replica(name: &str, team: &str) -> k8s::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop", "labels": {"app": "web", "team": team},
+                         "annotations": {"prometheus.io/scrape": "true", "karpenter.sh/do-not-disrupt": "true"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "app", "resources": {"requests": {"cpu": "1"}}}],
+                     "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}]}
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn cached_pods_of_one_workload_share_their_labels_and_keep_only_karpenters_annotations() {
+        let mut store = Store::default();
+        for (name, team) in [("web-1", "a"), ("web-2", "a"), ("web-3", "b")] {
+            let mut item = replica(name, team).convert().expect("converts");
+            k8s::Pod::share(&mut store, &mut item);
+            k8s::Pod::upsert(&mut store, item);
+        }
+        let pod = |n: &str| store.snap.pods.get(&PodKey::new("shop", n)).cloned().expect("cached");
+        let (one, two, three) = (pod("web-1"), pod("web-2"), pod("web-3"));
+        assert!(Shared::same(&one.labels, &two.labels), "equal labels are one copy");
+        assert!(!Shared::same(&one.labels, &three.labels));
+        assert!(Shared::same(&one.tolerations, &three.tolerations));
+        assert_eq!(one.annotations.keys().collect::<Vec<_>>(), ["karpenter.sh/do-not-disrupt"]);
     }
 }

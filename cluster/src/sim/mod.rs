@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dovetail_core::cluster::UNREGISTERED_TAINT;
 use dovetail_core::node::Node;
 use dovetail_core::nodepool::NodePool;
-use dovetail_core::pod::{Pod, PodKey};
+use dovetail_core::pod::{Pod, PodInterner, PodKey};
 use dovetail_core::taints::Taint;
 use tokio::sync::watch;
 
@@ -43,6 +43,8 @@ struct State {
     events: std::collections::VecDeque<Event>,
     /// Writes made through the writer seam (the plane's API calls), by kind.
     writes: std::collections::BTreeMap<&'static str, u64>,
+    /// One copy of what the pods of a workload share, as the kube view keeps them.
+    interner: PodInterner,
 }
 
 impl Default for SimCluster {
@@ -59,6 +61,7 @@ impl SimCluster {
             conflicts: 0,
             events: Default::default(),
             writes: Default::default(),
+            interner: PodInterner::default(),
         };
         SimCluster { state: Mutex::new(state), tx: watch::channel(0).0, synced: AtomicBool::new(true) }
     }
@@ -128,7 +131,8 @@ impl SimCluster {
     }
 
     /// Creates or replaces a pod (a user, or a workload controller).
-    pub fn apply_pod(&self, pod: Pod) -> u64 {
+    pub fn apply_pod(&self, mut pod: Pod) -> u64 {
+        self.lock().interner.intern(&mut pod);
         self.change(|s, _| {
             s.pods.insert(pod.key.clone(), Arc::new(pod));
             Ok(())
@@ -137,9 +141,15 @@ impl SimCluster {
     }
 
     /// Creates or replaces pods in one change (a controller's round).
-    pub fn apply_pods(&self, pods: Vec<Pod>) -> u64 {
+    pub fn apply_pods(&self, mut pods: Vec<Pod>) -> u64 {
         if pods.is_empty() {
             return self.lock().objects.resource_version;
+        }
+        {
+            let mut state = self.lock();
+            for pod in &mut pods {
+                state.interner.intern(pod);
+            }
         }
         self.change(|s, _| {
             for pod in pods {
@@ -627,7 +637,7 @@ mod tests {
     fn pod(name: &str, app: &str) -> Pod {
         Pod {
             key: PodKey::new("default", name),
-            labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+            labels: BTreeMap::from([("app".to_string(), app.to_string())]).into(),
             requests: ResourceList::cpu_mem(100, 1 << 20),
             ..Pod::default()
         }

@@ -121,7 +121,7 @@ pub fn lower_bound(snapshot: &Snapshot, pods: &[Pod], which: &[usize]) -> LowerB
     }
 
     // Classes of identical (requests, strict requirements, tolerations).
-    type Key = (ResourceList, Requirements, Vec<crate::taints::Toleration>);
+    type Key = (ResourceList, Requirements, crate::shared::Shared<Vec<crate::taints::Toleration>>);
     let mut by_key: HashMap<Key, usize> = HashMap::new();
     let mut classes: Vec<(Class, usize)> = Vec::new(); // (class, representative pod)
     let mut class_of: HashMap<usize, usize> = HashMap::new();

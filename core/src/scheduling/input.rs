@@ -83,8 +83,9 @@ pub struct Snapshot {
     pub nodepools: Vec<PoolInput>,
     /// Existing nodes and in-flight NodeClaims.
     pub nodes: Vec<Node>,
-    /// Pods bound to nodes (for resources, host ports and topology counts).
-    pub bound_pods: Vec<Pod>,
+    /// Pods bound to nodes (for resources, host ports and topology counts), shared with the
+    /// cluster's cache rather than copied.
+    pub bound_pods: Vec<Arc<Pod>>,
     /// One pod template per DaemonSet.
     pub daemonsets: Vec<Pod>,
     /// Namespace labels, for namespace selectors.

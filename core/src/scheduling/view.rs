@@ -6,6 +6,7 @@ use crate::labels::Labels;
 use crate::pod::{self, Pod, PodAffinity, TopologySpreadConstraint, WhenUnsatisfiable};
 use crate::requirements::Requirements;
 use crate::resources::ResourceList;
+use crate::shared::Shared;
 use crate::taints::{Effect, Toleration, TolerationOp};
 
 use super::input::PreferencePolicy;
@@ -13,13 +14,13 @@ use super::input::PreferencePolicy;
 /// The relaxable constraints of one pod.
 #[derive(Clone, Debug)]
 pub struct PodView {
-    pub node_selector: Labels,
+    pub node_selector: Shared<Labels>,
     pub required_terms: Vec<Requirements>,
     pub preferred_terms: Vec<(i32, Requirements)>,
-    pub affinity: PodAffinity,
-    pub anti_affinity: PodAffinity,
-    pub tolerations: Vec<Toleration>,
-    pub spread: Vec<TopologySpreadConstraint>,
+    pub affinity: Shared<PodAffinity>,
+    pub anti_affinity: Shared<PodAffinity>,
+    pub tolerations: Shared<Vec<Toleration>>,
+    pub spread: Shared<Vec<TopologySpreadConstraint>>,
 }
 
 impl PodView {

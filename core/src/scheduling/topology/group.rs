@@ -37,7 +37,7 @@ pub struct NodeFilter {
     pub(super) requirements: Vec<Requirements>,
     pub(super) taint_policy: InclusionPolicy,
     pub(super) affinity_policy: InclusionPolicy,
-    pub(super) tolerations: Vec<Toleration>,
+    pub(super) tolerations: crate::shared::Shared<Vec<Toleration>>,
 }
 
 impl NodeFilter {

@@ -8,17 +8,21 @@
 //! patch to a fresh read and writes it with that read's resource version as a precondition.
 //! The `dovetail-cluster` crate's seam and its implementations move these objects.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Deref;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::labels::{LabelSelector, Labels};
 use crate::node::Node;
 use crate::nodepool::{NodeClaimSpec, NodePool};
 use crate::pod::{Pod, PodKey};
-use crate::requirements::Requirements;
 use crate::resources::ResourceList;
 use crate::taints::Taint;
+
+mod pods;
+mod storage;
+
+pub use pods::Pods;
+pub use storage::{MAX_VOLUME_ALTERNATIVES, Storage, VolumeClaim, VolumeError};
 
 /// The finalizer every NodeClaim (and every Node dovetail registers) carries until its
 /// instance is gone.
@@ -120,82 +124,6 @@ pub struct Pdb {
     pub disruptions_allowed: i32,
 }
 
-/// The pods by key, with an index of the pending ones (not bound, not finished) kept as
-/// pods are inserted and removed, so that finding what to provision for reads the pending
-/// pods only, not every pod of the cluster. Reads go through `Deref` to the map.
-#[derive(Clone, Debug, Default)]
-pub struct Pods {
-    all: BTreeMap<PodKey, Arc<Pod>>,
-    pending: BTreeSet<PodKey>,
-}
-
-impl Pods {
-    fn is_pending(p: &Pod) -> bool {
-        p.node_name.is_none() && !p.terminal
-    }
-
-    /// Inserts or replaces a pod, returning the one it replaced.
-    pub fn insert(&mut self, key: PodKey, pod: Arc<Pod>) -> Option<Arc<Pod>> {
-        if Self::is_pending(&pod) {
-            self.pending.insert(key.clone());
-        } else {
-            self.pending.remove(&key);
-        }
-        self.all.insert(key, pod)
-    }
-
-    /// Changes a pod in place (copied first if it is shared) and re-indexes it; `None` when
-    /// there is no such pod.
-    pub fn update<R>(&mut self, key: &PodKey, f: impl FnOnce(&mut Pod) -> R) -> Option<R> {
-        let pod = self.all.get_mut(key)?;
-        let p = Arc::make_mut(pod);
-        let out = f(p);
-        if Self::is_pending(p) {
-            self.pending.insert(key.clone());
-        } else {
-            self.pending.remove(key);
-        }
-        Some(out)
-    }
-
-    pub fn remove(&mut self, key: &PodKey) -> Option<Arc<Pod>> {
-        self.pending.remove(key);
-        self.all.remove(key)
-    }
-
-    pub fn clear(&mut self) {
-        self.pending.clear();
-        self.all.clear();
-    }
-
-    /// Pods not bound to a node (and not finished), from the index.
-    pub fn pending(&self) -> impl Iterator<Item = &Arc<Pod>> {
-        self.pending.iter().filter_map(|k| self.all.get(k))
-    }
-
-    /// How many pods are pending.
-    pub fn pending_len(&self) -> usize {
-        self.pending.len()
-    }
-}
-
-impl Deref for Pods {
-    type Target = BTreeMap<PodKey, Arc<Pod>>;
-    fn deref(&self) -> &Self::Target {
-        &self.all
-    }
-}
-
-impl FromIterator<(PodKey, Arc<Pod>)> for Pods {
-    fn from_iter<I: IntoIterator<Item = (PodKey, Arc<Pod>)>>(iter: I) -> Self {
-        let mut pods = Pods::default();
-        for (k, p) in iter {
-            pods.insert(k, p);
-        }
-        pods
-    }
-}
-
 /// Everything the cluster holds at one resource version. Objects are shared.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -211,80 +139,6 @@ pub struct Snapshot {
     pub namespaces: BTreeMap<String, Labels>,
     /// What volume topology reads.
     pub storage: Storage,
-}
-
-/// A PersistentVolumeClaim as volume topology reads it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VolumeClaim {
-    /// `spec.volumeName`: the PersistentVolume it is bound to.
-    pub volume_name: Option<String>,
-    /// `spec.storageClassName` (empty: statically provisioned, no class).
-    pub storage_class: Option<String>,
-}
-
-/// The most topology alternatives a pod's volumes are expanded into.
-pub const MAX_VOLUME_ALTERNATIVES: usize = 16;
-
-/// Storage as volume topology reads it (Karpenter's `VolumeTopology`): a bound claim's
-/// PersistentVolume must be reachable from the node (its node affinity), an unbound claim's
-/// volume will be created where its StorageClass allows (`allowedTopologies`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Storage {
-    /// PersistentVolumeClaims by `namespace/name`.
-    pub claims: BTreeMap<String, VolumeClaim>,
-    /// PersistentVolumes by name: the terms of `spec.nodeAffinity.required` (one must hold).
-    pub volumes: BTreeMap<String, Vec<Requirements>>,
-    /// StorageClasses by name: the terms of `allowedTopologies` (one must hold).
-    pub classes: BTreeMap<String, Vec<Requirements>>,
-}
-
-impl Storage {
-    /// The topology alternatives of `pod`'s volumes: one term of each volume, intersected, for
-    /// every choice that is satisfiable (at most [`MAX_VOLUME_ALTERNATIVES`], in term order).
-    /// Every term is tried, the first first. Empty when no volume constrains the node. An
-    /// error names what is missing (a claim, its volume or its class), as Karpenter does not
-    /// provision for such a pod.
-    pub fn requirements(&self, pod: &Pod) -> Result<Vec<Requirements>, String> {
-        let mut alternatives = vec![Requirements::new()];
-        for name in &pod.volume_claims {
-            let id = format!("{}/{name}", pod.key.namespace);
-            let claim = self.claims.get(&id).ok_or_else(|| format!("PersistentVolumeClaim {id} not found"))?;
-            let terms = match (&claim.volume_name, claim.storage_class.as_deref()) {
-                (Some(volume), _) => self
-                    .volumes
-                    .get(volume)
-                    .ok_or_else(|| format!("PersistentVolume {volume} of PersistentVolumeClaim {id} not found"))?,
-                (None, None | Some("")) => continue,
-                (None, Some(class)) => self
-                    .classes
-                    .get(class)
-                    .ok_or_else(|| format!("StorageClass {class} of PersistentVolumeClaim {id} not found"))?,
-            };
-            if terms.is_empty() {
-                continue;
-            }
-            let mut next = Vec::new();
-            for base in &alternatives {
-                for term in terms {
-                    if next.len() >= MAX_VOLUME_ALTERNATIVES {
-                        break;
-                    }
-                    if base.intersects_ok(term) {
-                        let mut r = base.clone();
-                        r.add_all(term);
-                        next.push(r);
-                    }
-                }
-            }
-            if next.is_empty() {
-                return Err(format!(
-                    "the topologies of PersistentVolumeClaim {id} and the pod's other volumes do not overlap"
-                ));
-            }
-            alternatives = next;
-        }
-        Ok(if alternatives.iter().all(Requirements::is_empty) { Vec::new() } else { alternatives })
-    }
 }
 
 impl Snapshot {
@@ -339,12 +193,7 @@ impl Snapshot {
         crate::scheduling::Snapshot {
             nodepools: pools,
             nodes,
-            bound_pods: self
-                .pods
-                .values()
-                .filter(|p| p.node_name.is_some() && !p.terminal)
-                .map(|p| p.as_ref().clone())
-                .collect(),
+            bound_pods: self.pods.values().filter(|p| p.node_name.is_some() && !p.terminal).cloned().collect(),
             daemonsets: self.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
             namespaces: self.namespaces.clone(),
         }
@@ -479,79 +328,6 @@ pub struct Event {
 mod tests {
     use super::*;
     use crate::taints::Effect;
-
-    #[test]
-    fn the_pending_index_follows_inserts_updates_and_removes() {
-        let mut pods = Pods::default();
-        let key = |n: &str| PodKey::new("default", n);
-        for n in ["a", "b", "c"] {
-            pods.insert(key(n), Arc::new(Pod::new("default", n, ResourceList::new())));
-        }
-        let mut done = Pod::new("default", "d", ResourceList::new());
-        done.terminal = true;
-        pods.insert(key("d"), Arc::new(done));
-        let names = |p: &Pods| p.pending().map(|p| p.key.name.clone()).collect::<Vec<_>>();
-        assert_eq!(names(&pods), ["a", "b", "c"], "a finished pod is not pending");
-        pods.update(&key("b"), |p| p.node_name = Some("n1".into()));
-        assert_eq!(names(&pods), ["a", "c"], "a bound pod leaves the index");
-        let mut rebound = Pod::new("default", "c", ResourceList::new());
-        rebound.node_name = Some("n2".into());
-        pods.insert(key("c"), Arc::new(rebound));
-        assert_eq!(names(&pods), ["a"], "a replaced pod is re-indexed");
-        pods.remove(&key("a"));
-        assert_eq!(pods.pending_len(), 0);
-        assert_eq!(pods.len(), 3, "reads go to the map");
-        assert_eq!(pods.update(&key("zz"), |_| ()), None);
-        // The index always equals a scan.
-        pods.update(&key("b"), |p| p.node_name = None);
-        assert_eq!(pods.values().filter(|p| p.node_name.is_none() && !p.terminal).count(), pods.pending_len());
-        assert_eq!(names(&pods), ["b"]);
-    }
-
-    fn zone_terms(zones: &[&str]) -> Vec<Requirements> {
-        zones
-            .iter()
-            .map(|z| {
-                let mut r = Requirements::new();
-                r.add(crate::labels::ZONE, crate::requirements::Requirement::is_in([*z]));
-                r
-            })
-            .collect()
-    }
-
-    #[test]
-    fn volume_topology_intersects_each_volume_and_names_what_is_missing() {
-        let mut storage = Storage::default();
-        storage.claims.insert("db/data".into(), VolumeClaim { volume_name: Some("pv-1".into()), storage_class: None });
-        storage.claims.insert("db/logs".into(), VolumeClaim { volume_name: None, storage_class: Some("gp3".into()) });
-        storage
-            .claims
-            .insert("db/static".into(), VolumeClaim { volume_name: None, storage_class: Some(String::new()) });
-        storage.volumes.insert("pv-1".into(), zone_terms(&["us-west-2a", "us-west-2b"]));
-        storage.classes.insert("gp3".into(), zone_terms(&["us-west-2b", "us-west-2c"]));
-        let mut pod = Pod::new("db", "db-0", ResourceList::new());
-        assert_eq!(storage.requirements(&pod), Ok(Vec::new()), "no volumes, no constraint");
-
-        pod.volume_claims = vec!["data".into()];
-        let alts = storage.requirements(&pod).expect("resolves");
-        assert_eq!(alts, zone_terms(&["us-west-2a", "us-west-2b"]), "either term of the volume, in order");
-
-        pod.volume_claims = vec!["data".into(), "logs".into(), "static".into()];
-        let alts = storage.requirements(&pod).expect("resolves");
-        assert_eq!(alts, zone_terms(&["us-west-2b"]), "only the zone both volumes reach");
-
-        storage.classes.insert("gp3".into(), zone_terms(&["us-west-2c"]));
-        let e = storage.requirements(&pod).expect_err("disjoint");
-        assert!(e.contains("db/logs") && e.contains("do not overlap"), "{e}");
-
-        pod.volume_claims = vec!["missing".into()];
-        assert_eq!(storage.requirements(&pod), Err("PersistentVolumeClaim db/missing not found".into()));
-        storage
-            .claims
-            .insert("db/orphan".into(), VolumeClaim { volume_name: Some("pv-9".into()), storage_class: None });
-        pod.volume_claims = vec!["orphan".into()];
-        assert!(storage.requirements(&pod).expect_err("no volume").contains("PersistentVolume pv-9"));
-    }
 
     #[test]
     fn percentages_round_up() {
