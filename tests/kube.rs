@@ -33,6 +33,18 @@ fn env() -> Option<Env> {
     Some(Env { kubeconfig: dir.join("kubeconfig"), dir })
 }
 
+/// The environment, held by this test alone and reset, with the CRDs installed and Karpenter's
+/// getting-started NodePool and EC2NodeClass applied (kubectl's output returned); `None`, with
+/// the skip logged, when no environment is set.
+fn getting_started() -> Option<(Env, std::sync::MutexGuard<'static, ()>, String)> {
+    let env = env()?;
+    let serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    env.reset();
+    env.install_crds();
+    let applied = env.apply(include_str!("fixtures/getting-started.yaml"));
+    Some((env, serial, applied))
+}
+
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -256,11 +268,7 @@ fn clean_up(env: &Env, namespace: &str, ctl: &Controller) {
 
 #[test]
 fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler() {
-    let Some(env) = env() else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    env.reset();
-    env.install_crds();
-    let applied = env.apply(include_str!("fixtures/getting-started.yaml"));
+    let Some((env, _serial, applied)) = getting_started() else { return };
     assert!(applied.contains("nodepool.karpenter.sh/default"), "{applied}");
     let ns = "scale-up";
     env.apply(&deployment(ns, "inflate", 20, "1"));
@@ -331,11 +339,7 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
 
 #[test]
 fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_or_instances() {
-    let Some(env) = env() else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    env.reset();
-    env.install_crds();
-    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let Some((env, _serial, _)) = getting_started() else { return };
     let ns = "restart";
     env.apply(&deployment(ns, "inflate", 40, "1"));
     let first = Controller::start(&env, "restart-1", &[]);
@@ -468,11 +472,7 @@ spec:
 
 #[test]
 fn pods_on_a_zonal_volume_get_a_node_in_its_zone_and_a_pod_whose_claim_is_missing_gets_none() {
-    let Some(env) = env() else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    env.reset();
-    env.install_crds();
-    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let Some((env, _serial, _)) = getting_started() else { return };
     let ns = "volumes";
     env.apply(&pinned_volume_workload(ns));
     env.wait("the claim bound to its volume", Duration::from_secs(30), |e| {
@@ -528,11 +528,7 @@ fn policy_version(env: &Env) -> &'static str {
 
 #[test]
 fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it() {
-    let Some(env) = env() else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    env.reset();
-    env.install_crds();
-    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let Some((env, _serial, _)) = getting_started() else { return };
     let ns = "drain";
     env.apply(&deployment(ns, "guarded", 3, "1"));
     let pdb = |min: u32| {
@@ -591,11 +587,7 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
 
 #[test]
 fn an_api_server_restart_is_survived_and_nothing_is_terminated_for_being_missing() {
-    let Some(env) = env() else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    env.reset();
-    env.install_crds();
-    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let Some((env, _serial, _)) = getting_started() else { return };
     let ns = "apiserver-restart";
     env.apply(&deployment(ns, "inflate", 10, "1"));
     let ctl = Controller::start(&env, "apiserver-restart", &[]);
@@ -662,11 +654,7 @@ fn condition(env: &Env, pool: &str, kind: &str) -> Option<(String, String, Strin
 
 #[test]
 fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_while_the_others_provision() {
-    let Some(env) = env() else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    env.reset();
-    env.install_crds();
-    env.apply(include_str!("fixtures/getting-started.yaml"));
+    let Some((env, _serial, _)) = getting_started() else { return };
     // The schema is Karpenter's: the server fills in its defaults and refuses what its enums,
     // patterns and bounds refuse, naming the field.
     let default = env.json(&["get", "nodepool", "default"]);
