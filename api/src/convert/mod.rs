@@ -21,7 +21,7 @@ pub use nodeclaim::{
     conditions_object, node_selector_requirements, nodeclaim, nodeclaim_from_object, nodeclaim_status_object,
     nodepool_status_object,
 };
-pub use nodeclass::node_class_settings;
+pub use nodeclass::{node_class_settings, validate_nodeclass};
 pub use nodepool::{default_nodepool, nodepool};
 pub use pod::{PodMeta, node, pod_from_spec, pod_object};
 pub use storage::{class_topology, volume_claim, volume_topology};

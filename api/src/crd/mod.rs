@@ -136,6 +136,115 @@ spec:
     }
 
     #[test]
+    fn the_crds_carry_karpenters_cel_rules_where_karpenter_puts_them() -> Result<(), Box<dyn std::error::Error>> {
+        let docs: Vec<serde_json::Value> =
+            manifests()?.iter().map(|(_, text)| serde_yaml::from_str(text)).collect::<Result<_, _>>()?;
+        let schema = |d: &serde_json::Value| d["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+        let (np, nc, ec2) = (schema(&docs[0]), schema(&docs[1]), schema(&docs[2]));
+        let messages = |node: &serde_json::Value| -> Vec<String> {
+            node["x-kubernetes-validations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r["message"].as_str().map(str::to_string))
+                .collect()
+        };
+        let np_spec = &np["properties"]["spec"];
+        assert_eq!(messages(np_spec).len(), 3, "static/dynamic, limits and weight on static pools");
+        let template = &np_spec["properties"]["template"]["properties"];
+        let labels = &template["metadata"]["properties"]["labels"];
+        assert_eq!(messages(labels).len(), 4);
+        let aws = labels["x-kubernetes-validations"][3]["rule"].as_str().unwrap_or_default();
+        assert!(
+            aws.contains(r#""karpenter.k8s.aws/instance-family""#)
+                && aws.contains(r#""karpenter.k8s.aws/ec2nodeclass""#)
+        );
+        assert!(aws.starts_with("self.all(x, x in ["), "{aws}");
+        let tspec = &template["spec"]["properties"];
+        assert_eq!(messages(&tspec["requirements"]).len(), 3);
+        assert_eq!(messages(&tspec["requirements"]["items"]["properties"]["key"]).len(), 4);
+        assert_eq!(
+            messages(&tspec["nodeClassRef"]),
+            ["nodeClassRef.group is immutable", "nodeClassRef.kind is immutable"]
+        );
+        assert_eq!(messages(&tspec["nodeClassRef"]["properties"]["name"]), ["name may not be empty"]);
+        assert_eq!(
+            messages(&np_spec["properties"]["disruption"]["properties"]["budgets"]),
+            ["'schedule' must be set with 'duration'"]
+        );
+        // A NodeClaim's spec is immutable, and its requirement keys may be karpenter.sh/nodepool.
+        let nc_spec = &nc["properties"]["spec"];
+        assert_eq!(
+            nc_spec["x-kubernetes-validations"],
+            serde_json::json!([{"message": "spec is immutable", "rule": "self == oldSelf"}])
+        );
+        assert_eq!(messages(&nc_spec["properties"]["requirements"]["items"]["properties"]["key"]).len(), 3);
+        let ec2_spec = &ec2["properties"]["spec"];
+        assert_eq!(
+            messages(ec2_spec).len(),
+            8,
+            "role xor instanceProfile, six alias families, amiFamily without alias"
+        );
+        let props = &ec2_spec["properties"];
+        assert_eq!(messages(&props["amiSelectorTerms"]).len(), 4);
+        assert_eq!(messages(&props["amiSelectorTerms"]["items"]["properties"]["alias"]).len(), 3);
+        assert_eq!(messages(&props["subnetSelectorTerms"]).len(), 3);
+        assert_eq!(messages(&props["securityGroupSelectorTerms"]).len(), 4);
+        assert_eq!(messages(&props["tags"]).len(), 6);
+        assert!(props["subnetSelectorTerms"]["items"]["properties"].get("name").is_none(), "subnets: tags or id");
+        assert_eq!(props["subnetSelectorTerms"]["items"]["properties"]["tags"]["maxProperties"], 20);
+        assert_eq!(props["metadataOptions"]["default"]["httpTokens"], "required");
+        // Every rule a 1.25+ server compiles is over a field the schema declares (a rule naming
+        // an undeclared field is refused when the CRD is created): each `self.FIELD` and
+        // `x.FIELD` names a property of the node it sits on or of its items.
+        let mut checked = 0;
+        for d in [&np, &nc, &ec2] {
+            checked += check_rule_fields(d);
+        }
+        assert!(checked > 40, "{checked} rules checked");
+        Ok(())
+    }
+
+    /// Checks the fields each rule in `node` and below reads; returns how many rules it saw.
+    /// `self.F` and `oldSelf.F` must be properties of the node (or of its items, for a list's
+    /// rules over `self.all(x, ...)`); a bound variable's `x.F` a property somewhere below.
+    fn check_rule_fields(node: &serde_json::Value) -> usize {
+        fn below(n: &serde_json::Value, field: &str) -> bool {
+            n["properties"].get(field).is_some()
+                || n["properties"].as_object().into_iter().flat_map(|m| m.values()).any(|c| below(c, field))
+                || (n["items"].is_object() && below(&n["items"], field))
+        }
+        const BUILTIN: [&str; 9] =
+            ["all", "exists", "filter", "size", "find", "matches", "split", "startsWith", "endsWith"];
+        let mut seen = 0;
+        for rule in node["x-kubernetes-validations"].as_array().into_iter().flatten() {
+            seen += 1;
+            let text = rule["rule"].as_str().unwrap_or_default();
+            for prefix in ["self.", "oldSelf.", "x."] {
+                for part in text.split(prefix).skip(1) {
+                    let field: String = part.chars().take_while(char::is_ascii_alphanumeric).collect();
+                    if field.is_empty() || BUILTIN.contains(&field.as_str()) {
+                        continue;
+                    }
+                    let ok = if prefix == "x." {
+                        below(node, &field)
+                    } else {
+                        node["properties"].get(&field).is_some() || node["items"]["properties"].get(&field).is_some()
+                    };
+                    assert!(ok, "rule {text:?} reads {field}, which the schema does not declare");
+                }
+            }
+        }
+        for child in node["properties"].as_object().into_iter().flat_map(|m| m.values()) {
+            seen += check_rule_fields(child);
+        }
+        if node["items"].is_object() {
+            seen += check_rule_fields(&node["items"]);
+        }
+        seen
+    }
+
+    #[test]
     fn the_checked_in_crds_are_what_the_types_generate() {
         let generated = manifests().expect("serializes");
         assert_eq!(generated.len(), CHECKED_IN.len());

@@ -259,6 +259,7 @@ impl Cached for crd::EC2NodeClass {
     type Item = crd::EC2NodeClass;
     fn convert(&self) -> Result<Self::Item, ConversionError> {
         // Checked here so that a bad one is reported; the object itself is what is kept.
+        convert::validate_nodeclass(self)?;
         convert::node_class_settings(self)?;
         let mut nc = self.clone();
         nc.metadata.managed_fields = None;
