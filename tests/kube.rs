@@ -7,7 +7,10 @@
 //! NodePool: they take a lock and leave the cluster as they found it.
 //!
 //! Skipped, with a message, when `DOVETAIL_KUBE_ENV` (the directory `kube-test-env start`
-//! wrote) is unset.
+//! wrote) is unset. With `DOVETAIL_CRDS=DIR` the tests install the CRD files in DIR instead of
+//! dovetail's: Karpenter's own (`pkg/apis/crds/` of aws/karpenter-provider-aws), for a cluster
+//! that migrates from Karpenter with its CRDs in place. The RBAC test applies the shipped
+//! kustomization, dovetail's CRDs included.
 
 // A test harness reads its environment and paces its waits by the wall clock.
 #![allow(clippy::disallowed_methods)]
@@ -166,8 +169,9 @@ impl Env {
             serde_json::from_str(&self.kubectl(&["version", "-o", "json"])).expect("kubectl version prints JSON");
         let minor = version["serverVersion"]["minor"].as_str().unwrap_or_default();
         let minor: u32 = minor.trim_end_matches('+').parse().expect("the server's minor version is a number");
+        let kustomized = dir.join("kustomization.yaml").exists();
         let dir = dir.to_string_lossy();
-        let mut args = vec!["apply", "-k", &dir];
+        let mut args = vec!["apply", if kustomized { "-k" } else { "-f" }, &dir];
         if minor < 25 {
             args.push("--validate=false");
         }
@@ -177,8 +181,13 @@ impl Env {
         }
     }
 
+    /// dovetail's CRDs, or with `DOVETAIL_CRDS=DIR` the CRD files in DIR: Karpenter's own, to run
+    /// the suite on a cluster migrating from Karpenter (the objects are the same).
     fn install_crds(&self) {
-        self.apply_crds(&repo().join("deploy/crds"));
+        match std::env::var_os("DOVETAIL_CRDS") {
+            Some(dir) => self.apply_crds(Path::new(&dir)),
+            None => self.apply_crds(&repo().join("deploy/crds")),
+        }
     }
 }
 
@@ -490,6 +499,8 @@ spec:
 fn pods_on_a_zonal_volume_get_a_node_in_its_zone_and_a_pod_whose_claim_is_missing_gets_none() {
     let Some((env, _serial, _)) = getting_started() else { return };
     let ns = "volumes";
+    // A run that failed half way leaves its volume Released, which no new claim binds.
+    env.kubectl(&["delete", "pv", &format!("{ns}-data"), "--ignore-not-found"]);
     env.apply(&pinned_volume_workload(ns));
     env.wait("the claim bound to its volume", Duration::from_secs(30), |e| {
         let pvc = e.items(&["get", "pvc", "-n", ns]);

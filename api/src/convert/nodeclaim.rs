@@ -205,7 +205,10 @@ pub fn conditions_object(
                 type_: c.kind.clone(),
                 status: s.to_string(),
                 reason: Some(if c.reason.is_empty() { c.kind.clone() } else { c.reason.clone() }),
-                message: Some(c.message.clone()),
+                // Never empty: an API server before the go-openapi fix (1.20 among them) reads
+                // "" in a custom object as null, and Karpenter's CRDs (not nullable, and the
+                // NodePool's requiring a message) then refuse the whole status.
+                message: Some(if c.message.is_empty() { format!("{} is {s}", c.kind) } else { c.message.clone() }),
                 last_transition_time: Some(since),
                 observed_generation: None,
             }
@@ -326,6 +329,6 @@ mod tests {
         assert_eq!(cs[0].last_transition_time.as_deref(), Some("2026-01-01T00:00:00Z"));
         assert_eq!(cs[1].last_transition_time.as_deref(), Some("2026-02-02T00:00:00Z"));
         assert_eq!(cs[1].reason.as_deref(), Some("Registered"), "a reason is required");
-        assert_eq!(cs[1].message.as_deref(), Some(""), "a message is required");
+        assert_eq!(cs[1].message.as_deref(), Some("Registered is True"), "a message is required, and never empty");
     }
 }
