@@ -58,6 +58,7 @@ impl Env {
         let out = Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            .arg("--request-timeout=60s")
             .args(args)
             .output()
             .expect("kubectl runs");
@@ -195,6 +196,8 @@ impl Env {
 struct Controller {
     child: Child,
     log: PathBuf,
+    /// Where it serves `/metrics`.
+    metrics_addr: String,
 }
 
 impl Controller {
@@ -207,22 +210,37 @@ impl Controller {
         let log = env.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let port = |n: u16| format!("127.0.0.1:{}", free_port().unwrap_or(n));
+        let metrics_addr = port(18080);
         let child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
             .args(["controller", "--cloud", "sim", "--cluster-name", "dovetail-test"])
             .arg("--kubeconfig")
             .arg(kubeconfig)
-            .args(["--metrics-addr", &port(18080), "--health-addr", &port(18081)])
+            .args(["--metrics-addr", &metrics_addr, "--health-addr", &port(18081)])
             .args(extra)
             .env("RUST_LOG", "info,kube_client=error")
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()
             .expect("dovetail controller starts");
-        Controller { child, log }
+        Controller { child, log, metrics_addr }
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The sum of the samples of `metric` whose labels contain `labels` (e.g. `kind="conflict"`).
+    fn metric(&self, metric: &str, labels: &str) -> f64 {
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "10", &format!("http://{}/metrics", self.metrics_addr)])
+            .output()
+            .expect("curl runs");
+        assert!(out.status.success(), "GET /metrics failed\n{}", self.log());
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 }
 
@@ -594,6 +612,9 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
     });
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(on_node(&env), held, "no pod evicted while the PDB allows none\n{}", ctl.log());
+    // Evictions were asked and refused for the budget (429), not never sent.
+    let refused = ctl.metric("dovetail_errors_total", r#"kind="disruption_budget""#);
+    assert!(refused > 0.0, "evictions refused by the PDB are counted\n{}", ctl.log());
     assert!(
         !env.items(&["get", "nodeclaims"]).iter().all(|c| name_of(c) != claim),
         "the NodeClaim waits for its drain"
@@ -851,7 +872,10 @@ fn the_controller_provisions_and_drains_under_the_shipped_rbac_role_applied_with
     });
     env.wait_running("the pods Running again", ns, 3, None, &ctl, Duration::from_secs(60));
     let log = ctl.log();
-    assert!(!log.contains("403"), "nothing was forbidden: {log}");
+    assert!(!log.contains("HTTP 403") && !log.to_lowercase().contains("forbidden"), "nothing was forbidden: {log}");
+    // Also what is only counted: no watch failed, no write was refused.
+    assert_eq!(ctl.metric("dovetail_cluster_watch_errors_total", ""), 0.0, "{log}");
+    assert_eq!(ctl.metric("dovetail_errors_total", r#"kind="unavailable""#), 0.0, "{log}");
     clean_up(&env, ns, &ctl);
     for (kind, name, namespace) in [
         ("clusterrolebinding", "dovetail", None),

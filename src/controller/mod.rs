@@ -70,6 +70,9 @@ async fn client(s: &Settings) -> Result<kube::Client, String> {
                 .await
                 .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
         }
+        // In a pod, its service account first (kube's `infer` would try a kubeconfig first).
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => kube::Config::incluster()
+            .map_err(|e| format!("in-cluster configuration (KUBERNETES_SERVICE_HOST is set): {e}"))?,
         None => kube::Config::infer().await.map_err(|e| format!("no cluster configuration found: {e}"))?,
     };
     kube::Client::try_from(config).map_err(|e| format!("building the API client: {e}"))
@@ -92,7 +95,8 @@ async fn serve(s: Settings) -> Result<(), String> {
     let client = client(&s).await?;
     let kube_settings = KubeSettings { qps: s.kube_client_qps, burst: s.kube_client_burst };
     let cluster = Arc::new(KubeCluster::start(client, kube_settings, clock.clone()).await.map_err(|e| e.to_string())?);
-    tracing::info!(server = %cluster.versions().server, policy = %cluster.versions().policy, "connected");
+    let v = cluster.versions();
+    tracing::info!(server = %v.server, policy = %v.policy, eviction = %v.eviction, "connected");
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(http::Metrics::default());
     http::serve_health(s.health_addr, ready.clone()).await?;

@@ -195,11 +195,18 @@ impl Pools {
     }
 
     /// Writes each NodePool's status where it changed, and an event per new error of an
-    /// invalid one. Only the leader writes (a follower's plane is not the one deciding).
+    /// invalid one. Only the leader writes (a follower's plane is not the one deciding), and
+    /// only in the term it read: the term is checked before every write, as the executor does.
+    /// (These report what the cluster shows; they decide nothing the ledger would record.)
     pub async fn report(&mut self, cluster: &KubeCluster, plane: &Plane, ledger: &dyn Ledger, clock: &dyn Clock) {
-        if !ledger.leadership().borrow().leader {
-            return;
-        }
+        let term = {
+            let l = ledger.leadership().borrow().clone();
+            if !l.leader {
+                return;
+            }
+            l.term
+        };
+        let current = || ledger.leadership().borrow().is_current(term);
         let (desired, not_ready) = self.desired(cluster);
         let snap = cluster.snapshot();
         let mut held: BTreeMap<&str, (ResourceList, i64)> = BTreeMap::new();
@@ -223,6 +230,9 @@ impl Pools {
                 self.written.insert(name.clone(), status);
                 continue;
             }
+            if !current() {
+                return;
+            }
             match cluster.patch_nodepool_status(name, &status).await {
                 Ok(_) => {
                     self.written.insert(name.clone(), status);
@@ -235,6 +245,9 @@ impl Pools {
             let Unready::Invalid(e) = why else { continue };
             if self.evented.get(name) == Some(e) {
                 continue;
+            }
+            if !current() {
+                return;
             }
             let event = Event {
                 kind: ObjectKind::NodePool,

@@ -1,7 +1,8 @@
 //! The cluster seam on a real API server, with kube-rs.
 //!
 //! [`KubeCluster::start`] discovers the API versions the server serves (`policy/v1` or, before
-//! Kubernetes 1.21, `policy/v1beta1` for PodDisruptionBudgets and evictions), starts one watch
+//! Kubernetes 1.21, `policy/v1beta1` for PodDisruptionBudgets; the eviction version as `/api/v1`
+//! lists `pods/eviction`, `policy/v1` from 1.22), starts one watch
 //! per kind into the caches of [`store`], and is the [`ClusterView`] over them (synced once
 //! every kind listed once) and the [`ClusterWriter`] on the API: NodeClaims created by name,
 //! writes made from a read carry its `resourceVersion` in a merge patch (the server answers 409
@@ -53,8 +54,11 @@ impl Default for KubeSettings {
 /// API versions found by discovery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Versions {
-    /// `policy/v1` or `policy/v1beta1`: PodDisruptionBudgets and the Eviction body.
+    /// `policy/v1` or `policy/v1beta1`: PodDisruptionBudgets.
     pub policy: String,
+    /// The Eviction body's `apiVersion`, as `/api/v1` lists `pods/eviction` (1.21 serves
+    /// `policy/v1` PodDisruptionBudgets but `policy/v1beta1` evictions).
+    pub eviction: String,
     /// The server's `major.minor`.
     pub server: String,
 }
@@ -314,20 +318,30 @@ fn spawn<K: Cached>(api: Api<K>, shared: &Arc<Shared>, cfg: watcher::Config) -> 
     tokio::spawn(async move { store::follow(api, sh, cfg).await })
 }
 
-/// Which policy version the server serves, and its version.
+/// Which policy version the server serves for PodDisruptionBudgets and for evictions, and its
+/// version. Only a 404 means a version is not served; any other error is returned (the caller
+/// retries), not read as "an older server".
 async fn discover(client: &kube::Client) -> Result<Versions, ClusterError> {
-    let info = client
-        .apiserver_version()
-        .await
-        .map_err(|e| ClusterError::Unavailable { reason: format!("reading the API server's version: {e}") })?;
-    let serves = |list: &k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList| {
-        list.resources.iter().any(|r| r.name == "poddisruptionbudgets")
-    };
+    let unavailable = |what: &str, e: kube::Error| ClusterError::Unavailable { reason: format!("{what}: {e}") };
+    let info = client.apiserver_version().await.map_err(|e| unavailable("reading the API server's version", e))?;
     let policy = match client.list_api_group_resources("policy/v1").await {
-        Ok(list) if serves(&list) => "policy/v1",
-        _ => "policy/v1beta1",
+        Ok(list) if list.resources.iter().any(|r| r.name == "poddisruptionbudgets") => "policy/v1",
+        Ok(_) => "policy/v1beta1",
+        Err(kube::Error::Api(s)) if s.code == 404 => "policy/v1beta1",
+        Err(e) => return Err(unavailable("discovering policy/v1", e)),
     };
-    Ok(Versions { policy: policy.to_string(), server: format!("{}.{}", info.major, info.minor) })
+    let core = client.list_core_api_resources("v1").await.map_err(|e| unavailable("discovering the core API", e))?;
+    let eviction = core
+        .resources
+        .iter()
+        .find(|r| r.name == "pods/eviction")
+        .and_then(|r| Some(format!("{}/{}", r.group.as_deref()?, r.version.as_deref()?)))
+        // Servers that do not say (before 1.22 the entry carries no group or version) take
+        // the PodDisruptionBudgets' version, which is policy/v1beta1 there except on 1.21.
+        .unwrap_or_else(
+            || if info.minor.trim_end_matches('+') == "21" { "policy/v1beta1".into() } else { policy.into() },
+        );
+    Ok(Versions { policy: policy.to_string(), eviction, server: format!("{}.{}", info.major, info.minor) })
 }
 
 impl ClusterView for KubeCluster {

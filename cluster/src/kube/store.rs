@@ -450,10 +450,17 @@ impl Cached for DynamicObject {
 pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher::Config) {
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
     let mut listing: Option<Vec<K::Item>> = None;
+    // Every object the (re)list returned, valid or not: an invalid one deleted while the watch
+    // was down must not stay reported.
+    let mut listed: BTreeSet<String> = BTreeSet::new();
     while let Some(event) = events.next().await {
         match event {
-            Ok(Event::Init) => listing = Some(Vec::new()),
+            Ok(Event::Init) => {
+                listing = Some(Vec::new());
+                listed.clear();
+            }
             Ok(Event::InitApply(obj)) => {
+                listed.insert(obj.id());
                 // Shared as it arrives: a list of 300,000 pods is buffered whole until it ends.
                 if let Some(mut item) = converted(&shared, &obj) {
                     K::share(&mut shared.lock(), &mut item);
@@ -462,7 +469,10 @@ pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher
             }
             Ok(Event::InitDone) => {
                 let items = listing.take().unwrap_or_default();
+                let seen = std::mem::take(&mut listed);
                 shared.change(|s| {
+                    let prefix = format!("{} ", K::KIND);
+                    s.invalid.retain(|key, _| key.strip_prefix(&prefix).is_none_or(|id| seen.contains(id)));
                     K::clear(s);
                     for item in items {
                         K::upsert(s, item);

@@ -243,7 +243,7 @@ impl ClusterWriter for KubeCluster {
         Box::pin(async move {
             self.admit().await;
             let body = json!({
-                "apiVersion": self.versions.policy,
+                "apiVersion": self.versions.eviction,
                 "kind": "Eviction",
                 "metadata": { "name": pod.name, "namespace": pod.namespace },
             });
