@@ -162,24 +162,16 @@ impl Env {
         }
     }
 
-    /// `kubectl apply -k DIR` of a kustomization holding the CRDs, then waits until they are
-    /// Established. A server older than 1.25 does not know their CEL rules: kubectl must not
-    /// validate against its schema (the server drops the rules). Chosen by discovery.
+    /// Applies a kustomization holding the CRDs, or a directory of CRD files, and waits until
+    /// they are Established: `scripts/install-crds`, which asks the server its version (one
+    /// older than 1.25 does not know their CEL rules, so kubectl must not validate them).
     fn apply_crds(&self, dir: &Path) {
-        let version: serde_json::Value =
-            serde_json::from_str(&self.kubectl(&["version", "-o", "json"])).expect("kubectl version prints JSON");
-        let minor = version["serverVersion"]["minor"].as_str().unwrap_or_default();
-        let minor: u32 = minor.trim_end_matches('+').parse().expect("the server's minor version is a number");
-        let kustomized = dir.join("kustomization.yaml").exists();
-        let dir = dir.to_string_lossy();
-        let mut args = vec!["apply", if kustomized { "-k" } else { "-f" }, &dir];
-        if minor < 25 {
-            args.push("--validate=false");
-        }
-        self.kubectl(&args);
-        for crd in ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"] {
-            self.kubectl(&["wait", "--for=condition=Established", "--timeout=30s", &format!("crd/{crd}")]);
-        }
+        let out = Command::new(repo().join("scripts/install-crds"))
+            .arg(dir)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .expect("scripts/install-crds runs");
+        assert!(out.status.success(), "install-crds {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
     }
 
     /// dovetail's CRDs, or with `DOVETAIL_CRDS=DIR` the CRD files in DIR: Karpenter's own, to run
