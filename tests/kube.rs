@@ -789,6 +789,31 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
         if claims + nodes == 0 { Ok(()) } else { Err(format!("{claims} claims, {nodes} nodes\n{}", ctl.log())) }
     });
     env.wait_running("the other pools' pods still Running", ns, 5, None, &ctl, Duration::from_secs(30));
+    // Invalid when the controller starts, with NodeClaims: nothing is provisioned for it, but
+    // its claims' lifecycle goes on (a deleted one drains and goes, its finalizer taken off).
+    drop(ctl);
+    env.kubectl(&["delete", "deployment", "bad", "-n", ns]);
+    env.apply(&team_pool("bad", "Gt", "many"));
+    let claims = env.items(&["get", "nodeclaims", "-l", "karpenter.sh/nodepool=bad"]);
+    let claim = name_of(claims.first().expect("the fixed pool made a NodeClaim"));
+    let ctl = Controller::start(&env, "nodepools-restarted", &[]);
+    env.wait("the NodePool invalid again", Duration::from_secs(30), |e| match condition(e, "bad", "Ready") {
+        Some((s, reason, _)) if s == "False" && reason == "NodePoolValidationFailed" => Ok(()),
+        other => Err(format!("{other:?}\n{}", ctl.log())),
+    });
+    env.kubectl(&["delete", "nodeclaim", &claim, "--wait=false"]);
+    env.wait("the invalid pool's deleted NodeClaim and its node gone", Duration::from_secs(60), |e| {
+        let claims = e.items(&["get", "nodeclaims", "-l", "karpenter.sh/nodepool=bad"]);
+        let nodes = e.items(&["get", "nodes", "-l", "karpenter.sh/nodepool=bad"]).len();
+        let left = claims.iter().any(|c| name_of(c) == claim);
+        // (Each claim left keeps its node: the deleted one's went with it.)
+        if !left && nodes == claims.len() {
+            Ok(())
+        } else {
+            Err(format!("{claim} left: {left}, {nodes} nodes\n{}", ctl.log()))
+        }
+    });
+    assert!(ctl.log().contains("their lifecycle goes on"), "a retired actor kept them: {}", ctl.log());
     clean_up(&env, ns, &ctl);
 }
 

@@ -175,6 +175,22 @@ impl Plane {
         }
     }
 
+    /// Starts the actor of a pool that is not provisioned for but still has claims (its
+    /// NodePool missing or invalid when the controller started): it keeps their lifecycle
+    /// (registration, deletion, drain) until [`Plane::stop_pool`]. The Router does not route
+    /// to it. A pool that already has an actor is only retired.
+    pub fn keep_pool(&mut self, name: &str) {
+        if !self.pools.contains_key(name) {
+            let wiring = self.wiring.clone();
+            let pool = NodePool::new(name, dovetail_core::requirements::Requirements::new());
+            let actor = Supervisor::start(move |_| {
+                NodePoolActor::new(pool, Arc::new(Vec::new()), NodeClass::default(), wiring).retired()
+            });
+            self.pools.insert(name.to_string(), actor);
+        }
+        self.retire_pool(name);
+    }
+
     /// Stops a retired pool's actor for good (its NodePool gone and its claims with it): with
     /// its last address dropped, the supervisor does not restart it.
     pub fn stop_pool(&mut self, name: &str) {

@@ -143,7 +143,48 @@ impl Pools {
             self.running.remove(&name);
             self.retired.insert(name);
         }
+        self.keep_orphans(cluster, plane, ledger, now).await;
         self.stop_finished(cluster, plane, ledger, now).await;
+    }
+
+    /// NodeClaims whose NodePool does not run (missing, or invalid, or without its NodeClass
+    /// since the controller started) still need their lifecycle: registration, and the drain
+    /// and finalizer when they are deleted. Their pool gets a retired actor and the ledger
+    /// takes the claims over; [`Pools::stop_finished`] ends it once they are gone.
+    async fn keep_orphans(&mut self, cluster: &KubeCluster, plane: &mut Plane, ledger: &dyn Ledger, now: u64) {
+        let snap = cluster.snapshot();
+        let orphans: BTreeSet<String> = snap
+            .nodeclaims
+            .values()
+            .map(|nc| nc.spec.nodepool.clone())
+            .filter(|p| !p.is_empty() && !self.running.contains_key(p) && !self.retired.contains(p))
+            .collect();
+        for name in orphans {
+            let known = match read_with(ledger, {
+                let name = name.clone();
+                move |st| st.pools().contains_key(&name)
+            })
+            .await
+            {
+                Ok(k) => k,
+                Err(e) => {
+                    plane.errors.warn("keep_pool", "ledger", &format!("nodepool/{name}"), &e);
+                    continue;
+                }
+            };
+            if !known {
+                // No limits: nothing is provisioned for it, it only holds what it has.
+                let set = Command::SetPool { pool: name.clone(), limits: ResourceList::new() };
+                if let Err(e) = propose_now(ledger, now, set).await {
+                    plane.errors.warn("keep_pool", "ledger", &format!("nodepool/{name}"), &e);
+                    continue;
+                }
+            }
+            adopt(cluster, ledger, &name, now, &plane.errors).await;
+            tracing::info!(nodepool = %name, "NodeClaims of NodePool {name}, which is not provisioned for: their lifecycle goes on");
+            plane.keep_pool(&name);
+            self.retired.insert(name);
+        }
     }
 
     /// Stops the retired pools whose NodePool is deleted and whose claims are all gone, from

@@ -248,6 +248,12 @@ impl NodePoolActor {
         }
     }
 
+    /// The actor starts retired (see [`Retire`]).
+    pub fn retired(mut self) -> Self {
+        self.retired = true;
+        self
+    }
+
     /// The pool narrowed to the zones that have a ZoneActor.
     fn zoned(mut pool: NodePool, zones: &BTreeMap<String, Addr<ZoneActor>>) -> NodePool {
         pool.requirements
