@@ -136,6 +136,25 @@ impl Env {
     /// one stops before its clean-up): no NodePool, no NodeClaim and no sim node, their
     /// finalizers taken off since no controller runs now to honour them.
     fn reset(&self) {
+        // A failed test's namespace (its pods would look like the next test's): its pods
+        // force-deleted (their nodes are going, no kubelet would confirm) and it deleted.
+        // (One a clean-up is deleting already goes on its own.)
+        let stale: Vec<String> = self
+            .items(&["get", "namespaces"])
+            .iter()
+            .filter(|n| n["status"]["phase"] == "Active")
+            .map(name_of)
+            .filter(|n| n != "default" && !n.starts_with("kube-"))
+            .collect();
+        for ns in &stale {
+            self.kubectl(&["delete", "pods", "--all", "-n", ns, "--force", "--grace-period=0", "--wait=false"]);
+            self.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+        }
+        self.wait("stale namespaces gone", Duration::from_secs(60), |e| {
+            let left: Vec<String> =
+                e.items(&["get", "namespaces"]).iter().map(name_of).filter(|n| stale.contains(n)).collect();
+            if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+        });
         // Owned before owners: the garbage collector deletes nothing from under the patches.
         self.unfinalize_and_delete("nodes", &["-l", "dovetail.sh/sim-node"]);
         let karpenter = self.kubectl(&["api-resources", "--api-group=karpenter.sh", "-o", "name"]);
@@ -209,7 +228,8 @@ impl Controller {
             .arg(kubeconfig)
             .args(["--metrics-addr", &metrics_addr, "--health-addr", &port(18081)])
             .args(extra)
-            .env("RUST_LOG", "info,kube_client=error")
+            // DOVETAIL_TEST_LOG overrides the controllers' filter (debugging a test).
+            .env("RUST_LOG", std::env::var("DOVETAIL_TEST_LOG").unwrap_or_else(|_| "info,kube_client=error".into()))
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()
@@ -608,6 +628,23 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
         !env.items(&["get", "nodeclaims"]).iter().all(|c| name_of(c) != claim),
         "the NodeClaim waits for its drain"
     );
+    // Asked, refused (counted), and said on the node as Karpenter says it.
+    let refused = ctl.metric("dovetail_errors_total", r#"kind="disruption_budget""#);
+    assert!(refused >= 1.0, "evictions were asked and refused: {refused}\n{}", ctl.log());
+    let selector = format!("involvedObject.name={node},reason=FailedDraining");
+    let events = env.items(&["get", "events", "-A", "--field-selector", &selector]);
+    assert!(events.iter().any(|e| e["type"] == "Warning"), "a FailedDraining event on {node}: {events:?}");
+    // A drain held by a PDB holds nothing else: new pods still get nodes meanwhile.
+    env.apply(&deployment(ns, "meanwhile", 2, "1"));
+    env.wait("the other Deployment's pods Running while the drain waits", Duration::from_secs(60), |e| {
+        let running = e
+            .items(&["get", "pods", "-n", ns, "-l", "app=meanwhile"])
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count();
+        if running == 2 { Ok(()) } else { Err(format!("{running} of 2 Running\n{}", ctl.log())) }
+    });
+    assert_eq!(on_node(&env), held, "still none evicted");
     env.apply(&pdb(0));
     env.wait("the NodeClaim and its node gone", Duration::from_secs(90), |e| {
         let claim_left = e.items(&["get", "nodeclaims"]).iter().any(|c| name_of(c) == claim);

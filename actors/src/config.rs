@@ -41,11 +41,21 @@ pub struct ExecutorConfig {
     /// How often a patch is re-read and re-applied after a `Conflict` before giving up (the
     /// next reconcile asks again).
     pub conflict_retries: u32,
+    /// A pod whose eviction was refused (a PodDisruptionBudget allows none, or the server
+    /// throttled) is not asked again before this wait, doubled after each refusal up to
+    /// `eviction_backoff_max` (Karpenter's eviction queue: 100 ms to 10 s).
+    pub eviction_backoff_min: Duration,
+    pub eviction_backoff_max: Duration,
 }
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
-        ExecutorConfig { concurrency: 64, conflict_retries: 5 }
+        ExecutorConfig {
+            concurrency: 64,
+            conflict_retries: 5,
+            eviction_backoff_min: Duration::from_millis(100),
+            eviction_backoff_max: Duration::from_secs(10),
+        }
     }
 }
 
@@ -153,6 +163,11 @@ impl Config {
         }
         if self.executor.concurrency == 0 {
             return bad("executor.concurrency", "must be positive");
+        }
+        if self.executor.eviction_backoff_min.is_zero()
+            || self.executor.eviction_backoff_max < self.executor.eviction_backoff_min
+        {
+            return bad("executor.eviction_backoff_min", "must be positive, and eviction_backoff_max at least as long");
         }
         if self.ask_again_after <= self.zone.max_retry_wait {
             return bad(

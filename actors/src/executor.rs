@@ -13,14 +13,22 @@
 //! Effects of one claim run in the order planned (a node is tainted before it is drained);
 //! its evictions then go out together, and claims run side by side. Every failure is logged
 //! with the object and the action and counted ([`crate::errors::Errors`]).
+//!
+//! **Evictions back off per pod**, as Karpenter's eviction queue: a pod whose eviction was
+//! refused (its PodDisruptionBudget allows none, or the server throttled) is not asked again
+//! before a wait that doubles from `eviction_backoff_min` to `eviction_backoff_max`; asked
+//! sooner it is told [`Done::BackingOff`]. The first refusal of a pod is also a
+//! `FailedDraining` Warning event on its node, as Karpenter records.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use dovetail_cluster::{ClusterError, ClusterWriter, NodeClaimUpdate, NodeUpdate};
+use dovetail_cluster::{ClusterError, ClusterWriter, Event, NodeClaimUpdate, NodeUpdate, ObjectKind};
+use dovetail_core::clock::{Clock, SystemClock, to_millis};
 use dovetail_core::cluster::{StatusPatch, TERMINATION_FINALIZER};
 use dovetail_core::effect::{Action, Effect};
-use dovetail_core::ledger::Term;
+use dovetail_core::ledger::{Millis, Term};
+use dovetail_core::pod::PodKey;
 use dovetail_raft::Ledger;
 use tokio::sync::Semaphore;
 
@@ -38,6 +46,8 @@ pub enum Done {
     InFlight,
     /// The term it was decided in is over: not run.
     Fenced,
+    /// An eviction refused before and still backing off: not asked yet.
+    BackingOff,
     Failed(ClusterError),
 }
 
@@ -54,7 +64,21 @@ struct Inner {
     in_flight: Mutex<HashSet<String>>,
     errors: Arc<Errors>,
     cfg: ExecutorConfig,
+    clock: Arc<dyn Clock>,
+    /// Refused evictions by pod: when the pod may be asked again, and the wait after that.
+    backoff: Mutex<HashMap<PodKey, Backoff>>,
 }
+
+/// A refused pod's backoff.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    not_before: Millis,
+    wait: Millis,
+}
+
+/// Refused pods tracked at most (pods that went some other way leave entries behind: past
+/// this, those whose backoff is long over are dropped).
+const MAX_BACKOFF_ENTRIES: usize = 10_000;
 
 impl Executor {
     pub fn new(
@@ -65,7 +89,28 @@ impl Executor {
     ) -> Self {
         let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
         Executor {
-            inner: Arc::new(Inner { writer, ledger, permits, in_flight: Mutex::new(HashSet::new()), errors, cfg }),
+            inner: Arc::new(Inner {
+                writer,
+                ledger,
+                permits,
+                in_flight: Mutex::new(HashSet::new()),
+                errors,
+                cfg,
+                clock: Arc::new(SystemClock),
+                backoff: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The clock eviction backoffs run on (the system's unless given: the plane gives its own).
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.clock = clock;
+                Executor { inner: Arc::new(inner) }
+            }
+            // Shared already: the clock stays (only a fresh executor is configured).
+            Err(inner) => Executor { inner },
         }
     }
 
@@ -105,7 +150,76 @@ impl Executor {
         // Released however the task ends, cancelled included (an actor that stops drops its
         // futures): a key left marked would refuse that effect forever.
         let _guard = InFlightGuard { executor: &self.inner, key };
-        self.fenced(term, effect).await
+        let Action::Evict(pod) = &effect.action else {
+            return self.fenced(term, effect).await;
+        };
+        if self.backing_off(pod) {
+            return Done::BackingOff;
+        }
+        let done = self.fenced(term, effect).await;
+        self.after_eviction(term, effect, pod, &done).await;
+        done
+    }
+
+    /// Whether `pod` was refused and its wait is not over.
+    fn backing_off(&self, pod: &PodKey) -> bool {
+        let now = self.inner.clock.now_millis();
+        let b = self.inner.backoff.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        b.get(pod).is_some_and(|b| now < b.not_before)
+    }
+
+    /// Starts or doubles a refused pod's wait (the first refusal is a `FailedDraining` event
+    /// on its node), or forgets it once it went.
+    async fn after_eviction(&self, term: Term, effect: &Effect, pod: &PodKey, done: &Done) {
+        let refused =
+            matches!(done, Done::Failed(ClusterError::DisruptionBudget { .. } | ClusterError::Throttled { .. }));
+        let first = {
+            let mut b = self.inner.backoff.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !refused {
+                b.remove(pod);
+                return;
+            }
+            let now = self.inner.clock.now_millis();
+            let (min, max) =
+                (to_millis(self.inner.cfg.eviction_backoff_min), to_millis(self.inner.cfg.eviction_backoff_max));
+            if b.len() >= MAX_BACKOFF_ENTRIES {
+                b.retain(|_, e| e.not_before.saturating_add(max) > now);
+            }
+            let first = !b.contains_key(pod);
+            let e = b.entry(pod.clone()).or_insert(Backoff { not_before: now, wait: min });
+            e.not_before = now.saturating_add(e.wait);
+            e.wait = e.wait.saturating_mul(2).min(max);
+            first
+        };
+        if let (true, Done::Failed(ClusterError::DisruptionBudget { pdb, .. })) = (first, done) {
+            self.failed_draining(term, effect, pod, pdb).await;
+        }
+    }
+
+    /// Karpenter's `FailedDraining` Warning on the node of the claim being drained.
+    async fn failed_draining(&self, term: Term, effect: &Effect, pod: &PodKey, pdb: &str) {
+        let node = match self.inner.writer.get_nodeclaim(&effect.claim).await {
+            Ok(nc) => nc.status.node_name.clone(),
+            Err(e) => {
+                self.inner.errors.note("event", e.kind(), &format!("nodeclaim/{}", effect.claim), &e);
+                return;
+            }
+        };
+        let Some(node) = node else { return };
+        let why = if pdb.is_empty() { String::new() } else { format!(" ({pdb})") };
+        let event = Event {
+            kind: ObjectKind::Node,
+            name: node.clone(),
+            warning: true,
+            reason: "FailedDraining".into(),
+            message: format!("Failed to drain node, evicting pod {pod} violates a PDB{why}"),
+        };
+        if self.check(term).is_err() {
+            return;
+        }
+        if let Err(e) = self.inner.writer.record_event(event).await {
+            self.inner.errors.warn("event", e.kind(), &format!("node/{node}"), &e);
+        }
     }
 
     async fn run_claim(&self, term: Term, list: Vec<(usize, Effect)>) -> Vec<(usize, Effect, Done)> {
@@ -355,6 +469,86 @@ mod tests {
         let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
         assert_eq!(done[0].1, Done::Unchanged);
         assert_eq!(cluster.writes().get("update_node"), Some(&3));
+    }
+
+    #[tokio::test]
+    async fn a_refused_eviction_backs_off_per_pod_doubling_and_its_node_gets_one_failed_draining_event() {
+        use dovetail_core::clock::ManualClock;
+        use dovetail_core::cluster::{IntOrPercent, Pdb};
+        use dovetail_core::labels::LabelSelector;
+        use dovetail_core::pod::Pod;
+        use std::time::Duration;
+
+        let (cluster, ledger, _, errors) = setup();
+        let clock = Arc::new(ManualClock::new());
+        let ex =
+            Executor::new(cluster.clone(), ledger, errors.clone(), ExecutorConfig::default()).with_clock(clock.clone());
+        cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+        let claim = dovetail_cluster::NodeClaim {
+            name: "default-abcde".into(),
+            spec: dovetail_core::nodepool::NodeClaimSpec::default(),
+            finalizers: Vec::new(),
+            deleting: false,
+            status: dovetail_cluster::NodeClaimStatus { node_name: Some("n1".into()), ..Default::default() },
+            resource_version: 0,
+        };
+        cluster.create_nodeclaim(claim).await.expect("claim");
+        let web = |i: usize| PodKey::new("default", &format!("web-{i}"));
+        let app = BTreeMap::from([("app".to_string(), "web".to_string())]);
+        for i in 0..2 {
+            cluster.apply_pod(Pod { key: web(i), labels: app.clone().into(), ..Pod::default() });
+            cluster.bind(&web(i), "n1").expect("bind");
+        }
+        cluster.apply_pdb(Pdb {
+            key: PodKey::new("default", "web"),
+            selector: LabelSelector::new(app.clone(), Vec::new()),
+            min_available: Some(IntOrPercent::Int(2)),
+            max_unavailable: None,
+            disruptions_allowed: 0,
+        });
+        let evict = |i: usize| vec![Effect::new("default-abcde", Action::Evict(web(i)))];
+        let calls = || cluster.writes().get("evict").copied().unwrap_or(0);
+        let term = dovetail_raft::FIRST_TERM;
+        let run = |i| {
+            let ex = ex.clone();
+            async move { ex.run(term, evict(i)).await.remove(0).1 }
+        };
+        assert!(matches!(run(0).await, Done::Failed(ClusterError::DisruptionBudget { .. })));
+        assert_eq!(errors.counts().get("evict/disruption_budget"), Some(&1), "refusals are counted");
+        // Asked again at once: not sent.
+        assert_eq!(run(0).await, Done::BackingOff);
+        assert_eq!(calls(), 1);
+        // The other pod has its own backoff.
+        assert!(matches!(run(1).await, Done::Failed(_)));
+        assert_eq!(calls(), 2);
+        // 100 ms, then 200 ms, 400 ms, ... each refusal doubles the wait.
+        let mut waited = Vec::new();
+        for _ in 0..8 {
+            let before = calls();
+            let mut ms = 0;
+            while calls() == before && ms < 20_000 {
+                clock.advance(Duration::from_millis(10));
+                ms += 10;
+                let done = run(0).await;
+                assert!(
+                    matches!(done, Done::BackingOff | Done::Failed(ClusterError::DisruptionBudget { .. })),
+                    "{done:?}"
+                );
+            }
+            waited.push(ms);
+        }
+        assert_eq!(waited, [100, 200, 400, 800, 1600, 3200, 6400, 10_000], "capped at 10 s");
+        let events: Vec<_> = cluster.events().into_iter().filter(|e| e.reason == "FailedDraining").collect();
+        assert_eq!(events.len(), 2, "one per refused pod, not per refusal: {events:?}");
+        assert!(events.iter().all(|e| e.kind == ObjectKind::Node && e.name == "n1" && e.warning), "{events:?}");
+        assert!(events[0].message.contains("default/web-0"), "{}", events[0].message);
+        // The budget allows one: the next try after the wait goes through, and the pod's
+        // backoff is forgotten.
+        cluster.apply_pod(Pod { key: web(2), labels: app.clone().into(), ..Pod::default() });
+        cluster.bind(&web(2), "n1").expect("bind");
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(run(0).await, Done::Applied);
+        assert!(!ex.backing_off(&web(0)));
     }
 
     #[tokio::test]

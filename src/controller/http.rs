@@ -59,6 +59,11 @@ impl Metrics {
         for (kind, n) in cluster.watch_errors() {
             out.push_str(&format!("dovetail_cluster_watch_errors_total{{kind=\"{kind}\"}} {n}\n"));
         }
+        out.push_str(
+            "# HELP dovetail_cluster_throttled_total Writes the API server throttled (each paused the writes for its Retry-After).\n",
+        );
+        out.push_str("# TYPE dovetail_cluster_throttled_total counter\n");
+        out.push_str(&format!("dovetail_cluster_throttled_total {}\n", cluster.throttles()));
         let errors: BTreeMap<String, u64> = self
             .errors
             .lock()

@@ -75,7 +75,7 @@ async fn client(s: &Settings) -> Result<kube::Client, String> {
             .map_err(|e| format!("in-cluster configuration (KUBERNETES_SERVICE_HOST is set): {e}"))?,
         None => kube::Config::infer().await.map_err(|e| format!("no cluster configuration found: {e}"))?,
     };
-    kube::Client::try_from(config).map_err(|e| format!("building the API client: {e}"))
+    dovetail_cluster::kube::client(config).map_err(|e| format!("building the API client: {e}"))
 }
 
 /// Waits for every watch to list once, saying every 10 s which are still out.

@@ -16,7 +16,7 @@ mod writer;
 pub use writer::taints_json;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dovetail_api::convert::ConversionError;
 use dovetail_api::crd;
@@ -77,6 +77,9 @@ pub struct KubeCluster {
     settings: KubeSettings,
     clock: Arc<dyn Clock>,
     bucket: AsyncMutex<Bucket>,
+    /// Unix ms until which writes wait (a throttled answer asked for it).
+    paused_until: AtomicU64,
+    throttles: AtomicU64,
     events: AtomicU64,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -88,6 +91,22 @@ impl Drop for KubeCluster {
         }
     }
 }
+
+/// The API client the adapter expects, from a kube `Config`: with kube's own retry layer off.
+/// That layer retries every 429, 503 and 504 up to 15 times with a backoff that grows to
+/// minutes, inside the call: an eviction a PodDisruptionBudget refuses would hang there (and
+/// every write queued behind it) instead of coming back to be retried per pod with its own
+/// backoff. The adapter retries itself: a throttled write pauses its writes for the server's
+/// `retryAfterSeconds` ([`KubeCluster::api_error`]), and the plane asks again.
+pub fn client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+    config.default_retry = false;
+    kube::Client::try_from(config)
+}
+
+/// How long the writes pause after a throttled one whose answer names no wait (the API's
+/// priority and fairness usually says 1 s), and the longest pause taken whatever it says.
+const THROTTLE_PAUSE_MS: u64 = 1_000;
+const MAX_THROTTLE_PAUSE_MS: u64 = 30_000;
 
 fn api_error(kind: &'static str, name: &str, e: kube::Error) -> ClusterError {
     match e {
@@ -156,7 +175,18 @@ impl KubeCluster {
         tasks.push(tokio::spawn(async move { store::follow(pdbs, sh, cfg).await }));
         let now = clock.now_millis();
         let bucket = AsyncMutex::new(Bucket { tokens: f64::from(settings.burst), at: now });
-        Ok(KubeCluster { client, shared, versions, settings, clock, bucket, events: AtomicU64::new(0), tasks })
+        Ok(KubeCluster {
+            client,
+            shared,
+            versions,
+            settings,
+            clock,
+            bucket,
+            paused_until: AtomicU64::new(0),
+            throttles: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+            tasks,
+        })
     }
 
     /// The versions discovery found.
@@ -195,7 +225,39 @@ impl KubeCluster {
     }
 
     /// Waits for a token of the client's rate limit.
+    /// An API error as the seam says it; a throttled one (429, not a PodDisruptionBudget's)
+    /// also pauses every write for the wait the server asked for.
+    fn api_error(&self, kind: &'static str, name: &str, e: kube::Error) -> ClusterError {
+        if let kube::Error::Api(s) = &e
+            && s.code == 429
+        {
+            self.throttled(s.details.as_ref().map_or(0, |d| d.retry_after_seconds));
+        }
+        api_error(kind, name, e)
+    }
+
+    /// Pauses the writes for `retry_after_seconds` (or [`THROTTLE_PAUSE_MS`] when 0), capped.
+    fn throttled(&self, retry_after_seconds: u32) {
+        let wait = match u64::from(retry_after_seconds) * 1000 {
+            0 => THROTTLE_PAUSE_MS,
+            ms => ms.min(MAX_THROTTLE_PAUSE_MS),
+        };
+        let until = self.clock.now_millis().saturating_add(wait);
+        self.paused_until.fetch_max(until, Ordering::Relaxed);
+        self.throttles.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(pause_ms = wait, "the API server throttled a write: writes pause for {wait} ms");
+    }
+
+    /// Throttled answers so far (each paused the writes).
+    pub fn throttles(&self) -> u64 {
+        self.throttles.load(Ordering::Relaxed)
+    }
+
     async fn admit(&self) {
+        let paused = self.paused_until.load(Ordering::Relaxed).saturating_sub(self.clock.now_millis());
+        if paused > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(paused)).await;
+        }
         let wait_ms = {
             let mut b = self.bucket.lock().await;
             let now = self.clock.now_millis();
@@ -218,7 +280,7 @@ impl KubeCluster {
         let out = api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|e| api_error("NodePool", name, e))?;
+            .map_err(|e| self.api_error("NodePool", name, e))?;
         Ok(version_of(&out.metadata))
     }
 
@@ -227,7 +289,7 @@ impl KubeCluster {
         self.admit().await;
         let name = node.metadata.name.clone().unwrap_or_default();
         let api: Api<k8s::Node> = Api::all(self.client.clone());
-        let out = api.create(&PostParams::default(), node).await.map_err(|e| api_error("node", &name, e))?;
+        let out = api.create(&PostParams::default(), node).await.map_err(|e| self.api_error("node", &name, e))?;
         Ok(version_of(&out.metadata))
     }
 
@@ -251,7 +313,7 @@ impl KubeCluster {
                 api.patch_status(&key.name, &pp, &Patch::Merge(patch)).await.map(|o| o.metadata)
             }
         }
-        .map_err(|e| api_error(kind, &key.to_string(), e))?;
+        .map_err(|e| self.api_error(kind, &key.to_string(), e))?;
         Ok(version_of(&meta))
     }
 
@@ -262,7 +324,7 @@ impl KubeCluster {
         let out = api
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| api_error("node", name, e))?;
+            .map_err(|e| self.api_error("node", name, e))?;
         Ok(version_of(&out.metadata))
     }
 
@@ -272,7 +334,7 @@ impl KubeCluster {
         self.admit().await;
         let api: Api<k8s::Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let dp = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
-        api.delete(&pod.name, &dp).await.map_err(|e| api_error("pod", &pod.to_string(), e))?;
+        api.delete(&pod.name, &dp).await.map_err(|e| self.api_error("pod", &pod.to_string(), e))?;
         Ok(())
     }
 
@@ -296,10 +358,10 @@ impl KubeCluster {
                 self.admit().await;
                 match api.create(&PostParams::default(), &lease).await {
                     Ok(_) => Ok(()),
-                    Err(e) => Err(api_error("lease", node, e)),
+                    Err(e) => Err(self.api_error("lease", node, e)),
                 }
             }
-            Err(e) => Err(api_error("lease", node, e)),
+            Err(e) => Err(self.api_error("lease", node, e)),
         }
     }
 
@@ -308,7 +370,7 @@ impl KubeCluster {
         use k8s_openapi::api::coordination::v1::Lease;
         self.admit().await;
         let api: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
-        api.delete(node, &DeleteParams::default()).await.map_err(|e| api_error("lease", node, e))?;
+        api.delete(node, &DeleteParams::default()).await.map_err(|e| self.api_error("lease", node, e))?;
         Ok(())
     }
 }

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1 as k8s;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{FIELD_MANAGER, KubeCluster, api_error, conversion, rfc3339, version_of};
+use super::{FIELD_MANAGER, KubeCluster, conversion, rfc3339, version_of};
 use crate::{BoxFuture, ClusterError, ClusterWriter, Event, NodeClaim, NodeClaimStatus, NodeClaimUpdate, NodeUpdate};
 
 impl KubeCluster {
@@ -59,7 +59,7 @@ impl KubeCluster {
     ) -> Result<serde_json::Value, ClusterError> {
         self.admit().await;
         let api: Api<k8s::Node> = Api::all(self.client.clone());
-        let meta = api.get_metadata(name).await.map_err(|e| api_error("node", name, e))?.metadata;
+        let meta = api.get_metadata(name).await.map_err(|e| self.api_error("node", name, e))?.metadata;
         if version_of(&meta) != resource_version {
             return Err(ClusterError::Conflict { kind: "node", name: name.to_string() });
         }
@@ -101,7 +101,7 @@ impl ClusterWriter for KubeCluster {
             let obj = convert::nodeclaim(&claim.name, &claim.spec, uid.as_deref());
             let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
             let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
-            let out = api.create(&pp, &obj).await.map_err(|e| api_error("nodeclaim", &claim.name, e))?;
+            let out = api.create(&pp, &obj).await.map_err(|e| self.api_error("nodeclaim", &claim.name, e))?;
             Ok(version_of(&out.metadata))
         })
     }
@@ -110,7 +110,7 @@ impl ClusterWriter for KubeCluster {
         Box::pin(async move {
             self.admit().await;
             let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
-            let obj = api.get(name).await.map_err(|e| api_error("nodeclaim", name, e))?;
+            let obj = api.get(name).await.map_err(|e| self.api_error("nodeclaim", name, e))?;
             let conditions = obj.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
             let claim = convert::nodeclaim_from_object(&obj).map_err(|e| conversion("nodeclaim", name, e))?;
             self.shared.lock().claim_conditions.insert(name.to_string(), conditions);
@@ -133,7 +133,7 @@ impl ClusterWriter for KubeCluster {
             let out = api
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(|e| api_error("nodeclaim", name, e))?;
+                .map_err(|e| self.api_error("nodeclaim", name, e))?;
             if let Some(cs) = out.status.as_ref().and_then(|s| s.conditions.clone()) {
                 self.shared.lock().claim_conditions.insert(name.to_string(), cs);
             }
@@ -163,7 +163,7 @@ impl ClusterWriter for KubeCluster {
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     Err(ClusterError::NotFound { kind: "nodeclaim", name: name.into() })
                 }
-                Err(e) => Err(api_error("nodeclaim", name, e)),
+                Err(e) => Err(self.api_error("nodeclaim", name, e)),
             }
         })
     }
@@ -172,7 +172,8 @@ impl ClusterWriter for KubeCluster {
         Box::pin(async move {
             self.admit().await;
             let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
-            let out = api.delete(name, &DeleteParams::default()).await.map_err(|e| api_error("nodeclaim", name, e))?;
+            let out =
+                api.delete(name, &DeleteParams::default()).await.map_err(|e| self.api_error("nodeclaim", name, e))?;
             Ok(out.left().map_or(0, |o| version_of(&o.metadata)))
         })
     }
@@ -181,7 +182,7 @@ impl ClusterWriter for KubeCluster {
         Box::pin(async move {
             self.admit().await;
             let api: Api<k8s::Node> = Api::all(self.client.clone());
-            let obj = api.get(name).await.map_err(|e| api_error("node", name, e))?;
+            let obj = api.get(name).await.map_err(|e| self.api_error("node", name, e))?;
             let node = convert::node(&convert::Ctx::new(format!("Node {name}")), &obj)
                 .map_err(|e| conversion("node", name, e))?;
             Ok(Arc::new(node))
@@ -225,7 +226,7 @@ impl ClusterWriter for KubeCluster {
             let out = api
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(|e| api_error("node", name, e))?;
+                .map_err(|e| self.api_error("node", name, e))?;
             Ok(version_of(&out.metadata))
         })
     }
@@ -234,7 +235,7 @@ impl ClusterWriter for KubeCluster {
         Box::pin(async move {
             self.admit().await;
             let api: Api<k8s::Node> = Api::all(self.client.clone());
-            let out = api.delete(name, &DeleteParams::default()).await.map_err(|e| api_error("node", name, e))?;
+            let out = api.delete(name, &DeleteParams::default()).await.map_err(|e| self.api_error("node", name, e))?;
             Ok(out.left().map_or(0, |o| version_of(&o.metadata)))
         })
     }
@@ -263,6 +264,7 @@ impl ClusterWriter for KubeCluster {
                         .map(|c| c.message.clone())
                         .unwrap_or_default();
                     if pdb.is_empty() && !s.message.contains("disruption budget") {
+                        self.throttled(s.details.as_ref().map_or(0, |d| d.retry_after_seconds));
                         return Err(ClusterError::Throttled { kind: "pod", name: pod.to_string() });
                     }
                     Err(ClusterError::DisruptionBudget { pod: pod.to_string(), pdb })
@@ -273,7 +275,7 @@ impl ClusterWriter for KubeCluster {
                 Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("being terminated") => {
                     Ok(self.shared.lock().snap.resource_version)
                 }
-                Err(e) => Err(api_error("pod", &pod.to_string(), e)),
+                Err(e) => Err(self.api_error("pod", &pod.to_string(), e)),
             }
         })
     }
@@ -285,7 +287,7 @@ impl ClusterWriter for KubeCluster {
             let out = api
                 .delete(&pod.name, &DeleteParams::default())
                 .await
-                .map_err(|e| api_error("pod", &pod.to_string(), e))?;
+                .map_err(|e| self.api_error("pod", &pod.to_string(), e))?;
             Ok(out.left().map_or(0, |o| version_of(&o.metadata)))
         })
     }
@@ -331,7 +333,7 @@ impl ClusterWriter for KubeCluster {
             let ev: k8s::Event = serde_json::from_value(body)
                 .map_err(|e| ClusterError::Unavailable { reason: format!("event for {kind} {name}: {e}") })?;
             let api: Api<k8s::Event> = Api::namespaced(self.client.clone(), &namespace);
-            api.create(&PostParams::default(), &ev).await.map_err(|e| api_error("event", &name, e))?;
+            api.create(&PostParams::default(), &ev).await.map_err(|e| self.api_error("event", &name, e))?;
             Ok(())
         })
     }
