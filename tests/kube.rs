@@ -218,12 +218,26 @@ impl Controller {
 
     /// A controller authenticating with `kubeconfig`.
     fn start_as(env: &Env, name: &str, kubeconfig: &Path, extra: &[&str]) -> Controller {
+        Controller::spawn(env, name, kubeconfig, &[&["--cloud", "sim"], extra].concat(), &[])
+    }
+
+    /// A controller launching in EC2 (`--cloud aws`) at `endpoint`, with the credentials the
+    /// SDK reads from its environment.
+    fn start_aws(env: &Env, name: &str, endpoint: &str, extra: &[&str]) -> Controller {
+        let args = [&["--cloud", "aws", "--aws-endpoint", endpoint], extra].concat();
+        let creds = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
+        Controller::spawn(env, name, &env.kubeconfig, &args, &creds)
+    }
+
+    fn spawn(env: &Env, name: &str, kubeconfig: &Path, args: &[&str], envs: &[(&str, &str)]) -> Controller {
         let log = env.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let port = |n: u16| format!("127.0.0.1:{}", free_port().unwrap_or(n));
         let metrics_addr = port(18080);
+        let extra = args;
         let child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
-            .args(["controller", "--cloud", "sim", "--cluster-name", "dovetail-test"])
+            .args(["controller", "--cluster-name", "dovetail-test"])
+            .envs(envs.iter().copied())
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--metrics-addr", &metrics_addr, "--health-addr", &port(18081)])
@@ -852,6 +866,146 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
     });
     assert!(ctl.log().contains("their lifecycle goes on"), "a retired actor kept them: {}", ctl.log());
     clean_up(&env, ns, &ctl);
+}
+
+#[allow(dead_code, reason = "the cloud tests' fault proxy is not used here, only their moto server")]
+#[path = "../cloud/tests/conformance/moto.rs"]
+mod moto;
+
+/// The SSM parameters of the alias AMIs, seeded in moto (which keeps `/aws/...` to itself).
+const AMI_PARAMETERS: &str = "/dovetail-test/eks/optimized-ami";
+
+/// moto set up as the getting-started EC2NodeClass expects a cluster's account to be: the
+/// default VPC's subnets and security group tagged `karpenter.sh/discovery: dovetail-test`,
+/// and the AL2023 alias's parameters for Kubernetes `minor` naming moto's newest AL2023 images.
+async fn seed_moto(endpoint: &str, minor: &str) -> aws_sdk_ec2::Client {
+    let cfg = dovetail_cloud::aws::AwsConfig {
+        region: Some("us-east-1".into()),
+        endpoint: Some(endpoint.into()),
+        credentials: Some(dovetail_cloud::aws::StaticCredentials {
+            access_key_id: "testing".into(),
+            secret_access_key: "testing".into(),
+        }),
+        ..dovetail_cloud::aws::AwsConfig::default()
+    };
+    let sdk = dovetail_cloud::aws::sdk_config(&cfg).await;
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let subnets = ec2.describe_subnets().send().await.expect("subnets");
+    let default_group = aws_sdk_ec2::types::Filter::builder().name("group-name").values("default").build();
+    let groups = ec2.describe_security_groups().filters(default_group).send().await.expect("security groups");
+    let mut resources: Vec<String> =
+        subnets.subnets().iter().filter_map(|s| s.subnet_id().map(str::to_string)).collect();
+    resources.extend(groups.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)));
+    let tag = aws_sdk_ec2::types::Tag::builder().key("karpenter.sh/discovery").value("dovetail-test").build();
+    ec2.create_tags().set_resources(Some(resources)).tags(tag).send().await.expect("tag subnets");
+    let al2023 = aws_sdk_ec2::types::Filter::builder().name("name").values("al2023-ami-2023.*").build();
+    let images = ec2.describe_images().owners("amazon").filters(al2023).send().await.expect("images");
+    let ssm = aws_sdk_ssm::Client::new(&sdk);
+    let params = dovetail_cloud::aws::AmiParameters { kubernetes_version: minor.into(), prefix: AMI_PARAMETERS.into() };
+    for arch in ["x86_64", "arm64"] {
+        let image = images
+            .images()
+            .iter()
+            .filter(|i| i.architecture().map(|a| a.as_str()) == Some(arch))
+            .filter(|i| !i.name().unwrap_or_default().contains("minimal"))
+            .max_by(|a, b| a.creation_date().cmp(&b.creation_date()).then(a.name().cmp(&b.name())))
+            .and_then(|i| i.image_id())
+            .expect("an AL2023 image in moto")
+            .to_string();
+        let name = dovetail_cloud::aws::alias_parameter(&params, "al2023", "latest", arch).expect("al2023 path");
+        ssm.put_parameter()
+            .name(name)
+            .value(image)
+            .r#type(aws_sdk_ssm::types::ParameterType::String)
+            .overwrite(true)
+            .send()
+            .await
+            .expect("seed AMI parameter");
+    }
+    ec2
+}
+
+/// The instances moto has for a NodeClaim (by the tag dovetail puts on them), with their state.
+async fn instances_of(ec2: &aws_sdk_ec2::Client, claim: &str) -> Vec<(String, String)> {
+    let tag = aws_sdk_ec2::types::Filter::builder().name("tag:karpenter.sh/nodeclaim").values(claim).build();
+    let out = ec2.describe_instances().filters(tag).send().await.expect("describe instances");
+    out.reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .map(|i| {
+            let state = i.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()).unwrap_or_default();
+            (i.instance_id().unwrap_or_default().to_string(), state)
+        })
+        .collect()
+}
+
+#[test]
+fn with_cloud_aws_on_moto_the_getting_started_class_is_reported_and_nodeclaims_launch_and_terminate_ec2_instances() {
+    let Some((env, _serial, _)) = getting_started() else { return };
+    let moto = moto::moto();
+    let endpoint = format!("http://{}", moto.addr);
+    let version = env.json(&["version"]);
+    let major = version["serverVersion"]["major"].as_str().unwrap_or("1").to_string();
+    let minor: String =
+        version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let ec2 = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
+    let ctl = Controller::start_aws(&env, "aws", &endpoint, &["--ami-parameter-prefix", AMI_PARAMETERS]);
+    // The getting-started class names a role: an instance profile made from it is not managed
+    // yet, and the NodePool says so instead of launching what could not join.
+    env.wait("the role-based class reported", Duration::from_secs(60), |e| match condition(e, "default", "Ready") {
+        Some((s, reason, message))
+            if s == "False" && reason == "NodeClassNotReady" && message.contains("spec.role") =>
+        {
+            Ok(())
+        }
+        other => Err(format!("{other:?}\n{}", ctl.log())),
+    });
+    // With an instance profile it resolves (subnets, security group, the alias's AMI) and
+    // provisions.
+    let patch = r#"{"spec":{"role":null,"instanceProfile":"KarpenterNodeInstanceProfile-dovetail-test"}}"#;
+    env.kubectl(&["patch", "ec2nodeclass", "default", "--type", "merge", "-p", patch]);
+    env.wait("the NodePool Ready", Duration::from_secs(60), |e| match condition(e, "default", "Ready") {
+        Some((s, ..)) if s == "True" => Ok(()),
+        other => Err(format!("{other:?}\n{}", ctl.log())),
+    });
+    let ns = "aws";
+    env.apply(&deployment(ns, "inflate", 3, "1"));
+    env.wait("NodeClaims launched in EC2", Duration::from_secs(90), |e| {
+        let claims = e.items(&["get", "nodeclaims"]);
+        let launched = claims
+            .iter()
+            .filter(|c| c["status"]["providerID"].as_str().is_some_and(|p| p.starts_with("aws:///us-east-1")))
+            .count();
+        if launched > 0 && launched == claims.len() {
+            Ok(())
+        } else {
+            Err(format!("{launched} of {} launched\n{}", claims.len(), ctl.log()))
+        }
+    });
+    let claims = env.items(&["get", "nodeclaims"]);
+    for c in &claims {
+        let name = name_of(c);
+        let found = rt.block_on(instances_of(&ec2, &name));
+        assert_eq!(found.len(), 1, "one instance for {name}: {found:?}");
+        let provider = c["status"]["providerID"].as_str().unwrap_or_default();
+        assert!(provider.ends_with(&found[0].0), "{name}'s providerID {provider} names its instance {found:?}");
+        assert_eq!(found[0].1, "running");
+    }
+    // Deleted (never registered: no kubelet joins from moto): its instance is terminated.
+    let first = name_of(&claims[0]);
+    env.kubectl(&["delete", "nodeclaim", &first, "--wait=false"]);
+    env.wait("the deleted NodeClaim gone and its instance terminated", Duration::from_secs(60), |e| {
+        let left = e.items(&["get", "nodeclaims"]).iter().any(|c| name_of(c) == first);
+        let found = rt.block_on(instances_of(&ec2, &first));
+        let terminated = found.iter().all(|(_, s)| s == "terminated" || s == "shutting-down");
+        if !left && terminated { Ok(()) } else { Err(format!("left {left}, {found:?}\n{}", ctl.log())) }
+    });
+    clean_up(&env, ns, &ctl);
+    for c in &claims {
+        let found = rt.block_on(instances_of(&ec2, &name_of(c)));
+        assert!(found.iter().all(|(_, s)| s == "terminated" || s == "shutting-down"), "{found:?}");
+    }
 }
 
 /// `kubectl auth can-i` as whoever `kubeconfig` names: whether the API allows it.

@@ -10,6 +10,7 @@
 //! twice, and the node agent plays the kubelets.
 
 pub mod agent;
+mod aws;
 mod http;
 mod pools;
 pub mod settings;
@@ -61,7 +62,7 @@ pub fn run(args: &ControllerArgs) -> ExitCode {
     }
 }
 
-async fn client(s: &Settings) -> Result<kube::Client, String> {
+async fn client(s: &Settings) -> Result<(kube::Client, aws::ClusterAccess), String> {
     let config = match &s.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -75,7 +76,9 @@ async fn client(s: &Settings) -> Result<kube::Client, String> {
             .map_err(|e| format!("in-cluster configuration (KUBERNETES_SERVICE_HOST is set): {e}"))?,
         None => kube::Config::infer().await.map_err(|e| format!("no cluster configuration found: {e}"))?,
     };
-    dovetail_cluster::kube::client(config).map_err(|e| format!("building the API client: {e}"))
+    let access = aws::ClusterAccess::of(&config);
+    let client = dovetail_cluster::kube::client(config).map_err(|e| format!("building the API client: {e}"))?;
+    Ok((client, access))
 }
 
 /// Waits for every watch to list once, saying every 10 s which are still out.
@@ -92,7 +95,7 @@ async fn wait_synced(cluster: &KubeCluster) {
 
 async fn serve(s: Settings) -> Result<(), String> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let client = client(&s).await?;
+    let (client, access) = client(&s).await?;
     let kube_settings = KubeSettings { qps: s.kube_client_qps, burst: s.kube_client_burst };
     let cluster = Arc::new(KubeCluster::start(client, kube_settings, clock.clone()).await.map_err(|e| e.to_string())?);
     let v = cluster.versions();
@@ -105,13 +108,13 @@ async fn serve(s: Settings) -> Result<(), String> {
     ready.store(true, Ordering::SeqCst);
     tracing::info!("caches synced");
 
-    let catalog = Catalog::embedded(&s.region).map_err(|e| format!("catalog of {}: {e}", s.region))?;
-    let all_types = Arc::new(catalog.instance_types(&NodeClassSettings::default(), Some(&s.zones)));
     let ledger = Arc::new(InProcess::new());
     let now = clock.now_millis();
     let snap = cluster.snapshot();
-    let (cloud, sim) = match s.cloud {
+    let (cloud, sim, aws, catalog) = match s.cloud {
         CloudKind::Sim => {
+            let catalog = Catalog::embedded(&s.region).map_err(|e| format!("catalog of {}: {e}", s.region))?;
+            let all_types = Arc::new(catalog.instance_types(&NodeClassSettings::default(), Some(&s.zones)));
             let config = SimConfig {
                 cluster: s.cluster_name.clone(),
                 region: s.region.clone(),
@@ -124,12 +127,14 @@ async fn serve(s: Settings) -> Result<(), String> {
             if restored > 0 {
                 tracing::info!(instances = restored, "sim cloud fleet rebuilt from the cluster");
             }
-            (sim.clone() as Arc<dyn dovetail_cloud::CloudProvider>, Some(sim))
+            (sim.clone() as Arc<dyn dovetail_cloud::CloudProvider>, Some(sim), None, catalog)
         }
         CloudKind::Aws => {
-            return Err("--cloud aws needs the EC2NodeClass controller (subnets, security groups, AMIs) that \
-                        this build does not have yet; use --cloud sim"
-                .into());
+            let provider = Arc::new(aws::provider(&s, &access, &v.server, clock.clone()).await?);
+            // The region's types and offerings as EC2 describes them (Karpenter reads them so).
+            let catalog = provider.catalog().await.map_err(|e| format!("--cloud aws: the region's catalog: {e}"))?;
+            tracing::info!(region = %s.region, types = catalog.instance_types.len(), "EC2 catalog read");
+            (provider.clone() as Arc<dyn dovetail_cloud::CloudProvider>, None, Some(provider), catalog)
         }
     };
     let mut plane = Plane::start(
@@ -149,7 +154,7 @@ async fn serve(s: Settings) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     metrics.set_errors(plane.errors.clone());
-    let mut pools = pools::Pools::new(catalog, s.zones.clone());
+    let mut pools = pools::Pools::new(catalog, s.zones.clone(), aws);
     pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
     tracing::info!(pools = plane.pools.len(), zones = plane.zones.len(), "control plane started");
     {

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use dovetail_actors::plane::Plane;
 use dovetail_api::convert::{self, ConversionError};
 use dovetail_api::crd;
-use dovetail_cloud::NodeClass;
+use dovetail_cloud::aws::AwsProvider;
+use dovetail_cloud::{CloudError, NodeClass};
 use dovetail_cluster::kube::KubeCluster;
 use dovetail_cluster::{ClusterView, ClusterWriter, Condition, Event, ObjectKind};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
@@ -47,6 +48,9 @@ struct Running {
 /// last said.
 pub struct Pools {
     catalog: Catalog,
+    /// With `--cloud aws`: each EC2NodeClass is resolved (subnets, security groups, AMIs)
+    /// before its pools are provisioned for, as Karpenter's EC2NodeClass readiness.
+    aws: Option<Arc<AwsProvider>>,
     zones: Vec<String>,
     running: BTreeMap<String, Running>,
     retired: BTreeSet<String>,
@@ -54,12 +58,19 @@ pub struct Pools {
     written: BTreeMap<String, crd::NodePoolStatus>,
     /// The error last reported by event per NodePool.
     evented: BTreeMap<String, ConversionError>,
+    /// EC2NodeClasses the cloud could not resolve (by name, with why), as of the last sync.
+    unresolved: BTreeMap<String, ConversionError>,
+    /// When each EC2NodeClass was last resolved, and its hash then.
+    resolved_at: BTreeMap<String, (String, u64)>,
 }
 
 impl Pools {
-    pub fn new(catalog: Catalog, zones: Vec<String>) -> Self {
+    pub fn new(catalog: Catalog, zones: Vec<String>, aws: Option<Arc<AwsProvider>>) -> Self {
         Pools {
             catalog,
+            aws,
+            unresolved: BTreeMap::new(),
+            resolved_at: BTreeMap::new(),
             zones,
             running: BTreeMap::new(),
             retired: BTreeSet::new(),
@@ -95,6 +106,10 @@ impl Pools {
                 not.insert(pool.name.clone(), why);
                 continue;
             };
+            if let Some(e) = self.unresolved.get(class) {
+                not.insert(pool.name.clone(), Unready::NodeClassNotReady(e.clone()));
+                continue;
+            }
             match convert::node_class_settings(nc) {
                 Ok(settings) => {
                     let running =
@@ -112,6 +127,7 @@ impl Pools {
     /// Brings the plane's pools to the cluster's: starts, changes and retires actors, sets the
     /// ledger's limits, takes over a new pool's NodeClaims, stops what is gone for good.
     pub async fn sync(&mut self, cluster: &KubeCluster, plane: &mut Plane, ledger: &dyn Ledger, clock: &dyn Clock) {
+        self.resolve_classes(cluster, clock.now_millis()).await;
         let (desired, _) = self.desired(cluster);
         let now = clock.now_millis();
         for (name, (running, settings)) in &desired {
@@ -126,7 +142,10 @@ impl Pools {
             let types: Arc<Vec<InstanceType>> = Arc::new(self.catalog.instance_types(settings, Some(&self.zones)));
             let (class, generation) = &running.class;
             let hash = generation.map_or_else(|| class.clone(), |g| format!("{class}-{g}"));
-            let node_class = NodeClass { name: class.clone(), hash, ..NodeClass::default() };
+            let node_class = cluster.nodeclasses().get(class).map_or_else(
+                || NodeClass { name: class.clone(), hash, ..NodeClass::default() },
+                |nc| super::aws::node_class(class, nc),
+            );
             let started = !self.running.contains_key(name) && !self.retired.contains(name);
             if started {
                 adopt(cluster, ledger, name, now, &plane.errors).await;
@@ -145,6 +164,53 @@ impl Pools {
         }
         self.keep_orphans(cluster, plane, ledger, now).await;
         self.stop_finished(cluster, plane, ledger, now).await;
+    }
+
+    /// With `--cloud aws`, resolves every EC2NodeClass (the provider caches what it found for
+    /// a while): one whose subnets, security groups or AMIs cannot be found, or that asks for
+    /// what is not supported, keeps its pools from being provisioned for, and their status says
+    /// why. A cloud that cannot be reached changes nothing (the last answer stands).
+    async fn resolve_classes(&mut self, cluster: &KubeCluster, now: u64) {
+        const RETRY_UNRESOLVED_MS: u64 = 30_000;
+        let Some(aws) = self.aws.clone() else { return };
+        let classes = cluster.nodeclasses();
+        self.unresolved.retain(|name, _| classes.contains_key(name));
+        self.resolved_at.retain(|name, _| classes.contains_key(name));
+        for (name, nc) in classes.iter() {
+            let class = super::aws::node_class(name, nc);
+            // One that failed is asked again after a while or once it changed (one that
+            // resolved is the provider's to cache).
+            if let Some((hash, at)) = self.resolved_at.get(name)
+                && self.unresolved.contains_key(name)
+                && *hash == class.hash
+                && now.saturating_sub(*at) < RETRY_UNRESOLVED_MS
+            {
+                continue;
+            }
+            self.resolved_at.insert(name.clone(), (class.hash.clone(), now));
+            let object = format!("EC2NodeClass {name:?}");
+            let resolved = tokio::time::timeout(std::time::Duration::from_secs(20), aws.resolve(&class)).await;
+            let Ok(resolved) = resolved else {
+                tracing::warn!(ec2nodeclass = %name, "EC2NodeClass {name}: resolving it took over 20 s; asked again later");
+                continue;
+            };
+            match resolved {
+                Ok(_) => {
+                    self.unresolved.remove(name);
+                }
+                Err(CloudError::NodeClassNotReady { reason, .. }) => {
+                    let e = ConversionError { object, field: "spec".into(), message: reason };
+                    self.unresolved.insert(name.clone(), e);
+                }
+                Err(CloudError::Invalid { what, reason }) => {
+                    let e = ConversionError { object, field: what, message: reason };
+                    self.unresolved.insert(name.clone(), e);
+                }
+                Err(e) => {
+                    tracing::warn!(ec2nodeclass = %name, error = %e, "EC2NodeClass {name} could not be resolved now")
+                }
+            }
+        }
     }
 
     /// NodeClaims whose NodePool does not run (missing, or invalid, or without its NodeClass

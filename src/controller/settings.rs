@@ -50,6 +50,18 @@ pub struct ControllerArgs {
     /// With --cloud sim: how long an instance takes to register as a Node, in milliseconds.
     #[arg(long, env = "DOVETAIL_SIM_REGISTRATION_DELAY_MS")]
     pub sim_registration_delay_ms: Option<u64>,
+    /// With --cloud aws: the EC2/SSM endpoint (an emulator, a VPC endpoint; AWS_ENDPOINT_URL
+    /// works too). Default: the region's.
+    #[arg(long, env = "DOVETAIL_AWS_ENDPOINT")]
+    pub aws_endpoint: Option<String>,
+    /// With --cloud aws: the API server endpoint the nodes join (Karpenter's
+    /// `settings.clusterEndpoint`). Default: the one the controller reaches.
+    #[arg(long, env = "DOVETAIL_CLUSTER_ENDPOINT")]
+    pub cluster_endpoint: Option<String>,
+    /// With --cloud aws: where alias AMIs' SSM parameters are read (default
+    /// /aws/service/eks/optimized-ami, AWS's public ones).
+    #[arg(long, env = "DOVETAIL_AMI_PARAMETER_PREFIX")]
+    pub ami_parameter_prefix: Option<String>,
     /// A settings file (YAML); flags and DOVETAIL_* variables override it.
     #[arg(long, env = "DOVETAIL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -69,6 +81,9 @@ pub struct FileSettings {
     pub kube_client_qps: Option<f64>,
     pub kube_client_burst: Option<u32>,
     pub sim_registration_delay_ms: Option<u64>,
+    pub aws_endpoint: Option<String>,
+    pub cluster_endpoint: Option<String>,
+    pub ami_parameter_prefix: Option<String>,
 }
 
 /// The settings in force.
@@ -84,6 +99,9 @@ pub struct Settings {
     pub kube_client_qps: f64,
     pub kube_client_burst: u32,
     pub sim_registration_delay_ms: u64,
+    pub aws_endpoint: Option<String>,
+    pub cluster_endpoint: Option<String>,
+    pub ami_parameter_prefix: Option<String>,
 }
 
 impl Settings {
@@ -130,6 +148,9 @@ impl Settings {
             kube_client_qps: qps,
             kube_client_burst: burst,
             sim_registration_delay_ms: args.sim_registration_delay_ms.or(file.sim_registration_delay_ms).unwrap_or(0),
+            aws_endpoint: args.aws_endpoint.clone().or(file.aws_endpoint),
+            cluster_endpoint: args.cluster_endpoint.clone().or(file.cluster_endpoint),
+            ami_parameter_prefix: args.ami_parameter_prefix.clone().or(file.ami_parameter_prefix),
         })
     }
 }

@@ -25,12 +25,15 @@ pub struct Resolved {
     pub images: Vec<(String, String)>,
 }
 
-/// EC2 filters for one selector term: `id` selects by id, other keys by tag (`*` = any value).
+/// EC2 filters for one selector term: `id` selects by id, `name` by name (security groups'
+/// `group-name`), other keys by tag (`*` = any value).
 fn filters(term: &BTreeMap<String, String>, id_filter: &str) -> Vec<Filter> {
     term.iter()
         .map(|(k, v)| {
             if k == "id" {
                 Filter::builder().name(id_filter).values(v).build()
+            } else if k == "name" && id_filter == "group-id" {
+                Filter::builder().name("group-name").values(v).build()
             } else if v == "*" {
                 Filter::builder().name("tag-key").values(k).build()
             } else {
@@ -204,6 +207,11 @@ async fn images(
             f.push(match k.as_str() {
                 "id" => Filter::builder().name("image-id").values(v).build(),
                 "name" => Filter::builder().name("name").values(v).build(),
+                // Karpenter's `owner`: an account id, or an alias such as `amazon` or `self`.
+                "owner" if v.bytes().all(|b| b.is_ascii_digit()) => {
+                    Filter::builder().name("owner-id").values(v).build()
+                }
+                "owner" => Filter::builder().name("owner-alias").values(v).build(),
                 _ => Filter::builder().name(format!("tag:{k}")).values(v).build(),
             });
         }
