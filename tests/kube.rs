@@ -224,7 +224,19 @@ impl Controller {
     /// A controller launching in EC2 (`--cloud aws`) at `endpoint`, with the credentials the
     /// SDK reads from its environment.
     fn start_aws(env: &Env, name: &str, endpoint: &str, extra: &[&str]) -> Controller {
-        let args = [&["--cloud", "aws", "--aws-endpoint", endpoint], extra].concat();
+        // The nodes' CA: the test server's certificate (its kubeconfig skips verification,
+        // which gives the controller's connection none to pass on).
+        let ca = Command::new("base64")
+            .args(["-w0"])
+            .arg(env.dir.join("certs/apiserver.crt"))
+            .output()
+            .expect("base64 runs");
+        let ca = String::from_utf8_lossy(&ca.stdout).into_owned();
+        let args = [
+            &["--cloud", "aws", "--aws-endpoint", endpoint, "--region", "us-east-1", "--cluster-ca-bundle", &ca],
+            extra,
+        ]
+        .concat();
         let creds = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
         Controller::spawn(env, name, &env.kubeconfig, &args, &creds)
     }
@@ -235,7 +247,14 @@ impl Controller {
         let port = |n: u16| format!("127.0.0.1:{}", free_port().unwrap_or(n));
         let metrics_addr = port(18080);
         let extra = args;
-        let child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dovetail"));
+        // Hermetic: a developer's AWS profile, region or endpoints do not reach the controller.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("AWS_") {
+                command.env_remove(&key);
+            }
+        }
+        let child = command
             .args(["controller", "--cluster-name", "dovetail-test"])
             .envs(envs.iter().copied())
             .arg("--kubeconfig")
@@ -648,8 +667,10 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
     let selector = format!("involvedObject.name={node},reason=FailedDraining");
     let events = env.items(&["get", "events", "-A", "--field-selector", &selector]);
     assert!(events.iter().any(|e| e["type"] == "Warning"), "a FailedDraining event on {node}: {events:?}");
-    // A drain held by a PDB holds nothing else: new pods still get nodes meanwhile.
-    env.apply(&deployment(ns, "meanwhile", 2, "1"));
+    // A drain held by a PDB holds nothing else: new pods still get new nodes meanwhile (3
+    // CPUs each: no node there has room for them).
+    let claims_before = env.items(&["get", "nodeclaims"]).len();
+    env.apply(&deployment(ns, "meanwhile", 2, "3"));
     env.wait("the other Deployment's pods Running while the drain waits", Duration::from_secs(60), |e| {
         let running = e
             .items(&["get", "pods", "-n", ns, "-l", "app=meanwhile"])
@@ -658,6 +679,8 @@ fn kubectl_delete_nodeclaim_drains_its_node_once_the_pdb_allows_and_removes_it()
             .count();
         if running == 2 { Ok(()) } else { Err(format!("{running} of 2 Running\n{}", ctl.log())) }
     });
+    let claims_after = env.items(&["get", "nodeclaims"]).len();
+    assert!(claims_after > claims_before, "new NodeClaims while the drain waits: {claims_before} -> {claims_after}");
     assert_eq!(on_node(&env), held, "still none evicted");
     env.apply(&pdb(0));
     env.wait("the NodeClaim and its node gone", Duration::from_secs(90), |e| {
@@ -950,6 +973,20 @@ fn with_cloud_aws_on_moto_the_getting_started_class_is_reported_and_nodeclaims_l
         version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let ec2 = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
+    // Without a CA to give the nodes (the test kubeconfig skips verification) it refuses to
+    // start, saying what to set, rather than launch nodes that cannot join.
+    let args = ["--cloud", "aws", "--aws-endpoint", endpoint.as_str(), "--region", "us-east-1"];
+    let mut refused = Controller::spawn(&env, "aws-no-ca", &env.kubeconfig, &args, &[]);
+    let mut exited = None;
+    for _ in 0..300 {
+        exited = refused.child.try_wait().expect("wait");
+        if exited.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(exited.is_some_and(|s| !s.success()), "it exits with an error\n{}", refused.log());
+    assert!(refused.log().contains("--cluster-ca-bundle"), "{}", refused.log());
     let ctl = Controller::start_aws(&env, "aws", &endpoint, &["--ami-parameter-prefix", AMI_PARAMETERS]);
     // The getting-started class names a role: an instance profile made from it is not managed
     // yet, and the NodePool says so instead of launching what could not join.

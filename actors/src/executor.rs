@@ -17,8 +17,8 @@
 //! **Evictions back off per pod**, as Karpenter's eviction queue: a pod whose eviction was
 //! refused (its PodDisruptionBudget allows none, or the server throttled) is not asked again
 //! before a wait that doubles from `eviction_backoff_min` to `eviction_backoff_max`; asked
-//! sooner it is told [`Done::BackingOff`]. The first refusal of a pod is also a
-//! `FailedDraining` Warning event on its node, as Karpenter records.
+//! sooner it is told [`Done::BackingOff`]. A pod's first refusal is also a `FailedDraining`
+//! Warning event on its node, as Karpenter records, at most one per node every 2 minutes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -67,7 +67,13 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Refused evictions by pod: when the pod may be asked again, and the wait after that.
     backoff: Mutex<HashMap<PodKey, Backoff>>,
+    /// When each node last got a `FailedDraining` event (one per node per
+    /// [`DRAIN_EVENT_EVERY`], however many of its pods are refused).
+    drain_events: Mutex<HashMap<String, Millis>>,
 }
+
+/// How often a node's drain being refused is said again.
+const DRAIN_EVENT_EVERY: Millis = 120_000;
 
 /// A refused pod's backoff.
 #[derive(Clone, Copy, Debug)]
@@ -98,6 +104,7 @@ impl Executor {
                 cfg,
                 clock: Arc::new(SystemClock),
                 backoff: Mutex::new(HashMap::new()),
+                drain_events: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -196,8 +203,10 @@ impl Executor {
         }
     }
 
-    /// Karpenter's `FailedDraining` Warning on the node of the claim being drained.
+    /// Karpenter's `FailedDraining` Warning on the node of the claim being drained, at most
+    /// once per node per [`DRAIN_EVENT_EVERY`] (its calls within the executor's bound).
     async fn failed_draining(&self, term: Term, effect: &Effect, pod: &PodKey, pdb: &str) {
+        let Ok(_permit) = self.inner.permits.clone().acquire_owned().await else { return };
         let node = match self.inner.writer.get_nodeclaim(&effect.claim).await {
             Ok(nc) => nc.status.node_name.clone(),
             Err(e) => {
@@ -206,6 +215,15 @@ impl Executor {
             }
         };
         let Some(node) = node else { return };
+        {
+            let now = self.inner.clock.now_millis();
+            let mut said = self.inner.drain_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            said.retain(|_, at| now.saturating_sub(*at) < DRAIN_EVENT_EVERY);
+            if said.contains_key(&node) {
+                return;
+            }
+            said.insert(node.clone(), now);
+        }
         let why = if pdb.is_empty() { String::new() } else { format!(" ({pdb})") };
         let event = Event {
             kind: ObjectKind::Node,
@@ -539,7 +557,7 @@ mod tests {
         }
         assert_eq!(waited, [100, 200, 400, 800, 1600, 3200, 6400, 10_000], "capped at 10 s");
         let events: Vec<_> = cluster.events().into_iter().filter(|e| e.reason == "FailedDraining").collect();
-        assert_eq!(events.len(), 2, "one per refused pod, not per refusal: {events:?}");
+        assert_eq!(events.len(), 1, "one per node, not per refused pod or refusal: {events:?}");
         assert!(events.iter().all(|e| e.kind == ObjectKind::Node && e.name == "n1" && e.warning), "{events:?}");
         assert!(events[0].message.contains("default/web-0"), "{}", events[0].message);
         // The budget allows one: the next try after the wait goes through, and the pod's

@@ -17,13 +17,17 @@ use super::settings::Settings;
 pub struct ClusterAccess {
     /// `https://…`, as the kube client reaches it (or `--cluster-endpoint`).
     pub endpoint: String,
-    /// The CA bundle as PEM, base64-encoded (a kubeconfig's `certificate-authority-data`).
+    /// The CA bundle as PEM, base64-encoded (a kubeconfig's `certificate-authority-data`);
+    /// empty when the connection has none (`insecure-skip-tls-verify`).
     pub ca: String,
+    /// Reached through the in-cluster Service (the controller runs in a pod): an address a
+    /// new node cannot use to join.
+    pub in_cluster: bool,
 }
 
 impl ClusterAccess {
     /// From the kube client's configuration: its URL, and its root certificates as PEM.
-    pub fn of(config: &kube::Config) -> Self {
+    pub fn of(config: &kube::Config, in_cluster: bool) -> Self {
         let mut pem = String::new();
         for der in config.root_cert.iter().flatten() {
             pem.push_str("-----BEGIN CERTIFICATE-----\n");
@@ -35,7 +39,7 @@ impl ClusterAccess {
             pem.push_str("-----END CERTIFICATE-----\n");
         }
         let endpoint = config.cluster_url.to_string().trim_end_matches('/').to_string();
-        ClusterAccess { endpoint, ca: base64(pem.as_bytes()) }
+        ClusterAccess { endpoint, ca: base64(pem.as_bytes()), in_cluster }
     }
 }
 
@@ -65,12 +69,29 @@ pub async fn provider(
     kubernetes_version: &str,
     clock: Arc<dyn Clock>,
 ) -> Result<AwsProvider, String> {
+    let cluster_endpoint = match (&s.cluster_endpoint, access.in_cluster) {
+        (Some(e), _) => e.clone(),
+        (None, false) => access.endpoint.clone(),
+        (None, true) => {
+            return Err(format!(
+                "--cloud aws in a pod needs --cluster-endpoint (the API server endpoint new nodes join): \
+                 the in-cluster address {} is a Service a node cannot reach before it joined",
+                access.endpoint
+            ));
+        }
+    };
+    let cluster_ca = s.cluster_ca_bundle.clone().unwrap_or_else(|| access.ca.clone());
+    if cluster_ca.is_empty() {
+        return Err("--cloud aws: the connection to the API server has no CA (insecure-skip-tls-verify?) \
+                    and new nodes need one to join: set --cluster-ca-bundle"
+            .into());
+    }
     let mut cfg = AwsConfig {
         cluster: s.cluster_name.clone(),
-        region: Some(s.region.clone()),
+        region: s.region_set.then(|| s.region.clone()),
         endpoint: s.aws_endpoint.clone(),
-        cluster_endpoint: s.cluster_endpoint.clone().unwrap_or_else(|| access.endpoint.clone()),
-        cluster_ca: access.ca.clone(),
+        cluster_endpoint,
+        cluster_ca,
         kubernetes_version: kubernetes_version.to_string(),
         ..AwsConfig::default()
     };

@@ -33,20 +33,12 @@ impl Metrics {
 
     fn render(&self, cluster: &KubeCluster) -> String {
         let mut out = String::new();
-        let snap = cluster.snapshot();
         out.push_str("# HELP dovetail_cluster_synced Whether every watch listed once (1) or not (0).\n");
         out.push_str("# TYPE dovetail_cluster_synced gauge\n");
         out.push_str(&format!("dovetail_cluster_synced {}\n", u8::from(cluster.synced())));
         out.push_str("# HELP dovetail_cluster_objects Objects in the controller's caches, by kind.\n");
         out.push_str("# TYPE dovetail_cluster_objects gauge\n");
-        for (kind, n) in [
-            ("pod", snap.pods.len()),
-            ("node", snap.nodes.len()),
-            ("nodeclaim", snap.nodeclaims.len()),
-            ("nodepool", snap.nodepools.len()),
-            ("daemonset", snap.daemonsets.len()),
-            ("poddisruptionbudget", snap.pdbs.len()),
-        ] {
+        for (kind, n) in cluster.counts() {
             out.push_str(&format!("dovetail_cluster_objects{{kind=\"{kind}\"}} {n}\n"));
         }
         out.push_str(

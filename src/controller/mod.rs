@@ -63,6 +63,7 @@ pub fn run(args: &ControllerArgs) -> ExitCode {
 }
 
 async fn client(s: &Settings) -> Result<(kube::Client, aws::ClusterAccess), String> {
+    let in_cluster = s.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     let config = match &s.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -72,11 +73,11 @@ async fn client(s: &Settings) -> Result<(kube::Client, aws::ClusterAccess), Stri
                 .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
         }
         // In a pod, its service account first (kube's `infer` would try a kubeconfig first).
-        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => kube::Config::incluster()
+        None if in_cluster => kube::Config::incluster()
             .map_err(|e| format!("in-cluster configuration (KUBERNETES_SERVICE_HOST is set): {e}"))?,
         None => kube::Config::infer().await.map_err(|e| format!("no cluster configuration found: {e}"))?,
     };
-    let access = aws::ClusterAccess::of(&config);
+    let access = aws::ClusterAccess::of(&config, in_cluster);
     let client = dovetail_cluster::kube::client(config).map_err(|e| format!("building the API client: {e}"))?;
     Ok((client, access))
 }

@@ -85,7 +85,7 @@ impl Pools {
         &self,
         cluster: &KubeCluster,
     ) -> (BTreeMap<String, (Running, NodeClassSettings)>, BTreeMap<String, Unready>) {
-        let snap = cluster.snapshot();
+        let snap = cluster.pools_and_claims();
         let classes = cluster.nodeclasses();
         let invalid = cluster.invalid();
         let mut ok = BTreeMap::new();
@@ -147,8 +147,9 @@ impl Pools {
                 |nc| super::aws::node_class(class, nc),
             );
             let started = !self.running.contains_key(name) && !self.retired.contains(name);
-            if started {
-                adopt(cluster, ledger, name, now, &plane.errors).await;
+            if started && !adopt(cluster, ledger, name, now, &plane.errors).await {
+                // Started at the next sync, once the ledger took its claims over.
+                continue;
             }
             tracing::info!(nodepool = %name, types = types.len(), started, "NodePool {name} provisioned for");
             plane.set_pool(running.pool.clone(), types, node_class);
@@ -218,7 +219,7 @@ impl Pools {
     /// and finalizer when they are deleted. Their pool gets a retired actor and the ledger
     /// takes the claims over; [`Pools::stop_finished`] ends it once they are gone.
     async fn keep_orphans(&mut self, cluster: &KubeCluster, plane: &mut Plane, ledger: &dyn Ledger, now: u64) {
-        let snap = cluster.snapshot();
+        let snap = cluster.pools_and_claims();
         let orphans: BTreeSet<String> = snap
             .nodeclaims
             .values()
@@ -246,7 +247,10 @@ impl Pools {
                     continue;
                 }
             }
-            adopt(cluster, ledger, &name, now, &plane.errors).await;
+            if !adopt(cluster, ledger, &name, now, &plane.errors).await {
+                // Asked again at the next sync: a pool marked kept would not be.
+                continue;
+            }
             tracing::info!(nodepool = %name, "NodeClaims of NodePool {name}, which is not provisioned for: their lifecycle goes on");
             plane.keep_pool(&name);
             self.retired.insert(name);
@@ -259,7 +263,7 @@ impl Pools {
         if self.retired.is_empty() {
             return;
         }
-        let snap = cluster.snapshot();
+        let snap = cluster.pools_and_claims();
         let invalid = cluster.invalid();
         let with_claims: BTreeSet<String> =
             match read_with(ledger, |st| st.claims().values().map(|c| c.pool.clone()).collect::<BTreeSet<String>>())
@@ -315,7 +319,7 @@ impl Pools {
         };
         let current = || ledger.leadership().borrow().is_current(term);
         let (desired, not_ready) = self.desired(cluster);
-        let snap = cluster.snapshot();
+        let snap = cluster.pools_and_claims();
         let mut held: BTreeMap<&str, (ResourceList, i64)> = BTreeMap::new();
         for nc in snap.nodeclaims.values().filter(|nc| !nc.status.capacity.is_empty()) {
             let (res, nodes) = held.entry(nc.spec.nodepool.as_str()).or_default();
@@ -407,24 +411,25 @@ fn conditions(why: Option<&Unready>) -> Vec<Condition> {
 }
 
 /// The ledger takes over the NodeClaims a pool starting now already has (a restart, or a
-/// NodePool that was invalid and is valid again).
+/// NodePool that was invalid and is valid again); whether the ledger answered (claims it
+/// refused are logged: they are another's or already known).
 async fn adopt(
     cluster: &KubeCluster,
     ledger: &dyn Ledger,
     pool: &str,
     now: u64,
     errors: &dovetail_actors::errors::Errors,
-) {
+) -> bool {
     let known: BTreeSet<String> = match read_with(ledger, |st| st.claims().keys().cloned().collect()).await {
         Ok(k) => k,
         Err(e) => {
             errors.warn("adopt", "ledger", &format!("nodepool/{pool}"), &e);
-            return;
+            return false;
         }
     };
     let claims = adoptions(&cluster.snapshot(), &known, &BTreeSet::from([pool.to_string()]), now);
     if claims.is_empty() {
-        return;
+        return true;
     }
     tracing::info!(nodepool = %pool, claims = claims.len(), "taking over the NodeClaims the cluster shows");
     match propose_now(ledger, now, Command::Adopt { claims }).await {
@@ -434,10 +439,17 @@ async fn adopt(
                     tracing::warn!(nodeclaim = %claim, denial = ?why, "NodeClaim {claim} not taken over: {why:?}");
                 }
                 tracing::info!(nodepool = %pool, taken = granted.len(), refused = denied.len(), "NodeClaims taken over");
+                true
             }
-            other => errors.warn("adopt", "rejected", &format!("nodepool/{pool}"), &format!("{other:?}")),
+            other => {
+                errors.warn("adopt", "rejected", &format!("nodepool/{pool}"), &format!("{other:?}"));
+                false
+            }
         },
-        Err(e) => errors.warn("adopt", "ledger", &format!("nodepool/{pool}"), &e),
+        Err(e) => {
+            errors.warn("adopt", "ledger", &format!("nodepool/{pool}"), &e);
+            false
+        }
     }
 }
 

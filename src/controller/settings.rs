@@ -58,6 +58,10 @@ pub struct ControllerArgs {
     /// `settings.clusterEndpoint`). Default: the one the controller reaches.
     #[arg(long, env = "DOVETAIL_CLUSTER_ENDPOINT")]
     pub cluster_endpoint: Option<String>,
+    /// With --cloud aws: the cluster's CA bundle, base64 (Karpenter's
+    /// `settings.clusterCABundle`). Default: the CA of the controller's own connection.
+    #[arg(long, env = "DOVETAIL_CLUSTER_CA_BUNDLE")]
+    pub cluster_ca_bundle: Option<String>,
     /// With --cloud aws: where alias AMIs' SSM parameters are read (default
     /// /aws/service/eks/optimized-ami, AWS's public ones).
     #[arg(long, env = "DOVETAIL_AMI_PARAMETER_PREFIX")]
@@ -83,6 +87,7 @@ pub struct FileSettings {
     pub sim_registration_delay_ms: Option<u64>,
     pub aws_endpoint: Option<String>,
     pub cluster_endpoint: Option<String>,
+    pub cluster_ca_bundle: Option<String>,
     pub ami_parameter_prefix: Option<String>,
 }
 
@@ -99,8 +104,12 @@ pub struct Settings {
     pub kube_client_qps: f64,
     pub kube_client_burst: u32,
     pub sim_registration_delay_ms: u64,
+    /// Whether `region` was set (with `--cloud aws` an unset one is the SDK's: `AWS_REGION`
+    /// or the profile's).
+    pub region_set: bool,
     pub aws_endpoint: Option<String>,
     pub cluster_endpoint: Option<String>,
+    pub cluster_ca_bundle: Option<String>,
     pub ami_parameter_prefix: Option<String>,
 }
 
@@ -119,6 +128,7 @@ impl Settings {
         if cluster_name.is_empty() {
             return Err("--cluster-name must not be empty".into());
         }
+        let region_set = args.region.is_some() || file.region.is_some();
         let region = args.region.clone().or(file.region).unwrap_or_else(|| "us-east-1".into());
         let zones = args
             .zones
@@ -148,8 +158,10 @@ impl Settings {
             kube_client_qps: qps,
             kube_client_burst: burst,
             sim_registration_delay_ms: args.sim_registration_delay_ms.or(file.sim_registration_delay_ms).unwrap_or(0),
+            region_set,
             aws_endpoint: args.aws_endpoint.clone().or(file.aws_endpoint),
             cluster_endpoint: args.cluster_endpoint.clone().or(file.cluster_endpoint),
+            cluster_ca_bundle: args.cluster_ca_bundle.clone().or(file.cluster_ca_bundle),
             ami_parameter_prefix: args.ami_parameter_prefix.clone().or(file.ami_parameter_prefix),
         })
     }

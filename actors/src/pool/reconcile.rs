@@ -307,6 +307,18 @@ impl NodePoolActor {
                     if waiting || self.still_asked(self.launching.get(&e.claim)) {
                         continue;
                     }
+                    if self.types.is_empty() {
+                        // A pool kept only for its claims' lifecycle (its NodePool missing or
+                        // invalid since the start) knows no instance types or node class: it
+                        // launches nothing; the claim's liveness timeout ends it.
+                        self.errors.note(
+                            "launch",
+                            "no_instance_types",
+                            &format!("nodeclaim/{}", e.claim),
+                            &"its NodePool is not provisioned for",
+                        );
+                        continue;
+                    }
                     let Some(nc) = snap.nodeclaims.get(&e.claim) else { continue };
                     let request = self.launch_request(nc, &zone, batch.unwrap_or_default());
                     let causes = self.pods.get(&e.claim).map(|p| trace::distinct(&p.causes)).unwrap_or_default();

@@ -204,19 +204,20 @@ async fn images(
     for term in &nc.ami_selector {
         let mut f = Vec::new();
         for (k, v) in term {
-            f.push(match k.as_str() {
-                "id" => Filter::builder().name("image-id").values(v).build(),
-                "name" => Filter::builder().name("name").values(v).build(),
-                // Karpenter's `owner`: an account id, or an alias such as `amazon` or `self`.
-                "owner" if v.bytes().all(|b| b.is_ascii_digit()) => {
-                    Filter::builder().name("owner-id").values(v).build()
-                }
-                "owner" => Filter::builder().name("owner-alias").values(v).build(),
-                _ => Filter::builder().name(format!("tag:{k}")).values(v).build(),
-            });
+            match k.as_str() {
+                "id" => f.push(Filter::builder().name("image-id").values(v).build()),
+                "name" => f.push(Filter::builder().name("name").values(v).build()),
+                "owner" => {}
+                _ => f.push(Filter::builder().name(format!("tag:{k}")).values(v).build()),
+            }
         }
-        let found =
-            ec2.describe_images().set_filters(Some(f)).send().await.map_err(|e| from_sdk("DescribeImages", e))?;
+        let found = ec2
+            .describe_images()
+            .set_filters(Some(f))
+            .set_owners(ami_owners(term))
+            .send()
+            .await
+            .map_err(|e| from_sdk("DescribeImages", e))?;
         for i in found.images() {
             let arch = match i.architecture().map(|a| a.as_str()) {
                 Some("arm64") => "arm64",
@@ -228,6 +229,17 @@ async fn images(
         }
     }
     Ok(out)
+}
+
+/// The owners an AMI term searches, as Karpenter: its `owner` (an account id, or `self`,
+/// `amazon`, ...); a term by `name` without one searches only the account's own and Amazon's
+/// images, never every public image of that name.
+fn ami_owners(term: &BTreeMap<String, String>) -> Option<Vec<String>> {
+    match (term.get("owner"), term.contains_key("name")) {
+        (Some(owner), _) => Some(vec![owner.clone()]),
+        (None, true) => Some(vec!["self".to_string(), "amazon".to_string()]),
+        (None, false) => None,
+    }
 }
 
 /// AL2023 nodeadm user data (a MIME multi-part document with a `NodeConfig`).
@@ -304,6 +316,26 @@ pub async fn launch_template(ec2: &Client, cluster: &str, spec: &TemplateSpec<'_
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ami_term_by_name_searches_the_accounts_and_amazons_images_unless_it_names_an_owner() {
+        let term = |pairs: &[(&str, &str)]| {
+            pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(ami_owners(&term(&[("name", "my-ami-*")])), Some(vec!["self".into(), "amazon".into()]));
+        assert_eq!(ami_owners(&term(&[("name", "x"), ("owner", "123456789012")])), Some(vec!["123456789012".into()]));
+        assert_eq!(ami_owners(&term(&[("owner", "self")])), Some(vec!["self".into()]));
+        assert_eq!(ami_owners(&term(&[("id", "ami-1")])), None);
+    }
+
+    #[test]
+    fn a_security_group_term_by_name_filters_on_the_group_name() {
+        let term = BTreeMap::from([("name".to_string(), "eks-nodes".to_string())]);
+        let f = filters(&term, "group-id");
+        assert_eq!(f[0].name(), Some("group-name"));
+        let f = filters(&term, "subnet-id");
+        assert_eq!(f[0].name(), Some("tag:name"), "subnets have no name term: a tag");
+    }
 
     #[test]
     fn alias_parameters_are_karpenters_paths() {

@@ -63,6 +63,13 @@ pub struct Versions {
     pub server: String,
 }
 
+/// The NodePools and NodeClaims as cached ([`KubeCluster::pools_and_claims`]).
+#[derive(Clone, Debug, Default)]
+pub struct PoolsAndClaims {
+    pub nodepools: std::collections::BTreeMap<String, Arc<dovetail_core::nodepool::NodePool>>,
+    pub nodeclaims: std::collections::BTreeMap<String, Arc<dovetail_core::cluster::NodeClaim>>,
+}
+
 /// A token bucket on the injected clock.
 struct Bucket {
     tokens: f64,
@@ -203,6 +210,27 @@ impl KubeCluster {
         self.shared.lock().nodeclasses.clone()
     }
 
+    /// The NodePools and NodeClaims as cached: what the controller's NodePool bookkeeping
+    /// reads, without building a whole snapshot (which copies the pods' index).
+    pub fn pools_and_claims(&self) -> PoolsAndClaims {
+        let s = self.shared.lock();
+        PoolsAndClaims { nodepools: s.snap.nodepools.clone(), nodeclaims: s.snap.nodeclaims.clone() }
+    }
+
+    /// Objects cached per kind (for `/metrics`), without building a snapshot.
+    pub fn counts(&self) -> Vec<(&'static str, usize)> {
+        let s = self.shared.lock();
+        let snap = &s.snap;
+        vec![
+            ("pod", snap.pods.len()),
+            ("node", snap.nodes.len()),
+            ("nodeclaim", snap.nodeclaims.len()),
+            ("nodepool", snap.nodepools.len()),
+            ("daemonset", snap.daemonsets.len()),
+            ("poddisruptionbudget", snap.pdbs.len()),
+        ]
+    }
+
     /// A NodePool's status as last read (a valid NodePool's).
     pub fn nodepool_status(&self, name: &str) -> Option<crd::NodePoolStatus> {
         self.shared.lock().pool_statuses.get(name).cloned()
@@ -224,9 +252,9 @@ impl KubeCluster {
         self.shared.lock().watch_errors.clone()
     }
 
-    /// Waits for a token of the client's rate limit.
     /// An API error as the seam says it; a throttled one (429, not a PodDisruptionBudget's)
-    /// also pauses every write for the wait the server asked for.
+    /// also pauses the adapter's requests (writes and the reads they make) for the wait the
+    /// server asked for.
     fn api_error(&self, kind: &'static str, name: &str, e: kube::Error) -> ClusterError {
         if let kube::Error::Api(s) = &e
             && s.code == 429
@@ -253,6 +281,7 @@ impl KubeCluster {
         self.throttles.load(Ordering::Relaxed)
     }
 
+    /// Waits out a throttle pause, then for a token of the client's rate limit.
     async fn admit(&self) {
         let paused = self.paused_until.load(Ordering::Relaxed).saturating_sub(self.clock.now_millis());
         if paused > 0 {
