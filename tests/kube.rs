@@ -895,6 +895,9 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
 #[path = "../cloud/tests/conformance/moto.rs"]
 mod moto;
 
+#[path = "../cloud/tests/conformance/ami_seed.rs"]
+mod ami_seed;
+
 /// The SSM parameters of the alias AMIs, seeded in moto (which keeps `/aws/...` to itself).
 const AMI_PARAMETERS: &str = "/dovetail-test/eks/optimized-ami";
 
@@ -921,30 +924,8 @@ async fn seed_moto(endpoint: &str, minor: &str) -> aws_sdk_ec2::Client {
     resources.extend(groups.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)));
     let tag = aws_sdk_ec2::types::Tag::builder().key("karpenter.sh/discovery").value("dovetail-test").build();
     ec2.create_tags().set_resources(Some(resources)).tags(tag).send().await.expect("tag subnets");
-    let al2023 = aws_sdk_ec2::types::Filter::builder().name("name").values("al2023-ami-2023.*").build();
-    let images = ec2.describe_images().owners("amazon").filters(al2023).send().await.expect("images");
     let ssm = aws_sdk_ssm::Client::new(&sdk);
-    let params = dovetail_cloud::aws::AmiParameters { kubernetes_version: minor.into(), prefix: AMI_PARAMETERS.into() };
-    for arch in ["x86_64", "arm64"] {
-        let image = images
-            .images()
-            .iter()
-            .filter(|i| i.architecture().map(|a| a.as_str()) == Some(arch))
-            .filter(|i| !i.name().unwrap_or_default().contains("minimal"))
-            .max_by(|a, b| a.creation_date().cmp(&b.creation_date()).then(a.name().cmp(&b.name())))
-            .and_then(|i| i.image_id())
-            .expect("an AL2023 image in moto")
-            .to_string();
-        let name = dovetail_cloud::aws::alias_parameter(&params, "al2023", "latest", arch).expect("al2023 path");
-        ssm.put_parameter()
-            .name(name)
-            .value(image)
-            .r#type(aws_sdk_ssm::types::ParameterType::String)
-            .overwrite(true)
-            .send()
-            .await
-            .expect("seed AMI parameter");
-    }
+    ami_seed::seed_ami_parameters(&ec2, &ssm, minor, AMI_PARAMETERS).await;
     ec2
 }
 

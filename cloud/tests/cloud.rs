@@ -2,6 +2,7 @@
 //! sim cloud (`conformance::sim`) and on the AWS provider against moto (`conformance::aws`).
 
 mod conformance {
+    pub mod ami_seed;
     pub mod aws;
     pub mod moto;
     pub mod sim;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use dovetail_api::crd;
 use dovetail_cloud::NodeClass;
-use dovetail_cloud::aws::{AwsConfig, AwsProvider};
+use dovetail_cloud::aws::{AwsConfig, AwsProvider, base64};
 use dovetail_core::clock::Clock;
 
 use super::settings::Settings;
@@ -41,24 +41,6 @@ impl ClusterAccess {
         let endpoint = config.cluster_url.to_string().trim_end_matches('/').to_string();
         ClusterAccess { endpoint, ca: base64(pem.as_bytes()), in_cluster }
     }
-}
-
-/// Standard base64 with padding.
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// The EC2 provider for the settings: credentials from the SDK's chain (environment,
@@ -141,15 +123,6 @@ pub fn node_class(name: &str, nc: &crd::EC2NodeClass) -> NodeClass {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_pads_as_the_standard_says() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-    }
 
     #[test]
     fn an_ec2nodeclass_maps_its_terms_alias_and_profile() {

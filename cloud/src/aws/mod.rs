@@ -558,8 +558,8 @@ impl Fnv {
     }
 }
 
-/// Standard base64 with padding (user data).
-pub(crate) fn base64(data: &[u8]) -> String {
+/// Standard base64 with padding (user data, a CA bundle).
+pub fn base64(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {

@@ -10,47 +10,13 @@ use dovetail_core::catalog::Catalog;
 use dovetail_core::clock::SystemClock;
 use tokio::sync::OnceCell;
 
+use super::ami_seed::seed_ami_parameters;
 use super::moto::{Proxy, moto};
 use super::suite::{self, Harness};
 
 pub const REGION: &str = "us-east-1";
 /// moto reserves `/aws/...` parameter names, so the EKS AMI parameters are seeded here.
 pub const AMI_PARAMETERS: &str = "/dovetail-test/eks/optimized-ami";
-
-/// Seeds the EKS-optimized AMI parameters (Kubernetes 1.33, standard variant) with moto's
-/// newest AL2023 images, as AWS publishes them under `/aws/service/eks/optimized-ami`.
-async fn seed_ami_parameters(sdk: &aws_config::SdkConfig, ec2: &aws_sdk_ec2::Client) {
-    let found = ec2
-        .describe_images()
-        .owners("amazon")
-        .filters(aws_sdk_ec2::types::Filter::builder().name("name").values("al2023-ami-2023.*").build())
-        .send()
-        .await
-        .expect("describe images");
-    let ssm = aws_sdk_ssm::Client::new(sdk);
-    let params =
-        dovetail_cloud::aws::AmiParameters { kubernetes_version: "1.33".into(), prefix: AMI_PARAMETERS.into() };
-    for arch in ["x86_64", "arm64"] {
-        let image = found
-            .images()
-            .iter()
-            .filter(|i| i.architecture().map(|a| a.as_str()) == Some(arch))
-            .filter(|i| !i.name().unwrap_or_default().contains("minimal"))
-            .max_by(|a, b| a.creation_date().cmp(&b.creation_date()).then(a.name().cmp(&b.name())))
-            .and_then(|i| i.image_id())
-            .expect("an AL2023 image in moto")
-            .to_string();
-        let name = dovetail_cloud::aws::alias_parameter(&params, "al2023", "latest", arch).expect("al2023 path");
-        ssm.put_parameter()
-            .name(name)
-            .value(image)
-            .r#type(aws_sdk_ssm::types::ParameterType::String)
-            .overwrite(true)
-            .send()
-            .await
-            .expect("seed AMI parameter");
-    }
-}
 
 /// The configuration a user would write for an emulator at `endpoint`.
 pub fn config(cluster: &str, endpoint: &str) -> AwsConfig {
@@ -123,7 +89,7 @@ impl Aws {
             .await
             .expect("tag subnets");
         let sdk = sdk_config(&cfg).await;
-        seed_ami_parameters(&sdk, ec2).await;
+        seed_ami_parameters(ec2, &aws_sdk_ssm::Client::new(&sdk), "1.33", AMI_PARAMETERS).await;
         let sqs = aws_sdk_sqs::Client::new(&sdk);
         let q = sqs
             .create_queue()
