@@ -904,7 +904,7 @@ const AMI_PARAMETERS: &str = "/dovetail-test/eks/optimized-ami";
 /// moto set up as the getting-started EC2NodeClass expects a cluster's account to be: the
 /// default VPC's subnets and security group tagged `karpenter.sh/discovery: dovetail-test`,
 /// and the AL2023 alias's parameters for Kubernetes `minor` naming moto's newest AL2023 images.
-async fn seed_moto(endpoint: &str, minor: &str) -> aws_sdk_ec2::Client {
+async fn seed_moto(endpoint: &str, minor: &str) -> (aws_sdk_ec2::Client, aws_sdk_iam::Client) {
     let cfg = dovetail_cloud::aws::AwsConfig {
         region: Some("us-east-1".into()),
         endpoint: Some(endpoint.into()),
@@ -926,7 +926,7 @@ async fn seed_moto(endpoint: &str, minor: &str) -> aws_sdk_ec2::Client {
     ec2.create_tags().set_resources(Some(resources)).tags(tag).send().await.expect("tag subnets");
     let ssm = aws_sdk_ssm::Client::new(&sdk);
     ami_seed::seed_ami_parameters(&ec2, &ssm, minor, AMI_PARAMETERS).await;
-    ec2
+    (ec2, aws_sdk_iam::Client::new(&sdk))
 }
 
 /// The instances moto has for a NodeClaim (by the tag dovetail puts on them), with their state.
@@ -944,7 +944,8 @@ async fn instances_of(ec2: &aws_sdk_ec2::Client, claim: &str) -> Vec<(String, St
 }
 
 #[test]
-fn with_cloud_aws_on_moto_the_getting_started_class_is_reported_and_nodeclaims_launch_and_terminate_ec2_instances() {
+fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for_its_role_and_nodeclaims_launch_and_terminate_ec2_instances()
+ {
     let Some((env, _serial, _)) = getting_started() else { return };
     let moto = moto::moto();
     let endpoint = format!("http://{}", moto.addr);
@@ -953,7 +954,7 @@ fn with_cloud_aws_on_moto_the_getting_started_class_is_reported_and_nodeclaims_l
     let minor: String =
         version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let ec2 = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
+    let (ec2, iam) = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
     // Without a CA to give the nodes (the test kubeconfig skips verification) it refuses to
     // start, saying what to set, rather than launch nodes that cannot join.
     let args = ["--cloud", "aws", "--aws-endpoint", endpoint.as_str(), "--region", "us-east-1"];
@@ -969,9 +970,9 @@ fn with_cloud_aws_on_moto_the_getting_started_class_is_reported_and_nodeclaims_l
     assert!(exited.is_some_and(|s| !s.success()), "it exits with an error\n{}", refused.log());
     assert!(refused.log().contains("--cluster-ca-bundle"), "{}", refused.log());
     let ctl = Controller::start_aws(&env, "aws", &endpoint, &["--ami-parameter-prefix", AMI_PARAMETERS]);
-    // The getting-started class names a role: an instance profile made from it is not managed
-    // yet, and the NodePool says so instead of launching what could not join.
-    env.wait("the role-based class reported", Duration::from_secs(60), |e| match condition(e, "default", "Ready") {
+    // The getting-started class names a role the account does not have yet: the NodePool
+    // says so instead of launching what could not join.
+    env.wait("the missing role reported", Duration::from_secs(60), |e| match condition(e, "default", "Ready") {
         Some((s, reason, message))
             if s == "False" && reason == "NodeClassNotReady" && message.contains("spec.role") =>
         {
@@ -979,14 +980,22 @@ fn with_cloud_aws_on_moto_the_getting_started_class_is_reported_and_nodeclaims_l
         }
         other => Err(format!("{other:?}\n{}", ctl.log())),
     });
-    // With an instance profile it resolves (subnets, security group, the alias's AMI) and
-    // provisions.
-    let patch = r#"{"spec":{"role":null,"instanceProfile":"KarpenterNodeInstanceProfile-dovetail-test"}}"#;
-    env.kubectl(&["patch", "ec2nodeclass", "default", "--type", "merge", "-p", patch]);
+    // Once the role exists the class resolves (subnets, security group, the alias's AMI, an
+    // instance profile made for the role) and provisions.
+    let role = "KarpenterNodeRole-dovetail-test";
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    rt.block_on(iam.create_role().role_name(role).assume_role_policy_document(trust).send()).expect("create role");
     env.wait("the NodePool Ready", Duration::from_secs(60), |e| match condition(e, "default", "Ready") {
         Some((s, ..)) if s == "True" => Ok(()),
         other => Err(format!("{other:?}\n{}", ctl.log())),
     });
+    let profile = dovetail_cloud::aws::profile_name("dovetail-test", "us-east-1", "default");
+    let got = rt.block_on(iam.get_instance_profile().instance_profile_name(&profile).send()).expect("the profile");
+    let roles: Vec<String> = got
+        .instance_profile()
+        .map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect())
+        .unwrap_or_default();
+    assert_eq!(roles, [role], "the managed profile {profile} carries the role");
     let ns = "aws";
     env.apply(&deployment(ns, "inflate", 3, "1"));
     env.wait("NodeClaims launched in EC2", Duration::from_secs(90), |e| {

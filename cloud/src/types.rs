@@ -45,7 +45,7 @@ pub struct NodeClass {
     /// `amiSelectorTerms`: an alias (`al2023@latest`), or tags/ids/names.
     pub ami_alias: Option<String>,
     pub ami_selector: Vec<BTreeMap<String, String>>,
-    /// `spec.role` (instance profiles made from it are not managed yet).
+    /// `spec.role`: the AWS provider manages an instance profile for it.
     pub role: Option<String>,
     /// `spec.instanceProfile`, set on the launch template.
     pub instance_profile: Option<String>,

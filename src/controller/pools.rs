@@ -127,7 +127,11 @@ impl Pools {
     /// Brings the plane's pools to the cluster's: starts, changes and retires actors, sets the
     /// ledger's limits, takes over a new pool's NodeClaims, stops what is gone for good.
     pub async fn sync(&mut self, cluster: &KubeCluster, plane: &mut Plane, ledger: &dyn Ledger, clock: &dyn Clock) {
-        self.resolve_classes(cluster, clock.now_millis()).await;
+        // Resolving may write (the instance profile managed for a role): the leader's to do;
+        // a follower keeps the last answer.
+        if ledger.leadership().borrow().leader {
+            self.resolve_classes(cluster, clock.now_millis()).await;
+        }
         let (desired, _) = self.desired(cluster);
         let now = clock.now_millis();
         for (name, (running, settings)) in &desired {

@@ -48,6 +48,7 @@ pub fn from_code(action: &str, code: Option<&str>, message: &str) -> CloudError 
             if c.starts_with("Invalid")
                 || c.starts_with("Missing")
                 || c == "UnauthorizedOperation"
+                || c == "AccessDenied"
                 || c == "AuthFailure"
                 || c == "OptInRequired" =>
         {

@@ -6,6 +6,7 @@ mod catalog;
 mod errors;
 mod fleet;
 mod nodeclass;
+mod profile;
 mod queue;
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,6 +26,7 @@ use dovetail_core::catalog::{CapacityType, Catalog, InstanceType, NodeClassSetti
 pub use catalog::SpotPrices;
 pub use errors::{CAPACITY_CODES, THROTTLE_RETRY_AFTER};
 pub use nodeclass::{AmiParameters, Resolved, alias_parameter};
+pub use profile::{profile_name, role_name};
 pub use queue::SqsQueue;
 
 use crate::types::type_labels;
@@ -186,6 +188,7 @@ pub struct AwsProvider {
     cfg: AwsConfig,
     ec2: Client,
     ssm: aws_sdk_ssm::Client,
+    iam: aws_sdk_iam::Client,
     amis: AmiParameters,
     region: String,
     types: tokio::sync::Mutex<Option<Arc<Types>>>,
@@ -207,6 +210,7 @@ impl AwsProvider {
         Ok(AwsProvider {
             ec2: Client::new(&sdk),
             ssm: aws_sdk_ssm::Client::new(&sdk),
+            iam: aws_sdk_iam::Client::new(&sdk),
             amis: AmiParameters {
                 kubernetes_version: cfg.kubernetes_version.clone(),
                 prefix: cfg.ami_parameter_prefix.clone(),
@@ -285,7 +289,12 @@ impl AwsProvider {
         {
             return Ok(r.clone());
         }
-        let r = Arc::new(nodeclass::resolve(&self.ec2, &self.ssm, &self.amis, nc).await?);
+        let mut r = nodeclass::resolve(&self.ec2, &self.ssm, &self.amis, nc).await?;
+        if let (None, Some(role)) = (&r.instance_profile, &nc.role) {
+            let name = profile::ensure(&self.iam, (&self.cfg.cluster, &self.region), &nc.name, role).await?;
+            r.instance_profile = Some(name);
+        }
+        let r = Arc::new(r);
         lock(&self.caches).resolved.insert(key, (r.clone(), self.clock.now()));
         Ok(r)
     }
@@ -298,7 +307,7 @@ impl AwsProvider {
             image,
             security_groups: &resolved.security_groups,
             user_data: &user_data,
-            instance_profile: r.node_class.instance_profile.as_deref(),
+            instance_profile: resolved.instance_profile.as_deref(),
         };
         let key = format!("{:016x}", spec.hash());
         if let Some(name) = lock(&self.caches).templates.get(&key) {

@@ -23,6 +23,9 @@ pub struct Resolved {
     pub security_groups: Vec<String>,
     /// (AMI id, architecture `amd64`/`arm64`).
     pub images: Vec<(String, String)>,
+    /// The instance profile the nodes get: `spec.instanceProfile`, or the one managed for
+    /// `spec.role`.
+    pub instance_profile: Option<String>,
 }
 
 /// EC2 filters for one selector term: `id` selects by id, `name` by name (security groups'
@@ -52,11 +55,6 @@ pub async fn resolve(
     nc: &NodeClass,
 ) -> Result<Resolved, CloudError> {
     let not_ready = |reason: String| CloudError::NodeClassNotReady { node_class: nc.name.clone(), reason };
-    if let (Some(role), None) = (&nc.role, &nc.instance_profile) {
-        return Err(not_ready(format!(
-            "spec.role {role:?} needs a managed instance profile, which is not supported yet; set spec.instanceProfile"
-        )));
-    }
     let mut subnets: Vec<(String, String)> = Vec::new();
     for term in &nc.subnet_selector {
         let out = ec2
@@ -104,7 +102,7 @@ pub async fn resolve(
     if images.is_empty() {
         return Err(not_ready("no AMI matches amiSelectorTerms".to_string()));
     }
-    Ok(Resolved { subnets, security_groups, images })
+    Ok(Resolved { subnets, security_groups, images, instance_profile: nc.instance_profile.clone() })
 }
 
 /// Where alias AMIs are looked up: the public SSM parameters of the EKS-optimized AMIs.

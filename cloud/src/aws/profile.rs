@@ -1,0 +1,120 @@
+//! Instance profiles managed for an EC2NodeClass's `spec.role`, as Karpenter manages them:
+//! one per node class, named `<cluster>_<hash of the region and the class's name>`, tagged as
+//! the cluster's, with the role attached (another role found on it is replaced). A class that
+//! names `spec.instanceProfile` uses that one as it is.
+
+use aws_sdk_iam::Client as IamClient;
+use aws_sdk_iam::error::ProvideErrorMetadata;
+use aws_sdk_iam::types::Tag;
+
+use super::errors::from_sdk;
+use crate::{CloudError, TAG_CLUSTER_PREFIX};
+
+/// The managed profile's name for a node class: stable across restarts and control nodes.
+pub fn profile_name(cluster: &str, region: &str, node_class: &str) -> String {
+    // FNV-1a 64 of the region and the class name.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in region.bytes().chain(node_class.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{cluster}_{h}")
+}
+
+/// The role's name in `spec.role`: a name, or the last part of its ARN.
+pub fn role_name(role: &str) -> &str {
+    role.rsplit('/').next().unwrap_or(role)
+}
+
+/// The profile for `node_class` with `role` attached, made or mended as needed; its name.
+pub async fn ensure(
+    iam: &IamClient,
+    (cluster, region): (&str, &str),
+    node_class: &str,
+    role: &str,
+) -> Result<String, CloudError> {
+    let name = profile_name(cluster, region, node_class);
+    let role = role_name(role);
+    let not_ready = |reason: String| CloudError::NodeClassNotReady { node_class: node_class.to_string(), reason };
+    let roles: Vec<String> = match iam.get_instance_profile().instance_profile_name(&name).send().await {
+        Ok(out) => out
+            .instance_profile()
+            .map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect())
+            .unwrap_or_default(),
+        Err(e) if e.code() == Some("NoSuchEntity") => {
+            let tag = |k: &str, v: &str| Tag::builder().key(k).value(v).build();
+            let tags = [
+                tag(&format!("{TAG_CLUSTER_PREFIX}{cluster}"), "owned"),
+                tag(super::TAG_NODECLASS, node_class),
+                tag("topology.kubernetes.io/region", region),
+                tag("karpenter.sh/managed-by", cluster),
+            ];
+            let mut create = iam.create_instance_profile().instance_profile_name(&name);
+            for t in tags {
+                match t {
+                    Ok(t) => create = create.tags(t),
+                    Err(e) => {
+                        return Err(CloudError::Invalid {
+                            what: format!("instance profile {name} tag"),
+                            reason: e.to_string(),
+                        });
+                    }
+                }
+            }
+            match create.send().await {
+                Ok(_) => {
+                    tracing::info!(instance_profile = %name, ec2nodeclass = %node_class, "instance profile {name} created");
+                }
+                // Another control node made it meanwhile: it is mended below like any other.
+                Err(e) if e.code() == Some("EntityAlreadyExists") => {}
+                Err(e) => return Err(from_sdk("CreateInstanceProfile", e)),
+            }
+            Vec::new()
+        }
+        Err(e) => return Err(from_sdk("GetInstanceProfile", e)),
+    };
+    if roles.iter().any(|r| r == role) {
+        return Ok(name);
+    }
+    for other in &roles {
+        iam.remove_role_from_instance_profile()
+            .instance_profile_name(&name)
+            .role_name(other)
+            .send()
+            .await
+            .map_err(|e| from_sdk("RemoveRoleFromInstanceProfile", e))?;
+    }
+    match iam.add_role_to_instance_profile().instance_profile_name(&name).role_name(role).send().await {
+        Ok(_) => {
+            tracing::info!(instance_profile = %name, role, "role {role} attached to instance profile {name}");
+            Ok(name)
+        }
+        Err(e) if e.code() == Some("NoSuchEntity") => {
+            Err(not_ready(format!("spec.role: IAM role {role:?} not found (its instance profile {name} has no role)")))
+        }
+        // Attached meanwhile by another control node.
+        Err(e) if e.code() == Some("LimitExceeded") => Ok(name),
+        Err(e) => Err(from_sdk("AddRoleToInstanceProfile", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_name_is_the_clusters_and_stable_per_region_and_class() {
+        let a = profile_name("demo", "us-east-1", "default");
+        assert!(a.starts_with("demo_"), "{a}");
+        assert_eq!(a, profile_name("demo", "us-east-1", "default"));
+        assert_ne!(a, profile_name("demo", "us-west-2", "default"));
+        assert_ne!(a, profile_name("demo", "us-east-1", "gpu"));
+        assert!(a.len() <= 128, "IAM's limit");
+    }
+
+    #[test]
+    fn a_role_is_named_or_given_by_arn() {
+        assert_eq!(role_name("KarpenterNodeRole-demo"), "KarpenterNodeRole-demo");
+        assert_eq!(role_name("arn:aws:iam::123456789012:role/nodes/KarpenterNodeRole-demo"), "KarpenterNodeRole-demo");
+    }
+}
