@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use dovetail_cluster::{ClusterError, ClusterWriter, Event, NodeClaimUpdate, NodeUpdate, ObjectKind};
-use dovetail_core::clock::{Clock, SystemClock, to_millis};
+use dovetail_core::clock::{Clock, to_millis};
 use dovetail_core::cluster::{StatusPatch, TERMINATION_FINALIZER};
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::{Millis, Term};
@@ -87,11 +87,14 @@ struct Backoff {
 const MAX_BACKOFF_ENTRIES: usize = 10_000;
 
 impl Executor {
+    /// An executor writing through `writer`, fenced by `ledger`'s terms; eviction backoffs
+    /// run on `clock`.
     pub fn new(
         writer: Arc<dyn ClusterWriter>,
         ledger: Arc<dyn Ledger>,
         errors: Arc<Errors>,
         cfg: ExecutorConfig,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
         Executor {
@@ -102,22 +105,10 @@ impl Executor {
                 in_flight: Mutex::new(HashSet::new()),
                 errors,
                 cfg,
-                clock: Arc::new(SystemClock),
+                clock,
                 backoff: Mutex::new(HashMap::new()),
                 drain_events: Mutex::new(HashMap::new()),
             }),
-        }
-    }
-
-    /// The clock eviction backoffs run on (the system's unless given: the plane gives its own).
-    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
-        match Arc::try_unwrap(self.inner) {
-            Ok(mut inner) => {
-                inner.clock = clock;
-                Executor { inner: Arc::new(inner) }
-            }
-            // Shared already: the clock stays (only a fresh executor is configured).
-            Err(inner) => Executor { inner },
         }
     }
 
@@ -450,6 +441,7 @@ mod tests {
     use super::*;
     use dovetail_cluster::sim::SimCluster;
     use dovetail_cluster::{ClusterView, NodePatch};
+    use dovetail_core::clock::ManualClock;
     use dovetail_core::node::Node;
     use dovetail_core::taints::{Effect as TaintEffect, Taint};
     use dovetail_raft::InProcess;
@@ -458,7 +450,13 @@ mod tests {
         let cluster = Arc::new(SimCluster::new());
         let ledger = Arc::new(InProcess::new());
         let errors = Arc::new(Errors::new());
-        let ex = Executor::new(cluster.clone(), ledger.clone(), errors.clone(), ExecutorConfig::default());
+        let ex = Executor::new(
+            cluster.clone(),
+            ledger.clone(),
+            errors.clone(),
+            ExecutorConfig::default(),
+            Arc::new(ManualClock::new()),
+        );
         (cluster, ledger, ex, errors)
     }
 
@@ -499,8 +497,7 @@ mod tests {
 
         let (cluster, ledger, _, errors) = setup();
         let clock = Arc::new(ManualClock::new());
-        let ex =
-            Executor::new(cluster.clone(), ledger, errors.clone(), ExecutorConfig::default()).with_clock(clock.clone());
+        let ex = Executor::new(cluster.clone(), ledger, errors.clone(), ExecutorConfig::default(), clock.clone());
         cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
         let claim = dovetail_cluster::NodeClaim {
             name: "default-abcde".into(),
@@ -662,7 +659,13 @@ mod tests {
         cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
         let writer = Arc::new(Hanging { inner: cluster.clone(), hung: std::sync::atomic::AtomicBool::new(false) });
         let ledger = Arc::new(InProcess::new());
-        let ex = Executor::new(writer, ledger, Arc::new(Errors::new()), ExecutorConfig::default());
+        let ex = Executor::new(
+            writer,
+            ledger,
+            Arc::new(Errors::new()),
+            ExecutorConfig::default(),
+            Arc::new(ManualClock::new()),
+        );
         let effect = taint_node("n1");
         // Cut off mid-call (an actor that stops drops its futures).
         let cut =

@@ -87,8 +87,13 @@ impl Plane {
         cfg.config.validate()?;
         let config = Arc::new(cfg.config);
         let errors = Arc::new(Errors::new());
-        let executor = Executor::new(s.cluster.clone(), s.ledger.clone(), errors.clone(), config.executor.clone())
-            .with_clock(s.clock.clone());
+        let executor = Executor::new(
+            s.cluster.clone(),
+            s.ledger.clone(),
+            errors.clone(),
+            config.executor.clone(),
+            s.clock.clone(),
+        );
         let limiter = Arc::new(RegionLimiter::new(cfg.limits, s.clock.clone()));
         let zones: BTreeMap<String, Addr<ZoneActor>> = cfg
             .zones

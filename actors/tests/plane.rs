@@ -137,7 +137,16 @@ mod common {
     /// The plane's executor and settings for a test.
     pub fn executor(cluster: Arc<dyn ClusterWriter>, ledger: Arc<dyn Ledger>) -> (Executor, Arc<Errors>) {
         let errors = Arc::new(Errors::new());
-        (Executor::new(cluster, ledger, errors.clone(), Config::default().executor), errors)
+        (
+            Executor::new(
+                cluster,
+                ledger,
+                errors.clone(),
+                Config::default().executor,
+                Arc::new(dovetail_core::clock::SystemClock),
+            ),
+            errors,
+        )
     }
 }
 
