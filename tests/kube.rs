@@ -300,9 +300,21 @@ impl Drop for Controller {
     }
 }
 
+/// A free port on 127.0.0.1 not handed out before in this process (the port is released
+/// when this returns, so two calls could otherwise name the same one: a controller's health
+/// and metrics addresses once did).
 fn free_port() -> Option<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
-    Some(l.local_addr().ok()?.port())
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..50 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+        let port = l.local_addr().ok()?.port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Some(port);
+        }
+    }
+    None
 }
 
 fn deployment(namespace: &str, name: &str, replicas: u32, cpu: &str) -> String {
