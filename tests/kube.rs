@@ -839,6 +839,28 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
             other => Err(format!("{other:?}")),
         }
     });
+    // The EC2NodeClasses show it too, as `kubectl get ec2nodeclasses` reads it (Ready).
+    env.wait("the EC2NodeClasses' Ready conditions", Duration::from_secs(30), |e| {
+        let ready = |name: &str| {
+            let c = e.json(&["get", "ec2nodeclass", name]);
+            let c =
+                c["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "Ready")).cloned();
+            c.map(|c| {
+                (
+                    c["status"].as_str().unwrap_or_default().to_string(),
+                    c["message"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+        };
+        match (ready("default"), ready("both")) {
+            (Some((ok, _)), Some((bad, why)))
+                if ok == "True" && bad == "False" && why.contains("exactly one of ['role', 'instanceProfile']") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    });
     // The valid pool keeps provisioning.
     let ns = "nodepools";
     env.apply(&deployment(ns, "inflate", 4, "1"));

@@ -62,6 +62,8 @@ pub struct Pools {
     unresolved: BTreeMap<String, ConversionError>,
     /// When each EC2NodeClass was last resolved, and its hash then.
     resolved_at: BTreeMap<String, (String, u64)>,
+    /// The status last written per EC2NodeClass.
+    classes_written: BTreeMap<String, crd::EC2NodeClassStatus>,
 }
 
 impl Pools {
@@ -71,6 +73,7 @@ impl Pools {
             aws,
             unresolved: BTreeMap::new(),
             resolved_at: BTreeMap::new(),
+            classes_written: BTreeMap::new(),
             zones,
             running: BTreeMap::new(),
             retired: BTreeSet::new(),
@@ -379,6 +382,56 @@ impl Pools {
             }
         }
         self.evented.retain(|n, _| matches!(not_ready.get(n), Some(Unready::Invalid(_))));
+        self.report_classes(cluster, plane, &current, &now).await;
+    }
+
+    /// Writes each EC2NodeClass's conditions where they changed, as Karpenter shows them
+    /// (`kubectl get ec2nodeclasses` reads `Ready`): `ValidationSucceeded` (False naming the
+    /// field of a rule it breaks) and `Ready` (False with why: invalid, or with `--cloud aws`
+    /// its subnets, security groups, AMIs or instance profile not found).
+    async fn report_classes(&mut self, cluster: &KubeCluster, plane: &Plane, current: &dyn Fn() -> bool, now: &str) {
+        let classes = cluster.nodeclasses();
+        let invalid = cluster.invalid();
+        let mut names: BTreeSet<String> = classes.keys().cloned().collect();
+        names.extend(invalid.keys().filter_map(|k| k.strip_prefix("EC2NodeClass ")).map(str::to_string));
+        for name in &names {
+            let bad = invalid.get(&format!("EC2NodeClass {name}"));
+            let unmet = |kind: &str, reason: &str, message: String| Condition {
+                kind: kind.into(),
+                status: false,
+                reason: reason.into(),
+                message,
+            };
+            let validation = match bad {
+                Some(e) => unmet("ValidationSucceeded", "ValidationFailed", format!("{}: {}", e.field, e.message)),
+                None => Condition::met("ValidationSucceeded"),
+            };
+            let ready = match (bad, self.unresolved.get(name)) {
+                (Some(_), _) => unmet("Ready", "ValidationFailed", validation.message.clone()),
+                (None, Some(e)) => unmet("Ready", "NodeClassNotReady", format!("{}: {}", e.field, e.message)),
+                (None, None) => Condition::met("Ready"),
+            };
+            let before =
+                self.classes_written.get(name).cloned().or_else(|| classes.get(name).and_then(|nc| nc.status.clone()));
+            let previous = before.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+            let status = crd::EC2NodeClassStatus {
+                conditions: Some(convert::conditions_object(&[ready, validation], &previous, now)),
+            };
+            if before.as_ref() == Some(&status) {
+                self.classes_written.insert(name.clone(), status);
+                continue;
+            }
+            if !current() {
+                return;
+            }
+            match cluster.patch_nodeclass_status(name, &status).await {
+                Ok(_) => {
+                    self.classes_written.insert(name.clone(), status);
+                }
+                Err(e) => plane.errors.warn("nodeclass_status", e.kind(), &format!("ec2nodeclass/{name}"), &e),
+            }
+        }
+        self.classes_written.retain(|n, _| names.contains(n));
     }
 }
 

@@ -8,7 +8,7 @@ pub mod nodepool;
 pub mod schema;
 
 pub use common::{Condition, NodeClassReference, NodeSelectorRequirementWithMinValues};
-pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, KubeletConfiguration};
+pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, KubeletConfiguration};
 pub use nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 pub use nodepool::{NodePool, NodePoolSpec, NodePoolStatus};
 

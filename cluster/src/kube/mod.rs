@@ -313,6 +313,22 @@ impl KubeCluster {
         Ok(version_of(&out.metadata))
     }
 
+    /// Writes an EC2NodeClass's status (through the status subresource, merged).
+    pub async fn patch_nodeclass_status(
+        &self,
+        name: &str,
+        status: &crd::EC2NodeClassStatus,
+    ) -> Result<u64, ClusterError> {
+        self.admit().await;
+        let api: Api<crd::EC2NodeClass> = Api::all(self.client.clone());
+        let patch = json!({ "status": status });
+        let out = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| self.api_error("EC2NodeClass", name, e))?;
+        Ok(version_of(&out.metadata))
+    }
+
     /// A Node object made by the sim cloud's node agent: created as a kubelet registers it.
     pub async fn create_node(&self, node: &k8s::Node) -> Result<u64, ClusterError> {
         self.admit().await;
