@@ -932,6 +932,9 @@ mod moto;
 #[path = "../cloud/tests/conformance/ami_seed.rs"]
 mod ami_seed;
 
+/// The zones whose subnets the test's EC2NodeClass selects.
+const SUBNET_ZONES: [&str; 2] = ["us-east-1b", "us-east-1d"];
+
 /// The SSM parameters of the alias AMIs, seeded in moto (which keeps `/aws/...` to itself).
 const AMI_PARAMETERS: &str = "/dovetail-test/eks/optimized-ami";
 
@@ -953,8 +956,14 @@ async fn seed_moto(endpoint: &str, minor: &str) -> (aws_sdk_ec2::Client, aws_sdk
     let subnets = ec2.describe_subnets().send().await.expect("subnets");
     let default_group = aws_sdk_ec2::types::Filter::builder().name("group-name").values("default").build();
     let groups = ec2.describe_security_groups().filters(default_group).send().await.expect("security groups");
-    let mut resources: Vec<String> =
-        subnets.subnets().iter().filter_map(|s| s.subnet_id().map(str::to_string)).collect();
+    // Only the subnets of two zones: the NodePool must launch there only.
+    let mut resources: Vec<String> = subnets
+        .subnets()
+        .iter()
+        .filter(|s| s.availability_zone().is_some_and(|z| SUBNET_ZONES.contains(&z)))
+        .filter_map(|s| s.subnet_id().map(str::to_string))
+        .collect();
+    assert!(!resources.is_empty(), "moto's default VPC has subnets in {SUBNET_ZONES:?}");
     resources.extend(groups.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)));
     let tag = aws_sdk_ec2::types::Tag::builder().key("karpenter.sh/discovery").value("dovetail-test").build();
     ec2.create_tags().set_resources(Some(resources)).tags(tag).send().await.expect("tag subnets");
@@ -1052,6 +1061,8 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
         let provider = c["status"]["providerID"].as_str().unwrap_or_default();
         assert!(provider.ends_with(&found[0].0), "{name}'s providerID {provider} names its instance {found:?}");
         assert_eq!(found[0].1, "running");
+        let zone = c["metadata"]["labels"]["topology.kubernetes.io/zone"].as_str().unwrap_or_default();
+        assert!(SUBNET_ZONES.contains(&zone), "{name} launched in {zone}, where the class has no subnet");
     }
     // Deleted (never registered: no kubelet joins from moto): its instance is terminated.
     let first = name_of(&claims[0]);

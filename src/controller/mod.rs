@@ -112,6 +112,7 @@ async fn serve(s: Settings) -> Result<(), String> {
     let ledger = Arc::new(InProcess::new());
     let now = clock.now_millis();
     let snap = cluster.snapshot();
+    let mut s = s;
     let (cloud, sim, aws, catalog) = match s.cloud {
         CloudKind::Sim => {
             let catalog = Catalog::embedded(&s.region).map_err(|e| format!("catalog of {}: {e}", s.region))?;
@@ -135,6 +136,11 @@ async fn serve(s: Settings) -> Result<(), String> {
             // The region's types and offerings as EC2 describes them (Karpenter reads them so).
             let catalog = provider.catalog().await.map_err(|e| format!("--cloud aws: the region's catalog: {e}"))?;
             tracing::info!(region = %s.region, types = catalog.instance_types.len(), "EC2 catalog read");
+            if !s.zones_set && !catalog.zones.is_empty() {
+                // Every zone EC2 describes gets a zone actor; each NodePool launches only in
+                // the zones its EC2NodeClass's subnets cover.
+                s.zones = catalog.zones.iter().map(|z| z.name.clone()).collect();
+            }
             (provider.clone() as Arc<dyn dovetail_cloud::CloudProvider>, None, Some(provider), catalog)
         }
     };

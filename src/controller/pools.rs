@@ -19,9 +19,11 @@ use dovetail_cluster::kube::KubeCluster;
 use dovetail_cluster::{ClusterView, ClusterWriter, Condition, Event, ObjectKind};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
 use dovetail_core::clock::Clock;
+use dovetail_core::labels;
 use dovetail_core::ledger::{Command, Outcome};
 use dovetail_core::lifecycle::adopt::adoptions;
 use dovetail_core::nodepool::NodePool;
+use dovetail_core::requirements::Requirement;
 use dovetail_core::resources::ResourceList;
 use dovetail_raft::{Ledger, propose_now, read_with};
 
@@ -64,6 +66,9 @@ pub struct Pools {
     resolved_at: BTreeMap<String, (String, u64)>,
     /// The status last written per EC2NodeClass.
     classes_written: BTreeMap<String, crd::EC2NodeClassStatus>,
+    /// With `--cloud aws`: the zones each EC2NodeClass's subnets are in, as last resolved (its
+    /// pools launch there only).
+    class_zones: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Pools {
@@ -74,6 +79,7 @@ impl Pools {
             unresolved: BTreeMap::new(),
             resolved_at: BTreeMap::new(),
             classes_written: BTreeMap::new(),
+            class_zones: BTreeMap::new(),
             zones,
             running: BTreeMap::new(),
             retired: BTreeSet::new(),
@@ -115,8 +121,11 @@ impl Pools {
             }
             match convert::node_class_settings(nc) {
                 Ok(settings) => {
-                    let running =
-                        Running { pool: pool.as_ref().clone(), class: (class.clone(), nc.metadata.generation) };
+                    let mut zoned = pool.as_ref().clone();
+                    if let Some(zones) = self.class_zones.get(class) {
+                        zoned.requirements.add(labels::ZONE, Requirement::is_in(zones.iter().map(String::as_str)));
+                    }
+                    let running = Running { pool: zoned, class: (class.clone(), nc.metadata.generation) };
                     ok.insert(pool.name.clone(), (running, settings));
                 }
                 Err(e) => {
@@ -184,6 +193,7 @@ impl Pools {
         let classes = cluster.nodeclasses();
         self.unresolved.retain(|name, _| classes.contains_key(name));
         self.resolved_at.retain(|name, _| classes.contains_key(name));
+        self.class_zones.retain(|name, _| classes.contains_key(name));
         for (name, nc) in classes.iter() {
             let class = super::aws::node_class(name, nc);
             // One that failed is asked again after a while or once it changed (one that
@@ -203,8 +213,10 @@ impl Pools {
                 continue;
             };
             match resolved {
-                Ok(_) => {
+                Ok(r) => {
                     self.unresolved.remove(name);
+                    let zones: BTreeSet<String> = r.subnets.iter().map(|(_, zone)| zone.clone()).collect();
+                    self.class_zones.insert(name.clone(), zones);
                 }
                 Err(CloudError::NodeClassNotReady { reason, .. }) => {
                     let e = ConversionError { object, field: "spec".into(), message: reason };

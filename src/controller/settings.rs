@@ -38,7 +38,8 @@ pub struct ControllerArgs {
     /// Where /healthz (live) and /readyz (caches synced) are served.
     #[arg(long, env = "DOVETAIL_HEALTH_ADDR")]
     pub health_addr: Option<SocketAddr>,
-    /// The zones to launch in (default: the region's first three).
+    /// The zones to launch in (default: with --cloud sim the region's first three; with
+    /// --cloud aws every zone EC2 describes, each NodePool narrowed to its subnets' zones).
     #[arg(long, value_delimiter = ',', env = "DOVETAIL_ZONES")]
     pub zones: Option<Vec<String>>,
     /// Requests per second to the API server (Karpenter's KUBE_CLIENT_QPS).
@@ -101,6 +102,8 @@ pub struct Settings {
     pub metrics_addr: SocketAddr,
     pub health_addr: SocketAddr,
     pub zones: Vec<String>,
+    /// Whether `zones` was set (with `--cloud aws` unset zones are EC2's).
+    pub zones_set: bool,
     pub kube_client_qps: f64,
     pub kube_client_burst: u32,
     pub sim_registration_delay_ms: u64,
@@ -130,6 +133,7 @@ impl Settings {
         }
         let region_set = args.region.is_some() || file.region.is_some();
         let region = args.region.clone().or(file.region).unwrap_or_else(|| "us-east-1".into());
+        let zones_set = args.zones.is_some() || file.zones.is_some();
         let zones = args
             .zones
             .clone()
@@ -155,6 +159,7 @@ impl Settings {
             metrics_addr: args.metrics_addr.or(file.metrics_addr).map_or_else(|| addr("0.0.0.0:8080"), Ok)?,
             health_addr: args.health_addr.or(file.health_addr).map_or_else(|| addr("0.0.0.0:8081"), Ok)?,
             zones,
+            zones_set,
             kube_client_qps: qps,
             kube_client_burst: burst,
             sim_registration_delay_ms: args.sim_registration_delay_ms.or(file.sim_registration_delay_ms).unwrap_or(0),
