@@ -1078,6 +1078,13 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
         let found = rt.block_on(instances_of(&ec2, &name_of(c)));
         assert!(found.iter().all(|(_, s)| s == "terminated" || s == "shutting-down"), "{found:?}");
     }
+    // The class is deleted (by the clean-up) and no NodeClaim names it: its profile goes.
+    env.wait("the deleted class's instance profile deleted", Duration::from_secs(30), |_| {
+        match rt.block_on(iam.get_instance_profile().instance_profile_name(&profile).send()) {
+            Err(e) if format!("{e:?}").contains("NoSuchEntity") => Ok(()),
+            other => Err(format!("{other:?}\n{}", ctl.log())),
+        }
+    });
 }
 
 /// `kubectl auth can-i` as whoever `kubeconfig` names: whether the API allows it.

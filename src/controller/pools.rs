@@ -69,6 +69,9 @@ pub struct Pools {
     /// With `--cloud aws`: the zones each EC2NodeClass's subnets are in, as last resolved (its
     /// pools launch there only).
     class_zones: BTreeMap<String, BTreeSet<String>>,
+    /// With `--cloud aws`: when the managed instance profiles were last collected, and the
+    /// classes kept then (one of them gone makes the next collection due).
+    profiles_collected: Option<(u64, BTreeSet<String>)>,
 }
 
 impl Pools {
@@ -80,6 +83,7 @@ impl Pools {
             resolved_at: BTreeMap::new(),
             classes_written: BTreeMap::new(),
             class_zones: BTreeMap::new(),
+            profiles_collected: None,
             zones,
             running: BTreeMap::new(),
             retired: BTreeSet::new(),
@@ -143,6 +147,7 @@ impl Pools {
         // a follower keeps the last answer.
         if ledger.leadership().borrow().leader {
             self.resolve_classes(cluster, clock.now_millis()).await;
+            self.collect_profiles(cluster, clock.now_millis()).await;
         }
         let (desired, _) = self.desired(cluster);
         let now = clock.now_millis();
@@ -230,6 +235,43 @@ impl Pools {
                     tracing::warn!(ec2nodeclass = %name, error = %e, "EC2NodeClass {name} could not be resolved now")
                 }
             }
+        }
+    }
+
+    /// With `--cloud aws`, deletes the instance profiles managed for EC2NodeClasses that are
+    /// gone and that no NodeClaim names any more: at start, when a class or a NodeClaim of a
+    /// gone class goes, and every 30 min (Karpenter's garbage collection interval).
+    async fn collect_profiles(&mut self, cluster: &KubeCluster, now: u64) {
+        const EVERY_MS: u64 = 30 * 60 * 1000;
+        let Some(aws) = self.aws.clone() else { return };
+        // Never on a view that is not synced: a class missing from it is not gone.
+        if !cluster.synced() {
+            return;
+        }
+        let mut keep: BTreeSet<String> = cluster.nodeclasses().keys().cloned().collect();
+        keep.extend(cluster.pools_and_claims().nodeclaims.values().map(|nc| nc.spec.node_class.name.clone()));
+        let due = match &self.profiles_collected {
+            None => true,
+            Some((at, kept)) => now.saturating_sub(*at) >= EVERY_MS || !kept.is_subset(&keep),
+        };
+        if !due {
+            return;
+        }
+        let collected =
+            tokio::time::timeout(std::time::Duration::from_secs(60), aws.collect_instance_profiles(&keep)).await;
+        match collected {
+            Ok(Ok(deleted)) => {
+                if !deleted.is_empty() {
+                    tracing::info!(deleted = deleted.len(), "instance profiles of gone EC2NodeClasses deleted");
+                }
+                self.profiles_collected = Some((now, keep));
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "collecting the instance profiles of gone EC2NodeClasses failed; asked again later")
+            }
+            Err(_) => tracing::warn!(
+                "collecting the instance profiles of gone EC2NodeClasses took over 60 s; asked again later"
+            ),
         }
     }
 

@@ -26,7 +26,7 @@ use dovetail_core::catalog::{CapacityType, Catalog, InstanceType, NodeClassSetti
 pub use catalog::SpotPrices;
 pub use errors::{CAPACITY_CODES, THROTTLE_RETRY_AFTER};
 pub use nodeclass::{AmiParameters, Resolved, alias_parameter};
-pub use profile::{profile_name, role_name};
+pub use profile::{profile_name, profile_path, role_name};
 pub use queue::SqsQueue;
 
 use crate::types::type_labels;
@@ -297,6 +297,15 @@ impl AwsProvider {
         let r = Arc::new(r);
         lock(&self.caches).resolved.insert(key, (r.clone(), self.clock.now()));
         Ok(r)
+    }
+
+    /// Deletes the instance profiles managed for node classes not in `keep` (the classes that
+    /// exist or that a NodeClaim still names); the names deleted.
+    pub async fn collect_instance_profiles(
+        &self,
+        keep: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<String>, CloudError> {
+        profile::collect(&self.iam, (&self.cfg.cluster, &self.region), keep).await
     }
 
     /// The launch template for an image and the node class's security groups.

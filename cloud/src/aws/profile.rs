@@ -21,6 +21,12 @@ pub fn profile_name(cluster: &str, region: &str, node_class: &str) -> String {
     format!("{cluster}_{h}")
 }
 
+/// The IAM path the cluster's managed profiles live under (how they are found again to be
+/// deleted).
+pub fn profile_path(cluster: &str, region: &str) -> String {
+    format!("/dovetail/{region}/{cluster}/")
+}
+
 /// The role's name in `spec.role`: a name, or the last part of its ARN.
 pub fn role_name(role: &str) -> &str {
     role.rsplit('/').next().unwrap_or(role)
@@ -49,7 +55,8 @@ pub async fn ensure(
                 tag("topology.kubernetes.io/region", region),
                 tag("karpenter.sh/managed-by", cluster),
             ];
-            let mut create = iam.create_instance_profile().instance_profile_name(&name);
+            let mut create =
+                iam.create_instance_profile().instance_profile_name(&name).path(profile_path(cluster, region));
             for t in tags {
                 match t {
                     Ok(t) => create = create.tags(t),
@@ -96,6 +103,57 @@ pub async fn ensure(
         Err(e) if e.code() == Some("LimitExceeded") => Ok(name),
         Err(e) => Err(from_sdk("AddRoleToInstanceProfile", e)),
     }
+}
+
+/// Deletes the cluster's managed profiles whose node class is not in `keep` (deleted, and no
+/// NodeClaim uses it any more), their roles taken off first; the names deleted.
+pub async fn collect(
+    iam: &IamClient,
+    (cluster, region): (&str, &str),
+    keep: &std::collections::BTreeSet<String>,
+) -> Result<Vec<String>, CloudError> {
+    let wanted: std::collections::BTreeSet<String> = keep.iter().map(|c| profile_name(cluster, region, c)).collect();
+    let mut stale: Vec<(String, Vec<String>)> = Vec::new();
+    let mut marker: Option<String> = None;
+    // Bounded: 1,000 pages of up to 100 profiles.
+    for _ in 0..1_000 {
+        let out = iam
+            .list_instance_profiles()
+            .path_prefix(profile_path(cluster, region))
+            .set_marker(marker.take())
+            .send()
+            .await
+            .map_err(|e| from_sdk("ListInstanceProfiles", e))?;
+        for p in out.instance_profiles() {
+            if !wanted.contains(p.instance_profile_name()) {
+                let roles = p.roles().iter().map(|r| r.role_name().to_string()).collect();
+                stale.push((p.instance_profile_name().to_string(), roles));
+            }
+        }
+        match out.marker() {
+            Some(m) if out.is_truncated() => marker = Some(m.to_string()),
+            _ => break,
+        }
+    }
+    let mut deleted = Vec::new();
+    for (name, roles) in stale {
+        for role in &roles {
+            match iam.remove_role_from_instance_profile().instance_profile_name(&name).role_name(role).send().await {
+                Ok(_) => {}
+                Err(e) if e.code() == Some("NoSuchEntity") => {}
+                Err(e) => return Err(from_sdk("RemoveRoleFromInstanceProfile", e)),
+            }
+        }
+        match iam.delete_instance_profile().instance_profile_name(&name).send().await {
+            Ok(_) => {
+                tracing::info!(instance_profile = %name, "instance profile {name} deleted: its EC2NodeClass is gone");
+                deleted.push(name);
+            }
+            Err(e) if e.code() == Some("NoSuchEntity") => {}
+            Err(e) => return Err(from_sdk("DeleteInstanceProfile", e)),
+        }
+    }
+    Ok(deleted)
 }
 
 #[cfg(test)]
