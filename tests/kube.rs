@@ -1087,14 +1087,15 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
     });
 }
 
-/// `kubectl auth can-i` as whoever `kubeconfig` names: whether the API allows it.
+/// `kubectl auth can-i` as whoever `kubeconfig` names: whether the API allows it
+/// (`resource/subresource` asks for the subresource).
 fn can_i(kubeconfig: &Path, verb: &str, resource: &str) -> bool {
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["auth", "can-i", verb, resource])
-        .output()
-        .expect("kubectl runs");
+    let mut args = vec!["auth", "can-i", verb];
+    match resource.split_once('/') {
+        Some((r, sub)) => args.extend([r, "--subresource", sub]),
+        None => args.push(resource),
+    }
+    let out = Command::new("kubectl").arg("--kubeconfig").arg(kubeconfig).args(&args).output().expect("kubectl runs");
     String::from_utf8_lossy(&out.stdout).trim() == "yes"
 }
 
@@ -1131,6 +1132,10 @@ fn the_controller_provisions_and_drains_under_the_shipped_rbac_role_applied_with
     std::fs::write(&kubeconfig, yaml).expect("kubeconfig written");
     // The API enforces RBAC, and the role is what it says: what dovetail uses, nothing more.
     assert!(can_i(&kubeconfig, "create", "nodeclaims.karpenter.sh"), "the role lets dovetail create NodeClaims");
+    assert!(
+        can_i(&kubeconfig, "patch", "ec2nodeclasses.karpenter.k8s.aws/status"),
+        "the role lets dovetail write EC2NodeClass status"
+    );
     assert!(
         !can_i(&kubeconfig, "list", "secrets"),
         "RBAC is enforced (start kube-test-env with KUBE_AUTHZ=RBAC, as scripts/test does) and the role grants no secrets"

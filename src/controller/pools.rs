@@ -72,6 +72,8 @@ pub struct Pools {
     /// With `--cloud aws`: when the managed instance profiles were last collected, and the
     /// classes kept then (one of them gone makes the next collection due).
     profiles_collected: Option<(u64, BTreeSet<String>)>,
+    /// When the last collection failed (the next waits).
+    profiles_failed_at: Option<u64>,
 }
 
 impl Pools {
@@ -84,6 +86,7 @@ impl Pools {
             classes_written: BTreeMap::new(),
             class_zones: BTreeMap::new(),
             profiles_collected: None,
+            profiles_failed_at: None,
             zones,
             running: BTreeMap::new(),
             retired: BTreeSet::new(),
@@ -123,6 +126,23 @@ impl Pools {
                 not.insert(pool.name.clone(), Unready::NodeClassNotReady(e.clone()));
                 continue;
             }
+            if self.aws.is_some() {
+                // With EC2, a pool provisions once its class resolved, in its subnets' zones.
+                let object = format!("EC2NodeClass {class:?}");
+                let why = match self.class_zones.get(class) {
+                    None => Some("not resolved yet (subnets, security groups, AMIs)".to_string()),
+                    Some(z) if !z.iter().any(|z| self.zones.contains(z)) => Some(format!(
+                        "its subnets are in {z:?}, none of the zones dovetail launches in ({:?})",
+                        self.zones
+                    )),
+                    Some(_) => None,
+                };
+                if let Some(message) = why {
+                    let e = ConversionError { object, field: "spec.subnetSelectorTerms".into(), message };
+                    not.insert(pool.name.clone(), Unready::NodeClassNotReady(e));
+                    continue;
+                }
+            }
             match convert::node_class_settings(nc) {
                 Ok(settings) => {
                     let mut zoned = pool.as_ref().clone();
@@ -145,9 +165,12 @@ impl Pools {
     pub async fn sync(&mut self, cluster: &KubeCluster, plane: &mut Plane, ledger: &dyn Ledger, clock: &dyn Clock) {
         // Resolving may write (the instance profile managed for a role): the leader's to do;
         // a follower keeps the last answer.
-        if ledger.leadership().borrow().leader {
-            self.resolve_classes(cluster, clock.now_millis()).await;
-            self.collect_profiles(cluster, clock.now_millis()).await;
+        let leadership = ledger.leadership().borrow().clone();
+        if leadership.leader {
+            let watch = ledger.leadership();
+            let current = move || watch.borrow().is_current(leadership.term);
+            self.resolve_classes(cluster, clock.now_millis(), &current).await;
+            self.collect_profiles(cluster, clock.now_millis(), &current).await;
         }
         let (desired, _) = self.desired(cluster);
         let now = clock.now_millis();
@@ -192,7 +215,7 @@ impl Pools {
     /// a while): one whose subnets, security groups or AMIs cannot be found, or that asks for
     /// what is not supported, keeps its pools from being provisioned for, and their status says
     /// why. A cloud that cannot be reached changes nothing (the last answer stands).
-    async fn resolve_classes(&mut self, cluster: &KubeCluster, now: u64) {
+    async fn resolve_classes(&mut self, cluster: &KubeCluster, now: u64, current: &(dyn Fn() -> bool + Send + Sync)) {
         const RETRY_UNRESOLVED_MS: u64 = 30_000;
         let Some(aws) = self.aws.clone() else { return };
         let classes = cluster.nodeclasses();
@@ -209,6 +232,10 @@ impl Pools {
                 && now.saturating_sub(*at) < RETRY_UNRESOLVED_MS
             {
                 continue;
+            }
+            // Resolving may write (the instance profile): only in the term read.
+            if !current() {
+                return;
             }
             self.resolved_at.insert(name.clone(), (class.hash.clone(), now));
             let object = format!("EC2NodeClass {name:?}");
@@ -241,15 +268,25 @@ impl Pools {
     /// With `--cloud aws`, deletes the instance profiles managed for EC2NodeClasses that are
     /// gone and that no NodeClaim names any more: at start, when a class or a NodeClaim of a
     /// gone class goes, and every 30 min (Karpenter's garbage collection interval).
-    async fn collect_profiles(&mut self, cluster: &KubeCluster, now: u64) {
+    async fn collect_profiles(&mut self, cluster: &KubeCluster, now: u64, current: &(dyn Fn() -> bool + Send + Sync)) {
         const EVERY_MS: u64 = 30 * 60 * 1000;
+        const AFTER_FAILURE_MS: u64 = 5 * 60 * 1000;
         let Some(aws) = self.aws.clone() else { return };
-        // Never on a view that is not synced: a class missing from it is not gone.
-        if !cluster.synced() {
+        // Never on a view that is not synced, nor while a NodeClaim cannot be read (it may name
+        // a class): a class missing from such a view is not gone.
+        let invalid = cluster.invalid();
+        if !cluster.synced() || invalid.keys().any(|k| k.starts_with("NodeClaim ")) {
             return;
         }
         let mut keep: BTreeSet<String> = cluster.nodeclasses().keys().cloned().collect();
+        // A class that fails validation still exists.
+        keep.extend(invalid.keys().filter_map(|k| k.strip_prefix("EC2NodeClass ")).map(str::to_string));
         keep.extend(cluster.pools_and_claims().nodeclaims.values().map(|nc| nc.spec.node_class.name.clone()));
+        if let Some(at) = self.profiles_failed_at
+            && now.saturating_sub(at) < AFTER_FAILURE_MS
+        {
+            return;
+        }
         let due = match &self.profiles_collected {
             None => true,
             Some((at, kept)) => now.saturating_sub(*at) >= EVERY_MS || !kept.is_subset(&keep),
@@ -258,21 +295,22 @@ impl Pools {
             return;
         }
         let collected =
-            tokio::time::timeout(std::time::Duration::from_secs(60), aws.collect_instance_profiles(&keep)).await;
-        match collected {
+            tokio::time::timeout(std::time::Duration::from_secs(60), aws.collect_instance_profiles(&keep, current))
+                .await;
+        let failed = match collected {
             Ok(Ok(deleted)) => {
                 if !deleted.is_empty() {
                     tracing::info!(deleted = deleted.len(), "instance profiles of gone EC2NodeClasses deleted");
                 }
                 self.profiles_collected = Some((now, keep));
+                self.profiles_failed_at = None;
+                return;
             }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "collecting the instance profiles of gone EC2NodeClasses failed; asked again later")
-            }
-            Err(_) => tracing::warn!(
-                "collecting the instance profiles of gone EC2NodeClasses took over 60 s; asked again later"
-            ),
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "it took over 60 s".to_string(),
+        };
+        tracing::warn!(error = %failed, "collecting the instance profiles of gone EC2NodeClasses failed; asked again in 5 min");
+        self.profiles_failed_at = Some(now);
     }
 
     /// NodeClaims whose NodePool does not run (missing, or invalid, or without its NodeClass

@@ -301,11 +301,16 @@ impl AwsProvider {
 
     /// Deletes the instance profiles managed for node classes not in `keep` (the classes that
     /// exist or that a NodeClaim still names); the names deleted.
+    /// `current` is checked before each deletion (the caller's term).
     pub async fn collect_instance_profiles(
         &self,
         keep: &std::collections::BTreeSet<String>,
+        current: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<Vec<String>, CloudError> {
-        profile::collect(&self.iam, (&self.cfg.cluster, &self.region), keep).await
+        // What is cached of the classes not kept names their profile: forgotten, so a class
+        // made again under the same name resolves afresh.
+        lock(&self.caches).resolved.retain(|(class, _), _| keep.contains(class));
+        profile::collect(&self.iam, (&self.cfg.cluster, &self.region), keep, current).await
     }
 
     /// The launch template for an image and the node class's security groups.

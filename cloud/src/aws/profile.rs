@@ -1,7 +1,8 @@
 //! Instance profiles managed for an EC2NodeClass's `spec.role`, as Karpenter manages them:
-//! one per node class, named `<cluster>_<hash of the region and the class's name>`, tagged as
-//! the cluster's, with the role attached (another role found on it is replaced). A class that
-//! names `spec.instanceProfile` uses that one as it is.
+//! one per node class, named `<cluster>_<hash of the region and the class's name>` (the shape
+//! of Karpenter's names; not the same names), under the IAM path `/dovetail/<region>/<cluster>/`,
+//! tagged as the cluster's, with the role attached (another role found on it is replaced). A
+//! class that names `spec.instanceProfile` uses that one as it is.
 
 use aws_sdk_iam::Client as IamClient;
 use aws_sdk_iam::error::ProvideErrorMetadata;
@@ -12,11 +13,11 @@ use crate::{CloudError, TAG_CLUSTER_PREFIX};
 
 /// The managed profile's name for a node class: stable across restarts and control nodes.
 pub fn profile_name(cluster: &str, region: &str, node_class: &str) -> String {
-    // FNV-1a 64 of the region and the class name.
+    // FNV-1 64 of the region and the class name.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in region.bytes().chain(node_class.bytes()) {
-        h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        h ^= u64::from(b);
     }
     format!("{cluster}_{h}")
 }
@@ -42,12 +43,11 @@ pub async fn ensure(
     let name = profile_name(cluster, region, node_class);
     let role = role_name(role);
     let not_ready = |reason: String| CloudError::NodeClassNotReady { node_class: node_class.to_string(), reason };
-    let roles: Vec<String> = match iam.get_instance_profile().instance_profile_name(&name).send().await {
-        Ok(out) => out
-            .instance_profile()
-            .map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect())
-            .unwrap_or_default(),
-        Err(e) if e.code() == Some("NoSuchEntity") => {
+    let mut created = false;
+    let roles: Vec<String> = match roles_of(iam, &name).await {
+        Ok(Some(roles)) => roles,
+        Ok(None) => {
+            created = true;
             let tag = |k: &str, v: &str| Tag::builder().key(k).value(v).build();
             let tags = [
                 tag(&format!("{TAG_CLUSTER_PREFIX}{cluster}"), "owned"),
@@ -78,9 +78,10 @@ pub async fn ensure(
             }
             Vec::new()
         }
-        Err(e) => return Err(from_sdk("GetInstanceProfile", e)),
+        Err(e) => return Err(e),
     };
-    if roles.iter().any(|r| r == role) {
+    // IAM role names are case-insensitive.
+    if roles.iter().any(|r| r.eq_ignore_ascii_case(role)) {
         return Ok(name);
     }
     for other in &roles {
@@ -96,12 +97,35 @@ pub async fn ensure(
             tracing::info!(instance_profile = %name, role, "role {role} attached to instance profile {name}");
             Ok(name)
         }
+        // Just made, the profile itself may not be visible yet (IAM is eventually consistent).
+        Err(e) if e.code() == Some("NoSuchEntity") && created => Err(CloudError::Transient {
+            message: format!("AddRoleToInstanceProfile: instance profile {name} not visible yet"),
+        }),
         Err(e) if e.code() == Some("NoSuchEntity") => {
             Err(not_ready(format!("spec.role: IAM role {role:?} not found (its instance profile {name} has no role)")))
         }
-        // Attached meanwhile by another control node.
-        Err(e) if e.code() == Some("LimitExceeded") => Ok(name),
+        // A role is on it already: attached meanwhile by another control node, or the old
+        // one still shows. Taken only once it is read back as ours.
+        Err(e) if e.code() == Some("LimitExceeded") => match roles_of(iam, &name).await? {
+            Some(roles) if roles.iter().any(|r| r.eq_ignore_ascii_case(role)) => Ok(name),
+            _ => Err(CloudError::Transient {
+                message: format!("AddRoleToInstanceProfile: instance profile {name} still has another role"),
+            }),
+        },
         Err(e) => Err(from_sdk("AddRoleToInstanceProfile", e)),
+    }
+}
+
+/// The roles on a profile, `None` when it does not exist.
+async fn roles_of(iam: &IamClient, name: &str) -> Result<Option<Vec<String>>, CloudError> {
+    match iam.get_instance_profile().instance_profile_name(name).send().await {
+        Ok(out) => Ok(Some(
+            out.instance_profile()
+                .map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect())
+                .unwrap_or_default(),
+        )),
+        Err(e) if e.code() == Some("NoSuchEntity") => Ok(None),
+        Err(e) => Err(from_sdk("GetInstanceProfile", e)),
     }
 }
 
@@ -111,6 +135,7 @@ pub async fn collect(
     iam: &IamClient,
     (cluster, region): (&str, &str),
     keep: &std::collections::BTreeSet<String>,
+    current: &(dyn Fn() -> bool + Send + Sync),
 ) -> Result<Vec<String>, CloudError> {
     let wanted: std::collections::BTreeSet<String> = keep.iter().map(|c| profile_name(cluster, region, c)).collect();
     let mut stale: Vec<(String, Vec<String>)> = Vec::new();
@@ -137,6 +162,10 @@ pub async fn collect(
     }
     let mut deleted = Vec::new();
     for (name, roles) in stale {
+        // Fenced: a deposed leader deletes nothing more.
+        if !current() {
+            return Err(CloudError::Transient { message: "the term ended while collecting".into() });
+        }
         for role in &roles {
             match iam.remove_role_from_instance_profile().instance_profile_name(&name).role_name(role).send().await {
                 Ok(_) => {}
@@ -167,7 +196,7 @@ mod tests {
         assert_eq!(a, profile_name("demo", "us-east-1", "default"));
         assert_ne!(a, profile_name("demo", "us-west-2", "default"));
         assert_ne!(a, profile_name("demo", "us-east-1", "gpu"));
-        assert!(a.len() <= 128, "IAM's limit");
+        assert_eq!(profile_path("demo", "us-east-1"), "/dovetail/us-east-1/demo/");
     }
 
     #[test]
