@@ -1073,6 +1073,22 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
         let terminated = found.iter().all(|(_, s)| s == "terminated" || s == "shutting-down");
         if !left && terminated { Ok(()) } else { Err(format!("left {left}, {found:?}\n{}", ctl.log())) }
     });
+    // The class deleted while NodeClaims still name it: its profile stays (their instances use
+    // it). Passes of the NodePool loop run meanwhile: the pool reports its class missing.
+    env.wait("a NodeClaim naming the class", Duration::from_secs(60), |e| {
+        let n = e.items(&["get", "nodeclaims"]).len();
+        if n > 0 { Ok(()) } else { Err(format!("none (the pods of the deleted one get another)\n{}", ctl.log())) }
+    });
+    env.kubectl(&["delete", "ec2nodeclass", "default", "--wait=false"]);
+    env.wait("the NodePool reporting its class missing", Duration::from_secs(30), |e| {
+        match condition(e, "default", "Ready") {
+            Some((s, reason, _)) if s == "False" && reason == "NodeClassNotFound" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    let kept = rt.block_on(iam.get_instance_profile().instance_profile_name(&profile).send());
+    assert!(kept.is_ok(), "the profile of a class NodeClaims still name is kept: {kept:?}\n{}", ctl.log());
     clean_up(&env, ns, &ctl);
     for c in &claims {
         let found = rt.block_on(instances_of(&ec2, &name_of(c)));

@@ -98,9 +98,15 @@ pub async fn ensure(
             Ok(name)
         }
         // Just made, the profile itself may not be visible yet (IAM is eventually consistent).
-        Err(e) if e.code() == Some("NoSuchEntity") && created => Err(CloudError::Transient {
-            message: format!("AddRoleToInstanceProfile: instance profile {name} not visible yet"),
-        }),
+        Err(e)
+            if e.code() == Some("NoSuchEntity")
+                && created
+                && e.message().is_some_and(|m| m.to_ascii_lowercase().contains("instance profile")) =>
+        {
+            Err(CloudError::Transient {
+                message: format!("AddRoleToInstanceProfile: instance profile {name} not visible yet"),
+            })
+        }
         Err(e) if e.code() == Some("NoSuchEntity") => {
             Err(not_ready(format!("spec.role: IAM role {role:?} not found (its instance profile {name} has no role)")))
         }
