@@ -861,6 +861,13 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
             other => Err(format!("{other:?}")),
         }
     });
+    // A status that holds stays as written: the class's resource version stays over several
+    // passes of the NodePool loop (one every 5 s at most), so no pass rewrote it with, say,
+    // new transition times. (A write of identical content would not show here.)
+    let version = |e: &Env| e.json(&["get", "ec2nodeclass", "default"])["metadata"]["resourceVersion"].clone();
+    let before = version(&env);
+    std::thread::sleep(Duration::from_secs(11));
+    assert_eq!(version(&env), before, "an unchanged EC2NodeClass status is not rewritten with changes");
     // The valid pool keeps provisioning.
     let ns = "nodepools";
     env.apply(&deployment(ns, "inflate", 4, "1"));
