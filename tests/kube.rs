@@ -916,6 +916,29 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
         Some((s, reason, _)) if s == "False" && reason == "NodePoolValidationFailed" => Ok(()),
         other => Err(format!("{other:?}\n{}", ctl.log())),
     });
+    // Restarted while they are invalid, the NodePool and the EC2NodeClass keep their
+    // conditions' transition times (read back from what they show).
+    let since = |e: &Env, kind: &str, name: &str| {
+        let o = e.json(&["get", kind, name]);
+        let c = o["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "Ready")).cloned();
+        c.map(|c| c["lastTransitionTime"].clone())
+    };
+    let (pool_since, class_since) = (since(&env, "nodepool", "bad"), since(&env, "ec2nodeclass", "both"));
+    assert!(pool_since.is_some() && class_since.is_some(), "{pool_since:?} {class_since:?}");
+    drop(ctl);
+    std::thread::sleep(Duration::from_millis(1100));
+    let ctl = Controller::start(&env, "nodepools-restarted-again", &[]);
+    env.wait("the restarted controller's first status pass", Duration::from_secs(30), |e| {
+        // The default pool's counts are written by every pass that finds them changed; its
+        // Ready condition read back True means a pass ran over all pools.
+        match condition(e, "default", "Ready") {
+            Some((s, ..)) if s == "True" && ctl.log().contains("control plane started") => Ok(()),
+            other => Err(format!("{other:?}\n{}", ctl.log())),
+        }
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(since(&env, "nodepool", "bad"), pool_since, "the invalid NodePool's Ready kept its transition time");
+    assert_eq!(since(&env, "ec2nodeclass", "both"), class_since, "the invalid EC2NodeClass's Ready kept it");
     env.kubectl(&["delete", "nodeclaim", &claim, "--wait=false"]);
     env.wait("the invalid pool's deleted NodeClaim and its node gone", Duration::from_secs(60), |e| {
         let claims = e.items(&["get", "nodeclaims", "-l", "karpenter.sh/nodepool=bad"]);

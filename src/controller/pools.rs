@@ -503,8 +503,8 @@ impl Pools {
                 (None, Some(e)) => unmet("Ready", "NodeClassNotReady", format!("{}: {}", e.field, e.message)),
                 (None, None) => Condition::met("Ready"),
             };
-            let before =
-                self.classes_written.get(name).cloned().or_else(|| classes.get(name).and_then(|nc| nc.status.clone()));
+            // What was written, or after a restart what the class shows (an invalid one too).
+            let before = self.classes_written.get(name).cloned().or_else(|| cluster.nodeclass_status(name));
             let previous = before.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
             let status = crd::EC2NodeClassStatus {
                 conditions: Some(convert::conditions_object(&[ready, validation], &previous, now)),

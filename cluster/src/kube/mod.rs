@@ -236,6 +236,11 @@ impl KubeCluster {
         self.shared.lock().pool_statuses.get(name).cloned()
     }
 
+    /// An EC2NodeClass's status as last read (valid or not).
+    pub fn nodeclass_status(&self, name: &str) -> Option<crd::EC2NodeClassStatus> {
+        self.shared.lock().class_statuses.get(name).cloned()
+    }
+
     /// Objects that could not be used, by `Kind name`, with the field at fault.
     pub fn invalid(&self) -> std::collections::BTreeMap<String, ConversionError> {
         self.shared.lock().invalid.clone()

@@ -55,6 +55,8 @@ pub struct Store {
     /// NodePool status as read, so that a restarted controller keeps each condition's
     /// transition time and does not rewrite a status that has not changed.
     pub pool_statuses: BTreeMap<String, crd::NodePoolStatus>,
+    /// EC2NodeClass status as read (valid or not), for the same reason.
+    pub class_statuses: BTreeMap<String, crd::EC2NodeClassStatus>,
     /// NodeClaim uids, for the ownerReference of their Nodes.
     pub claim_uids: BTreeMap<String, String>,
     /// NodeClaim conditions as written, so that a status write keeps each transition time.
@@ -158,6 +160,9 @@ pub trait Cached: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'st
     fn upsert(store: &mut Store, item: Self::Item);
     fn remove(store: &mut Store, id: &str);
     fn clear(store: &mut Store);
+    /// What is kept of an object that cannot be used (after [`Cached::remove`]): the status
+    /// it shows, so that a restarted controller keeps its transition times.
+    fn remember_invalid(&self, _store: &mut Store) {}
 }
 
 fn pod_key(id: &str) -> PodKey {
@@ -252,6 +257,11 @@ impl Cached for crd::NodePool {
         store.pool_statuses.clear();
         store.snap.nodepools.clear();
     }
+    fn remember_invalid(&self, store: &mut Store) {
+        if let Some(status) = &self.status {
+            store.pool_statuses.insert(self.id(), status.clone());
+        }
+    }
 }
 
 impl Cached for crd::EC2NodeClass {
@@ -266,13 +276,25 @@ impl Cached for crd::EC2NodeClass {
         Ok(nc)
     }
     fn upsert(store: &mut Store, item: Self::Item) {
-        store.nodeclasses.insert(item.metadata.name.clone().unwrap_or_default(), Arc::new(item));
+        let name = item.metadata.name.clone().unwrap_or_default();
+        match &item.status {
+            Some(status) => store.class_statuses.insert(name.clone(), status.clone()),
+            None => store.class_statuses.remove(&name),
+        };
+        store.nodeclasses.insert(name, Arc::new(item));
     }
     fn remove(store: &mut Store, id: &str) {
+        store.class_statuses.remove(id);
         store.nodeclasses.remove(id);
     }
     fn clear(store: &mut Store) {
+        store.class_statuses.clear();
         store.nodeclasses.clear();
+    }
+    fn remember_invalid(&self, store: &mut Store) {
+        if let Some(status) = &self.status {
+            store.class_statuses.insert(self.id(), status.clone());
+        }
     }
 }
 
@@ -453,29 +475,39 @@ pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher
     // Every object the (re)list returned, valid or not: an invalid one deleted while the watch
     // was down must not stay reported.
     let mut listed: BTreeSet<String> = BTreeSet::new();
+    // The listed objects that cannot be used (few): what is kept of them.
+    let mut unusable: Vec<K> = Vec::new();
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Init) => {
                 listing = Some(Vec::new());
                 listed.clear();
+                unusable.clear();
             }
             Ok(Event::InitApply(obj)) => {
                 listed.insert(obj.id());
                 // Shared as it arrives: a list of 300,000 pods is buffered whole until it ends.
-                if let Some(mut item) = converted(&shared, &obj) {
-                    K::share(&mut shared.lock(), &mut item);
-                    listing.get_or_insert_with(Vec::new).push(item);
+                match converted(&shared, &obj) {
+                    Some(mut item) => {
+                        K::share(&mut shared.lock(), &mut item);
+                        listing.get_or_insert_with(Vec::new).push(item);
+                    }
+                    None => unusable.push(obj),
                 }
             }
             Ok(Event::InitDone) => {
                 let items = listing.take().unwrap_or_default();
                 let seen = std::mem::take(&mut listed);
+                let unusable = std::mem::take(&mut unusable);
                 shared.change(|s| {
                     let prefix = format!("{} ", K::KIND);
                     s.invalid.retain(|key, _| key.strip_prefix(&prefix).is_none_or(|id| seen.contains(id)));
                     K::clear(s);
                     for item in items {
                         K::upsert(s, item);
+                    }
+                    for obj in &unusable {
+                        obj.remember_invalid(s);
                     }
                     s.synced.insert(K::KIND);
                 });
@@ -488,7 +520,10 @@ pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher
                         K::share(s, &mut item);
                         K::upsert(s, item);
                     }
-                    None => K::remove(s, &id),
+                    None => {
+                        K::remove(s, &id);
+                        obj.remember_invalid(s);
+                    }
                 });
             }
             Ok(Event::Delete(obj)) => {
