@@ -1,7 +1,6 @@
 //! `dovetail bench-input`: the benchmark workloads as plan YAML.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -149,7 +148,7 @@ fn deployment(
         if i > 0 {
             labels_s.push_str(", ");
         }
-        let _ = write!(labels_s, "{k}: {v}");
+        labels_s.push_str(&format!("{k}: {v}"));
     }
     let selector = if labels.is_empty() { format!("bench: {name}") } else { labels_s.clone() };
     let template_labels = if labels.is_empty() { selector.clone() } else { labels_s };

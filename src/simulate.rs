@@ -78,8 +78,12 @@ impl Progress for Status {
             s.price_per_hour
         );
         let mut err = std::io::stderr().lock();
-        let _ = if self.tty { write!(err, "\r{line}") } else { writeln!(err, "{line}") };
-        let _ = err.flush();
+        // Progress only: a stderr that cannot be written to (closed) loses the line, and the
+        // report at the end says it all.
+        let written = if self.tty { write!(err, "\r{line}") } else { writeln!(err, "{line}") };
+        if let Err(e) = written.and_then(|()| err.flush()) {
+            tracing::debug!(error = %e, "progress line not written to stderr");
+        }
     }
 }
 

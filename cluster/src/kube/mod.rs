@@ -308,14 +308,7 @@ impl KubeCluster {
 
     /// Writes a NodePool's status (through the status subresource, merged).
     pub async fn patch_nodepool_status(&self, name: &str, status: &crd::NodePoolStatus) -> Result<u64, ClusterError> {
-        self.admit().await;
-        let api: Api<crd::NodePool> = Api::all(self.client.clone());
-        let patch = json!({ "status": status });
-        let out = api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| self.api_error("NodePool", name, e))?;
-        Ok(version_of(&out.metadata))
+        self.patch_status::<crd::NodePool>("NodePool", name, json!({ "status": status })).await
     }
 
     /// Writes an EC2NodeClass's status (through the status subresource, merged).
@@ -324,14 +317,29 @@ impl KubeCluster {
         name: &str,
         status: &crd::EC2NodeClassStatus,
     ) -> Result<u64, ClusterError> {
+        self.patch_status::<crd::EC2NodeClass>("EC2NodeClass", name, json!({ "status": status })).await
+    }
+
+    /// Merges `patch` into a cluster-scoped object's status subresource.
+    async fn patch_status<K>(
+        &self,
+        kind: &'static str,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> Result<u64, ClusterError>
+    where
+        K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
         self.admit().await;
-        let api: Api<crd::EC2NodeClass> = Api::all(self.client.clone());
-        let patch = json!({ "status": status });
+        let api: Api<K> = Api::all(self.client.clone());
         let out = api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|e| self.api_error("EC2NodeClass", name, e))?;
-        Ok(version_of(&out.metadata))
+            .map_err(|e| self.api_error(kind, name, e))?;
+        Ok(version_of(out.meta()))
     }
 
     /// A Node object made by the sim cloud's node agent: created as a kubelet registers it.
