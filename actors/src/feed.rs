@@ -3,7 +3,9 @@
 //! `core::plane::Resend`: a pod is sent when it first shows up pending, again every `resend`
 //! while it stays pending, and again `settle` after new nodes appeared if it is still pending
 //! (Karpenter re-solves pending pods each batch; the Router's solve finds the in-flight
-//! NodeClaims made for them, so a resend costs a solve, not a claim).
+//! NodeClaims made for them, so a resend costs a solve, not a claim), and at once when a node
+//! or NodeClaim is deleted or marked for deletion (the pods counted against it need a
+//! replacement: Karpenter's provisioner is triggered by those deletions).
 //! Only provisionable pods are sent (Karpenter's `IsProvisionable`: marked unschedulable by
 //! the scheduler, not gated, not nominated, not a DaemonSet's, not finished or terminating).
 //! A full Router mailbox drops the message and the pods are due again at the next look
@@ -108,6 +110,7 @@ impl PendingFeed {
         }
         self.seen_version = Some(snap.resource_version);
         let pending: Vec<&Arc<Pod>> = snap.provisionable().collect();
+        self.resend.capacity(now, snap.capacity_keys());
         let due = self.resend.look(now, pending.iter().map(|p| &p.key), snap.nodes.len());
         let due: Vec<Pod> = due.into_iter().map(|i| pending[i].as_ref().clone()).collect();
         let n = due.len();

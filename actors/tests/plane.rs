@@ -1532,6 +1532,84 @@ mod integration {
         assert!(out.requeued > 0, "a restart cut launches off mid-call");
     }
 
+    /// `kubectl delete nodeclaim` of a claim whose node never registered: the pods it was made
+    /// for get a replacement claim at once, not at the feed's periodic resend (60 s here), as
+    /// Karpenter's provisioner is triggered by a NodeClaim's deletion. Only one claim replaces it.
+    #[actix_rt::test]
+    async fn pods_of_a_claim_deleted_before_it_registered_get_a_replacement_at_once() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        let pools = [pool("default", 0, &C5, None)];
+        propose(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+        )
+        .await;
+        let mut cfg = config(100);
+        cfg.feed.resend = Duration::from_secs(60);
+        let plane = Plane::start(
+            PlaneConfig {
+                zones: ZONES.iter().map(|z| z.to_string()).collect(),
+                pools: pools.iter().map(|p| (p.clone(), types(), node_class())).collect(),
+                limits: ApiLimits::default(),
+                config: cfg,
+            },
+            Seams {
+                cloud: cloud.clone(),
+                view: cluster.clone(),
+                cluster: cluster.clone(),
+                ledger: ledger.clone(),
+                clock: clock.clone(),
+            },
+        )
+        .expect("valid settings");
+        let mut workloads = Workloads::new();
+        workloads.apply_deployment(Deployment {
+            namespace: "default".into(),
+            name: "app".into(),
+            replicas: 2,
+            template: Pod { requests: ResourceList::cpu_mem(500, 1 << 30), ..Pod::default() },
+        });
+        // No kubelet: the claim's node never registers.
+        let mut first = None;
+        for _ in 0..400usize {
+            workloads.step(&cluster, clock.now_millis());
+            cluster.schedule();
+            if let Some(c) = cluster.snapshot().nodeclaims.keys().next() {
+                first = Some(c.clone());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let first = first.expect("a claim for the pods within 10 s");
+        cluster.remove_nodeclaim(&first).expect("deleted by hand");
+        let mut replacement = None;
+        for _ in 0..400usize {
+            workloads.step(&cluster, clock.now_millis());
+            cluster.schedule();
+            for p in plane.pools.values() {
+                p.send(Reconcile).await.expect("pool");
+            }
+            let snap = cluster.snapshot();
+            if let Some(c) = snap.nodeclaims.values().find(|c| c.name != first && !c.deleting) {
+                replacement = Some(c.name.clone());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let replacement =
+            replacement.expect("a replacement NodeClaim within 10 s of the deletion (the resend is 60 s)");
+        // One claim replaces it, for both pods: nothing else is made meanwhile.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let snap = cluster.snapshot();
+        let live: Vec<&String> = snap.nodeclaims.values().filter(|c| !c.deleting).map(|c| &c.name).collect();
+        assert_eq!(live, vec![&replacement], "one replacement claim");
+        assert_eq!(snap.pending().count(), 2, "both pods wait for it");
+    }
+
     fn selector(app: &str) -> Option<LabelSelector> {
         Some(LabelSelector::new(BTreeMap::from([("app".to_string(), app.to_string())]), Vec::new()))
     }

@@ -2,7 +2,7 @@
 //! window closes, which zone a claim launches in, when a claim has outlived its liveness
 //! timeouts, and which pods a drain evicts next.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::catalog::{CapacityType, InstanceType, Offering};
 use crate::labels;
@@ -351,7 +351,9 @@ impl Offers {
 /// is also sent again `settle` after new nodes appeared, if it was sent before they did and
 /// is still pending: the capacity it was counted against has registered and the scheduler
 /// has had its turn, so other pods took it; waiting for `every` would leave it pending for
-/// nothing.
+/// nothing. And it is sent again at once when capacity went away ([`Resend::capacity`]: a
+/// NodeClaim or node deleted or marked for deletion), as Karpenter's provisioner is triggered
+/// by a NodeClaim or node being deleted: the pods counted against it need a replacement now.
 #[derive(Clone, Debug)]
 pub struct Resend {
     pub every: Millis,
@@ -364,12 +366,36 @@ pub struct Resend {
     nodes: usize,
     /// When nodes last grew, until a look after it has settled.
     grew: Option<Millis>,
+    /// The capacity keys at the last look ([`crate::cluster::Snapshot::capacity_keys`]).
+    capacity: HashSet<u64>,
+    /// When capacity last went away, until the next look.
+    lost: Option<Millis>,
     last_sweep: Millis,
 }
 
 impl Resend {
     pub fn new(every: Millis, settle: Millis) -> Self {
-        Resend { every, settle, sent: HashMap::new(), looks: 0, nodes: 0, grew: None, last_sweep: 0 }
+        Resend {
+            every,
+            settle,
+            sent: HashMap::new(),
+            looks: 0,
+            nodes: 0,
+            grew: None,
+            capacity: HashSet::new(),
+            lost: None,
+            last_sweep: 0,
+        }
+    }
+
+    /// The capacity pods may have been counted against, at `now` (before [`Resend::look`]):
+    /// when a key of the last call is missing, every pod sent before now is due at the next look.
+    pub fn capacity(&mut self, now: Millis, keys: impl IntoIterator<Item = u64>) {
+        let next: HashSet<u64> = keys.into_iter().collect();
+        if self.capacity.iter().any(|k| !next.contains(k)) {
+            self.lost = Some(now);
+        }
+        self.capacity = next;
     }
 
     /// Forgets that `keys` were sent (their message was dropped at a full mailbox): they are
@@ -395,6 +421,7 @@ impl Resend {
         }
         self.nodes = nodes;
         let settled = self.grew.filter(|g| now.saturating_sub(*g) >= self.settle);
+        let lost = self.lost.take();
         let mut due = Vec::new();
         // Updated in place: a look at a large, mostly unchanged backlog copies no keys (only
         // pods new since the last look are added).
@@ -404,7 +431,10 @@ impl Resend {
             match self.sent.get_mut(key) {
                 Some(s) => {
                     s.seen = look;
-                    if now.saturating_sub(s.at) >= self.every || settled.is_some_and(|g| s.at < g) {
+                    if now.saturating_sub(s.at) >= self.every
+                        || settled.is_some_and(|g| s.at < g)
+                        || lost.is_some_and(|l| s.at <= l)
+                    {
                         due.push(i);
                         s.at = now;
                     }
@@ -703,6 +733,26 @@ mod tests {
         assert_eq!(r.look(45_000, [&a, &b], 3), vec![0, 1], "a after 30 s; b is new again");
         // Nodes going away are not new capacity.
         assert!(r.look(46_000, [&a], 1).is_empty() && !r.due_without_change(52_000));
+    }
+
+    #[test]
+    fn pending_pods_are_sent_again_at_once_when_capacity_went_away() {
+        let (a, b) = (PodKey::new("default", "a"), PodKey::new("default", "b"));
+        let mut r = Resend::new(30_000, 5_000);
+        r.capacity(0, [1, 2]);
+        assert_eq!(r.look(0, [&a], 2), vec![0]);
+        // New capacity (a claim made for a) is not a loss.
+        r.capacity(1_000, [1, 2, 3]);
+        assert!(r.look(1_000, [&a], 2).is_empty());
+        // Claim 3 deleted: a, sent before, is due now; b, new, once.
+        r.capacity(2_000, [1, 2]);
+        assert_eq!(r.look(2_000, [&a, &b], 2), vec![0, 1]);
+        // Once: the next look waits for the period again.
+        r.capacity(3_000, [1, 2]);
+        assert!(r.look(3_000, [&a, &b], 2).is_empty());
+        // A key replaced by another in one look is a loss too.
+        r.capacity(4_000, [1, 4]);
+        assert_eq!(r.look(4_000, [&a, &b], 2), vec![0, 1]);
     }
     use crate::taints::Toleration;
 

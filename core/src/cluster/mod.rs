@@ -9,6 +9,7 @@
 //! The `dovetail-cluster` crate's seam and its implementations move these objects.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use crate::labels::{LabelSelector, Labels};
@@ -181,6 +182,22 @@ impl Snapshot {
             });
         }
         nodes
+    }
+
+    /// One key per node and per NodeClaim not being deleted (its kind and name, hashed): what a
+    /// pending pod may have been counted against. A key gone since an earlier look means
+    /// capacity went away (deleted, or marked for deletion), so the pods counted against it
+    /// need placing again.
+    pub fn capacity_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        let key = |kind: u8, name: &str| {
+            let mut h = std::hash::DefaultHasher::new();
+            kind.hash(&mut h);
+            name.hash(&mut h);
+            h.finish()
+        };
+        let nodes = self.nodes.values().filter(|n| !n.deleting).map(move |n| key(0, &n.name));
+        let claims = self.nodeclaims.values().filter(|c| !c.deleting).map(move |c| key(1, &c.name));
+        nodes.chain(claims)
     }
 
     /// The solver's input over this cluster: `nodes` (chosen by the caller), every bound pod and
