@@ -350,12 +350,62 @@ pub struct State {
     applied: u64,
 }
 
+/// Every field of a [`State`], owned: what a snapshot stores and restores exactly
+/// ([`State::into_parts`], [`State::from_parts`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StateParts {
+    pub pools: BTreeMap<String, Pool>,
+    pub caps: Caps,
+    pub total: ResourceList,
+    pub total_price: MicroDollars,
+    pub claims: BTreeMap<String, Claim>,
+    pub batches: BTreeMap<String, BatchRecord>,
+    /// Offerings marked unavailable, with the time each mark expires (expired ones included
+    /// until an entry sweeps them).
+    pub unavailable: BTreeMap<Offering, Millis>,
+    pub term: Term,
+    pub now: Millis,
+    pub applied: u64,
+}
+
 /// The first resource of `limits` that `usage + extra` exceeds.
 fn exceeded(usage: &ResourceList, extra: &ResourceList, limits: &ResourceList) -> Option<ResourceName> {
     limits.iter().find(|(n, limit)| usage.get(n).saturating_add(extra.get(n)) > *limit).map(|(n, _)| n.clone())
 }
 
 impl State {
+    /// The state as its parts (a snapshot's content).
+    pub fn into_parts(self) -> StateParts {
+        StateParts {
+            pools: self.pools,
+            caps: self.caps,
+            total: self.total,
+            total_price: self.total_price,
+            claims: self.claims,
+            batches: self.batches,
+            unavailable: self.unavailable,
+            term: self.term,
+            now: self.now,
+            applied: self.applied,
+        }
+    }
+
+    /// The state with these parts, as [`State::into_parts`] gave them (a snapshot restored).
+    pub fn from_parts(p: StateParts) -> State {
+        State {
+            pools: p.pools,
+            caps: p.caps,
+            total: p.total,
+            total_price: p.total_price,
+            claims: p.claims,
+            batches: p.batches,
+            unavailable: p.unavailable,
+            term: p.term,
+            now: p.now,
+            applied: p.applied,
+        }
+    }
+
     pub fn pools(&self) -> &BTreeMap<String, Pool> {
         &self.pools
     }

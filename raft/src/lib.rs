@@ -9,6 +9,10 @@
 //! after its intent committed in the term that is still current ([`Leadership::is_current`]),
 //! so a deposed leader's decisions never reach the cloud or the cluster.
 
+pub mod store;
+pub mod types;
+pub mod wire;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard};
