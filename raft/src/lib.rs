@@ -9,6 +9,8 @@
 //! after its intent committed in the term that is still current ([`Leadership::is_current`]),
 //! so a deposed leader's decisions never reach the cloud or the cluster.
 
+pub mod network;
+pub mod replicated;
 pub mod store;
 pub mod types;
 pub mod wire;
