@@ -9,6 +9,7 @@
 //! after its intent committed in the term that is still current ([`Leadership::is_current`]),
 //! so a deposed leader's decisions never reach the cloud or the cluster.
 
+pub mod http;
 pub mod network;
 pub mod replicated;
 pub mod store;

@@ -1,0 +1,333 @@
+//! Raft's messages over HTTP between control-node processes, on each node's Raft address.
+//!
+//! `POST /raft/v1` with a JSON [`Rpc`] body answers a JSON [`RpcReply`]. Every request
+//! carries the group's shared secret (`Authorization: Bearer SECRET`); a request without it,
+//! or with another, is refused with 401 before its body is read, logged with the peer's
+//! address and counted ([`HttpServer::refused`]). Bodies are bounded ([`MAX_BODY`]).
+//! The client keeps idle connections per peer and bounds each call by openraft's timeout.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use openraft::Raft;
+
+use crate::BoxFuture;
+use crate::network::{Rpc, RpcReply, Transport, TransportError, serve};
+use crate::types::{NodeId, TypeConfig};
+
+/// The path Raft messages are posted to.
+pub const PATH: &str = "/raft/v1";
+
+/// The largest body accepted either way (a snapshot chunk is a few MB; an append batch of
+/// decision rounds less).
+pub const MAX_BODY: usize = 64 << 20;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Compares without stopping at the first difference (the secret's length is not hidden).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The HTTP transport's client side.
+pub struct HttpTransport {
+    secret: String,
+    /// Idle connections by peer address.
+    idle: Mutex<HashMap<String, Vec<SendRequest<Full<Bytes>>>>>,
+}
+
+impl HttpTransport {
+    pub fn new(secret: impl Into<String>) -> Arc<HttpTransport> {
+        Arc::new(HttpTransport { secret: secret.into(), idle: Mutex::new(HashMap::new()) })
+    }
+
+    async fn connection(&self, to: NodeId, addr: &str) -> Result<SendRequest<Full<Bytes>>, TransportError> {
+        loop {
+            let cached = lock(&self.idle).get_mut(addr).and_then(Vec::pop);
+            match cached {
+                Some(c) if !c.is_closed() => return Ok(c),
+                Some(_) => continue,
+                None => break,
+            }
+        }
+        let unreachable = |e: &dyn std::fmt::Display| TransportError::Unreachable { to, reason: e.to_string() };
+        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| unreachable(&e))?;
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(to, addr, error = %e, "ledger.rpc: nodelay not set");
+        }
+        let (send, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| unreachable(&e))?;
+        let peer = addr.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(to, addr = %peer, error = %e, "ledger.rpc: connection closed");
+            }
+        });
+        Ok(send)
+    }
+
+    async fn exchange(&self, to: NodeId, addr: &str, rpc: &Rpc) -> Result<RpcReply, TransportError> {
+        let bad = |reason: String| TransportError::Bad { to, reason };
+        let body = serde_json::to_vec(rpc).map_err(|e| bad(format!("encoding the message: {e}")))?;
+        let request = Request::post(PATH)
+            .header(hyper::header::HOST, addr)
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {}", self.secret))
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| bad(e.to_string()))?;
+        let mut conn = self.connection(to, addr).await?;
+        let response =
+            conn.send_request(request).await.map_err(|e| TransportError::Unreachable { to, reason: e.to_string() })?;
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| TransportError::Unreachable { to, reason: format!("reading the reply: {e}") })?
+            .to_bytes();
+        lock(&self.idle).entry(addr.to_string()).or_default().push(conn);
+        if status != StatusCode::OK {
+            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).to_string();
+            return Err(bad(format!("HTTP {status}: {text}")));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a reply: {e}")))
+    }
+}
+
+impl Transport for HttpTransport {
+    fn call(
+        &self,
+        _from: NodeId,
+        to: NodeId,
+        addr: &str,
+        rpc: Rpc,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<RpcReply, TransportError>> {
+        let addr = addr.to_string();
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, self.exchange(to, &addr, &rpc)).await {
+                Ok(r) => r,
+                Err(_) => Err(TransportError::Timeout { to, timeout }),
+            }
+        })
+    }
+}
+
+/// The HTTP transport's server side: answers Raft messages for one node.
+pub struct HttpServer {
+    pub addr: SocketAddr,
+    refused: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HttpServer {
+    /// Serves `raft` on `listener`, refusing requests without `secret`.
+    pub fn start(
+        listener: tokio::net::TcpListener,
+        raft: Raft<TypeConfig>,
+        secret: impl Into<String>,
+    ) -> std::io::Result<HttpServer> {
+        let addr = listener.local_addr()?;
+        let secret: Arc<str> = Arc::from(secret.into());
+        let refused = Arc::new(AtomicU64::new(0));
+        let counter = refused.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ledger.rpc: accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (raft, secret, refused) = (raft.clone(), secret.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let (raft, secret, refused) = (raft.clone(), secret.clone(), refused.clone());
+                        async move { Ok::<_, std::convert::Infallible>(answer(&raft, &secret, &refused, peer, req).await) }
+                    });
+                    if let Err(e) =
+                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await
+                    {
+                        tracing::debug!(%peer, error = %e, "ledger.rpc: connection ended");
+                    }
+                });
+            }
+        });
+        Ok(HttpServer { addr, refused, task })
+    }
+
+    /// Requests refused for a missing or wrong secret.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+async fn answer(
+    raft: &Raft<TypeConfig>,
+    secret: &str,
+    refused: &AtomicU64,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    if req.uri().path() != PATH || req.method() != hyper::Method::POST {
+        return reply(StatusCode::NOT_FOUND, "not a raft endpoint\n");
+    }
+    let presented = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .unwrap_or_default();
+    if !same_secret(presented, secret.as_bytes()) {
+        refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%peer, "ledger.rpc: refused a peer without the group's secret");
+        return reply(StatusCode::UNAUTHORIZED, "the group's secret is required\n");
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return reply(StatusCode::PAYLOAD_TOO_LARGE, format!("{e}\n")),
+    };
+    let rpc: Rpc = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "ledger.rpc: a malformed message");
+            return reply(StatusCode::BAD_REQUEST, format!("not a raft message: {e}\n"));
+        }
+    };
+    let answer = serve(raft, rpc).await;
+    match serde_json::to_vec(&answer) {
+        Ok(b) => {
+            let mut r = reply(StatusCode::OK, b);
+            r.headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+            r
+        }
+        Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the reply: {e}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replicated::{RaftLedger, RaftSettings};
+    use crate::store::{LogStore, Machine};
+    use crate::{Ledger, read_with};
+    use dovetail_core::clock::SystemClock;
+    use dovetail_core::ledger::{Command, Entry, Outcome};
+    use dovetail_core::resources::ResourceList;
+    use openraft::Vote;
+    use openraft::raft::VoteRequest;
+    use std::collections::BTreeMap;
+
+    /// Three replicas in one process, over HTTP on 127.0.0.1: they elect and commit; a peer
+    /// without the secret, or with another, is refused, and so is a malformed message.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_over_http_commit_and_refuse_a_peer_without_the_secret() {
+        let transport = HttpTransport::new("s3cret");
+        let mut nodes = BTreeMap::new();
+        let mut servers = BTreeMap::new();
+        let mut dirs = Vec::new();
+        let mut listeners = BTreeMap::new();
+        for id in 1..=3u64 {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bound");
+            listeners.insert(id, l);
+        }
+        let members: BTreeMap<NodeId, String> =
+            listeners.iter().map(|(id, l)| (*id, l.local_addr().expect("addr").to_string())).collect();
+        for (id, listener) in listeners {
+            let dir = tempfile::tempdir().expect("dir");
+            let t: Arc<dyn Transport> = transport.clone();
+            let ledger = RaftLedger::start(
+                id,
+                &RaftSettings::default(),
+                LogStore::open(dir.path()).expect("log"),
+                Machine::open(dir.path()).expect("machine"),
+                t,
+                Arc::new(SystemClock::new()),
+            )
+            .await
+            .expect("started");
+            servers.insert(id, HttpServer::start(listener, ledger.raft().clone(), "s3cret").expect("serving"));
+            nodes.insert(id, ledger);
+            dirs.push(dir);
+        }
+        nodes[&1].initialize(members.clone()).await.expect("initialized");
+        let mut leading = None;
+        for _ in 0..200 {
+            leading = nodes
+                .iter()
+                .find(|(_, n)| n.leadership().borrow().leader)
+                .map(|(id, n)| (*id, n.leadership().borrow().term));
+            if leading.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (leader, term) = leading.expect("a leader over HTTP within 10 s");
+        let entry =
+            Entry { term, at: 1, command: Command::SetPool { pool: "default".into(), limits: ResourceList::new() } };
+        assert_eq!(nodes[&leader].propose(entry).await.expect("committed").outcome, Outcome::Done);
+        for n in nodes.values() {
+            let mut seen = false;
+            for _ in 0..100 {
+                if read_with(n, |s| s.pool("default").is_some()).await.expect("read") {
+                    seen = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(seen, "replicated to node {}", n.id());
+        }
+        // An unknown peer: a vote request with the wrong secret, then none at all.
+        let target = &members[&leader];
+        let vote = || Rpc::Vote(VoteRequest::new(Vote::new(term + 5, 9), None));
+        for secret in ["wrong", ""] {
+            let stranger = HttpTransport::new(secret);
+            match stranger.call(9, leader, target, vote(), Duration::from_secs(2)).await {
+                Err(TransportError::Bad { reason, .. }) => assert!(reason.contains("401"), "{reason}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(servers[&leader].refused(), 2);
+        assert!(nodes[&leader].leadership().borrow().leader, "the refused vote did not depose the leader");
+        // A malformed message from a peer that has the secret.
+        let stream = tokio::net::TcpStream::connect(target).await.expect("connected");
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
+        tokio::spawn(conn);
+        let req = Request::post(PATH)
+            .header(hyper::header::HOST, target.as_str())
+            .header(hyper::header::AUTHORIZATION, "Bearer s3cret")
+            .body(Full::new(Bytes::from_static(br#"{"vote": 1}"#)))
+            .expect("request");
+        assert_eq!(send.send_request(req).await.expect("answered").status(), StatusCode::BAD_REQUEST);
+        for n in nodes.values() {
+            n.shutdown().await;
+        }
+    }
+}
