@@ -1,10 +1,12 @@
 //! Raft's messages over HTTP between control-node processes, on each node's Raft address.
 //!
 //! `POST /raft/v1` with a JSON [`Rpc`] body answers a JSON [`RpcReply`]. Every request
-//! carries the group's shared secret (`Authorization: Bearer SECRET`); a request without it,
-//! or with another, is refused with 401 before its body is read, logged with the peer's
-//! address and counted ([`HttpServer::refused`]). Bodies are bounded ([`MAX_BODY`]).
-//! The client keeps idle connections per peer and bounds each call by openraft's timeout.
+//! carries the group's shared secret (`Authorization: Bearer SECRET`, at least
+//! [`MIN_SECRET`] bytes); a request without it, or with another, is refused with 401 before
+//! its body is read, logged with the peer's address and counted ([`HttpServer::refused`]),
+//! and its connection is closed. Bodies are bounded ([`MAX_BODY`]), so are connections
+//! ([`MAX_CONNECTIONS`]) and the time to send headers ([`HEADER_TIMEOUT`]). The client keeps
+//! idle connections per peer and bounds each call by openraft's timeout.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -30,6 +32,28 @@ pub const PATH: &str = "/raft/v1";
 /// decision rounds less).
 pub const MAX_BODY: usize = 64 << 20;
 
+/// The shortest shared secret accepted.
+pub const MIN_SECRET: usize = 16;
+
+/// Connections served at once (a group has a few peers; the rest wait in the backlog).
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection may take to send a request's headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the HTTP transport cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("the raft shared secret must be at least {MIN_SECRET} bytes (it has {0})")]
+    ShortSecret(usize),
+    #[error("raft listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn check_secret(secret: &str) -> Result<(), HttpError> {
+    if secret.len() < MIN_SECRET { Err(HttpError::ShortSecret(secret.len())) } else { Ok(()) }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -47,16 +71,23 @@ pub struct HttpTransport {
 }
 
 impl HttpTransport {
-    pub fn new(secret: impl Into<String>) -> Arc<HttpTransport> {
-        Arc::new(HttpTransport { secret: secret.into(), idle: Mutex::new(HashMap::new()) })
+    /// A client presenting `secret` (at least [`MIN_SECRET`] bytes).
+    pub fn new(secret: impl Into<String>) -> Result<Arc<HttpTransport>, HttpError> {
+        let secret = secret.into();
+        check_secret(&secret)?;
+        Ok(Arc::new(HttpTransport { secret, idle: Mutex::new(HashMap::new()) }))
     }
 
     async fn connection(&self, to: NodeId, addr: &str) -> Result<SendRequest<Full<Bytes>>, TransportError> {
         loop {
             let cached = lock(&self.idle).get_mut(addr).and_then(Vec::pop);
             match cached {
-                Some(c) if !c.is_closed() => return Ok(c),
-                Some(_) => continue,
+                // A kept connection is used only once it says it is ready for a request.
+                Some(mut c) => {
+                    if c.ready().await.is_ok() {
+                        return Ok(c);
+                    }
+                }
                 None => break,
             }
         }
@@ -94,12 +125,14 @@ impl HttpTransport {
             .await
             .map_err(|e| TransportError::Unreachable { to, reason: format!("reading the reply: {e}") })?
             .to_bytes();
-        lock(&self.idle).entry(addr.to_string()).or_default().push(conn);
         if status != StatusCode::OK {
             let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).to_string();
             return Err(bad(format!("HTTP {status}: {text}")));
         }
-        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a reply: {e}")))
+        let reply = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a reply: {e}")))?;
+        // Only a connection that answered well is kept for the next call.
+        lock(&self.idle).entry(addr.to_string()).or_default().push(conn);
+        Ok(reply)
     }
 }
 
@@ -130,18 +163,23 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Serves `raft` on `listener`, refusing requests without `secret`.
+    /// Serves `raft` on `listener`, refusing requests without `secret` (at least
+    /// [`MIN_SECRET`] bytes).
     pub fn start(
         listener: tokio::net::TcpListener,
         raft: Raft<TypeConfig>,
         secret: impl Into<String>,
-    ) -> std::io::Result<HttpServer> {
+    ) -> Result<HttpServer, HttpError> {
         let addr = listener.local_addr()?;
-        let secret: Arc<str> = Arc::from(secret.into());
+        let secret = secret.into();
+        check_secret(&secret)?;
+        let secret: Arc<str> = Arc::from(secret);
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         let refused = Arc::new(AtomicU64::new(0));
         let counter = refused.clone();
         let task = tokio::spawn(async move {
             loop {
+                let Ok(slot) = slots.clone().acquire_owned().await else { return };
                 let (stream, peer) = match listener.accept().await {
                     Ok(c) => c,
                     Err(e) => {
@@ -152,13 +190,16 @@ impl HttpServer {
                 };
                 let (raft, secret, refused) = (raft.clone(), secret.clone(), counter.clone());
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let svc = hyper::service::service_fn(move |req| {
                         let (raft, secret, refused) = (raft.clone(), secret.clone(), refused.clone());
                         async move { Ok::<_, std::convert::Infallible>(answer(&raft, &secret, &refused, peer, req).await) }
                     });
-                    if let Err(e) =
-                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await
-                    {
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .serve_connection(TokioIo::new(stream), svc);
+                    if let Err(e) = conn.await {
                         tracing::debug!(%peer, error = %e, "ledger.rpc: connection ended");
                     }
                 });
@@ -207,7 +248,9 @@ async fn answer(
     if !same_secret(presented, secret.as_bytes()) {
         refused.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(%peer, "ledger.rpc: refused a peer without the group's secret");
-        return reply(StatusCode::UNAUTHORIZED, "the group's secret is required\n");
+        let mut r = reply(StatusCode::UNAUTHORIZED, "the group's secret is required\n");
+        r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+        return r;
     }
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
@@ -245,11 +288,15 @@ mod tests {
     use openraft::raft::VoteRequest;
     use std::collections::BTreeMap;
 
+    const SECRET: &str = "s3cret-of-the-group";
+
     /// Three replicas in one process, over HTTP on 127.0.0.1: they elect and commit; a peer
-    /// without the secret, or with another, is refused, and so is a malformed message.
+    /// without the secret, or with another, is refused (and its vote for a later term does
+    /// not reach Raft: the leader stays), and so is a malformed message; a short secret is
+    /// not accepted at all.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn replicas_over_http_commit_and_refuse_a_peer_without_the_secret() {
-        let transport = HttpTransport::new("s3cret");
+        let transport = HttpTransport::new(SECRET).expect("a long secret");
         let mut nodes = BTreeMap::new();
         let mut servers = BTreeMap::new();
         let mut dirs = Vec::new();
@@ -273,7 +320,7 @@ mod tests {
             )
             .await
             .expect("started");
-            servers.insert(id, HttpServer::start(listener, ledger.raft().clone(), "s3cret").expect("serving"));
+            servers.insert(id, HttpServer::start(listener, ledger.raft().clone(), SECRET).expect("serving"));
             nodes.insert(id, ledger);
             dirs.push(dir);
         }
@@ -307,14 +354,25 @@ mod tests {
         // An unknown peer: a vote request with the wrong secret, then none at all.
         let target = &members[&leader];
         let vote = || Rpc::Vote(VoteRequest::new(Vote::new(term + 5, 9), None));
-        for secret in ["wrong", ""] {
-            let stranger = HttpTransport::new(secret);
+        for secret in ["wrong-secret-of-20-b", "s3cret-but-not-the-group's"] {
+            let stranger = HttpTransport::new(secret).expect("a long secret");
             match stranger.call(9, leader, target, vote(), Duration::from_secs(2)).await {
                 Err(TransportError::Bad { reason, .. }) => assert!(reason.contains("401"), "{reason}"),
                 other => panic!("{other:?}"),
             }
         }
-        assert_eq!(servers[&leader].refused(), 2);
+        // No secret at all.
+        let stream = tokio::net::TcpStream::connect(target).await.expect("connected");
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
+        tokio::spawn(conn);
+        let body = serde_json::to_vec(&vote()).expect("encoded");
+        let req = Request::post(PATH)
+            .header(hyper::header::HOST, target.as_str())
+            .body(Full::new(Bytes::from(body)))
+            .expect("request");
+        assert_eq!(send.send_request(req).await.expect("answered").status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(servers[&leader].refused(), 3);
+        assert!(matches!(HttpTransport::new("short"), Err(HttpError::ShortSecret(5))));
         assert!(nodes[&leader].leadership().borrow().leader, "the refused vote did not depose the leader");
         // A malformed message from a peer that has the secret.
         let stream = tokio::net::TcpStream::connect(target).await.expect("connected");
@@ -322,7 +380,7 @@ mod tests {
         tokio::spawn(conn);
         let req = Request::post(PATH)
             .header(hyper::header::HOST, target.as_str())
-            .header(hyper::header::AUTHORIZATION, "Bearer s3cret")
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {SECRET}"))
             .body(Full::new(Bytes::from_static(br#"{"vote": 1}"#)))
             .expect("request");
         assert_eq!(send.send_request(req).await.expect("answered").status(), StatusCode::BAD_REQUEST);

@@ -275,7 +275,7 @@ impl Transport for MemNet {
                 let reply = serve(&raft, rpc).await;
                 let back = self.fate(to, from).ok_or_else(lost)?;
                 tokio::time::sleep(back).await;
-                tracing::trace!(from, to, ?kind, "memnet delivered");
+                tracing::trace!(from, to, ?kind, "ledger.memnet: delivered");
                 Ok(reply)
             };
             match tokio::time::timeout(timeout, exchange).await {

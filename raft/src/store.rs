@@ -252,7 +252,7 @@ pub enum StoreError {
 }
 
 /// A snapshot's metadata with its bytes (the [`SnapshotFile`], encoded).
-type StoredSnapshot = (SnapshotMeta, Vec<u8>);
+type StoredSnapshot = (SnapshotMeta, Arc<Vec<u8>>);
 
 /// What a snapshot holds: the state with the log id and membership it includes.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -275,6 +275,8 @@ pub struct Machine {
     applied: Arc<Mutex<Applied>>,
     /// The last snapshot, with its bytes (what is sent to a follower that is behind).
     snapshot: Arc<Mutex<Option<StoredSnapshot>>>,
+    /// Held while a snapshot is made current (file and memory together).
+    persisting: Arc<tokio::sync::Mutex<()>>,
     dir: PathBuf,
     built: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -300,7 +302,7 @@ impl Machine {
                     .map_err(|e| StoreError::Snapshot { path: path.clone(), reason: e.to_string() })?;
                 applied.last_applied = file.meta.last_log_id;
                 applied.membership = file.meta.last_membership.clone();
-                current = Some((file.meta, bytes));
+                current = Some((file.meta, Arc::new(bytes)));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(StoreError::Io { path, source: e }),
@@ -308,6 +310,7 @@ impl Machine {
         Ok(Machine {
             applied: Arc::new(Mutex::new(applied)),
             snapshot: Arc::new(Mutex::new(current)),
+            persisting: Arc::new(tokio::sync::Mutex::new(())),
             dir: dir.to_path_buf(),
             built: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         })
@@ -320,8 +323,8 @@ impl Machine {
 
     /// Writes `bytes` as the snapshot file: a temporary file, fsync'd, renamed over the old
     /// one, and the directory fsync'd, so a crash leaves the old snapshot or the new one.
-    fn persist(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+    fn persist(dir: &Path, id: &str, bytes: &[u8]) -> std::io::Result<()> {
+        let tmp = dir.join(format!("{SNAPSHOT_FILE}.{id}.tmp"));
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
@@ -329,12 +332,24 @@ impl Machine {
         std::fs::File::open(dir)?.sync_all()
     }
 
-    async fn persist_async(&self, bytes: Vec<u8>) -> Result<Vec<u8>, AnyError> {
-        let dir = self.dir.clone();
-        match tokio::task::spawn_blocking(move || Machine::persist(&dir, &bytes).map(|()| bytes)).await {
-            Ok(r) => r.map_err(|e| *any(e)),
-            Err(e) => Err(*any(e)),
+    /// Makes `meta`'s snapshot the current one, on disk and in memory, unless the current one
+    /// is newer (a build that finished after an install of a later snapshot): one at a time,
+    /// so the file and the memory always hold the same, newest snapshot. Returns whether it
+    /// did.
+    async fn keep(&self, meta: &SnapshotMeta, bytes: Arc<Vec<u8>>) -> Result<bool, AnyError> {
+        let _one = self.persisting.lock().await;
+        let newer = lock(&self.snapshot).as_ref().is_some_and(|(m, _)| m.last_log_id > meta.last_log_id);
+        if newer {
+            return Ok(false);
         }
+        let (dir, id, data) = (self.dir.clone(), meta.snapshot_id.clone(), bytes.clone());
+        match tokio::task::spawn_blocking(move || Machine::persist(&dir, &id, &data)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(*any(e)),
+            Err(e) => return Err(*any(e)),
+        }
+        *lock(&self.snapshot) = Some((meta.clone(), bytes));
+        Ok(true)
     }
 }
 
@@ -350,11 +365,13 @@ impl RaftSnapshotBuilder<TypeConfig> for Machine {
             None => format!("none-{n}"),
         };
         let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-        let file = SnapshotFile { meta: meta.clone(), state: WireState::encode(&state) };
-        let bytes = serde_json::to_vec(&file).map_err(|e| StorageIOError::write_snapshot(None, *any(e)))?;
-        let bytes = self.persist_async(bytes).await.map_err(|e| StorageIOError::write_snapshot(None, e))?;
-        *lock(&self.snapshot) = Some((meta.clone(), bytes.clone()));
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+        let file = SnapshotFile { meta: meta.clone(), state: WireState::encode(state) };
+        let bytes = Arc::new(serde_json::to_vec(&file).map_err(|e| StorageIOError::write_snapshot(None, *any(e)))?);
+        let kept = self.keep(&meta, bytes.clone()).await.map_err(|e| StorageIOError::write_snapshot(None, e))?;
+        if !kept {
+            tracing::debug!(snapshot = %meta.snapshot_id, "ledger.snapshot: a newer one was installed meanwhile");
+        }
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes.to_vec())) })
     }
 }
 
@@ -374,22 +391,20 @@ impl RaftStateMachine<TypeConfig> for Machine {
         let mut out = Vec::new();
         let mut a = lock(&self.applied);
         for e in entries {
-            a.last_applied = Some(e.log_id);
             let outcome = match e.payload {
                 EntryPayload::Blank => dovetail_core::ledger::Outcome::Done,
                 EntryPayload::Normal(wire) => match wire.decode() {
                     Ok(entry) => a.state.apply(&entry),
-                    // An entry this version cannot read changes nothing on any node (every node
-                    // runs the same decoder over the same bytes) and says why.
-                    Err(err) => {
-                        dovetail_core::ledger::Outcome::Rejected { reason: format!("undecodable entry: {err}") }
-                    }
+                    // An entry this version cannot read stops the node: skipping it would leave
+                    // its state different from the nodes that can (a mixed-version group).
+                    Err(err) => return Err(StorageIOError::apply(e.log_id, *any(err)).into()),
                 },
                 EntryPayload::Membership(m) => {
                     a.membership = StoredMembership::new(Some(e.log_id), m);
                     dovetail_core::ledger::Outcome::Done
                 }
             };
+            a.last_applied = Some(e.log_id);
             out.push(WireOutcome::encode(&outcome));
         }
         Ok(out)
@@ -412,22 +427,20 @@ impl RaftStateMachine<TypeConfig> for Machine {
         let file = SnapshotFile { meta: meta.clone(), state: file.state };
         let bytes =
             serde_json::to_vec(&file).map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), *any(e)))?;
-        let bytes =
-            self.persist_async(bytes).await.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
-        {
-            let mut a = lock(&self.applied);
-            a.state = state;
-            a.last_applied = meta.last_log_id;
-            a.membership = meta.last_membership.clone();
-        }
-        *lock(&self.snapshot) = Some((meta.clone(), bytes));
+        self.keep(meta, Arc::new(bytes))
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
+        let mut a = lock(&self.applied);
+        a.state = state;
+        a.last_applied = meta.last_log_id;
+        a.membership = meta.last_membership.clone();
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
         Ok(lock(&self.snapshot)
             .as_ref()
-            .map(|(meta, bytes)| Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(bytes.clone())) }))
+            .map(|(meta, bytes)| Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(bytes.to_vec())) }))
     }
 }
 
@@ -435,7 +448,7 @@ impl RaftStateMachine<TypeConfig> for Machine {
 mod tests {
     use super::*;
     use crate::wire::WireEntry;
-    use dovetail_core::ledger::{Command, Entry as LedgerEntry, Outcome};
+    use dovetail_core::ledger::{Command, Entry as LedgerEntry};
     use dovetail_core::resources::ResourceList;
     use openraft::storage::RaftLogStorageExt;
     use openraft::testing::{StoreBuilder, Suite};
@@ -533,8 +546,8 @@ mod tests {
     }
 
     /// A snapshot sent to a follower installs there, replaces its state, and is what a
-    /// restart of that follower loads; an entry this version cannot read is rejected alike
-    /// everywhere rather than stopping the node.
+    /// restart of that follower loads; an older snapshot made current afterwards replaces
+    /// nothing; an entry this version cannot read stops the node and changes nothing.
     #[tokio::test]
     async fn an_installed_snapshot_replaces_the_state_and_survives_a_restart() {
         let (leader_dir, follower_dir) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
@@ -557,6 +570,15 @@ mod tests {
         assert!(want.pool("stale").is_none());
         let current = follower.get_current_snapshot().await.expect("current").expect("a snapshot");
         assert_eq!(current.meta, snap.meta);
+        // A build of an older state that finishes after the install replaces nothing.
+        let older_dir = tempfile::tempdir().expect("dir");
+        let mut older = Machine::open(older_dir.path()).expect("machine");
+        older.apply(commands()[..5].to_vec()).await.expect("applied");
+        let old = older.get_snapshot_builder().await.build_snapshot().await.expect("snapshot");
+        let kept = follower.keep(&old.meta, Arc::new(old.snapshot.into_inner())).await.expect("kept");
+        assert!(!kept, "an older snapshot does not replace a newer one");
+        let current = follower.get_current_snapshot().await.expect("current").expect("a snapshot");
+        assert_eq!(current.meta, snap.meta);
         drop(follower);
         let mut restarted = Machine::open(follower_dir.path()).expect("reopened");
         assert_eq!(restarted.read(|a| a.state.clone()), want);
@@ -571,8 +593,12 @@ mod tests {
         let bad = serde_json::json!({"v1": {"term": 1, "at": 5, "command": {"mark_unavailable": {
             "offerings": [{"instance_type": "m5.large", "zone": "z", "capacity_type": "borrowed"}], "until": 9}}}});
         let bad: WireEntry = serde_json::from_value(bad).expect("well-formed");
+        let before = leader.read(|a| (a.state.clone(), a.last_applied));
         let entry = Entry { log_id: log_id(1, 40), payload: EntryPayload::Normal(bad) };
-        let out = leader.apply(vec![entry]).await.expect("applied");
-        assert!(matches!(out[0].decode(), Outcome::Rejected { ref reason } if reason.contains("borrowed")), "{out:?}");
+        match leader.apply(vec![entry]).await {
+            Err(e) => assert!(e.to_string().contains("borrowed"), "{e}"),
+            Ok(out) => panic!("an undecodable entry applied: {out:?}"),
+        }
+        assert_eq!(leader.read(|a| (a.state.clone(), a.last_applied)), before, "nothing changed");
     }
 }

@@ -71,9 +71,8 @@ impl WireOutcome {
 }
 
 impl WireState {
-    /// A copy of `state`, encoded.
-    pub fn encode(state: &State) -> WireState {
-        WireState::V1(StateV1::from(state.clone().into_parts()))
+    pub fn encode(state: State) -> WireState {
+        WireState::V1(StateV1::from(state.into_parts()))
     }
 
     pub fn decode(&self) -> Result<State, WireError> {
@@ -870,7 +869,7 @@ mod tests {
         let old_outcomes: Vec<Outcome> = old.iter().map(|(_, o)| o.decode()).collect();
         assert_eq!(old_outcomes, outcomes);
 
-        let current = serde_json::to_string_pretty(&WireState::encode(&state)).expect("encoded");
+        let current = serde_json::to_string_pretty(&WireState::encode(state.clone())).expect("encoded");
         let old: WireState = serde_json::from_str(&fixture("ledger-v1-state.json", STATE_V1, &current))
             .expect("version 1 state decodes");
         assert_eq!(old.decode().expect("a version 1 state"), state);
