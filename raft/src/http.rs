@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
@@ -21,9 +21,9 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use openraft::Raft;
 
-use crate::BoxFuture;
 use crate::network::{Rpc, RpcReply, Transport, TransportError, serve};
 use crate::types::{NodeId, TypeConfig};
+use crate::{BoxFuture, lock};
 
 /// The path Raft messages are posted to.
 pub const PATH: &str = "/raft/v1";
@@ -52,10 +52,6 @@ pub enum HttpError {
 
 fn check_secret(secret: &str) -> Result<(), HttpError> {
     if secret.len() < MIN_SECRET { Err(HttpError::ShortSecret(secret.len())) } else { Ok(()) }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Compares without stopping at the first difference (the secret's length is not hidden).
@@ -157,6 +153,7 @@ impl Transport for HttpTransport {
 
 /// The HTTP transport's server side: answers Raft messages for one node.
 pub struct HttpServer {
+    /// The address it listens on.
     pub addr: SocketAddr,
     refused: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
@@ -213,6 +210,7 @@ impl HttpServer {
         self.refused.load(Ordering::Relaxed)
     }
 
+    /// Stops accepting connections (those open finish their requests).
     pub fn stop(&self) {
         self.task.abort();
     }

@@ -23,6 +23,12 @@ use std::sync::{Mutex, MutexGuard};
 use dovetail_core::ledger::{Command, Entry, Millis, Outcome, State, Term};
 use tokio::sync::watch;
 
+/// Locks `m`, taking over a lock poisoned by a panic (the data is plain state, never left
+/// half-updated across a panic point).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A boxed future, so that the seam stays object safe (`Arc<dyn Ledger>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

@@ -8,7 +8,7 @@
 //! on the control nodes' own port.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dovetail_core::workload::SplitMix64;
@@ -21,8 +21,8 @@ use openraft::raft::{
 use openraft::{BasicNode, Raft};
 use serde::{Deserialize, Serialize};
 
-use crate::BoxFuture;
 use crate::types::{NodeId, TypeConfig};
+use crate::{BoxFuture, lock};
 
 /// A Raft message.
 #[derive(Debug, Serialize, Deserialize)]
@@ -196,6 +196,7 @@ pub struct MemNet {
 }
 
 impl MemNet {
+    /// A network with no faults whose random choices follow `seed`.
     pub fn new(seed: u64) -> Arc<MemNet> {
         Arc::new(MemNet {
             nodes: Mutex::new(BTreeMap::new()),
@@ -246,10 +247,6 @@ impl MemNet {
             Some(delay)
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Transport for MemNet {

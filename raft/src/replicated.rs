@@ -31,7 +31,10 @@ use crate::{BoxFuture, Committed, Leadership, Ledger, LedgerError};
 /// heartbeats every 100 ms, an election after 300 to 600 ms without one.
 #[derive(Clone, Debug)]
 pub struct RaftSettings {
+    /// How often the leader sends heartbeats.
     pub heartbeat_ms: u64,
+    /// A follower that hears no heartbeat for a random time between these two starts an
+    /// election; the shorter is also the leader's lease.
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
     /// A snapshot is built after this many entries since the last one (the log is then
@@ -121,6 +124,7 @@ impl RaftLedger {
             .map_err(|e| LedgerError::Unavailable { reason: format!("initializing the group: {e}") })
     }
 
+    /// This node's id in the group.
     pub fn id(&self) -> NodeId {
         self.id
     }

@@ -15,7 +15,7 @@ use std::fmt::Debug;
 use std::io::{Cursor, Write};
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use dovetail_core::ledger::State;
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
@@ -26,6 +26,7 @@ use openraft::{
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use crate::lock;
 use crate::types::{NodeId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::wire::{WireOutcome, WireState};
 
@@ -243,10 +244,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 /// Why a store could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The data dir or a file in it could not be read or made.
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{path}: {reason}")]
+    /// The log database could not be opened or set up.
+    #[error("opening the raft log {path}: {reason}")]
     Database { path: PathBuf, reason: String },
+    /// The snapshot file is not one this version can read.
     #[error("{path}: not a snapshot this version can read: {reason}")]
     Snapshot { path: PathBuf, reason: String },
 }
@@ -264,8 +268,11 @@ struct SnapshotFile {
 /// The state machine's data, shared between openraft (which applies) and the ledger seam
 /// (which reads).
 pub struct Applied {
+    /// The ledger's state after the last applied entry.
     pub state: State,
+    /// The last entry applied (its state is `state`).
     pub last_applied: Option<LogId<NodeId>>,
+    /// The membership as of the last applied membership entry.
     pub membership: StoredMembership,
 }
 
@@ -279,10 +286,6 @@ pub struct Machine {
     persisting: Arc<tokio::sync::Mutex<()>>,
     dir: PathBuf,
     built: Arc<std::sync::atomic::AtomicU64>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Machine {
