@@ -55,6 +55,9 @@ fn any(e: impl std::error::Error + 'static) -> Box<AnyError> {
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// In memory (simulations): calls run inline, so nothing waits on a thread and tokio's
+    /// paused time stays deterministic.
+    inline: bool,
 }
 
 impl LogStore {
@@ -70,7 +73,23 @@ impl LogStore {
             tx.open_table(META).map_err(|e| StoreError::Database { path: path.clone(), reason: e.to_string() })?;
         }
         tx.commit().map_err(|e| StoreError::Database { path, reason: e.to_string() })?;
-        Ok(LogStore { db: Arc::new(db) })
+        Ok(LogStore { db: Arc::new(db), inline: false })
+    }
+
+    /// A log kept in memory (simulations, `simulate --control-nodes`). A clone shares it: a
+    /// node restarted on a clone finds what it wrote, as on disk.
+    pub fn in_memory() -> Result<LogStore, StoreError> {
+        let path = PathBuf::from("(memory)");
+        let failed = |e: &dyn std::fmt::Display| StoreError::Database { path: path.clone(), reason: e.to_string() };
+        let db =
+            redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).map_err(|e| failed(&e))?;
+        let tx = db.begin_write().map_err(|e| failed(&e))?;
+        {
+            tx.open_table(LOG).map_err(|e| failed(&e))?;
+            tx.open_table(META).map_err(|e| failed(&e))?;
+        }
+        tx.commit().map_err(|e| failed(&e))?;
+        Ok(LogStore { db: Arc::new(db), inline: true })
     }
 
     /// Runs `f` on the blocking pool (redb reads and writes block; a commit waits for fsync);
@@ -80,6 +99,9 @@ impl LogStore {
         err: fn(AnyError) -> StorageIOError<NodeId>,
         f: impl FnOnce(&Database) -> Io<T> + Send + 'static,
     ) -> StorageResult<T> {
+        if self.inline {
+            return f(&self.db).map_err(|e| err(*e).into());
+        }
         let db = self.db.clone();
         match tokio::task::spawn_blocking(move || f(&db)).await {
             Ok(Ok(v)) => Ok(v),
@@ -284,7 +306,8 @@ pub struct Machine {
     snapshot: Arc<Mutex<Option<StoredSnapshot>>>,
     /// Held while a snapshot is made current (file and memory together).
     persisting: Arc<tokio::sync::Mutex<()>>,
-    dir: PathBuf,
+    /// Where the snapshot file is; none for a machine in memory.
+    dir: Option<PathBuf>,
     built: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -292,31 +315,56 @@ impl Machine {
     /// Opens the state machine of `dir`: the last snapshot's state, or an empty one.
     pub fn open(dir: &Path) -> Result<Machine, StoreError> {
         let path = dir.join(SNAPSHOT_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(StoreError::Io { path, source: e }),
+        };
+        Machine::from_snapshot(Some(dir.to_path_buf()), &path, bytes)
+    }
+
+    /// A state machine in memory (simulations): its snapshots are kept in memory only.
+    pub fn in_memory() -> Machine {
+        let applied = Applied { state: State::default(), last_applied: None, membership: StoredMembership::default() };
+        Machine::with(None, applied, None)
+    }
+
+    /// What a restart of this machine finds: its last snapshot (from its file, or from memory
+    /// for one in memory), none of what it applied since.
+    pub fn restarted(&self) -> Result<Machine, StoreError> {
+        match &self.dir {
+            Some(dir) => Machine::open(dir),
+            None => {
+                let bytes = lock(&self.snapshot).as_ref().map(|(_, b)| b.to_vec());
+                Machine::from_snapshot(None, Path::new("(memory)"), bytes)
+            }
+        }
+    }
+
+    fn from_snapshot(dir: Option<PathBuf>, path: &Path, bytes: Option<Vec<u8>>) -> Result<Machine, StoreError> {
         let mut applied =
             Applied { state: State::default(), last_applied: None, membership: StoredMembership::default() };
         let mut current = None;
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let file: SnapshotFile = serde_json::from_slice(&bytes)
-                    .map_err(|e| StoreError::Snapshot { path: path.clone(), reason: e.to_string() })?;
-                applied.state = file
-                    .state
-                    .decode()
-                    .map_err(|e| StoreError::Snapshot { path: path.clone(), reason: e.to_string() })?;
-                applied.last_applied = file.meta.last_log_id;
-                applied.membership = file.meta.last_membership.clone();
-                current = Some((file.meta, Arc::new(bytes)));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(StoreError::Io { path, source: e }),
+        if let Some(bytes) = bytes {
+            let bad =
+                |e: &dyn std::fmt::Display| StoreError::Snapshot { path: path.to_path_buf(), reason: e.to_string() };
+            let file: SnapshotFile = serde_json::from_slice(&bytes).map_err(|e| bad(&e))?;
+            applied.state = file.state.decode().map_err(|e| bad(&e))?;
+            applied.last_applied = file.meta.last_log_id;
+            applied.membership = file.meta.last_membership.clone();
+            current = Some((file.meta, Arc::new(bytes)));
         }
-        Ok(Machine {
+        Ok(Machine::with(dir, applied, current))
+    }
+
+    fn with(dir: Option<PathBuf>, applied: Applied, current: Option<StoredSnapshot>) -> Machine {
+        Machine {
             applied: Arc::new(Mutex::new(applied)),
             snapshot: Arc::new(Mutex::new(current)),
             persisting: Arc::new(tokio::sync::Mutex::new(())),
-            dir: dir.to_path_buf(),
+            dir,
             built: Arc::new(std::sync::atomic::AtomicU64::new(0)),
-        })
+        }
     }
 
     /// Runs `f` on the applied state.
@@ -345,11 +393,13 @@ impl Machine {
         if newer {
             return Ok(false);
         }
-        let (dir, id, data) = (self.dir.clone(), meta.snapshot_id.clone(), bytes.clone());
-        match tokio::task::spawn_blocking(move || Machine::persist(&dir, &id, &data)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(*any(e)),
-            Err(e) => return Err(*any(e)),
+        if let Some(dir) = self.dir.clone() {
+            let (id, data) = (meta.snapshot_id.clone(), bytes.clone());
+            match tokio::task::spawn_blocking(move || Machine::persist(&dir, &id, &data)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(*any(e)),
+                Err(e) => return Err(*any(e)),
+            }
         }
         *lock(&self.snapshot) = Some((meta.clone(), bytes));
         Ok(true)
@@ -469,12 +519,43 @@ mod tests {
         }
     }
 
-    /// openraft's own storage test suite.
+    struct InMemory;
+
+    impl StoreBuilder<TypeConfig, LogStore, Machine> for InMemory {
+        async fn build(&self) -> StorageResult<((), LogStore, Machine)> {
+            let log = LogStore::in_memory().map_err(|e| StorageIOError::write_logs(*any(e)))?;
+            Ok(((), log, Machine::in_memory()))
+        }
+    }
+
+    /// openraft's own storage test suite, on disk and in memory.
     #[test]
     fn the_stores_pass_openrafts_storage_suite() {
         if let Err(e) = Suite::test_all(Builder) {
-            panic!("openraft's storage suite: {e}");
+            panic!("openraft's storage suite on disk: {e}");
         }
+        if let Err(e) = Suite::test_all(InMemory) {
+            panic!("openraft's storage suite in memory: {e}");
+        }
+    }
+
+    /// A machine in memory restarts from its last snapshot, as one on disk does from its file.
+    #[tokio::test]
+    async fn a_machine_in_memory_restarts_from_its_last_snapshot_only() {
+        let mut sm = Machine::in_memory();
+        let entries = commands();
+        sm.apply(entries[..10].to_vec()).await.expect("applied");
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.expect("snapshot");
+        let at_snapshot = sm.read(|a| a.state.clone());
+        sm.apply(entries[10..].to_vec()).await.expect("applied");
+        let mut back = sm.restarted().expect("restarted");
+        assert_eq!(back.read(|a| a.state.clone()), at_snapshot);
+        assert_eq!(back.applied_state().await.expect("applied").0, snap.meta.last_log_id);
+        assert_ne!(
+            back.read(|a| a.state.clone()),
+            sm.read(|a| a.state.clone()),
+            "what came after is replayed from the log"
+        );
     }
 
     fn log_id(term: u64, index: u64) -> LogId<NodeId> {
