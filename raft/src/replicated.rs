@@ -240,6 +240,8 @@ async fn watch_leadership(
             _ => tokio::time::Instant::now() + wait,
         };
         tokio::select! {
+            // In order, so a run on paused time replays the same way.
+            biased;
             changed = metrics.changed() => {
                 if changed.is_err() {
                     // The node stopped: it leads nothing.
