@@ -43,7 +43,7 @@ enum Command {
     /// Runs a scenario on the wall clock and checks its thresholds (non-zero exit on a miss).
     Loadtest(loadtest::LoadtestArgs),
     /// Runs the control plane against a Kubernetes cluster.
-    Controller(controller::ControllerArgs),
+    Controller(Box<controller::ControllerArgs>),
     /// Writes the CRDs (NodePool, NodeClaim, EC2NodeClass) as YAML.
     Crdgen(crdgen::CrdgenArgs),
 }

@@ -4,13 +4,17 @@
 //! `~/.kube/config`), starts the watches, serves `/healthz` (live) and `/readyz` (ready once
 //! the caches synced) and `/metrics`, and once synced starts the plane with a pool per valid
 //! NodePool whose EC2NodeClass exists, and keeps the pools as the NodePools change
-//! ([`pools`]). The ledger takes over the NodeClaims the cluster shows (it keeps no log of
-//! its own until the replicated ledger comes); with `--cloud sim` the sim
-//! cloud rebuilds its fleet from the Nodes and NodeClaims first, so a restart launches nothing
-//! twice, and the node agent plays the kubelets.
+//! ([`pools`]). The ledger takes over the NodeClaims the cluster shows; with `--cloud sim` the
+//! sim cloud rebuilds its fleet from the Nodes and NodeClaims first, so a restart launches
+//! nothing twice, and the node agent plays the kubelets.
+//!
+//! The ledger is in memory for one control node, or replicated over `--peers` ([`ha`]).
+//! Either way only the leader acts: the plane runs for each term this node leads in and
+//! stops when it no longer does.
 
 pub mod agent;
 mod aws;
+mod ha;
 mod http;
 mod pools;
 pub mod settings;
@@ -28,7 +32,7 @@ use dovetail_cluster::ClusterView;
 use dovetail_cluster::kube::{KubeCluster, KubeSettings};
 use dovetail_core::catalog::{Catalog, NodeClassSettings};
 use dovetail_core::clock::{Clock, SystemClock};
-use dovetail_raft::{InProcess, Ledger};
+use dovetail_raft::Ledger;
 
 pub use settings::{CloudKind, ControllerArgs, Settings};
 
@@ -105,31 +109,16 @@ async fn serve(s: Settings) -> Result<(), String> {
     let metrics = Arc::new(http::Metrics::default());
     http::serve_health(s.health_addr, ready.clone()).await?;
     http::serve_metrics(s.metrics_addr, metrics.clone(), cluster.clone()).await?;
+    let (ledger, _raft) = ha::ledger(&s, clock.clone()).await?;
     wait_synced(&cluster).await;
     ready.store(true, Ordering::SeqCst);
     tracing::info!("caches synced");
 
-    let ledger = Arc::new(InProcess::new());
-    let now = clock.now_millis();
-    let snap = cluster.snapshot();
     let mut s = s;
-    let (cloud, sim, aws, catalog) = match s.cloud {
+    let (catalog, aws) = match s.cloud {
         CloudKind::Sim => {
             let catalog = Catalog::embedded(&s.region).map_err(|e| format!("catalog of {}: {e}", s.region))?;
-            let all_types = Arc::new(catalog.instance_types(&NodeClassSettings::default(), Some(&s.zones)));
-            let config = SimConfig {
-                cluster: s.cluster_name.clone(),
-                region: s.region.clone(),
-                seed: now,
-                boot: Latency { min: Duration::ZERO, max: Duration::ZERO },
-                ..SimConfig::default()
-            };
-            let sim = Arc::new(SimCloud::new(config, all_types.clone(), clock.clone()));
-            let restored = sim.restore(&agent::remembered(&snap));
-            if restored > 0 {
-                tracing::info!(instances = restored, "sim cloud fleet rebuilt from the cluster");
-            }
-            (sim.clone() as Arc<dyn dovetail_cloud::CloudProvider>, Some(sim), None, catalog)
+            (catalog, None)
         }
         CloudKind::Aws => {
             let provider = Arc::new(aws::provider(&s, &access, &v.server, clock.clone()).await?);
@@ -141,50 +130,154 @@ async fn serve(s: Settings) -> Result<(), String> {
                 // the zones its EC2NodeClass's subnets cover.
                 s.zones = catalog.zones.iter().map(|z| z.name.clone()).collect();
             }
-            (provider.clone() as Arc<dyn dovetail_cloud::CloudProvider>, None, Some(provider), catalog)
+            (catalog, Some(provider))
         }
     };
-    let mut plane = Plane::start(
-        PlaneConfig {
-            zones: s.zones.clone(),
-            pools: Vec::new(),
-            limits: ApiLimits::default(),
-            config: Config::default(),
-        },
-        Seams {
-            cloud,
-            view: cluster.clone(),
-            cluster: cluster.clone(),
-            ledger: ledger.clone() as Arc<dyn Ledger>,
-            clock: clock.clone(),
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    metrics.set_errors(plane.errors.clone());
-    let mut pools = pools::Pools::new(catalog, s.zones.clone(), aws);
-    pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
-    tracing::info!(pools = plane.pools.len(), zones = plane.zones.len(), "control plane started");
-    {
-        let (cluster, ledger, clock) = (cluster.clone(), ledger.clone(), clock.clone());
-        actix_rt::spawn(async move {
-            follow_pools(pools, plane, cluster, ledger, clock).await;
+    let term_ctx = Acting { s, cluster, ledger: ledger.clone(), clock, catalog, aws, metrics };
+    // Only the leader acts: each term it leads in, the plane runs on an arbiter of its own,
+    // stopped (every actor and task on it) as soon as this node no longer leads in that term.
+    // Followers keep their caches synced and their ledger replica warm.
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut leadership = ledger.leadership();
+    loop {
+        let term = tokio::select! {
+            t = leading(&mut leadership) => t,
+            () = &mut shutdown => break,
+        };
+        let Some(term) = term else {
+            tracing::error!("the ledger stopped: nothing acts any more");
+            break;
+        };
+        tracing::info!(raft.term = term, "leading: starting the control plane");
+        let arbiter = actix_rt::Arbiter::new();
+        let ctx = term_ctx.clone();
+        let started = arbiter.spawn_fn(move || {
+            actix_rt::spawn(async move {
+                if let Err(e) = ctx.act(term).await {
+                    tracing::error!(raft.term = term, error = %e, "the control plane did not start");
+                }
+            });
         });
+        if !started {
+            return Err("cannot start the control plane's arbiter".into());
+        }
+        let lost = tokio::select! {
+            () = not_leading(&mut leadership, term) => true,
+            () = &mut shutdown => false,
+        };
+        arbiter.stop();
+        if !lost {
+            break;
+        }
+        tracing::info!(raft.term = term, "no longer leading: the control plane stopped");
     }
-    if let Some(sim) = sim {
-        let config = agent::AgentConfig { registration_delay_ms: s.sim_registration_delay_ms, renew_every_ms: 10_000 };
-        let mut agent = agent::Agent::new(cluster.clone(), sim, clock.clone(), config);
-        let m = metrics.clone();
-        actix_rt::spawn(async move {
-            loop {
-                agent.step().await;
-                m.set_agent(agent.stats.clone());
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        });
-    }
-    shutdown_signal().await;
     tracing::info!("stopping");
     Ok(())
+}
+
+/// Waits until this node leads; the term it leads in (none if the ledger stopped).
+async fn leading(leadership: &mut tokio::sync::watch::Receiver<dovetail_raft::Leadership>) -> Option<u64> {
+    loop {
+        let l = leadership.borrow_and_update().clone();
+        if l.leader {
+            return Some(l.term);
+        }
+        leadership.changed().await.ok()?;
+    }
+}
+
+/// Waits until this node no longer leads in `term` (or the ledger stopped).
+async fn not_leading(leadership: &mut tokio::sync::watch::Receiver<dovetail_raft::Leadership>, term: u64) {
+    loop {
+        if !leadership.borrow_and_update().is_current(term) {
+            return;
+        }
+        if leadership.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What a term's control plane is built from.
+#[derive(Clone)]
+struct Acting {
+    s: Settings,
+    cluster: Arc<KubeCluster>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    catalog: Catalog,
+    aws: Option<Arc<dovetail_cloud::aws::AwsProvider>>,
+    metrics: Arc<http::Metrics>,
+}
+
+impl Acting {
+    /// Starts the plane, the NodePool follower and (with `--cloud sim`) the node agent on the
+    /// current arbiter, from the cluster as it is now (a new leader takes over what the last
+    /// one left: the sim cloud's fleet from the Nodes and NodeClaims, the claims by adoption).
+    async fn act(self, term: u64) -> Result<(), String> {
+        let Acting { s, cluster, ledger, clock, catalog, aws, metrics } = self;
+        let now = clock.now_millis();
+        let snap = cluster.snapshot();
+        let (cloud, sim) = match &aws {
+            None => {
+                let all_types = Arc::new(catalog.instance_types(&NodeClassSettings::default(), Some(&s.zones)));
+                let config = SimConfig {
+                    cluster: s.cluster_name.clone(),
+                    region: s.region.clone(),
+                    seed: now,
+                    boot: Latency { min: Duration::ZERO, max: Duration::ZERO },
+                    ..SimConfig::default()
+                };
+                let sim = Arc::new(SimCloud::new(config, all_types, clock.clone()));
+                let restored = sim.restore(&agent::remembered(&snap));
+                if restored > 0 {
+                    tracing::info!(instances = restored, "sim cloud fleet rebuilt from the cluster");
+                }
+                (sim.clone() as Arc<dyn dovetail_cloud::CloudProvider>, Some(sim))
+            }
+            Some(provider) => (provider.clone() as Arc<dyn dovetail_cloud::CloudProvider>, None),
+        };
+        let mut plane = Plane::start(
+            PlaneConfig {
+                zones: s.zones.clone(),
+                pools: Vec::new(),
+                limits: ApiLimits::default(),
+                config: Config::default(),
+            },
+            Seams {
+                cloud,
+                view: cluster.clone(),
+                cluster: cluster.clone(),
+                ledger: ledger.clone(),
+                clock: clock.clone(),
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        metrics.set_errors(plane.errors.clone());
+        let mut pools = pools::Pools::new(catalog, s.zones.clone(), aws);
+        pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
+        tracing::info!(raft.term = term, pools = plane.pools.len(), zones = plane.zones.len(), "control plane started");
+        {
+            let (cluster, ledger, clock) = (cluster.clone(), ledger.clone(), clock.clone());
+            actix_rt::spawn(async move {
+                follow_pools(pools, plane, cluster, ledger, clock).await;
+            });
+        }
+        if let Some(sim) = sim {
+            let config =
+                agent::AgentConfig { registration_delay_ms: s.sim_registration_delay_ms, renew_every_ms: 10_000 };
+            let mut agent = agent::Agent::new(cluster.clone(), sim, clock.clone(), config);
+            actix_rt::spawn(async move {
+                loop {
+                    agent.step().await;
+                    metrics.set_agent(agent.stats.clone());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Keeps the plane's pools and the NodePools' statuses as the cluster is: after each change
@@ -194,7 +287,7 @@ async fn follow_pools(
     mut pools: pools::Pools,
     mut plane: Plane,
     cluster: Arc<KubeCluster>,
-    ledger: Arc<InProcess>,
+    ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
 ) {
     const SETTLE: Duration = Duration::from_millis(500);

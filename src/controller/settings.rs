@@ -67,6 +67,24 @@ pub struct ControllerArgs {
     /// /aws/service/eks/optimized-ami, AWS's public ones).
     #[arg(long, env = "DOVETAIL_AMI_PARAMETER_PREFIX")]
     pub ami_parameter_prefix: Option<String>,
+    /// With --peers: this control node's id in the Raft group.
+    #[arg(long, env = "DOVETAIL_NODE_ID")]
+    pub node_id: Option<u64>,
+    /// With --peers: where this node serves Raft (HOST:PORT; its entry in --peers is where
+    /// the others reach it).
+    #[arg(long, env = "DOVETAIL_RAFT_ADDR")]
+    pub raft_addr: Option<String>,
+    /// The Raft group: every control node as ID=HOST:PORT, this one included. Unset: one
+    /// control node with its ledger in memory (the default).
+    #[arg(long, value_delimiter = ',', env = "DOVETAIL_PEERS")]
+    pub peers: Option<Vec<String>>,
+    /// With --peers: where the ledger's log and snapshots are kept.
+    #[arg(long, env = "DOVETAIL_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// With --peers: a file holding the group's shared secret (at least 16 bytes; every Raft
+    /// message carries it).
+    #[arg(long, env = "DOVETAIL_RAFT_SECRET_FILE")]
+    pub raft_secret_file: Option<PathBuf>,
     /// A settings file (YAML); flags and DOVETAIL_* variables override it.
     #[arg(long, env = "DOVETAIL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -90,6 +108,23 @@ pub struct FileSettings {
     pub cluster_endpoint: Option<String>,
     pub cluster_ca_bundle: Option<String>,
     pub ami_parameter_prefix: Option<String>,
+    pub node_id: Option<u64>,
+    pub raft_addr: Option<String>,
+    pub peers: Option<Vec<String>>,
+    pub data_dir: Option<PathBuf>,
+    pub raft_secret_file: Option<PathBuf>,
+}
+
+/// A replicated ledger's settings (`--peers` and the flags it needs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HaSettings {
+    pub node_id: u64,
+    /// Where this node listens for Raft messages.
+    pub raft_addr: String,
+    /// Every node of the group by id, with the address the others reach it at.
+    pub peers: std::collections::BTreeMap<u64, String>,
+    pub data_dir: PathBuf,
+    pub secret_file: PathBuf,
 }
 
 /// The settings in force.
@@ -114,6 +149,59 @@ pub struct Settings {
     pub cluster_endpoint: Option<String>,
     pub cluster_ca_bundle: Option<String>,
     pub ami_parameter_prefix: Option<String>,
+    /// The replicated ledger; none for a single control node.
+    pub ha: Option<HaSettings>,
+}
+
+/// Parses `--peers` entries (`ID=HOST:PORT`) into the group, naming the entry at fault.
+fn parse_peers(entries: &[String]) -> Result<std::collections::BTreeMap<u64, String>, String> {
+    let mut peers = std::collections::BTreeMap::new();
+    for e in entries {
+        let (id, addr) = e.split_once('=').ok_or_else(|| format!("--peers: {e:?} is not ID=HOST:PORT"))?;
+        let id: u64 = id.trim().parse().map_err(|_| format!("--peers: {e:?}: the id must be a number"))?;
+        let addr = addr.trim();
+        let port = addr.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then_some(port));
+        if port.is_none_or(|p| p.parse::<u16>().is_err()) {
+            return Err(format!("--peers: {e:?}: the address must be HOST:PORT"));
+        }
+        if peers.insert(id, addr.to_string()).is_some() {
+            return Err(format!("--peers: node {id} is listed twice"));
+        }
+    }
+    if peers.is_empty() {
+        return Err("--peers: at least one node".into());
+    }
+    Ok(peers)
+}
+
+impl HaSettings {
+    fn resolve(args: &ControllerArgs, file: &FileSettings) -> Result<Option<HaSettings>, String> {
+        let Some(entries) = args.peers.clone().or_else(|| file.peers.clone()) else {
+            let stray = [
+                ("--node-id", args.node_id.is_some() || file.node_id.is_some()),
+                ("--raft-addr", args.raft_addr.is_some() || file.raft_addr.is_some()),
+                ("--data-dir", args.data_dir.is_some() || file.data_dir.is_some()),
+                ("--raft-secret-file", args.raft_secret_file.is_some() || file.raft_secret_file.is_some()),
+            ];
+            if let Some((flag, _)) = stray.iter().find(|(_, set)| *set) {
+                return Err(format!("{flag} is for a replicated ledger: set --peers too"));
+            }
+            return Ok(None);
+        };
+        let peers = parse_peers(&entries)?;
+        let node_id = args.node_id.or(file.node_id).ok_or("--peers needs --node-id")?;
+        if !peers.contains_key(&node_id) {
+            return Err(format!("--node-id {node_id} is not in --peers ({:?})", peers.keys().collect::<Vec<_>>()));
+        }
+        let raft_addr = args.raft_addr.clone().or_else(|| file.raft_addr.clone()).ok_or("--peers needs --raft-addr")?;
+        let data_dir = args.data_dir.clone().or_else(|| file.data_dir.clone()).ok_or("--peers needs --data-dir")?;
+        let secret_file = args
+            .raft_secret_file
+            .clone()
+            .or_else(|| file.raft_secret_file.clone())
+            .ok_or("--peers needs --raft-secret-file")?;
+        Ok(Some(HaSettings { node_id, raft_addr, peers, data_dir, secret_file }))
+    }
 }
 
 impl Settings {
@@ -126,6 +214,7 @@ impl Settings {
                 serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
             }
         };
+        let ha = HaSettings::resolve(args, &file)?;
         let cloud = args.cloud.or(file.cloud).ok_or("--cloud is required (aws or sim)")?;
         let cluster_name = args.cluster_name.clone().or(file.cluster_name).ok_or("--cluster-name is required")?;
         if cluster_name.is_empty() {
@@ -168,6 +257,7 @@ impl Settings {
             cluster_endpoint: args.cluster_endpoint.clone().or(file.cluster_endpoint),
             cluster_ca_bundle: args.cluster_ca_bundle.clone().or(file.cluster_ca_bundle),
             ami_parameter_prefix: args.ami_parameter_prefix.clone().or(file.ami_parameter_prefix),
+            ha,
         })
     }
 }
@@ -200,6 +290,39 @@ mod tests {
             .expect_err("unknown key");
         assert!(err.contains("qps"), "{err}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_replicated_ledger_needs_its_flags_and_names_what_is_wrong() {
+        let base =
+            ControllerArgs { cloud: Some(CloudKind::Sim), cluster_name: Some("c".into()), ..ControllerArgs::default() };
+        assert_eq!(Settings::resolve(&base).expect("single node").ha, None);
+        let peers = Some(vec!["1=127.0.0.1:7001".to_string(), "2=10.0.0.2:7001".into(), "3=ctl-3.ctl:7001".into()]);
+        let full = ControllerArgs {
+            node_id: Some(2),
+            raft_addr: Some("0.0.0.0:7001".into()),
+            peers: peers.clone(),
+            data_dir: Some("/var/lib/dovetail".into()),
+            raft_secret_file: Some("/etc/dovetail/secret".into()),
+            ..base.clone()
+        };
+        let ha = Settings::resolve(&full).expect("valid").ha.expect("replicated");
+        assert_eq!(ha.node_id, 2);
+        assert_eq!(ha.peers.len(), 3);
+        assert_eq!(ha.peers[&3], "ctl-3.ctl:7001");
+        let err = |args: ControllerArgs| Settings::resolve(&args).expect_err("invalid");
+        assert!(err(ControllerArgs { node_id: None, ..full.clone() }).contains("--node-id"));
+        assert!(err(ControllerArgs { node_id: Some(4), ..full.clone() }).contains("not in --peers"));
+        assert!(err(ControllerArgs { data_dir: None, ..full.clone() }).contains("--data-dir"));
+        assert!(err(ControllerArgs { raft_secret_file: None, ..full.clone() }).contains("--raft-secret-file"));
+        let bad = |p: &str| err(ControllerArgs { peers: Some(vec![p.to_string()]), node_id: Some(1), ..full.clone() });
+        assert!(bad("1").contains("ID=HOST:PORT"));
+        assert!(bad("x=127.0.0.1:1").contains("number"));
+        assert!(bad("1=127.0.0.1").contains("HOST:PORT"));
+        let twice =
+            ControllerArgs { peers: Some(vec!["1=a:1".into(), "1=b:2".into()]), node_id: Some(1), ..full.clone() };
+        assert!(err(twice).contains("listed twice"));
+        assert!(err(ControllerArgs { data_dir: Some("/d".into()), ..base }).contains("set --peers too"));
     }
 
     #[test]
