@@ -493,6 +493,105 @@ fn a_controller_killed_mid_scale_up_and_restarted_makes_no_duplicate_nodeclaims_
     clean_up(&env, ns, &second);
 }
 
+/// Three control nodes on one replicated ledger (Raft over HTTP on 127.0.0.1): only the
+/// leader acts; `kill -9` of the leader during a scale-up hands over to another that finishes
+/// it with no duplicate NodeClaim; the killed node restarts from its disk as a follower.
+#[test]
+fn three_control_nodes_fail_over_when_the_leader_is_killed_mid_scale_up_and_only_the_leader_acts() {
+    let Some((env, _serial, _)) = getting_started() else { return };
+    let secret = env.dir.join("raft-secret");
+    std::fs::write(&secret, "a-test-secret-of-the-group\n").expect("secret written");
+    let ports: Vec<u16> = (0..3).map(|_| free_port().expect("a free port")).collect();
+    let peers = ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect::<Vec<_>>().join(",");
+    let start = |i: usize| {
+        let dir = env.dir.join(format!("ha-{}", i + 1));
+        let (id, addr) = ((i + 1).to_string(), format!("127.0.0.1:{}", ports[i]));
+        let args = [
+            "--node-id",
+            id.as_str(),
+            "--raft-addr",
+            addr.as_str(),
+            "--peers",
+            peers.as_str(),
+            "--data-dir",
+            dir.to_str().expect("utf-8"),
+            "--raft-secret-file",
+            secret.to_str().expect("utf-8"),
+        ];
+        Controller::start(&env, &format!("ha-{}", i + 1), &args)
+    };
+    for i in 0..3 {
+        if let Err(e) = std::fs::remove_dir_all(env.dir.join(format!("ha-{}", i + 1))) {
+            assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+        }
+    }
+    let mut nodes: Vec<Option<Controller>> = (0..3).map(|i| Some(start(i))).collect();
+    let leading = |nodes: &[Option<Controller>]| -> Vec<usize> {
+        let started = |c: &Controller| c.log().matches("leading: starting the control plane").count();
+        let stopped = |c: &Controller| c.log().matches("no longer leading").count();
+        (0..3).filter(|i| nodes[*i].as_ref().is_some_and(|c| started(c) > stopped(c))).collect()
+    };
+    let logs =
+        |nodes: &[Option<Controller>]| nodes.iter().flatten().map(Controller::log).collect::<Vec<_>>().join("\n----\n");
+    let mut first = None;
+    env.wait("a leader acting", Duration::from_secs(30), |_| match leading(&nodes)[..] {
+        [i] => {
+            first = Some(i);
+            Ok(())
+        }
+        ref other => Err(format!("leading: {other:?}\n{}", logs(&nodes))),
+    });
+    let first = first.expect("a leader");
+    let ns = "ha";
+    env.apply(&deployment(ns, "inflate", 60, "1"));
+    env.wait("the first NodeClaims", Duration::from_secs(30), |e| {
+        if e.items(&["get", "nodeclaims"]).is_empty() { Err(logs(&nodes)) } else { Ok(()) }
+    });
+    for (i, n) in nodes.iter().enumerate() {
+        if i != first {
+            let log = n.as_ref().map(Controller::log).unwrap_or_default();
+            assert!(!log.contains("control plane started"), "follower {} acted:\n{log}", i + 1);
+        }
+    }
+    // SIGKILL of the leader mid-scale-up.
+    drop(nodes[first].take());
+    let mut second = None;
+    env.wait("another leader acting", Duration::from_secs(15), |_| match leading(&nodes)[..] {
+        [i] if i != first => {
+            second = Some(i);
+            Ok(())
+        }
+        ref other => Err(format!("leading: {other:?}\n{}", logs(&nodes))),
+    });
+    let second = second.expect("a new leader");
+    let acting = nodes[second].take().expect("running");
+    env.wait_running("every pod Running after the fail-over", ns, 60, None, &acting, Duration::from_secs(90));
+    let claims = env.items(&["get", "nodeclaims"]);
+    let sim_nodes = env.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]);
+    assert_eq!(claims.len(), sim_nodes.len(), "one instance (node) per NodeClaim");
+    let pods = env.items(&["get", "pods", "-n", ns]);
+    for n in &sim_nodes {
+        let name = name_of(n);
+        assert!(
+            pods.iter().any(|p| p["spec"]["nodeName"] == name.as_str()),
+            "node {name} holds no pod: a duplicate NodeClaim"
+        );
+    }
+    // The killed node comes back from its disk and follows.
+    nodes[first] = Some(start(first));
+    nodes[second] = Some(acting);
+    env.wait("the restarted node serving raft", Duration::from_secs(30), |_| {
+        let log = nodes[first].as_ref().map(Controller::log).unwrap_or_default();
+        if log.contains("raft node serving") && !log.contains("the group is made") { Ok(()) } else { Err(log) }
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(leading(&nodes), vec![second], "one leader acts\n{}", logs(&nodes));
+    let restarted = nodes[first].as_ref().map(Controller::log).unwrap_or_default();
+    assert!(!restarted.contains("control plane started"), "the restarted node acts as a follower only:\n{restarted}");
+    let acting = nodes[second].take().expect("running");
+    clean_up(&env, ns, &acting);
+}
+
 /// `policy/v1` where the server has it, else `policy/v1beta1` (Kubernetes 1.20).
 /// Pods that mount a claim bound to a volume reachable from one zone only (a local volume's
 /// node affinity), plus one whose claim does not exist.
