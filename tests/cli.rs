@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
+use serde::Deserialize;
+
 fn dovetail(args: &[&str], stdin: Option<&str>) -> Output {
     dovetail_env(args, stdin, &[])
 }
@@ -352,4 +354,42 @@ fn otlp_settings_are_checked_only_when_an_endpoint_is_set() {
     let out = dovetail_env(&["plan", "-f", "-", "--otlp-endpoint", "127.0.0.1:4317"], Some(POD), &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--otlp-endpoint"));
+}
+
+/// The `ha` overlay renders with kubectl's built-in kustomize: a 3-replica StatefulSet (no
+/// Deployment beside it) with each pod's node id from its ordinal, a volume per pod for the
+/// ledger, the Raft port, and a headless Service that also publishes pods not ready yet.
+#[test]
+fn the_ha_overlay_renders_a_statefulset_of_three_behind_a_headless_service() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/overlays/ha");
+    let out = std::process::Command::new("kubectl").arg("kustomize").arg(&dir).output().expect("kubectl runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_slice(&out.stdout)
+        .map(|d| serde_yaml::Value::deserialize(d).expect("a YAML document"))
+        .collect();
+    let of_kind = |k: &str| docs.iter().filter(|d| d["kind"] == k).collect::<Vec<_>>();
+    assert!(of_kind("Deployment").is_empty(), "the StatefulSet replaces the Deployment");
+    let sts = of_kind("StatefulSet");
+    assert_eq!(sts.len(), 1);
+    let spec = &sts[0]["spec"];
+    assert_eq!(spec["replicas"], 3);
+    assert_eq!(spec["serviceName"], "dovetail-raft");
+    assert_eq!(spec["volumeClaimTemplates"][0]["metadata"]["name"], "data");
+    let container = &spec["template"]["spec"]["containers"][0];
+    let env = &container["env"][0];
+    assert_eq!(env["name"], "DOVETAIL_NODE_ID");
+    assert_eq!(env["valueFrom"]["fieldRef"]["fieldPath"], "metadata.labels['apps.kubernetes.io/pod-index']");
+    assert!(container["ports"].as_sequence().expect("ports").iter().any(|p| p["containerPort"] == 7000));
+    let settings = spec["template"]["spec"]["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .find_map(|v| v["configMap"]["name"].as_str())
+        .expect("the settings ConfigMap");
+    let cm = of_kind("ConfigMap").into_iter().find(|c| c["metadata"]["name"] == settings).expect("generated");
+    let text = cm["data"]["settings.yaml"].as_str().expect("settings.yaml");
+    assert!(text.contains("peers:") && text.contains("raftSecretFile:"), "{text}");
+    let svc = of_kind("Service").into_iter().find(|s| s["metadata"]["name"] == "dovetail-raft").expect("the service");
+    assert_eq!(svc["spec"]["clusterIP"], "None");
+    assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
 }

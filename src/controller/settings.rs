@@ -325,6 +325,35 @@ mod tests {
         assert!(err(ControllerArgs { data_dir: Some("/d".into()), ..base }).contains("set --peers too"));
     }
 
+    /// Every overlay's settings file is valid as shipped (the `ha` one with the node id its
+    /// pod gets from the downward API).
+    #[test]
+    fn the_shipped_settings_files_resolve() {
+        let dir = std::env::temp_dir().join(format!("dovetail-overlays-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for (name, text) in [
+            ("base", include_str!("../../deploy/base/settings.yaml")),
+            ("sim", include_str!("../../deploy/overlays/sim/settings.yaml")),
+            ("aws", include_str!("../../deploy/overlays/aws/settings.yaml")),
+            ("ha", include_str!("../../deploy/overlays/ha/settings.yaml")),
+        ] {
+            let path = dir.join(format!("{name}.yaml"));
+            std::fs::write(&path, text).expect("write");
+            let node_id = (name == "ha").then_some(2);
+            let args = ControllerArgs { config: Some(path), node_id, ..ControllerArgs::default() };
+            let s = Settings::resolve(&args).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if name == "ha" {
+                let ha = s.ha.expect("replicated");
+                assert_eq!(ha.peers.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2]);
+                assert_eq!(ha.peers[&2], "dovetail-2.dovetail-raft.dovetail.svc:7000");
+                assert_eq!(ha.raft_addr, "0.0.0.0:7000");
+            } else {
+                assert_eq!(s.ha, None, "{name}");
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn a_missing_cloud_or_cluster_name_is_named() {
         let err = Settings::resolve(&ControllerArgs::default()).expect_err("no cloud");
