@@ -8,6 +8,7 @@
 mod bench_input;
 mod controller;
 mod crdgen;
+mod ledger;
 mod loadtest;
 mod plan;
 mod simulate;
@@ -46,6 +47,8 @@ enum Command {
     Controller(Box<controller::ControllerArgs>),
     /// Writes the CRDs (NodePool, NodeClaim, EC2NodeClass) as YAML.
     Crdgen(crdgen::CrdgenArgs),
+    /// Reads the replicated ledger of a control node (`ledger status`).
+    Ledger(ledger::LedgerArgs),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Command::Loadtest(args) => loadtest::run(&args),
         Command::Controller(args) => controller::run(&args),
         Command::Crdgen(args) => crdgen::run(&args),
+        Command::Ledger(args) => ledger::run(&args),
     };
     // Spans still queued are exported before the process ends.
     if let Some(t) = telemetry {

@@ -577,6 +577,23 @@ fn three_control_nodes_fail_over_when_the_leader_is_killed_mid_scale_up_and_only
             "node {name} holds no pod: a duplicate NodeClaim"
         );
     }
+    // `dovetail ledger status` on the new leader: it leads, and its registry holds the claims.
+    let addr = format!("127.0.0.1:{}", ports[second]);
+    let status = |output: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dovetail"))
+            .args(["ledger", "status", "--addr", &addr, "--output", output, "--raft-secret-file"])
+            .arg(&secret)
+            .output()
+            .expect("dovetail runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = status("text");
+    assert!(text.contains(&format!("node {} (leader)", second + 1)), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&status("json")).expect("JSON");
+    let held: u64 = json["claims"].as_object().expect("claims by state").values().filter_map(|v| v.as_u64()).sum();
+    assert_eq!(held, claims.len() as u64, "the ledger's registry holds every NodeClaim: {json}");
+    assert_eq!(json["members"], serde_json::json!([1, 2, 3]));
     // The killed node comes back from its disk and follows.
     nodes[first] = Some(start(first));
     nodes[second] = Some(acting);

@@ -472,6 +472,11 @@ impl State {
         self.unavailable.get(offering).is_some_and(|until| now < *until)
     }
 
+    /// The offerings marked unavailable at `now`, with when each mark ends.
+    pub fn unavailable_marks(&self, now: Millis) -> impl Iterator<Item = (&Offering, Millis)> {
+        self.unavailable.iter().filter(move |(_, until)| now < **until).map(|(o, until)| (o, *until))
+    }
+
     /// The offerings marked unavailable at `now`.
     pub fn unavailable(&self, now: Millis) -> impl Iterator<Item = &Offering> {
         self.unavailable.iter().filter(move |(_, until)| now < **until).map(|(o, _)| o)

@@ -22,11 +22,16 @@ use hyper_util::rt::TokioIo;
 use openraft::Raft;
 
 use crate::network::{Rpc, RpcReply, Transport, TransportError, serve};
+use crate::status::LedgerStatus;
+use crate::store::Machine;
 use crate::types::{NodeId, TypeConfig};
 use crate::{BoxFuture, lock};
 
 /// The path Raft messages are posted to.
 pub const PATH: &str = "/raft/v1";
+
+/// Where a node's [`LedgerStatus`] is read (`GET`, with the secret).
+pub const STATUS_PATH: &str = "/raft/v1/status";
 
 /// The largest body accepted either way (a snapshot chunk is a few MB; an append batch of
 /// decision rounds less).
@@ -151,6 +156,37 @@ impl Transport for HttpTransport {
     }
 }
 
+/// Reads the [`LedgerStatus`] of the node at `addr` (`dovetail ledger status`).
+pub async fn fetch_status(addr: &str, secret: &str, timeout: Duration) -> Result<LedgerStatus, String> {
+    let get = async {
+        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("{addr}: {e}"))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "ledger.status: connection closed");
+            }
+        });
+        let request = Request::get(STATUS_PATH)
+            .header(hyper::header::HOST, addr)
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {secret}"))
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let response = send.send_request(request).await.map_err(|e| format!("{addr}: {e}"))?;
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| format!("{addr}: reading the reply: {e}"))?
+            .to_bytes();
+        if status != StatusCode::OK {
+            return Err(format!("{addr}: HTTP {status}: {}", String::from_utf8_lossy(&bytes).trim()));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| format!("{addr}: not a ledger status: {e}"))
+    };
+    tokio::time::timeout(timeout, get).await.map_err(|_| format!("{addr}: no answer within {timeout:?}"))?
+}
+
 /// The HTTP transport's server side: answers Raft messages for one node.
 pub struct HttpServer {
     /// The address it listens on.
@@ -165,6 +201,7 @@ impl HttpServer {
     pub fn start(
         listener: tokio::net::TcpListener,
         raft: Raft<TypeConfig>,
+        machine: Machine,
         secret: impl Into<String>,
     ) -> Result<HttpServer, HttpError> {
         let addr = listener.local_addr()?;
@@ -185,12 +222,17 @@ impl HttpServer {
                         continue;
                     }
                 };
-                let (raft, secret, refused) = (raft.clone(), secret.clone(), counter.clone());
+                let (raft, machine, secret, refused) = (raft.clone(), machine.clone(), secret.clone(), counter.clone());
                 tokio::spawn(async move {
                     let _slot = slot;
                     let svc = hyper::service::service_fn(move |req| {
-                        let (raft, secret, refused) = (raft.clone(), secret.clone(), refused.clone());
-                        async move { Ok::<_, std::convert::Infallible>(answer(&raft, &secret, &refused, peer, req).await) }
+                        let (raft, machine, secret, refused) =
+                            (raft.clone(), machine.clone(), secret.clone(), refused.clone());
+                        async move {
+                            Ok::<_, std::convert::Infallible>(
+                                answer(&raft, &machine, &secret, &refused, peer, req).await,
+                            )
+                        }
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
                         .timer(hyper_util::rt::TokioTimer::new())
@@ -230,12 +272,14 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 
 async fn answer(
     raft: &Raft<TypeConfig>,
+    machine: &Machine,
     secret: &str,
     refused: &AtomicU64,
     peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
-    if req.uri().path() != PATH || req.method() != hyper::Method::POST {
+    let status = req.uri().path() == STATUS_PATH && req.method() == hyper::Method::GET;
+    if !status && (req.uri().path() != PATH || req.method() != hyper::Method::POST) {
         return reply(StatusCode::NOT_FOUND, "not a raft endpoint\n");
     }
     let presented = req
@@ -249,6 +293,12 @@ async fn answer(
         let mut r = reply(StatusCode::UNAUTHORIZED, "the group's secret is required\n");
         r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
         return r;
+    }
+    if status {
+        return match serde_json::to_vec(&LedgerStatus::of(raft, machine).await) {
+            Ok(b) => reply(StatusCode::OK, b),
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the status: {e}\n")),
+        };
     }
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
@@ -318,7 +368,8 @@ mod tests {
             )
             .await
             .expect("started");
-            servers.insert(id, HttpServer::start(listener, ledger.raft().clone(), SECRET).expect("serving"));
+            let server = HttpServer::start(listener, ledger.raft().clone(), ledger.machine().clone(), SECRET);
+            servers.insert(id, server.expect("serving"));
             nodes.insert(id, ledger);
             dirs.push(dir);
         }
@@ -349,6 +400,20 @@ mod tests {
             }
             assert!(seen, "replicated to node {}", n.id());
         }
+        // Every node's status: the same leader, term and pool; the secret is required.
+        for (id, addr) in &members {
+            let st = fetch_status(addr, SECRET, Duration::from_secs(2)).await.expect("a status");
+            assert_eq!(st.node, *id);
+            assert_eq!(st.leader, Some(leader));
+            assert_eq!(st.members, vec![1, 2, 3]);
+            assert_eq!(st.role, if *id == leader { "leader" } else { "follower" });
+            assert!(st.term >= term && st.last_log_index >= st.applied_index);
+        }
+        let st = fetch_status(&members[&leader], SECRET, Duration::from_secs(2)).await.expect("a status");
+        assert!(st.pools.contains_key("default") && st.committed_index.is_some(), "{st:?}");
+        assert!(st.render().contains(&format!("node {leader} (leader)")), "{}", st.render());
+        let refused = fetch_status(&members[&leader], "not-the-secret-at-all", Duration::from_secs(2)).await;
+        assert!(refused.is_err_and(|e| e.contains("401")));
         // An unknown peer: a vote request with the wrong secret, then none at all.
         let target = &members[&leader];
         let vote = || Rpc::Vote(VoteRequest::new(Vote::new(term + 5, 9), None));
@@ -369,7 +434,7 @@ mod tests {
             .body(Full::new(Bytes::from(body)))
             .expect("request");
         assert_eq!(send.send_request(req).await.expect("answered").status(), StatusCode::UNAUTHORIZED);
-        assert_eq!(servers[&leader].refused(), 3);
+        assert_eq!(servers[&leader].refused(), 4);
         assert!(matches!(HttpTransport::new("short"), Err(HttpError::ShortSecret(5))));
         assert!(nodes[&leader].leadership().borrow().leader, "the refused vote did not depose the leader");
         // A malformed message from a peer that has the secret.

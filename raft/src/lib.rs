@@ -12,6 +12,7 @@
 pub mod http;
 pub mod network;
 pub mod replicated;
+pub mod status;
 pub mod store;
 pub mod types;
 pub mod wire;

@@ -129,6 +129,11 @@ impl RaftLedger {
         self.id
     }
 
+    /// The state machine (what the status endpoint reads).
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
     /// The openraft node (its RPC handlers and metrics).
     pub fn raft(&self) -> &Raft<TypeConfig> {
         &self.raft

@@ -51,7 +51,8 @@ async fn replicated(ha: &HaSettings, clock: Arc<dyn Clock>) -> Result<Raft, Stri
         .map_err(|e| e.to_string())?;
     let listener =
         tokio::net::TcpListener::bind(&ha.raft_addr).await.map_err(|e| format!("--raft-addr {}: {e}", ha.raft_addr))?;
-    let server = HttpServer::start(listener, ledger.raft().clone(), secret).map_err(|e| format!("--raft-addr: {e}"))?;
+    let server = HttpServer::start(listener, ledger.raft().clone(), ledger.machine().clone(), secret)
+        .map_err(|e| format!("--raft-addr: {e}"))?;
     tracing::info!(node = ha.node_id, addr = %server.addr, peers = ?ha.peers, fresh, "ledger.start: raft node serving");
     let lowest = ha.peers.keys().next().copied();
     if fresh && lowest == Some(ha.node_id) {
