@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
+/// `dovetail ledger ...`.
 #[derive(Args, Debug)]
 pub struct LedgerArgs {
     #[command(subcommand)]
@@ -38,6 +39,7 @@ struct StatusArgs {
     output: Output,
 }
 
+/// Runs a `ledger` subcommand.
 pub fn run(args: &LedgerArgs) -> ExitCode {
     let LedgerCommand::Status(a) = &args.command;
     let secret = match std::fs::read_to_string(&a.raft_secret_file) {

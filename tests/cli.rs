@@ -358,7 +358,8 @@ fn otlp_settings_are_checked_only_when_an_endpoint_is_set() {
 
 /// The `ha` overlay renders with kubectl's built-in kustomize: a 3-replica StatefulSet (no
 /// Deployment beside it) with each pod's node id from its ordinal, a volume per pod for the
-/// ledger, the Raft port, and a headless Service that also publishes pods not ready yet.
+/// ledger, the Raft port, no two pods on one node, a PDB letting one go at a time, and a
+/// headless Service that also publishes pods not ready yet.
 #[test]
 fn the_ha_overlay_renders_a_statefulset_of_three_behind_a_headless_service() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/overlays/ha");
@@ -389,6 +390,12 @@ fn the_ha_overlay_renders_a_statefulset_of_three_behind_a_headless_service() {
     let cm = of_kind("ConfigMap").into_iter().find(|c| c["metadata"]["name"] == settings).expect("generated");
     let text = cm["data"]["settings.yaml"].as_str().expect("settings.yaml");
     assert!(text.contains("peers:") && text.contains("raftSecretFile:"), "{text}");
+    let anti =
+        &spec["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname", "never two control nodes on one node");
+    let pdb = of_kind("PodDisruptionBudget");
+    assert_eq!(pdb.len(), 1);
+    assert_eq!(pdb[0]["spec"]["maxUnavailable"], 1);
     let svc = of_kind("Service").into_iter().find(|s| s["metadata"]["name"] == "dovetail-raft").expect("the service");
     assert_eq!(svc["spec"]["clusterIP"], "None");
     assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);

@@ -527,7 +527,7 @@ fn three_control_nodes_fail_over_when_the_leader_is_killed_mid_scale_up_and_only
     }
     let mut nodes: Vec<Option<Controller>> = (0..3).map(|i| Some(start(i))).collect();
     let leading = |nodes: &[Option<Controller>]| -> Vec<usize> {
-        let started = |c: &Controller| c.log().matches("leading: starting the control plane").count();
+        let started = |c: &Controller| c.log().matches("leading, starting the control plane").count();
         let stopped = |c: &Controller| c.log().matches("no longer leading").count();
         (0..3).filter(|i| nodes[*i].as_ref().is_some_and(|c| started(c) > stopped(c))).collect()
     };

@@ -19,10 +19,13 @@ pub struct LedgerStatus {
     pub role: String,
     /// The leader it knows of.
     pub leader: Option<NodeId>,
+    /// The term it is in.
     pub term: u64,
     /// The last entry in its log, the last one known committed, the last one applied.
     pub last_log_index: Option<u64>,
+    /// The last entry it knows committed.
     pub committed_index: Option<u64>,
+    /// The last entry its state machine applied.
     pub applied_index: Option<u64>,
     /// Where its last snapshot ends.
     pub snapshot_index: Option<u64>,
@@ -36,15 +39,19 @@ pub struct LedgerStatus {
     pub pools: BTreeMap<String, PoolStatus>,
     /// What every claim holds, and the $/hour spend.
     pub total: BTreeMap<String, i64>,
+    /// The spend of every live claim, $/hour.
     pub price_per_hour: f64,
     /// Offerings marked unavailable (insufficient capacity), with when each mark ends (ms
     /// since the epoch on the proposers' clocks).
     pub unavailable: Vec<(String, u64)>,
 }
 
+/// A NodePool as the ledger holds it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PoolStatus {
+    /// Its `spec.limits` (an absent resource is unlimited).
     pub limits: BTreeMap<String, i64>,
+    /// What its live claims hold.
     pub usage: BTreeMap<String, i64>,
 }
 

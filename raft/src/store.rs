@@ -76,7 +76,7 @@ impl LogStore {
         Ok(LogStore { db: Arc::new(db), inline: false })
     }
 
-    /// A log kept in memory (simulations, `simulate --control-nodes`). A clone shares it: a
+    /// A log kept in memory (simulations). A clone shares it: a
     /// node restarted on a clone finds what it wrote, as on disk.
     pub fn in_memory() -> Result<LogStore, StoreError> {
         let path = PathBuf::from("(memory)");

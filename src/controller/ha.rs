@@ -2,13 +2,16 @@
 //! `--peers` (its log and snapshots under `--data-dir`, its messages on `--raft-addr`, each
 //! carrying the shared secret of `--raft-secret-file`).
 //!
-//! A group with no log anywhere is made once, by its lowest-numbered node; a node that has
-//! a log (a restart) or whose group exists (it hears a leader) does nothing of the kind.
+//! A group is made once, by its lowest-numbered node, when that node's log is empty and no
+//! peer it can reach reports a group; a node that has a log (a restart) rejoins from it.
+//! openraft checks only the local log before making a group, hence the question to the peers.
+//! A node whose disk was lost must not come back with its id while the group runs (it would
+//! have forgotten its votes; docs/ha.md).
 
 use std::sync::Arc;
 
 use dovetail_core::clock::Clock;
-use dovetail_raft::http::{HttpServer, HttpTransport};
+use dovetail_raft::http::{HttpServer, HttpTransport, fetch_status};
 use dovetail_raft::network::Transport;
 use dovetail_raft::replicated::{RaftLedger, RaftSettings};
 use dovetail_raft::store::{LogStore, Machine};
@@ -19,6 +22,7 @@ use super::settings::{HaSettings, Settings};
 
 /// A replicated ledger and the server its peers reach it on (serving while this is held).
 pub struct Raft {
+    /// The replica.
     pub ledger: Arc<RaftLedger>,
     _server: HttpServer,
 }
@@ -51,16 +55,36 @@ async fn replicated(ha: &HaSettings, clock: Arc<dyn Clock>) -> Result<Raft, Stri
         .map_err(|e| e.to_string())?;
     let listener =
         tokio::net::TcpListener::bind(&ha.raft_addr).await.map_err(|e| format!("--raft-addr {}: {e}", ha.raft_addr))?;
-    let server = HttpServer::start(listener, ledger.raft().clone(), ledger.machine().clone(), secret)
-        .map_err(|e| format!("--raft-addr: {e}"))?;
+    let server = HttpServer::start(listener, ledger.raft().clone(), ledger.machine().clone(), secret.clone())
+        .map_err(|e| format!("--raft-addr {}: {e}", ha.raft_addr))?;
     tracing::info!(node = ha.node_id, addr = %server.addr, peers = ?ha.peers, fresh, "ledger.start: raft node serving");
     let lowest = ha.peers.keys().next().copied();
     if fresh && lowest == Some(ha.node_id) {
-        match ledger.initialize(ha.peers.clone()).await {
-            Ok(()) => tracing::info!(node = ha.node_id, "ledger.init: the group is made"),
-            // Another node's log already holds the group (this one lost its disk, or raced).
-            Err(e) => tracing::info!(node = ha.node_id, error = %e, "ledger.init: not made here"),
+        match existing_group(ha, &secret).await {
+            Some((peer, term)) => tracing::warn!(
+                node = ha.node_id,
+                peer,
+                raft.term = term,
+                "ledger.init: a peer already has the group; this node joins it instead of making one"
+            ),
+            None => match ledger.initialize(ha.peers.clone()).await {
+                Ok(()) => tracing::info!(node = ha.node_id, "ledger.init: the group is made"),
+                Err(e) => tracing::warn!(node = ha.node_id, error = %e, "ledger.init: the group was not made"),
+            },
         }
     }
     Ok(Raft { ledger: Arc::new(ledger), _server: server })
+}
+
+/// The first peer (other than this node) that answers with a group: its id and term.
+/// Peers that do not answer (not started yet) count as having none.
+async fn existing_group(ha: &HaSettings, secret: &str) -> Option<(u64, u64)> {
+    for (id, addr) in ha.peers.iter().filter(|(id, _)| **id != ha.node_id) {
+        match fetch_status(addr, secret, std::time::Duration::from_secs(2)).await {
+            Ok(st) if !st.members.is_empty() => return Some((*id, st.term)),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(node = ha.node_id, peer = id, error = %e, "ledger.init: peer not answering"),
+        }
+    }
+    None
 }

@@ -109,10 +109,12 @@ async fn serve(s: Settings) -> Result<(), String> {
     let metrics = Arc::new(http::Metrics::default());
     http::serve_health(s.health_addr, ready.clone()).await?;
     http::serve_metrics(s.metrics_addr, metrics.clone(), cluster.clone()).await?;
-    let (ledger, _raft) = ha::ledger(&s, clock.clone()).await?;
     wait_synced(&cluster).await;
     ready.store(true, Ordering::SeqCst);
     tracing::info!("caches synced");
+    // The ledger joins its group only now: a node that could win an election must be able to
+    // act on synced caches.
+    let (ledger, _raft) = ha::ledger(&s, clock.clone()).await?;
 
     let mut s = s;
     let (catalog, aws) = match s.cloud {
@@ -135,8 +137,10 @@ async fn serve(s: Settings) -> Result<(), String> {
     };
     let term_ctx = Acting { s, cluster, ledger: ledger.clone(), clock, catalog, aws, metrics };
     // Only the leader acts: each term it leads in, the plane runs on an arbiter of its own,
-    // stopped (every actor and task on it) as soon as this node no longer leads in that term.
-    // Followers keep their caches synced and their ledger replica warm.
+    // stopped (every actor and task on it) and joined as soon as this node no longer leads in
+    // that term, before anything else may start. Followers keep their caches synced and their
+    // ledger replica warm. A plane that fails to start, or stops by itself, ends the process:
+    // a node that leads without acting would hold the group's leadership for nothing.
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut leadership = ledger.leadership();
@@ -146,34 +150,67 @@ async fn serve(s: Settings) -> Result<(), String> {
             () = &mut shutdown => break,
         };
         let Some(term) = term else {
-            tracing::error!("the ledger stopped: nothing acts any more");
-            break;
+            return Err("the ledger stopped: nothing acts any more".into());
         };
-        tracing::info!(raft.term = term, "leading: starting the control plane");
-        let arbiter = actix_rt::Arbiter::new();
+        tracing::info!(raft.term = term, "ledger.acting: leading, starting the control plane");
+        let arbiter =
+            actix_rt::Arbiter::try_new().map_err(|e| format!("cannot start the control plane's arbiter: {e}"))?;
+        let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
         let ctx = term_ctx.clone();
         let started = arbiter.spawn_fn(move || {
             actix_rt::spawn(async move {
-                if let Err(e) = ctx.act(term).await {
-                    tracing::error!(raft.term = term, error = %e, "the control plane did not start");
+                let e = match ctx.act(term).await {
+                    Ok(()) => "the control plane stopped by itself".to_string(),
+                    Err(e) => e,
+                };
+                if failed_tx.send(e).is_err() {
+                    tracing::debug!(raft.term = term, "ledger.acting: the term ended first");
                 }
             });
         });
         if !started {
             return Err("cannot start the control plane's arbiter".into());
         }
-        let lost = tokio::select! {
-            () = not_leading(&mut leadership, term) => true,
-            () = &mut shutdown => false,
-        };
-        arbiter.stop();
-        if !lost {
-            break;
+        enum End {
+            Lost,
+            Failed(String),
+            Shutdown,
         }
-        tracing::info!(raft.term = term, "no longer leading: the control plane stopped");
+        let end = tokio::select! {
+            () = not_leading(&mut leadership, term) => End::Lost,
+            failed = failed_rx => match failed {
+                Ok(e) => End::Failed(e),
+                // The task ended without a word: it was dropped with its arbiter.
+                Err(_) => End::Failed("the control plane's task ended".into()),
+            },
+            () = &mut shutdown => End::Shutdown,
+        };
+        stop_and_join(arbiter, term).await;
+        match end {
+            End::Lost => {
+                tracing::info!(raft.term = term, "ledger.acting: no longer leading, the control plane stopped")
+            }
+            End::Failed(e) => return Err(format!("the control plane of term {term}: {e}")),
+            End::Shutdown => break,
+        }
     }
     tracing::info!("stopping");
     Ok(())
+}
+
+/// Stops a term's arbiter and waits (at most 10 s) for its thread to end, so no actor of the
+/// term can still run when the next one starts.
+async fn stop_and_join(arbiter: actix_rt::Arbiter, term: u64) {
+    arbiter.stop();
+    let joined = tokio::task::spawn_blocking(move || arbiter.join());
+    match tokio::time::timeout(Duration::from_secs(10), joined).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(_))) => tracing::error!(raft.term = term, "ledger.acting: the control plane's thread panicked"),
+        Ok(Err(e)) => {
+            tracing::error!(raft.term = term, error = %e, "ledger.acting: waiting for the control plane failed")
+        }
+        Err(_) => tracing::error!(raft.term = term, "ledger.acting: the control plane did not stop within 10 s"),
+    }
 }
 
 /// Waits until this node leads; the term it leads in (none if the ledger stopped).
@@ -212,9 +249,10 @@ struct Acting {
 }
 
 impl Acting {
-    /// Starts the plane, the NodePool follower and (with `--cloud sim`) the node agent on the
+    /// Runs the plane, the NodePool follower and (with `--cloud sim`) the node agent on the
     /// current arbiter, from the cluster as it is now (a new leader takes over what the last
     /// one left: the sim cloud's fleet from the Nodes and NodeClaims, the claims by adoption).
+    /// Runs until its arbiter stops; returns only on a failure.
     async fn act(self, term: u64) -> Result<(), String> {
         let Acting { s, cluster, ledger, clock, catalog, aws, metrics } = self;
         let now = clock.now_millis();
@@ -257,13 +295,12 @@ impl Acting {
         metrics.set_errors(plane.errors.clone());
         let mut pools = pools::Pools::new(catalog, s.zones.clone(), aws);
         pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
-        tracing::info!(raft.term = term, pools = plane.pools.len(), zones = plane.zones.len(), "control plane started");
-        {
-            let (cluster, ledger, clock) = (cluster.clone(), ledger.clone(), clock.clone());
-            actix_rt::spawn(async move {
-                follow_pools(pools, plane, cluster, ledger, clock).await;
-            });
-        }
+        tracing::info!(
+            raft.term = term,
+            pools = plane.pools.len(),
+            zones = plane.zones.len(),
+            "ledger.acting: control plane started"
+        );
         if let Some(sim) = sim {
             let config =
                 agent::AgentConfig { registration_delay_ms: s.sim_registration_delay_ms, renew_every_ms: 10_000 };
@@ -276,7 +313,10 @@ impl Acting {
                 }
             });
         }
-        Ok(())
+        // Follows the NodePools for the whole term; it returns only when the cluster view
+        // closes, which ends the term's acting.
+        follow_pools(pools, plane, cluster, ledger, clock).await;
+        Err("the cluster view closed: NodePools are no longer followed".into())
     }
 }
 

@@ -118,12 +118,15 @@ pub struct FileSettings {
 /// A replicated ledger's settings (`--peers` and the flags it needs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HaSettings {
+    /// This node's id in the group.
     pub node_id: u64,
     /// Where this node listens for Raft messages.
     pub raft_addr: String,
     /// Every node of the group by id, with the address the others reach it at.
     pub peers: std::collections::BTreeMap<u64, String>,
+    /// Where the log and snapshots are kept.
     pub data_dir: PathBuf,
+    /// The file holding the group's shared secret.
     pub secret_file: PathBuf,
 }
 

@@ -43,6 +43,8 @@ pub struct Replica {
 /// what the first call made, as CreateFleet with the batch's token and tags does).
 #[derive(Default)]
 pub struct Cloud {
+    /// A broken cloud that launches again for a tag it has seen (to show the check catches it).
+    pub forgets_tags: bool,
     /// Instances by (batch, claim).
     pub by_tag: BTreeMap<(String, String), String>,
     /// Instances made for each claim, in any batch.
@@ -53,7 +55,9 @@ pub struct Cloud {
 
 impl Cloud {
     fn launch(&mut self, batch: &str, claim: &str) -> String {
-        if let Some(i) = self.by_tag.get(&(batch.to_string(), claim.to_string())) {
+        if let Some(i) = self.by_tag.get(&(batch.to_string(), claim.to_string()))
+            && !self.forgets_tags
+        {
             return i.clone();
         }
         self.made += 1;
@@ -131,7 +135,8 @@ impl Sim {
             sim.boot(id).await;
         }
         let members = (1..=3).map(|i| (i, format!("mem-{i}"))).collect();
-        sim.ledger(1).expect("running").initialize(members).await.expect("initialized");
+        let init = sim.ledger(1).expect("running").initialize(members);
+        tokio::time::timeout(BOUND, init).await.expect("initialized in time").expect("initialized");
         let (_, term) = sim.wait_leader().await;
         let limits =
             ResourceList::from_pairs([(ResourceName::Cpu, POOL_LIMIT_CPU), (ResourceName::Nodes, POOL_LIMIT_NODES)]);
@@ -232,7 +237,7 @@ impl Sim {
         self.net.leave(id);
         if let Some(r) = self.replicas.get_mut(&id) {
             if let Some(l) = r.ledger.take() {
-                l.shutdown().await;
+                tokio::time::timeout(BOUND, l.shutdown()).await.expect("stopped in time");
             }
             r.machine = r.machine.restarted().expect("a snapshot that reads");
         }
@@ -400,11 +405,14 @@ impl Sim {
     pub async fn stop(&mut self) {
         for r in self.replicas.values_mut() {
             if let Some(l) = r.ledger.take() {
-                l.shutdown().await;
+                tokio::time::timeout(BOUND, l.shutdown()).await.expect("stopped in time");
             }
         }
     }
 }
+
+/// The most any single call of the harness may take (virtual time).
+const BOUND: Duration = Duration::from_secs(30);
 
 /// The seeds every invariant runs.
 pub const SEEDS: [u64; 4] = [1, 7, 42, 1234];
