@@ -366,8 +366,10 @@ pub struct Resend {
     nodes: usize,
     /// When nodes last grew, until a look after it has settled.
     grew: Option<Millis>,
-    /// The capacity keys at the last look ([`crate::cluster::Snapshot::capacity_keys`]).
+    /// The capacity keys at the last look ([`crate::cluster::Snapshot::capacity_keys`]): live,
+    /// and being deleted.
     capacity: HashSet<u64>,
+    deleting: HashSet<u64>,
     /// When capacity last went away, until the next look.
     lost: Option<Millis>,
     last_sweep: Millis,
@@ -383,19 +385,32 @@ impl Resend {
             nodes: 0,
             grew: None,
             capacity: HashSet::new(),
+            deleting: HashSet::new(),
             lost: None,
             last_sweep: 0,
         }
     }
 
-    /// The capacity pods may have been counted against, at `now` (before [`Resend::look`]):
-    /// when a key of the last call is missing, every pod sent before now is due at the next look.
-    pub fn capacity(&mut self, now: Millis, keys: impl IntoIterator<Item = u64>) {
-        let next: HashSet<u64> = keys.into_iter().collect();
-        if self.capacity.iter().any(|k| !next.contains(k)) {
+    /// The capacity pods may have been counted against, at `now` (before [`Resend::look`]), as
+    /// keys with whether each is being deleted. When a live key of the last call is missing or
+    /// being deleted, or a key is being deleted that was not at the last call (a claim made and
+    /// deleted between two looks), every pod sent before now is due at the next look.
+    pub fn capacity(&mut self, now: Millis, keys: impl IntoIterator<Item = (u64, bool)>) {
+        let (mut live, mut deleting) = (HashSet::new(), HashSet::new());
+        for (k, d) in keys {
+            if d {
+                deleting.insert(k);
+            } else {
+                live.insert(k);
+            }
+        }
+        let gone = self.capacity.iter().any(|k| !live.contains(k));
+        let newly_deleting = deleting.iter().any(|k| !self.deleting.contains(k));
+        if gone || newly_deleting {
             self.lost = Some(now);
         }
-        self.capacity = next;
+        self.capacity = live;
+        self.deleting = deleting;
     }
 
     /// Forgets that `keys` were sent (their message was dropped at a full mailbox): they are
@@ -738,21 +753,28 @@ mod tests {
     #[test]
     fn pending_pods_are_sent_again_at_once_when_capacity_went_away() {
         let (a, b) = (PodKey::new("default", "a"), PodKey::new("default", "b"));
+        let live = |keys: &[u64]| keys.iter().map(|k| (*k, false)).collect::<Vec<_>>();
         let mut r = Resend::new(30_000, 5_000);
-        r.capacity(0, [1, 2]);
+        r.capacity(0, live(&[1, 2]));
         assert_eq!(r.look(0, [&a], 2), vec![0]);
         // New capacity (a claim made for a) is not a loss.
-        r.capacity(1_000, [1, 2, 3]);
+        r.capacity(1_000, live(&[1, 2, 3]));
         assert!(r.look(1_000, [&a], 2).is_empty());
         // Claim 3 deleted: a, sent before, is due now; b, new, once.
-        r.capacity(2_000, [1, 2]);
+        r.capacity(2_000, live(&[1, 2]));
         assert_eq!(r.look(2_000, [&a, &b], 2), vec![0, 1]);
         // Once: the next look waits for the period again.
-        r.capacity(3_000, [1, 2]);
+        r.capacity(3_000, live(&[1, 2]));
         assert!(r.look(3_000, [&a, &b], 2).is_empty());
         // A key replaced by another in one look is a loss too.
-        r.capacity(4_000, [1, 4]);
+        r.capacity(4_000, live(&[1, 4]));
         assert_eq!(r.look(4_000, [&a, &b], 2), vec![0, 1]);
+        // A claim made and marked for deletion between two looks (never seen live) is a loss
+        // when first seen deleting, and only then.
+        r.capacity(5_000, [(1, false), (4, false), (5, true)]);
+        assert_eq!(r.look(5_000, [&a, &b], 2), vec![0, 1]);
+        r.capacity(6_000, [(1, false), (4, false), (5, true)]);
+        assert!(r.look(6_000, [&a, &b], 2).is_empty());
     }
     use crate::taints::Toleration;
 

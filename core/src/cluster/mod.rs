@@ -184,19 +184,19 @@ impl Snapshot {
         nodes
     }
 
-    /// One key per node and per NodeClaim not being deleted (its kind and name, hashed): what a
-    /// pending pod may have been counted against. A key gone since an earlier look means
-    /// capacity went away (deleted, or marked for deletion), so the pods counted against it
-    /// need placing again.
-    pub fn capacity_keys(&self) -> impl Iterator<Item = u64> + '_ {
+    /// One key per node and per NodeClaim (its kind and name, hashed), with whether it is
+    /// being deleted: what a pending pod may have been counted against. A key gone since an
+    /// earlier look, or newly marked for deletion, means capacity went away, so the pods counted
+    /// against it need placing again.
+    pub fn capacity_keys(&self) -> impl Iterator<Item = (u64, bool)> + '_ {
         let key = |kind: u8, name: &str| {
             let mut h = std::hash::DefaultHasher::new();
             kind.hash(&mut h);
             name.hash(&mut h);
             h.finish()
         };
-        let nodes = self.nodes.values().filter(|n| !n.deleting).map(move |n| key(0, &n.name));
-        let claims = self.nodeclaims.values().filter(|c| !c.deleting).map(move |c| key(1, &c.name));
+        let nodes = self.nodes.values().map(move |n| (key(0, &n.name), n.deleting));
+        let claims = self.nodeclaims.values().map(move |c| (key(1, &c.name), c.deleting));
         nodes.chain(claims)
     }
 
