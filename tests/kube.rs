@@ -274,7 +274,8 @@ impl Controller {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The sum of the samples of `metric` whose labels contain `labels` (e.g. `kind="conflict"`).
+    /// The sum of the samples of `metric` whose labels contain `labels` (e.g. `kind="conflict"`;
+    /// "" for a metric without labels).
     fn metric(&self, metric: &str, labels: &str) -> f64 {
         let out = Command::new("curl")
             .args(["-sf", "--max-time", "10", &format!("http://{}/metrics", self.metrics_addr)])
@@ -283,7 +284,9 @@ impl Controller {
         assert!(out.status.success(), "GET /metrics failed\n{}", self.log());
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(labels))
+            .filter(|l| {
+                (l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} "))) && l.contains(labels)
+            })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
@@ -588,6 +591,14 @@ fn three_control_nodes_fail_over_when_the_leader_is_killed_mid_scale_up_and_only
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    // Only the leader says so in its metrics.
+    for (i, n) in nodes.iter().enumerate() {
+        if let Some(c) = n {
+            assert_eq!(c.metric("dovetail_ledger_leader", ""), 0.0, "node {} is not the leader", i + 1);
+        }
+    }
+    assert_eq!(acting.metric("dovetail_ledger_leader", ""), 1.0);
+    assert!(acting.metric("dovetail_ledger_term", "") >= 2.0);
     let text = status("text");
     assert!(text.contains(&format!("node {} (leader)", second + 1)), "{text}");
     let json: serde_json::Value = serde_json::from_str(&status("json")).expect("JSON");

@@ -20,11 +20,17 @@ use super::agent::AgentStats;
 pub struct Metrics {
     errors: Mutex<Option<Arc<Errors>>>,
     agent: Mutex<AgentStats>,
+    leadership: Mutex<Option<tokio::sync::watch::Receiver<dovetail_raft::Leadership>>>,
 }
 
 impl Metrics {
     pub fn set_errors(&self, errors: Arc<Errors>) {
         *self.errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(errors);
+    }
+
+    /// The ledger's leadership watch (`dovetail_ledger_leader`, `dovetail_ledger_term`).
+    pub fn set_leadership(&self, watch: tokio::sync::watch::Receiver<dovetail_raft::Leadership>) {
+        *self.leadership.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(watch);
     }
 
     pub fn set_agent(&self, stats: AgentStats) {
@@ -56,6 +62,22 @@ impl Metrics {
         );
         out.push_str("# TYPE dovetail_cluster_throttled_total counter\n");
         out.push_str(&format!("dovetail_cluster_throttled_total {}\n", cluster.throttles()));
+        let (leader, term) = self
+            .leadership
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|w| {
+                let l = w.borrow();
+                (u8::from(l.leader), l.term)
+            })
+            .unwrap_or((0, 0));
+        out.push_str("# HELP dovetail_ledger_leader Whether this control node leads and acts (1) or not (0).\n");
+        out.push_str("# TYPE dovetail_ledger_leader gauge\n");
+        out.push_str(&format!("dovetail_ledger_leader {leader}\n"));
+        out.push_str("# HELP dovetail_ledger_term The ledger's current term as this control node sees it.\n");
+        out.push_str("# TYPE dovetail_ledger_term gauge\n");
+        out.push_str(&format!("dovetail_ledger_term {term}\n"));
         let errors: BTreeMap<String, u64> = self
             .errors
             .lock()

@@ -115,6 +115,7 @@ async fn serve(s: Settings) -> Result<(), String> {
     // The ledger joins its group only now: a node that could win an election must be able to
     // act on synced caches.
     let (ledger, _raft) = ha::ledger(&s, clock.clone()).await?;
+    metrics.set_leadership(ledger.leadership());
 
     let mut s = s;
     let (catalog, aws) = match s.cloud {
