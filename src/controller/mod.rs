@@ -226,12 +226,30 @@ async fn leading(leadership: &mut tokio::sync::watch::Receiver<dovetail_raft::Le
 }
 
 /// Waits until this node no longer leads in `term` (or the ledger stopped).
+/// A lease lapse within the term does not stop the plane at once: every effect checks that
+/// its term is current before it is made, so effects pause while the lease is out, and resume
+/// if the lease comes back in the same term (a short stall), with no restart. The plane stops
+/// when the term is over (a later term is seen) or the lease stays out this long.
+const LEASE_OUT_LIMIT: Duration = Duration::from_secs(5);
+
+/// Waits until this node's term `term` is over: a later term, the ledger stopped, or not
+/// leading in it for [`LEASE_OUT_LIMIT`].
 async fn not_leading(leadership: &mut tokio::sync::watch::Receiver<dovetail_raft::Leadership>, term: u64) {
     loop {
-        if !leadership.borrow_and_update().is_current(term) {
+        let l = leadership.borrow_and_update().clone();
+        if l.term != term {
             return;
         }
-        if leadership.changed().await.is_err() {
+        let changed = if l.is_current(term) {
+            leadership.changed().await
+        } else {
+            match tokio::time::timeout(LEASE_OUT_LIMIT, leadership.changed()).await {
+                Ok(r) => r,
+                // Out of its lease all this while: the term is over for this node.
+                Err(_) => return,
+            }
+        };
+        if changed.is_err() {
             return;
         }
     }
