@@ -1369,6 +1369,34 @@ mod integration {
         }
     }
 
+    /// The plane over the three zones with `pools` (each with every type and the test class)
+    /// on the sim seams.
+    fn start_plane(
+        pools: &[NodePool],
+        config: Config,
+        cloud: Arc<dyn CloudProvider>,
+        cluster: &Arc<SimCluster>,
+        ledger: &Arc<InProcess>,
+        clock: &Arc<dyn Clock>,
+    ) -> Plane {
+        Plane::start(
+            PlaneConfig {
+                zones: ZONES.iter().map(|z| z.to_string()).collect(),
+                pools: pools.iter().map(|p| (p.clone(), types(), node_class())).collect(),
+                limits: ApiLimits::default(),
+                config,
+            },
+            Seams {
+                cloud,
+                view: cluster.clone(),
+                cluster: cluster.clone(),
+                ledger: ledger.clone(),
+                clock: clock.clone(),
+            },
+        )
+        .expect("valid settings")
+    }
+
     struct Outcome {
         claims: usize,
         ice: u64,
@@ -1409,26 +1437,12 @@ mod integration {
             )
             .await;
         }
-        let plane = Plane::start(
-            PlaneConfig {
-                zones: ZONES.iter().map(|z| z.to_string()).collect(),
-                pools: pools.iter().map(|p| (p.clone(), types(), node_class())).collect(),
-                limits: ApiLimits::default(),
-                config: config(100),
-            },
-            Seams {
-                // Under restarts, launch calls take a while so some are cut off mid-call.
-                cloud: match restarts_wanted {
-                    1.. => Arc::new(SlowLaunch { inner: cloud.clone(), delay: Duration::from_millis(120) }),
-                    0 => cloud.clone(),
-                },
-                view: cluster.clone(),
-                cluster: cluster.clone(),
-                ledger: ledger.clone(),
-                clock: clock.clone(),
-            },
-        )
-        .expect("valid settings");
+        // Under restarts, launch calls take a while so some are cut off mid-call.
+        let seam_cloud: Arc<dyn CloudProvider> = match restarts_wanted {
+            1.. => Arc::new(SlowLaunch { inner: cloud.clone(), delay: Duration::from_millis(120) }),
+            0 => cloud.clone(),
+        };
+        let plane = start_plane(&pools, config(100), seam_cloud, &cluster, &ledger, &clock);
         let pool_addrs = vec![plane.pools["weighted"].clone(), plane.pools["default"].clone()];
         let zones: Vec<(String, Addr<ZoneActor>)> = plane.zones.clone().into_iter().collect();
         // Three Deployments of different sizes.
@@ -1550,22 +1564,7 @@ mod integration {
         .await;
         let mut cfg = config(100);
         cfg.feed.resend = Duration::from_secs(60);
-        let plane = Plane::start(
-            PlaneConfig {
-                zones: ZONES.iter().map(|z| z.to_string()).collect(),
-                pools: pools.iter().map(|p| (p.clone(), types(), node_class())).collect(),
-                limits: ApiLimits::default(),
-                config: cfg,
-            },
-            Seams {
-                cloud: cloud.clone(),
-                view: cluster.clone(),
-                cluster: cluster.clone(),
-                ledger: ledger.clone(),
-                clock: clock.clone(),
-            },
-        )
-        .expect("valid settings");
+        let plane = start_plane(&pools, cfg, cloud.clone(), &cluster, &ledger, &clock);
         let mut workloads = Workloads::new();
         workloads.apply_deployment(Deployment {
             namespace: "default".into(),
@@ -1696,22 +1695,7 @@ mod integration {
             replicas: 2,
             template: cache,
         });
-        let plane = Plane::start(
-            PlaneConfig {
-                zones: ZONES.iter().map(|z| z.to_string()).collect(),
-                pools: pools.iter().map(|p| (p.clone(), types(), node_class())).collect(),
-                limits: ApiLimits::default(),
-                config: config(100),
-            },
-            Seams {
-                cloud: cloud.clone(),
-                view: cluster.clone(),
-                cluster: cluster.clone(),
-                ledger: ledger.clone(),
-                clock: clock.clone(),
-            },
-        )
-        .expect("valid settings");
+        let plane = start_plane(&pools, config(100), cloud.clone(), &cluster, &ledger, &clock);
         let mut registrar = Registrar::new(0);
         let mut done = false;
         for _ in 0..600usize {

@@ -479,7 +479,7 @@ impl State {
 
     /// The offerings marked unavailable at `now`.
     pub fn unavailable(&self, now: Millis) -> impl Iterator<Item = &Offering> {
-        self.unavailable.iter().filter(move |(_, until)| now < **until).map(|(o, _)| o)
+        self.unavailable_marks(now).map(|(o, _)| o)
     }
 
     /// Applies one entry. Deterministic: the same entries in the same order give the same

@@ -92,20 +92,7 @@ impl HttpTransport {
                 None => break,
             }
         }
-        let unreachable = |e: &dyn std::fmt::Display| TransportError::Unreachable { to, reason: e.to_string() };
-        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| unreachable(&e))?;
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(to, addr, error = %e, "ledger.rpc: nodelay not set");
-        }
-        let (send, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| unreachable(&e))?;
-        let peer = addr.to_string();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(to, addr = %peer, error = %e, "ledger.rpc: connection closed");
-            }
-        });
-        Ok(send)
+        dial(addr).await.map_err(|reason| TransportError::Unreachable { to, reason })
     }
 
     async fn exchange(&self, to: NodeId, addr: &str, rpc: &Rpc) -> Result<RpcReply, TransportError> {
@@ -156,17 +143,27 @@ impl Transport for HttpTransport {
     }
 }
 
+/// A new HTTP/1 connection to `addr`, its driver running on the current runtime.
+async fn dial(addr: &str) -> Result<SendRequest<Full<Bytes>>, String> {
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(addr, error = %e, "ledger.rpc: nodelay not set");
+    }
+    let (send, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("{addr}: {e}"))?;
+    let peer = addr.to_string();
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(addr = %peer, error = %e, "ledger.rpc: connection closed");
+        }
+    });
+    Ok(send)
+}
+
 /// Reads the [`LedgerStatus`] of the node at `addr` (`dovetail ledger status`).
 pub async fn fetch_status(addr: &str, secret: &str, timeout: Duration) -> Result<LedgerStatus, String> {
     let get = async {
-        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
-        let (mut send, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("{addr}: {e}"))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "ledger.status: connection closed");
-            }
-        });
+        let mut send = dial(addr).await?;
         let request = Request::get(STATUS_PATH)
             .header(hyper::header::HOST, addr)
             .header(hyper::header::AUTHORIZATION, format!("Bearer {secret}"))
@@ -410,7 +407,7 @@ mod tests {
             assert!(st.term >= term && st.last_log_index >= st.applied_index);
         }
         let st = fetch_status(&members[&leader], SECRET, Duration::from_secs(2)).await.expect("a status");
-        assert!(st.pools.contains_key("default") && st.committed_index.is_some(), "{st:?}");
+        assert!(st.ledger.pools.contains_key("default") && st.committed_index.is_some(), "{st:?}");
         assert!(st.render().contains(&format!("node {leader} (leader)")), "{}", st.render());
         let refused = fetch_status(&members[&leader], "not-the-secret-at-all", Duration::from_secs(2)).await;
         assert!(refused.is_err_and(|e| e.contains("401")));

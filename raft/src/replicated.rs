@@ -337,10 +337,11 @@ mod tests {
         Node { ledger, dir }
     }
 
-    /// Waits (at most 10 s) until one of `nodes` leads with its Lead committed.
-    async fn leader(nodes: &BTreeMap<NodeId, Node>) -> (NodeId, u64) {
+    /// Waits (at most 10 s) until one of `nodes` other than `except` leads with its Lead
+    /// committed.
+    async fn leader_but(nodes: &BTreeMap<NodeId, Node>, except: Option<NodeId>) -> (NodeId, u64) {
         for _ in 0..200 {
-            for (id, n) in nodes {
+            for (id, n) in nodes.iter().filter(|(id, _)| Some(**id) != except) {
                 let l = n.ledger.leadership().borrow().clone();
                 if l.leader {
                     return (*id, l.term);
@@ -349,6 +350,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("no leader within 10 s");
+    }
+
+    async fn leader(nodes: &BTreeMap<NodeId, Node>) -> (NodeId, u64) {
+        leader_but(nodes, None).await
     }
 
     fn set_pool(term: u64, at: u64, pool: &str) -> Entry {
@@ -452,22 +457,9 @@ mod tests {
         assert!(demoted, "the cut-off leader stopped leading within a second");
         let cut_off = nodes[&old].ledger.propose(set_pool(term, 1_001, "minority")).await;
         assert!(matches!(cut_off, Err(LedgerError::Unavailable { .. })), "{cut_off:?}");
-        let majority: BTreeMap<NodeId, &Node> =
-            nodes.iter().filter(|(id, _)| **id != old).map(|(id, n)| (*id, n)).collect();
-        let mut elected = None;
-        for _ in 0..200 {
-            elected = majority
-                .iter()
-                .find(|(_, n)| n.ledger.leadership().borrow().leader)
-                .map(|(id, n)| (*id, n.ledger.leadership().borrow().term));
-            if elected.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let (new, new_term) = elected.expect("the majority elected a leader");
+        let (new, new_term) = leader_but(&nodes, Some(old)).await;
         assert!(new_term > term);
-        majority[&new].ledger.propose(set_pool(new_term, 1_002, "majority")).await.expect("committed");
+        nodes[&new].ledger.propose(set_pool(new_term, 1_002, "majority")).await.expect("committed");
         net.set_faults(Faults::default());
         let mut healed = None;
         for _ in 0..200 {

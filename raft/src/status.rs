@@ -31,6 +31,14 @@ pub struct LedgerStatus {
     pub snapshot_index: Option<u64>,
     /// The group's voters.
     pub members: Vec<NodeId>,
+    /// What the ledger it applied holds.
+    #[serde(flatten)]
+    pub ledger: LedgerContents,
+}
+
+/// What a control node's applied ledger holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LedgerContents {
     /// Claims by state (Reserved, Launching, Launched, Registered, Initialized, Terminating).
     pub claims: BTreeMap<String, usize>,
     /// Launch batches with a claim still launching.
@@ -59,6 +67,27 @@ fn amounts(r: &ResourceList) -> BTreeMap<String, i64> {
     r.iter().map(|(n, v)| (n.as_str().to_string(), v)).collect()
 }
 
+impl LedgerContents {
+    fn of(s: &State) -> LedgerContents {
+        let mut claims: BTreeMap<String, usize> = BTreeMap::new();
+        for c in s.claims().values() {
+            *claims.entry(c.state.name().to_string()).or_default() += 1;
+        }
+        LedgerContents {
+            claims,
+            launch_batches: s.batches().len(),
+            pools: s
+                .pools()
+                .iter()
+                .map(|(name, p)| (name.clone(), PoolStatus { limits: amounts(&p.limits), usage: amounts(&p.usage) }))
+                .collect(),
+            total: amounts(s.total()),
+            price_per_hour: s.total_price() as f64 / 1e6,
+            unavailable: s.unavailable_marks(s.now()).map(|(o, until)| (o.to_string(), until)).collect(),
+        }
+    }
+}
+
 impl LedgerStatus {
     /// The status of `raft`'s node, with the state its machine applied.
     pub async fn of(raft: &Raft<TypeConfig>, machine: &Machine) -> LedgerStatus {
@@ -71,45 +100,17 @@ impl LedgerStatus {
             ServerState::Learner => "learner",
             ServerState::Shutdown => "shutdown",
         };
-        let members = m.membership_config.membership().voter_ids().collect();
-        let mut status = machine.read(|a| LedgerStatus::from_state(&a.state));
-        status.node = m.id;
-        status.role = role.to_string();
-        status.leader = m.current_leader;
-        status.term = m.current_term;
-        status.last_log_index = m.last_log_index;
-        status.committed_index = committed.map(|l| l.index);
-        status.applied_index = m.last_applied.map(|l| l.index);
-        status.snapshot_index = m.snapshot.map(|l| l.index);
-        status.members = members;
-        status
-    }
-
-    fn from_state(s: &State) -> LedgerStatus {
-        let mut claims: BTreeMap<String, usize> = BTreeMap::new();
-        for c in s.claims().values() {
-            *claims.entry(c.state.name().to_string()).or_default() += 1;
-        }
         LedgerStatus {
-            node: 0,
-            role: String::new(),
-            leader: None,
-            term: 0,
-            last_log_index: None,
-            committed_index: None,
-            applied_index: None,
-            snapshot_index: None,
-            members: Vec::new(),
-            claims,
-            launch_batches: s.batches().len(),
-            pools: s
-                .pools()
-                .iter()
-                .map(|(name, p)| (name.clone(), PoolStatus { limits: amounts(&p.limits), usage: amounts(&p.usage) }))
-                .collect(),
-            total: amounts(s.total()),
-            price_per_hour: s.total_price() as f64 / 1e6,
-            unavailable: s.unavailable_marks(s.now()).map(|(o, until)| (o.to_string(), until)).collect(),
+            node: m.id,
+            role: role.to_string(),
+            leader: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            committed_index: committed.map(|l| l.index),
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            members: m.membership_config.membership().voter_ids().collect(),
+            ledger: machine.read(|a| LedgerContents::of(&a.state)),
         }
     }
 
@@ -132,14 +133,14 @@ impl LedgerStatus {
             opt(self.applied_index),
             opt(self.snapshot_index)
         ));
-        let claims: Vec<String> = self.claims.iter().map(|(s, n)| format!("{s} {n}")).collect();
-        let total: usize = self.claims.values().sum();
+        let claims: Vec<String> = self.ledger.claims.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        let total: usize = self.ledger.claims.values().sum();
         out.push_str(&format!(
             "claims: {total} ({})\n",
             if claims.is_empty() { "none".into() } else { claims.join(", ") }
         ));
-        out.push_str(&format!("launch batches in flight: {}\n", self.launch_batches));
-        for (name, p) in &self.pools {
+        out.push_str(&format!("launch batches in flight: {}\n", self.ledger.launch_batches));
+        for (name, p) in &self.ledger.pools {
             let show = |m: &BTreeMap<String, i64>| {
                 if m.is_empty() {
                     "-".to_string()
@@ -149,11 +150,11 @@ impl LedgerStatus {
             };
             out.push_str(&format!("nodepool {name}: usage {} / limits {}\n", show(&p.usage), show(&p.limits)));
         }
-        out.push_str(&format!("spend: ${:.4}/hour\n", self.price_per_hour));
-        if self.unavailable.is_empty() {
+        out.push_str(&format!("spend: ${:.4}/hour\n", self.ledger.price_per_hour));
+        if self.ledger.unavailable.is_empty() {
             out.push_str("ICE marks: none\n");
         } else {
-            for (o, until) in &self.unavailable {
+            for (o, until) in &self.ledger.unavailable {
                 out.push_str(&format!("ICE mark: {o} until {until}\n"));
             }
         }

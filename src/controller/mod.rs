@@ -355,7 +355,7 @@ async fn follow_pools(
         pools.report(&cluster, &plane, ledger.as_ref(), clock.as_ref()).await;
         let changed = tokio::time::timeout(Duration::from_secs(5), changes.changed()).await;
         if let Ok(Err(_)) = changed {
-            tracing::warn!("the cluster view closed: NodePools are no longer followed");
+            // The view closed: the caller ends the term and says why.
             return;
         }
         tokio::time::sleep(SETTLE).await;
