@@ -1,0 +1,317 @@
+//! The ledger's vocabulary: what is proposed ([`Command`] in an [`Entry`]), what applying it
+//! gives ([`Outcome`]), and the records the state keeps (pools, caps, claims, launch batches,
+//! offerings).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::catalog::CapacityType;
+use crate::resources::{ResourceList, ResourceName};
+
+/// Milliseconds since the Unix epoch on the proposer's clock.
+pub type Millis = u64;
+
+/// A leadership term: raised by each election, never lowered.
+pub type Term = u64;
+
+/// Prices in the ledger are integers: millionths of a dollar per hour, so sums are exact.
+pub type MicroDollars = u64;
+
+/// Converts $/hour to [`MicroDollars`] (rounded up, so a reservation never undercounts).
+pub fn micro_dollars(per_hour: f64) -> MicroDollars {
+    if per_hour.is_finite() && per_hour > 0.0 { (per_hour * 1e6).ceil() as MicroDollars } else { 0 }
+}
+
+/// An offering: an instance type in a zone with a capacity type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Offering {
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: CapacityType,
+}
+
+impl fmt::Display for Offering {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.capacity_type, self.instance_type, self.zone)
+    }
+}
+
+/// Cluster-wide caps across every NodePool.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Caps {
+    /// Per resource (`nodes`, `cpu`, `memory`, ...); an absent resource is uncapped.
+    pub resources: ResourceList,
+    /// The spend cap: the sum of every live claim's price.
+    pub price_per_hour: Option<MicroDollars>,
+}
+
+/// A NodePool as the ledger knows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pool {
+    /// `spec.limits`; an absent resource is unlimited.
+    pub limits: ResourceList,
+    /// What its live claims hold (each counts `nodes: 1`).
+    pub usage: ResourceList,
+    pub price_per_hour: MicroDollars,
+}
+
+/// Where a claim is in its life.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimState {
+    /// Granted against the limits; not being launched (new, or its last launch found no
+    /// capacity).
+    Reserved,
+    /// Handed to its zone for launch in a launch batch (one CreateFleet's claims): a new
+    /// leader finds what the batch made by its tag before launching anything for it.
+    Launching { batch: String },
+    /// The cloud made the instance.
+    Launched { instance: String },
+    /// Its Node registered.
+    Registered { instance: String },
+    /// Its Node is initialized (ready, startup taints gone, extended resources registered).
+    Initialized { instance: String },
+    /// Being drained and deleted; still holds its resources until gone. A claim deleted while
+    /// it was launching keeps its batch (its instance may still appear) until the instance is
+    /// known gone.
+    Terminating { instance: Option<String>, batch: Option<String>, instance_gone: bool },
+}
+
+impl ClaimState {
+    /// The instance, once launched.
+    pub fn instance(&self) -> Option<&str> {
+        match self {
+            ClaimState::Launched { instance }
+            | ClaimState::Registered { instance }
+            | ClaimState::Initialized { instance } => Some(instance),
+            ClaimState::Terminating { instance, .. } => instance.as_deref(),
+            ClaimState::Reserved | ClaimState::Launching { .. } => None,
+        }
+    }
+
+    /// The launch batch of a claim that is (or was, when deleted) being launched.
+    pub fn batch(&self) -> Option<&str> {
+        match self {
+            ClaimState::Launching { batch } => Some(batch),
+            ClaimState::Terminating { batch, .. } => batch.as_deref(),
+            _ => None,
+        }
+    }
+
+    pub fn is_terminating(&self) -> bool {
+        matches!(self, ClaimState::Terminating { .. })
+    }
+
+    /// Its name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ClaimState::Reserved => "Reserved",
+            ClaimState::Launching { .. } => "Launching",
+            ClaimState::Launched { .. } => "Launched",
+            ClaimState::Registered { .. } => "Registered",
+            ClaimState::Initialized { .. } => "Initialized",
+            ClaimState::Terminating { .. } => "Terminating",
+        }
+    }
+}
+
+/// A NodeClaim the plane decided on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claim {
+    pub id: String,
+    pub pool: String,
+    /// The zone it launches (or launched) in; an ICE relaunch moves it.
+    pub zone: String,
+    /// What it counts against limits and caps (`nodes: 1` included): the reservation until
+    /// launched, then the instance's capacity.
+    pub resources: ResourceList,
+    /// The instance's allocatable, once launched.
+    pub allocatable: ResourceList,
+    pub price_per_hour: MicroDollars,
+    /// The instance type and capacity type it launched as, once launched (taken over from
+    /// the NodeClaim's labels when adopted).
+    pub launched_as: Option<(String, CapacityType)>,
+    pub state: ClaimState,
+    pub reserved_at: Millis,
+    pub changed_at: Millis,
+}
+
+/// One claim of a reservation round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimRequest {
+    pub id: String,
+    pub zone: String,
+    /// The most the claim can hold (its largest candidate type's capacity); `nodes` is added.
+    pub resources: ResourceList,
+    /// The most it can cost (its dearest candidate offering).
+    pub price_per_hour: MicroDollars,
+}
+
+/// The claims of one launch call, as the ledger records them before the call is made.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaunchBatch {
+    /// Its id: the cloud tags the batch's instances with it and derives the call's
+    /// idempotency token from it.
+    pub id: String,
+    /// Shared: every request of the call carries its batch, so a copy costs a count, not the
+    /// list (a batch holds up to a launch window's claims).
+    pub claims: Arc<[String]>,
+}
+
+/// A batch the ledger knows, while any of its claims is launching.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchRecord {
+    pub zone: String,
+    /// Every claim it was recorded with, in order (what a re-drive assigns instances to).
+    pub claims: Arc<[String]>,
+    pub at: Millis,
+}
+
+/// A lifecycle step of a claim.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// The instance, with what it really holds and costs (at most what was reserved). On a
+    /// claim deleted while launching, the instance is recorded so that it is terminated.
+    Launched {
+        /// The launch batch whose call made it: an outcome of another batch than the one
+        /// the claim launches in (a late answer) is rejected.
+        batch: String,
+        instance: String,
+        resources: ResourceList,
+        allocatable: ResourceList,
+        price_per_hour: MicroDollars,
+        /// What it launched as: its NodeClaim is labelled with the type's labels.
+        instance_type: String,
+        capacity_type: CapacityType,
+    },
+    /// The launch of `batch` found no capacity anywhere it tried: back to `Reserved`, for the
+    /// pool to pick another offering.
+    Unlaunched {
+        batch: String,
+    },
+    Registered,
+    Initialized,
+    Terminating,
+    /// The instance is terminated (or there never was one).
+    InstanceGone,
+    /// Gone: its resources are released and it leaves the registry. Only a claim that never
+    /// launched (`Reserved`) or whose instance is known gone may go: nothing is leaked.
+    Gone,
+}
+
+/// What the ledger is asked to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// The first entry of a term: raises the ledger's term to the entry's, so that anything
+    /// proposed under an older term is refused.
+    Lead,
+    /// Creates or updates a NodePool's limits (lowering them below usage removes nothing).
+    SetPool {
+        pool: String,
+        limits: ResourceList,
+    },
+    /// Removes a NodePool; refused while it has claims.
+    RemovePool {
+        pool: String,
+    },
+    SetCaps(Caps),
+    /// One reservation round of a pool: each claim is granted if it fits the pool's limits and
+    /// the global caps, in order. An id that is live already is refused
+    /// ([`Denial::DuplicateId`]); the proposer mints another.
+    Reserve {
+        pool: String,
+        claims: Vec<ClaimRequest>,
+    },
+    /// Records launch batches of a zone before the cloud is called: each claim that is
+    /// `Reserved` (or `Launching` in the same batch: a re-drive) moves to `Launching` in its
+    /// batch and to the zone. Only the claims the outcome lists as started may be launched.
+    Launch {
+        zone: String,
+        batches: Vec<LaunchBatch>,
+    },
+    /// Lifecycle steps, one entry per round of them.
+    Advance {
+        steps: Vec<(String, Step)>,
+    },
+    /// Takes over claims the cluster shows and the ledger does not know (NodeClaims made
+    /// before a restart of a ledger that kept no log): each is recorded as given and holds its
+    /// resources, whatever the limits say (the capacity exists). An id the ledger knows, or
+    /// of an unknown pool, is skipped.
+    Adopt {
+        claims: Vec<Claim>,
+    },
+    /// Marks offerings unavailable until `until` (insufficient capacity).
+    MarkUnavailable {
+        offerings: Vec<Offering>,
+        until: Millis,
+    },
+}
+
+/// A command with the proposer's term and timestamp.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// The term the proposer read the state under and decided in.
+    pub term: Term,
+    pub at: Millis,
+    pub command: Command,
+}
+
+/// Why a claim of a round was not granted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Denial {
+    UnknownPool,
+    PoolLimit {
+        resource: ResourceName,
+    },
+    GlobalCap {
+        resource: ResourceName,
+    },
+    SpendCap,
+    /// A live claim has this id already.
+    DuplicateId,
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::UnknownPool => f.write_str("unknown nodepool"),
+            Denial::PoolLimit { resource } => write!(f, "nodepool limit on {resource} reached"),
+            Denial::GlobalCap { resource } => write!(f, "global cap on {resource} reached"),
+            Denial::SpendCap => f.write_str("global $/hour cap reached"),
+            Denial::DuplicateId => f.write_str("a live claim has this id"),
+        }
+    }
+}
+
+/// What applying an entry did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Done,
+    Reserved {
+        granted: Vec<String>,
+        denied: Vec<(String, Denial)>,
+    },
+    /// Of a [`Command::Launch`]: the claims that may be launched, and why the others may not.
+    Launching {
+        started: Vec<String>,
+        refused: Vec<(String, String)>,
+    },
+    /// Of a [`Command::Advance`]: the steps that did not apply, with why.
+    Advanced {
+        rejected: Vec<(String, String)>,
+    },
+    /// Nothing changed; the command was not valid in this state.
+    Rejected {
+        reason: String,
+    },
+    /// Nothing changed: the entry's term is older than the ledger's (its proposer was
+    /// deposed).
+    Fenced {
+        term: Term,
+    },
+}
+
+impl Outcome {
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Outcome::Fenced { .. })
+    }
+}
