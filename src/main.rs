@@ -49,6 +49,10 @@ enum Command {
     Crdgen(crdgen::CrdgenArgs),
     /// Reads the replicated ledger of a control node (`ledger status`).
     Ledger(ledger::LedgerArgs),
+    /// Test tool: plays the kubelets of `--cloud aws` instances that are not real machines
+    /// (moto), registering a Ready Node for each, like kwok. Takes the controller's flags.
+    #[command(hide = true)]
+    NodeAgent(Box<controller::ControllerArgs>),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
         Command::Controller(args) => controller::run(&args),
         Command::Crdgen(args) => crdgen::run(&args),
         Command::Ledger(args) => ledger::run(&args),
+        Command::NodeAgent(args) => controller::agent::run(&args),
     };
     // Spans still queued are exported before the process ends.
     if let Some(t) = telemetry {

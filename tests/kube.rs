@@ -224,6 +224,11 @@ impl Controller {
     /// A controller launching in EC2 (`--cloud aws`) at `endpoint`, with the credentials the
     /// SDK reads from its environment.
     fn start_aws(env: &Env, name: &str, endpoint: &str, extra: &[&str]) -> Controller {
+        Controller::spawn_aws(env, name, "controller", endpoint, extra)
+    }
+
+    /// `dovetail SUBCOMMAND` (`controller` or `node-agent`) with `--cloud aws` at `endpoint`.
+    fn spawn_aws(env: &Env, name: &str, subcommand: &str, endpoint: &str, extra: &[&str]) -> Controller {
         // The nodes' CA: the test server's certificate (its kubeconfig skips verification,
         // which gives the controller's connection none to pass on).
         let ca = Command::new("base64")
@@ -238,10 +243,21 @@ impl Controller {
         ]
         .concat();
         let creds = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
-        Controller::spawn(env, name, &env.kubeconfig, &args, &creds)
+        Controller::run(env, name, subcommand, &env.kubeconfig, &args, &creds)
     }
 
     fn spawn(env: &Env, name: &str, kubeconfig: &Path, args: &[&str], envs: &[(&str, &str)]) -> Controller {
+        Controller::run(env, name, "controller", kubeconfig, args, envs)
+    }
+
+    fn run(
+        env: &Env,
+        name: &str,
+        subcommand: &str,
+        kubeconfig: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Controller {
         let log = env.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let port = |n: u16| format!("127.0.0.1:{}", free_port().unwrap_or(n));
@@ -255,7 +271,9 @@ impl Controller {
             }
         }
         let child = command
-            .args(["controller", "--cluster-name", "dovetail-test"])
+            .args([subcommand, "--cluster-name", "dovetail-test"])
+            // Plain logs: the tests read them (timestamps included).
+            .env("NO_COLOR", "1")
             .envs(envs.iter().copied())
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -1082,9 +1100,12 @@ fn nodepools_added_fixed_and_deleted_at_run_time_and_an_invalid_one_is_reported_
     clean_up(&env, ns, &ctl);
 }
 
-#[allow(dead_code, reason = "the cloud tests' fault proxy is not used here, only their moto server")]
+#[allow(dead_code, reason = "the proxy's fault injection is the cloud tests'; these use its recording")]
 #[path = "../cloud/tests/conformance/moto.rs"]
 mod moto;
+
+#[path = "kube/ha.rs"]
+mod ha;
 
 #[path = "../cloud/tests/conformance/ami_seed.rs"]
 mod ami_seed;

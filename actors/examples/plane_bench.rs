@@ -134,7 +134,7 @@ async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<
         .collect();
     cluster.apply_pods(pods.clone());
     let start = Instant::now();
-    router.send(PodsPending { pods }).await?;
+    router.send(PodsPending { pods, backlog: false }).await?;
     let mut first_claim: Option<Duration> = None;
     let mut done: Option<Duration> = None;
     for _ in 0..60_000 {

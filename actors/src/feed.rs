@@ -10,6 +10,8 @@
 //! the scheduler, not gated, not nominated, not a DaemonSet's, not finished or terminating).
 //! A full Router mailbox drops the message and the pods are due again at the next look
 //! (drop-and-resend): nothing queues outside a mailbox.
+//! The feed looks once as soon as it starts; its first pods are the backlog of a plane that
+//! just started (a restart, or a new leader taking over), which the Router decides at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +72,8 @@ pub struct PendingFeed {
     errors: Arc<Errors>,
     /// Messages the Router's full mailbox refused (their pods were sent again later).
     pub dropped: u64,
+    /// Whether pods were sent yet (the first ones are the backlog).
+    sent: bool,
 }
 
 impl PendingFeed {
@@ -85,6 +89,7 @@ impl PendingFeed {
             mailbox: 16,
             errors: Arc::new(Errors::new()),
             dropped: 0,
+            sent: false,
         }
     }
 
@@ -115,8 +120,8 @@ impl PendingFeed {
         let due: Vec<Pod> = due.into_iter().map(|i| pending[i].as_ref().clone()).collect();
         let n = due.len();
         if n > 0 {
-            match self.router.try_send(PodsPending { pods: due }) {
-                Ok(()) => {}
+            match self.router.try_send(PodsPending { pods: due, backlog: !self.sent }) {
+                Ok(()) => self.sent = true,
                 Err(e) => {
                     let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
                     let msg = e.into_inner();
@@ -155,6 +160,8 @@ impl Actor for PendingFeed {
         ctx.run_interval(self.tick, |act, _| {
             act.poll();
         });
+        // The pods pending already, now.
+        ctx.notify(Poll);
     }
 }
 

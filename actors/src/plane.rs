@@ -84,6 +84,15 @@ impl Plane {
     /// Starts every actor under a supervisor (inside an actix system). The settings are
     /// checked first.
     pub fn start(cfg: PlaneConfig, s: Seams) -> Result<Plane, crate::config::ConfigError> {
+        let mut plane = Plane::start_without_feed(cfg, s)?;
+        plane.start_feed();
+        Ok(plane)
+    }
+
+    /// Starts every actor but the pending-pod feed: for a caller that sets its pools after
+    /// the start ([`Plane::set_pool`]) and only then lets pods come, with
+    /// [`Plane::start_feed`] (the feed's first pods are decided at once, over every pool).
+    pub fn start_without_feed(cfg: PlaneConfig, s: Seams) -> Result<Plane, crate::config::ConfigError> {
         cfg.config.validate()?;
         let config = Arc::new(cfg.config);
         let errors = Arc::new(Errors::new());
@@ -138,12 +147,26 @@ impl Plane {
         for (pool, types, node_class) in cfg.pools {
             plane.set_pool(pool, types, node_class);
         }
-        let (feed_cfg, view, clock, errs, mailbox) =
-            (config.feed, s.view.clone(), s.clock.clone(), errors.clone(), config.mailboxes.feed);
+        Ok(plane)
+    }
+
+    /// Starts the pending-pod feed (once; a second call does nothing).
+    pub fn start_feed(&mut self) {
+        if self.feed.is_some() {
+            return;
+        }
+        let w = &self.wiring;
+        let (feed_cfg, view, clock, errs, mailbox, router) = (
+            w.config.feed,
+            w.view.clone(),
+            w.clock.clone(),
+            w.errors.clone(),
+            w.config.mailboxes.feed,
+            self.router.clone(),
+        );
         let feed =
             Supervisor::start(move |_| PendingFeed::new(feed_cfg, view, clock, router).configured(mailbox, errs));
-        plane.feed = Some(feed);
-        Ok(plane)
+        self.feed = Some(feed);
     }
 
     /// Starts the actor of a NodePool added at run time, or hands a changed one to its actor;

@@ -26,6 +26,10 @@ use crate::trace::{self, Cause};
 #[rtype(result = "()")]
 pub struct PodsPending {
     pub pods: Vec<Pod>,
+    /// The pods pending when the plane started (the feed's first send): a whole batch, known
+    /// at once, so the batch closes now instead of waiting for more to arrive. A new leader
+    /// decides for the pods its predecessor left without the batch window's delay.
+    pub backlog: bool,
 }
 
 /// Counters.
@@ -493,6 +497,13 @@ impl Handler<PodsPending> for Router {
             if self.queue.insert(p.key.clone(), p).is_none() {
                 self.batch.arrive(now);
             }
+        }
+        if msg.backlog && self.batch.is_open() {
+            if let Some(h) = self.timer.take() {
+                ctx.cancel_future(h);
+            }
+            self.close(ctx);
+            return;
         }
         self.arm(ctx);
     }

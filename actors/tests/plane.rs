@@ -1255,7 +1255,7 @@ mod router {
         let window = BatchWindow { idle: 50, max: 500, adaptive: None };
         let router = start_router(&cluster, &ledger, &cloud, &clock, &pools, &["us-east-1a", "us-east-1b"], window);
         let pods = web_pods(&cluster, 3);
-        router.send(PodsPending { pods }).await.expect("mailbox");
+        router.send(PodsPending { pods, backlog: false }).await.expect("mailbox");
         let mut s = State::default();
         for _ in 0..400 {
             s = state(ledger.as_ref()).await;
@@ -1290,7 +1290,7 @@ mod router {
             start_router(&cluster, &ledger, &cloud, &clock, &[pool("default", 0, None)], &["us-east-1a"], window);
         cluster.apply_node(dovetail_core::node::Node { name: "n1".into(), ..Default::default() });
         let pods = web_pods(&cluster, 3);
-        router.send(PodsPending { pods: pods.clone() }).await.expect("mailbox");
+        router.send(PodsPending { pods: pods.clone(), backlog: false }).await.expect("mailbox");
         // Before the window closes: two are bound, one is deleted.
         cluster.bind(&pods[0].key, "n1").expect("bind");
         cluster.bind(&pods[1].key, "n1").expect("bind");
@@ -1607,6 +1607,58 @@ mod integration {
         let live: Vec<&String> = snap.nodeclaims.values().filter(|c| !c.deleting).map(|c| &c.name).collect();
         assert_eq!(live, vec![&replacement], "one replacement claim");
         assert_eq!(snap.pending().count(), 2, "both pods wait for it");
+    }
+
+    /// Pods pending before the plane starts (a new leader taking over, a restart) are one
+    /// batch known at once: their claims are decided without waiting out the batch window
+    /// (5 s idle here). Pods arriving later wait for it as before.
+    #[actix_rt::test]
+    async fn pods_pending_when_the_plane_starts_are_decided_without_the_batch_window() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let cluster = Arc::new(SimCluster::new());
+        let ledger = Arc::new(InProcess::new());
+        let pools = [pool("default", 0, &C5, None)];
+        propose(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+        )
+        .await;
+        let mut workloads = Workloads::new();
+        workloads.apply_deployment(Deployment {
+            namespace: "default".into(),
+            name: "left".into(),
+            replicas: 3,
+            template: Pod { requests: ResourceList::cpu_mem(500, 1 << 30), ..Pod::default() },
+        });
+        workloads.step(&cluster, clock.now_millis());
+        cluster.schedule();
+        assert_eq!(cluster.snapshot().pending().count(), 3, "pending before the plane starts");
+        let started = std::time::Instant::now();
+        let _plane = start_plane(&pools, config(5_000), cloud.clone(), &cluster, &ledger, &clock);
+        let mut decided = None;
+        for _ in 0..200usize {
+            if !cluster.snapshot().nodeclaims.is_empty() {
+                decided = Some(started.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let decided = decided.expect("a NodeClaim for the pods pending at the start within 2 s");
+        assert!(decided < Duration::from_secs(5), "decided after {decided:?}, not after the 5 s idle window");
+        // A pod arriving now waits for the window: no claim for it within a second.
+        let claims = cluster.snapshot().nodeclaims.len();
+        workloads.apply_deployment(Deployment {
+            namespace: "default".into(),
+            name: "new".into(),
+            replicas: 1,
+            template: Pod { requests: ResourceList::cpu_mem(7_000, 1 << 30), ..Pod::default() },
+        });
+        workloads.step(&cluster, clock.now_millis());
+        cluster.schedule();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(cluster.snapshot().nodeclaims.len(), claims, "a later pod waits for the batch window");
     }
 
     fn selector(app: &str) -> Option<LabelSelector> {
@@ -1980,7 +2032,7 @@ mod timers {
             })
             .collect();
         cluster.apply_pods(pods.clone());
-        router.send(PodsPending { pods }).await.expect("mailbox");
+        router.send(PodsPending { pods, backlog: false }).await.expect("mailbox");
         // The batch closes after 20 ms idle and its solve starts.
         for _ in 0..100 {
             if router.send(GetRouterStats).await.expect("stats").batches == 1 {

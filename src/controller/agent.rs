@@ -1,5 +1,8 @@
-//! The sim cloud's node agent, for `--cloud sim` on a real cluster: what kubelets and the
-//! cloud's node lifecycle controller would do for the sim's instances, through the real API.
+//! The node agent: what kubelets and the cloud's node lifecycle controller would do for a
+//! cloud's instances, through the real API. It runs inside `dovetail controller --cloud sim`
+//! for the sim's instances, and as `dovetail node-agent` (a test tool, like kwok) for the
+//! instances of an EC2 endpoint that launches no real machines (moto), so several control
+//! nodes can share one cloud and its instances join the cluster.
 //!
 //! - An instance launched for a NodeClaim registers as a Node (after the registration delay)
 //!   named after the instance, with its `providerID`, the instance's and the NodeClaim's labels,
@@ -14,11 +17,14 @@
 //! - A Node whose instance is gone is deleted, as the cloud node lifecycle controller does.
 //!
 //! Only Nodes with the [`SIM_LABEL`] are the agent's: a cluster's other nodes are left alone.
+//! The instances are the cloud seam's `list` (every live instance tagged for the cluster);
+//! only those launched for a NodeClaim the cluster shows register.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use dovetail_cloud::sim::{Restored, SimCloud};
+use dovetail_cloud::CloudProvider;
+use dovetail_cloud::sim::Restored;
 use dovetail_cluster::kube::{KubeCluster, rfc3339, taints_json};
 use dovetail_cluster::{ClusterError, ClusterView, ClusterWriter, Snapshot};
 use dovetail_core::catalog::CapacityType;
@@ -29,7 +35,7 @@ use dovetail_core::lifecycle::adopt::parse_provider_id;
 use dovetail_core::pod::PodKey;
 use serde_json::json;
 
-/// The label that marks a Node the sim node agent made.
+/// The label that marks a Node the node agent made.
 pub const SIM_LABEL: &str = "dovetail.sh/sim-node";
 const NOT_READY: &str = "node.kubernetes.io/not-ready";
 
@@ -50,7 +56,7 @@ pub struct AgentStats {
 
 pub struct Agent {
     cluster: Arc<KubeCluster>,
-    cloud: Arc<SimCloud>,
+    cloud: Arc<dyn CloudProvider>,
     clock: Arc<dyn Clock>,
     config: AgentConfig,
     /// When each instance (by provider id) was first seen unregistered.
@@ -109,7 +115,12 @@ pub fn remembered(snap: &Snapshot) -> Vec<Restored> {
 }
 
 impl Agent {
-    pub fn new(cluster: Arc<KubeCluster>, cloud: Arc<SimCloud>, clock: Arc<dyn Clock>, config: AgentConfig) -> Self {
+    pub fn new(
+        cluster: Arc<KubeCluster>,
+        cloud: Arc<dyn CloudProvider>,
+        clock: Arc<dyn Clock>,
+        config: AgentConfig,
+    ) -> Self {
         Agent {
             cluster,
             cloud,
@@ -123,7 +134,7 @@ impl Agent {
     }
 
     fn failed(&mut self, action: &str, object: &str, e: &ClusterError) {
-        tracing::warn!(action, object, error = %e, "sim node agent: {action} {object} failed");
+        tracing::warn!(action, object, error = %e, "node agent: {action} {object} failed");
         *self.stats.errors.entry(format!("{action}/{}", e.kind())).or_default() += 1;
     }
 
@@ -136,9 +147,17 @@ impl Agent {
         if !self.cluster.synced() {
             return;
         }
+        let instances = match self.cloud.list().await {
+            Ok(i) => i,
+            Err(e) => {
+                // Throttled or unreachable: the next pass lists again.
+                tracing::warn!(error = %e, "node agent: listing the cloud's instances failed");
+                *self.stats.errors.entry(format!("list/{}", e.kind())).or_default() += 1;
+                return;
+            }
+        };
         let snap = self.cluster.snapshot();
         let now = self.clock.now_millis();
-        let instances = self.cloud.instances();
         let live: BTreeSet<String> = instances.iter().map(dovetail_actors::kubelet::provider_id).collect();
         self.seen.retain(|p, _| live.contains(p));
         let nodes = snap.nodes_by_provider_id();
@@ -296,4 +315,61 @@ fn ready_condition(time: &str) -> serde_json::Value {
         "lastHeartbeatTime": time,
         "lastTransitionTime": time,
     })
+}
+
+/// `dovetail node-agent`: the agent alone, for the instances of `--cloud aws` (moto in the
+/// tests), until SIGINT or SIGTERM. It reads the same settings as the controller (kubeconfig,
+/// endpoint, region, cluster name, `--sim-registration-delay-ms`) and acts on nothing else.
+pub fn run(args: &super::ControllerArgs) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let settings = match super::Settings::resolve(args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if settings.cloud != super::CloudKind::Aws {
+        eprintln!("error: node-agent plays the kubelets of --cloud aws (the controller's sim cloud has its own)");
+        return ExitCode::from(2);
+    }
+    super::logs();
+    let sys = match dovetail_actors::system() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match sys.block_on(standalone(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn standalone(s: super::Settings) -> Result<(), String> {
+    let clock: Arc<dyn Clock> = Arc::new(dovetail_core::clock::SystemClock);
+    let (client, access) = super::client(&s).await?;
+    let kube_settings = dovetail_cluster::kube::KubeSettings { qps: s.kube_client_qps, burst: s.kube_client_burst };
+    let cluster = Arc::new(KubeCluster::start(client, kube_settings, clock.clone()).await.map_err(|e| e.to_string())?);
+    let v = cluster.versions();
+    let provider = super::aws::provider(&s, &access, &v.server, clock.clone()).await?;
+    super::wait_synced(&cluster).await;
+    tracing::info!("node agent: caches synced, playing the kubelets of the cloud's instances");
+    let config = AgentConfig { registration_delay_ms: s.sim_registration_delay_ms, renew_every_ms: 10_000 };
+    let mut agent = Agent::new(cluster, Arc::new(provider), clock, config);
+    let shutdown = super::shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        agent.step().await;
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_millis(300)) => {}
+            () = &mut shutdown => break,
+        }
+    }
+    tracing::info!(writes = ?agent.stats.writes, errors = ?agent.stats.errors, "node agent: stopping");
+    Ok(())
 }

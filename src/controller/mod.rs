@@ -45,11 +45,7 @@ pub fn run(args: &ControllerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    if let Err(e) = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init() {
-        eprintln!("note: logs go to the subscriber installed already ({e})");
-    }
+    logs();
     let sys = match dovetail_actors::system() {
         Ok(s) => s,
         Err(e) => {
@@ -63,6 +59,15 @@ pub fn run(args: &ControllerArgs) -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if let Err(e) = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init() {
+        eprintln!("note: logs go to the subscriber installed already ({e})");
     }
 }
 
@@ -295,7 +300,7 @@ impl Acting {
             }
             Some(provider) => (provider.clone() as Arc<dyn dovetail_cloud::CloudProvider>, None),
         };
-        let mut plane = Plane::start(
+        let mut plane = Plane::start_without_feed(
             PlaneConfig {
                 zones: s.zones.clone(),
                 pools: Vec::new(),
@@ -314,6 +319,8 @@ impl Acting {
         metrics.set_errors(plane.errors.clone());
         let mut pools = pools::Pools::new(catalog, s.zones.clone(), aws);
         pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
+        // Pods come once every NodePool is routed to: those pending now are decided at once.
+        plane.start_feed();
         tracing::info!(
             raft.term = term,
             pools = plane.pools.len(),

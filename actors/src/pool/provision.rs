@@ -407,6 +407,16 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> 
         unplaced.extend(c.pods.iter().map(|&p| (p, "the ledger did not reserve it".to_string())));
     }
     let count = granted.len();
+    if count > 0 {
+        // Karpenter's line for a provisioning decision, once the ledger committed it.
+        tracing::info!(
+            nodepool = %pool_name,
+            raft.term = rc.term,
+            nodeclaims = count,
+            pods = granted.iter().map(|c| c.pods.len()).sum::<usize>(),
+            "nodepool.provision: computed new nodeclaim(s) to fit pod(s)"
+        );
+    }
     if let Ok(mut busy) = rc.busy.lock() {
         busy.extend(granted.iter().map(|c| c.reserve.id.clone()));
     }

@@ -1,0 +1,383 @@
+//! Three control-node processes on one replicated ledger, sharing the test's API server and
+//! one moto EC2 server (each node through a proxy of its own, which records its calls), with
+//! `dovetail node-agent` playing the kubelets of moto's instances. The leader is killed with
+//! SIGKILL during scale-ups; duplicates are counted by the NodeClaim tag on moto's instances,
+//! and the NodePool's CPU limit is checked against the vCPUs of what moto runs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+use super::*;
+
+/// Two NodePools on 4- and 8-vCPU types (a scale-up is many NodeClaims, so a kill lands
+/// among launches in flight): `limited`, preferred (weight 10) with a CPU limit the scale-up
+/// reaches, and Karpenter's getting-started `default`, unlimited, which takes the rest.
+fn pools(limit_cpu: u32) -> String {
+    let pool = |name: &str, extra: &str| {
+        format!(
+            r#"apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: {name}
+spec:
+{extra}  template:
+    spec:
+      requirements:
+        - {{key: kubernetes.io/arch, operator: In, values: ["amd64"]}}
+        - {{key: kubernetes.io/os, operator: In, values: ["linux"]}}
+        - {{key: karpenter.sh/capacity-type, operator: In, values: ["on-demand"]}}
+        - {{key: karpenter.k8s.aws/instance-category, operator: In, values: ["c", "m", "r"]}}
+        - {{key: karpenter.k8s.aws/instance-cpu, operator: In, values: ["4", "8"]}}
+      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}
+"#
+        )
+    };
+    let limited = format!("  weight: 10\n  limits:\n    cpu: {limit_cpu}\n");
+    format!("{}---\n{}", pool("limited", &limited), pool("default", ""))
+}
+
+/// A setting of the test from the environment (`loadtest`'s scripts/ha-loadtest sets them).
+fn setting(name: &str, default: u32) -> u32 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+const ROLE: &str = "KarpenterNodeRole-dovetail-test";
+
+/// The seconds since the epoch a log line starts with (`2026-11-25T10:11:12.345678Z`).
+fn log_time(line: &str) -> Option<f64> {
+    let t = line.get(..26)?;
+    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm) = (num(11..13)?, num(14..16)?);
+    let secs: f64 = t.get(17..26)?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + hh * 3_600 + mm * 60) as f64 + secs)
+}
+
+fn epoch(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// The time of the first line of `log` containing `what` logged at or after `since`.
+fn first_after(log: &str, what: &str, since: f64) -> Option<f64> {
+    log.lines().filter(|l| l.contains(what)).filter_map(log_time).find(|t| *t >= since)
+}
+
+/// Whether the control node says on `/metrics` that it leads (false if it does not answer).
+fn leads(c: &Controller) -> bool {
+    Command::new("curl")
+        .args(["-sf", "--max-time", "0.5", &format!("http://{}/metrics", c.metrics_addr)])
+        .output()
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("\ndovetail_ledger_leader 1\n")
+        })
+}
+
+/// Three control nodes launching in moto, each through its own recording proxy.
+struct Group<'a> {
+    env: &'a Env,
+    proxies: Vec<moto::Proxy>,
+    ports: Vec<u16>,
+    peers: String,
+    secret: PathBuf,
+    nodes: Vec<Option<Controller>>,
+    /// How many times each node was started (its log file is per start).
+    starts: Vec<u32>,
+}
+
+impl Group<'_> {
+    fn new<'a>(env: &'a Env, rt: &tokio::runtime::Runtime, upstream: std::net::SocketAddr) -> Group<'a> {
+        let secret = env.dir.join("raft-secret");
+        std::fs::write(&secret, "a-test-secret-of-the-group\n").expect("secret written");
+        let ports: Vec<u16> = (0..3).map(|_| free_port().expect("a free port")).collect();
+        let peers =
+            ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect::<Vec<_>>().join(",");
+        for i in 0..3 {
+            if let Err(e) = std::fs::remove_dir_all(env.dir.join(format!("ha-aws-{}", i + 1))) {
+                assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+            }
+        }
+        let proxies = (0..3).map(|_| rt.block_on(moto::Proxy::start(upstream))).collect();
+        Group { env, proxies, ports, peers, secret, nodes: vec![None, None, None], starts: vec![0; 3] }
+    }
+
+    fn start(&mut self, i: usize) {
+        let dir = self.env.dir.join(format!("ha-aws-{}", i + 1));
+        let (id, addr) = ((i + 1).to_string(), format!("127.0.0.1:{}", self.ports[i]));
+        let endpoint = format!("http://{}", self.proxies[i].addr);
+        let args = [
+            "--node-id",
+            id.as_str(),
+            "--raft-addr",
+            addr.as_str(),
+            "--peers",
+            self.peers.as_str(),
+            "--data-dir",
+            dir.to_str().expect("utf-8"),
+            "--raft-secret-file",
+            self.secret.to_str().expect("utf-8"),
+            "--ami-parameter-prefix",
+            AMI_PARAMETERS,
+        ];
+        self.starts[i] += 1;
+        let name = format!("ha-aws-{}-{}", i + 1, self.starts[i]);
+        self.nodes[i] = Some(Controller::start_aws(self.env, &name, &endpoint, &args));
+    }
+
+    fn logs(&self) -> String {
+        self.nodes.iter().flatten().map(Controller::log).collect::<Vec<_>>().join("\n----\n")
+    }
+
+    /// The one node that says it leads, waiting (at most `limit`) until exactly one does.
+    fn leader(&self, limit: Duration) -> usize {
+        let mut found = None;
+        self.env.wait("one leader", limit, |_| {
+            let leading: Vec<usize> = (0..3).filter(|i| self.nodes[*i].as_ref().is_some_and(leads)).collect();
+            match leading[..] {
+                [i] => {
+                    found = Some(i);
+                    Ok(())
+                }
+                ref other => Err(format!("leading: {other:?}\n{}", self.logs())),
+            }
+        });
+        found.expect("a leader")
+    }
+
+    fn log(&self, i: usize) -> String {
+        self.nodes[i].as_ref().map(Controller::log).unwrap_or_default()
+    }
+
+    fn status(&self, i: usize) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_dovetail"))
+            .args(["ledger", "status", "--addr", &format!("127.0.0.1:{}", self.ports[i]), "--output", "json"])
+            .arg("--raft-secret-file")
+            .arg(&self.secret)
+            .output()
+            .expect("dovetail runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    }
+}
+
+/// An instance moto launched for a NodeClaim.
+struct Launched {
+    id: String,
+    /// Its NodeClaim and NodePool tags.
+    claim: String,
+    pool: String,
+    instance_type: String,
+    state: String,
+}
+
+/// moto's instances launched for NodeClaims since the test began (`known` are older ones).
+async fn claimed_instances(ec2: &aws_sdk_ec2::Client, known: &BTreeSet<String>) -> Vec<Launched> {
+    let tag = aws_sdk_ec2::types::Filter::builder().name("tag-key").values("karpenter.sh/nodeclaim").build();
+    let out = ec2.describe_instances().filters(tag).send().await.expect("describe instances");
+    out.reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .filter(|i| !known.contains(i.instance_id().unwrap_or_default()))
+        .map(|i| {
+            let tag = |key: &str| {
+                i.tags().iter().find(|t| t.key() == Some(key)).and_then(|t| t.value()).unwrap_or_default().to_string()
+            };
+            Launched {
+                id: i.instance_id().unwrap_or_default().to_string(),
+                claim: tag("karpenter.sh/nodeclaim"),
+                pool: tag("karpenter.sh/nodepool"),
+                instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
+                state: i.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()).unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+/// Every instance id moto has now.
+async fn all_instances(ec2: &aws_sdk_ec2::Client) -> BTreeSet<String> {
+    let out = ec2.describe_instances().send().await.expect("describe instances");
+    out.reservations().iter().flat_map(|r| r.instances()).filter_map(|i| i.instance_id().map(str::to_string)).collect()
+}
+
+/// What the fleet is checked against.
+struct Fleet<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    ec2: aws_sdk_ec2::Client,
+    /// Instances moto had before the test.
+    known: BTreeSet<String>,
+    /// vCPUs by instance type.
+    vcpus: BTreeMap<String, u32>,
+    /// NodePool `limited`'s CPU limit.
+    limit: u32,
+}
+
+impl Fleet<'_> {
+    /// Checks the fleet against the cluster: no NodeClaim has two instances (counted over
+    /// every state: a duplicate terminated later was still launched), the vCPUs of NodePool
+    /// `limited`'s live instances are within its limit, and (when `settled`) every live
+    /// instance is a NodeClaim's and every NodeClaim has one. Returns `limited`'s vCPUs.
+    fn check(&self, env: &Env, settled: bool, logs: &dyn Fn() -> String) -> u32 {
+        let (vcpus, limit) = (&self.vcpus, self.limit);
+        let found = self.rt.block_on(claimed_instances(&self.ec2, &self.known));
+        let mut by_claim: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for i in &found {
+            by_claim.entry(i.claim.as_str()).or_default().push(i.id.as_str());
+        }
+        for (claim, ids) in &by_claim {
+            assert_eq!(ids.len(), 1, "NodeClaim {claim} has {} instances: {ids:?}\n{}", ids.len(), logs());
+        }
+        let live: Vec<&Launched> = found.iter().filter(|i| i.state == "pending" || i.state == "running").collect();
+        let cpu: u32 = live
+            .iter()
+            .filter(|i| i.pool == "limited")
+            .map(|i| {
+                *vcpus
+                    .get(i.instance_type.as_str())
+                    .unwrap_or_else(|| panic!("{} is not in the catalog", i.instance_type))
+            })
+            .sum();
+        assert!(cpu <= limit, "{cpu} vCPUs of NodePool limited running, over its limit of {limit}\n{}", logs());
+        if settled {
+            let claims: BTreeSet<String> = env.items(&["get", "nodeclaims"]).iter().map(name_of).collect();
+            let running: BTreeSet<String> = live.iter().map(|i| i.claim.clone()).collect();
+            assert_eq!(running, claims, "one running instance per NodeClaim, none without one");
+        }
+        cpu
+    }
+}
+
+/// The Done-when's kill test: ROUNDS (default 3; `DOVETAIL_HA_ROUNDS`) scale-ups of PODS
+/// pods (default 200; `DOVETAIL_HA_PODS`), each in a namespace of its own: half the pods, the
+/// leader killed once the round's first NodeClaims exist, the other half added, every pod
+/// Running, the fleet checked, the round cleaned up (but the last). Then all three restart from
+/// their disks. Prints the time from each kill to the new leader's committed Lead and to its
+/// first provisioning decision.
+#[test]
+fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing_twice() {
+    let Some((env, _serial, _)) = getting_started() else { return };
+    let rounds = setting("DOVETAIL_HA_ROUNDS", 3);
+    let pods = setting("DOVETAIL_HA_PODS", 200);
+    // Half the CPU the pods ask for: `limited` reaches it in every round.
+    let limit = pods / 2;
+    env.apply(&pools(limit));
+    let moto = moto::moto();
+    let endpoint = format!("http://{}", moto.addr);
+    let version = env.json(&["version"]);
+    let major = version["serverVersion"]["major"].as_str().unwrap_or("1").to_string();
+    let minor: String =
+        version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (ec2, iam) = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    if let Err(e) = rt.block_on(iam.create_role().role_name(ROLE).assume_role_policy_document(trust).send()) {
+        // Made by an earlier test in this process.
+        assert!(format!("{e:?}").contains("EntityAlreadyExists"), "create role: {e:?}");
+    }
+    let known = rt.block_on(all_instances(&ec2));
+    let catalog = dovetail_core::catalog::Catalog::embedded("us-east-1").expect("the embedded catalog");
+    let vcpus = catalog.instance_types.iter().map(|t| (t.name.clone(), t.vcpu)).collect();
+    let fleet = Fleet { rt: &rt, ec2, known, vcpus, limit };
+
+    let agent = Controller::spawn_aws(&env, "node-agent", "node-agent", &endpoint, &[]);
+    let mut group = Group::new(&env, &rt, moto.addr);
+    for i in 0..3 {
+        group.start(i);
+    }
+    group.leader(Duration::from_secs(30));
+    let mut commits = Vec::new();
+    let mut flowing = Vec::new();
+    let mut peak_cpu = 0;
+    let mut ns = String::new();
+    for round in 1..=rounds {
+        ns = format!("ha-aws-{round}");
+        env.apply(&deployment(&ns, "inflate", pods / 2, "1"));
+        env.wait("the round's first NodeClaims", Duration::from_secs(60), |e| {
+            if e.items(&["get", "nodeclaims"]).is_empty() { Err(group.logs()) } else { Ok(()) }
+        });
+        // SIGKILL of the leader mid-scale-up, and more pods for the next one to place.
+        let old = group.leader(Duration::from_secs(10));
+        let killed_at = epoch(SystemTime::now());
+        drop(group.nodes[old].take());
+        env.kubectl(&["scale", "deployment", "inflate", "-n", &ns, "--replicas", &pods.to_string()]);
+        let new = group.leader(Duration::from_secs(15));
+        assert_ne!(new, old);
+        let led = first_after(&group.log(new), "ledger.lead: leading", killed_at).expect("the new leader's Lead line");
+        let mut decided = None;
+        env.wait("the new leader's first provisioning decision", Duration::from_secs(30), |_| {
+            decided = first_after(&group.log(new), "nodepool.provision: computed new nodeclaim", killed_at);
+            decided.map(|_| ()).ok_or_else(|| group.logs())
+        });
+        let decided = decided.expect("decided");
+        commits.push(led - killed_at);
+        flowing.push(decided - killed_at);
+        eprintln!(
+            "round {round}: node {} killed; node {} committed its Lead after {:.3} s, decided after {:.3} s",
+            old + 1,
+            new + 1,
+            led - killed_at,
+            decided - killed_at
+        );
+        group.start(old);
+        // The limit holds all along the scale-up, not only at its end.
+        let logs = || group.logs();
+        env.wait(&format!("round {round}: every pod Running"), Duration::from_secs(300), |e| {
+            peak_cpu = peak_cpu.max(fleet.check(e, false, &logs));
+            let running =
+                e.items(&["get", "pods", "-n", &ns]).iter().filter(|p| p["status"]["phase"] == "Running").count();
+            let want = pods as usize;
+            if running == want { Ok(()) } else { Err(format!("{running}/{want} running\n{}", agent.log())) }
+        });
+        fleet.check(&env, true, &logs);
+        if round < rounds {
+            env.kubectl(&["delete", "namespace", &ns, "--wait=false"]);
+            env.kubectl(&["delete", "nodeclaims", "--all", "--wait=false"]);
+            env.wait("the round's NodeClaims and nodes gone", Duration::from_secs(120), |e| {
+                let claims = e.items(&["get", "nodeclaims"]).len();
+                let nodes = e.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]).len();
+                if claims + nodes == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{claims} nodeclaims, {nodes} nodes\n{}", logs()))
+                }
+            });
+        }
+    }
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    eprintln!(
+        "{rounds} kills, {pods} pods each: Lead committed after {commits:.3?} s (max {:.3}); first decision after {flowing:.3?} s (max {:.3}); peak {peak_cpu} of {limit} vCPUs in NodePool limited",
+        max(&commits),
+        max(&flowing),
+    );
+
+    // All three restarted from their disks: no committed claim is lost, nothing is relaunched.
+    let leader = group.leader(Duration::from_secs(10));
+    let before = group.status(leader);
+    let claims_before: BTreeSet<String> = env.items(&["get", "nodeclaims"]).iter().map(name_of).collect();
+    for i in 0..3 {
+        drop(group.nodes[i].take());
+    }
+    for i in 0..3 {
+        group.start(i);
+    }
+    let leader = group.leader(Duration::from_secs(30));
+    let after = group.status(leader);
+    assert_eq!(after["claims"], before["claims"], "the registry after a restart of all three from disk");
+    assert!(
+        after["applied_index"].as_u64() >= before["applied_index"].as_u64(),
+        "applied index went back: {before} -> {after}"
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    let claims_after: BTreeSet<String> = env.items(&["get", "nodeclaims"]).iter().map(name_of).collect();
+    assert_eq!(claims_after, claims_before, "no NodeClaim made or lost by the restart");
+    fleet.check(&env, true, &|| group.logs());
+    // With the group running: the leader acts only while a quorum follows it.
+    clean_up(&env, &ns, group.nodes[leader].as_ref().expect("running"));
+    drop(group);
+    drop(agent);
+}
