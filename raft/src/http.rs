@@ -6,7 +6,9 @@
 //! its body is read, logged with the peer's address and counted ([`HttpServer::refused`]),
 //! and its connection is closed. Bodies are bounded ([`MAX_BODY`]), so are connections
 //! ([`MAX_CONNECTIONS`]) and the time to send headers ([`HEADER_TIMEOUT`]). The client keeps
-//! idle connections per peer and bounds each call by openraft's timeout.
+//! idle connections per peer and bounds each call by openraft's timeout. Each message names
+//! its sender's node id ([`FROM_HEADER`]), for the receiver's logs and for network tools
+//! (a test's partitioning proxy) that see one connection per sender.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,6 +28,9 @@ use crate::status::LedgerStatus;
 use crate::store::Machine;
 use crate::types::{NodeId, TypeConfig};
 use crate::{BoxFuture, lock};
+
+/// The header naming the sending node's id.
+pub const FROM_HEADER: &str = "x-raft-from";
 
 /// The path Raft messages are posted to.
 pub const PATH: &str = "/raft/v1";
@@ -95,12 +100,13 @@ impl HttpTransport {
         dial(addr).await.map_err(|reason| TransportError::Unreachable { to, reason })
     }
 
-    async fn exchange(&self, to: NodeId, addr: &str, rpc: &Rpc) -> Result<RpcReply, TransportError> {
+    async fn exchange(&self, from: NodeId, to: NodeId, addr: &str, rpc: &Rpc) -> Result<RpcReply, TransportError> {
         let bad = |reason: String| TransportError::Bad { to, reason };
         let body = serde_json::to_vec(rpc).map_err(|e| bad(format!("encoding the message: {e}")))?;
         let request = Request::post(PATH)
             .header(hyper::header::HOST, addr)
             .header(hyper::header::AUTHORIZATION, format!("Bearer {}", self.secret))
+            .header(FROM_HEADER, from.to_string())
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| bad(e.to_string()))?;
@@ -127,7 +133,7 @@ impl HttpTransport {
 impl Transport for HttpTransport {
     fn call(
         &self,
-        _from: NodeId,
+        from: NodeId,
         to: NodeId,
         addr: &str,
         rpc: Rpc,
@@ -135,7 +141,7 @@ impl Transport for HttpTransport {
     ) -> BoxFuture<'_, Result<RpcReply, TransportError>> {
         let addr = addr.to_string();
         Box::pin(async move {
-            match tokio::time::timeout(timeout, self.exchange(to, &addr, &rpc)).await {
+            match tokio::time::timeout(timeout, self.exchange(from, to, &addr, &rpc)).await {
                 Ok(r) => r,
                 Err(_) => Err(TransportError::Timeout { to, timeout }),
             }
@@ -286,7 +292,8 @@ async fn answer(
         .unwrap_or_default();
     if !same_secret(presented, secret.as_bytes()) {
         refused.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(%peer, "ledger.rpc: refused a peer without the group's secret");
+        let from = req.headers().get(FROM_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("?").to_string();
+        tracing::warn!(%peer, from, "ledger.rpc: refused a peer without the group's secret");
         let mut r = reply(StatusCode::UNAUTHORIZED, "the group's secret is required\n");
         r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
         return r;

@@ -5,7 +5,10 @@
 //! and the NodePool's CPU limit is checked against the vCPUs of what moto runs.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::SystemTime;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
 
@@ -79,6 +82,80 @@ fn leads(c: &Controller) -> bool {
         })
 }
 
+/// The control nodes' network: a TCP proxy in front of each node's Raft port that closes
+/// every connection crossing the partition. A connection carries one sender's messages; the
+/// sender is read from its first request's `x-raft-from` header (connections without one,
+/// `dovetail ledger status`, always pass). Each change of the partition closes every open
+/// connection, so the next ones are judged by it.
+struct RaftNet {
+    /// The nodes cut off from the others (none: no partition).
+    cut: Arc<Mutex<BTreeSet<u64>>>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl RaftNet {
+    fn new() -> RaftNet {
+        RaftNet { cut: Arc::new(Mutex::new(BTreeSet::new())), changed: tokio::sync::watch::channel(0).0 }
+    }
+
+    /// Cuts `nodes` off from the rest (empty: heals).
+    fn partition(&self, nodes: &[u64]) {
+        *self.cut.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = nodes.iter().copied().collect();
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// A proxy to node `to` listening on 127.0.0.1 at `upstream`; its port.
+    async fn proxy(&self, to: u64, upstream: u16) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind raft proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let (cut, changed) = (self.cut.clone(), self.changed.subscribe());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let (cut, mut changed) = (cut.clone(), changed.clone());
+                changed.borrow_and_update();
+                tokio::spawn(async move {
+                    // The first request's headers (bounded in size and time).
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let read = async {
+                        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65_536 {
+                            match client.read(&mut buf).await {
+                                Ok(0) | Err(_) => return false,
+                                Ok(n) => head.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        true
+                    };
+                    if !matches!(tokio::time::timeout(Duration::from_secs(5), read).await, Ok(true)) {
+                        return;
+                    }
+                    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                    let from = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("x-raft-from:"))
+                        .and_then(|v| v.trim().parse::<u64>().ok());
+                    let crossing = {
+                        let cut = cut.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        from.is_some_and(|f| cut.contains(&f) != cut.contains(&to))
+                    };
+                    if crossing {
+                        return;
+                    }
+                    let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                    if server.write_all(&head).await.is_err() {
+                        return;
+                    }
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = changed.changed() => {}
+                    }
+                });
+            }
+        });
+        port
+    }
+}
+
 /// Three control nodes launching in moto, each through its own recording proxy.
 struct Group<'a> {
     env: &'a Env,
@@ -92,12 +169,22 @@ struct Group<'a> {
 }
 
 impl Group<'_> {
-    fn new<'a>(env: &'a Env, rt: &tokio::runtime::Runtime, upstream: std::net::SocketAddr) -> Group<'a> {
+    /// The group; with `net`, the nodes reach each other through its proxies.
+    fn new<'a>(
+        env: &'a Env,
+        rt: &tokio::runtime::Runtime,
+        upstream: std::net::SocketAddr,
+        net: Option<&RaftNet>,
+    ) -> Group<'a> {
         let secret = env.dir.join("raft-secret");
         std::fs::write(&secret, "a-test-secret-of-the-group\n").expect("secret written");
         let ports: Vec<u16> = (0..3).map(|_| free_port().expect("a free port")).collect();
+        let reached: Vec<u16> = match net {
+            Some(net) => (0..3).map(|i| rt.block_on(net.proxy(i as u64 + 1, ports[i]))).collect(),
+            None => ports.clone(),
+        };
         let peers =
-            ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect::<Vec<_>>().join(",");
+            reached.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect::<Vec<_>>().join(",");
         for i in 0..3 {
             if let Err(e) = std::fs::remove_dir_all(env.dir.join(format!("ha-aws-{}", i + 1))) {
                 assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
@@ -285,7 +372,7 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
     let fleet = Fleet { rt: &rt, ec2, known, vcpus, limit };
 
     let agent = Controller::spawn_aws(&env, "node-agent", "node-agent", &endpoint, &[]);
-    let mut group = Group::new(&env, &rt, moto.addr);
+    let mut group = Group::new(&env, &rt, moto.addr, None);
     for i in 0..3 {
         group.start(i);
     }
@@ -378,6 +465,82 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
     fleet.check(&env, true, &|| group.logs());
     // With the group running: the leader acts only while a quorum follows it.
     clean_up(&env, &ns, group.nodes[leader].as_ref().expect("running"));
+    drop(group);
+    drop(agent);
+}
+
+/// A leader cut off from the other two (the test's proxies drop its Raft traffic both ways,
+/// while it still reaches the API server and moto): once the other two elected a leader, it
+/// makes no cloud call (counted by its moto proxy) and no Kubernetes write (its
+/// `dovetail_cluster_writes_total`), while the majority provisions for new pods. Healed, it
+/// follows.
+#[test]
+fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_while_the_majority_goes_on() {
+    let Some((env, _serial, _)) = getting_started() else { return };
+    env.apply(&pools(1000));
+    let moto = moto::moto();
+    let endpoint = format!("http://{}", moto.addr);
+    let version = env.json(&["version"]);
+    let major = version["serverVersion"]["major"].as_str().unwrap_or("1").to_string();
+    let minor: String =
+        version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (_, iam) = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    if let Err(e) = rt.block_on(iam.create_role().role_name(ROLE).assume_role_policy_document(trust).send()) {
+        assert!(format!("{e:?}").contains("EntityAlreadyExists"), "create role: {e:?}");
+    }
+    let agent = Controller::spawn_aws(&env, "node-agent", "node-agent", &endpoint, &[]);
+    let net = RaftNet::new();
+    let mut group = Group::new(&env, &rt, moto.addr, Some(&net));
+    for i in 0..3 {
+        group.start(i);
+    }
+    let old = group.leader(Duration::from_secs(30));
+    let ns = "ha-partition";
+    env.apply(&deployment(ns, "inflate", 20, "1"));
+    let ctl = group.nodes[old].as_ref().expect("running");
+    env.wait_running("the pods Running before the partition", ns, 20, None, ctl, Duration::from_secs(120));
+
+    net.partition(&[old as u64 + 1]);
+    let cut_at = Instant::now();
+    let mut new = None;
+    env.wait("a leader among the other two", Duration::from_secs(15), |_| {
+        match (0..3).filter(|i| *i != old && group.nodes[*i].as_ref().is_some_and(leads)).collect::<Vec<_>>()[..] {
+            [i] => {
+                new = Some(i);
+                Ok(())
+            }
+            ref other => Err(format!("leading: {other:?}\n{}", group.logs())),
+        }
+    });
+    let new = new.expect("a new leader");
+    let cut_off = group.nodes[old].as_ref().expect("running");
+    assert!(!leads(cut_off), "the cut-off node stopped saying it leads before another was elected");
+    // From here on (the majority elected a leader: the old lease is out), nothing.
+    let calls = group.proxies[old].faults().actions.len();
+    let writes = cut_off.metric("dovetail_cluster_writes_total", "");
+    assert!(calls > 0 && writes > 0.0, "it launched and wrote while it led: {calls} calls, {writes} writes");
+    eprintln!("a new leader {:.3} s after the cut", cut_at.elapsed().as_secs_f64());
+    env.kubectl(&["scale", "deployment", "inflate", "-n", ns, "--replicas", "60"]);
+    let acting = group.nodes[new].as_ref().expect("running");
+    env.wait_running("the majority provisions for new pods", ns, 60, None, acting, Duration::from_secs(120));
+    // Longer than the cut-off node's plane may linger out of its lease (5 s).
+    std::thread::sleep(Duration::from_secs(6));
+    let cut_off = group.nodes[old].as_ref().expect("running");
+    let after = group.proxies[old].faults().actions.clone();
+    assert_eq!(after.len(), calls, "cloud calls of the cut-off node: {:?}\n{}", &after[calls..], cut_off.log());
+    assert_eq!(cut_off.metric("dovetail_cluster_writes_total", ""), writes, "Kubernetes writes of the cut-off node");
+    assert!(group.proxies[new].faults().actions.iter().any(|a| a.ends_with(":CreateFleet")), "the majority launched");
+
+    // Healed: one leader, and the old one follows without acting.
+    net.partition(&[]);
+    std::thread::sleep(Duration::from_secs(3));
+    let leader = group.leader(Duration::from_secs(15));
+    assert_ne!(leader, old, "the healed node does not take over: the others' log is longer");
+    let cut_off = group.nodes[old].as_ref().expect("running");
+    assert_eq!(group.proxies[old].faults().actions.len(), calls, "{}", cut_off.log());
+    clean_up(&env, ns, group.nodes[leader].as_ref().expect("running"));
     drop(group);
     drop(agent);
 }
