@@ -72,8 +72,9 @@ pub struct PendingFeed {
     errors: Arc<Errors>,
     /// Messages the Router's full mailbox refused (their pods were sent again later).
     pub dropped: u64,
-    /// Whether pods were sent yet (the first ones are the backlog).
-    sent: bool,
+    /// Whether the feed looked at a synced cluster yet: the pods of its first look are the
+    /// backlog (none at all on an idle cluster, and later arrivals are not).
+    looked: bool,
 }
 
 impl PendingFeed {
@@ -89,7 +90,7 @@ impl PendingFeed {
             mailbox: 16,
             errors: Arc::new(Errors::new()),
             dropped: 0,
-            sent: false,
+            looked: false,
         }
     }
 
@@ -119,15 +120,19 @@ impl PendingFeed {
         let due = self.resend.look(now, pending.iter().map(|p| &p.key), snap.nodes.len());
         let due: Vec<Pod> = due.into_iter().map(|i| pending[i].as_ref().clone()).collect();
         let n = due.len();
+        let backlog = !self.looked;
+        self.looked = true;
         if n > 0 {
-            match self.router.try_send(PodsPending { pods: due, backlog: !self.sent }) {
-                Ok(()) => self.sent = true,
+            match self.router.try_send(PodsPending { pods: due, backlog }) {
+                Ok(()) => {}
                 Err(e) => {
                     let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
                     let msg = e.into_inner();
                     // Dropped: the pods are due again at the next look.
                     self.dropped += 1;
                     self.resend.unsend(msg.pods.iter().map(|p| &p.key));
+                    // Not delivered: the next look sends the backlog again.
+                    self.looked = !backlog;
                     self.errors.note("send_pending", kind, "router", &format!("{} pods", msg.pods.len()));
                     return 0;
                 }

@@ -1645,8 +1645,8 @@ mod integration {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let decided = decided.expect("a NodeClaim for the pods pending at the start within 2 s");
-        assert!(decided < Duration::from_secs(5), "decided after {decided:?}, not after the 5 s idle window");
+        let decided = decided.expect("a NodeClaim for the pods pending at the start within 2 s (the window is 5 s)");
+        eprintln!("decided {decided:?} after the start");
         // A pod arriving now waits for the window: no claim for it within a second.
         let claims = cluster.snapshot().nodeclaims.len();
         workloads.apply_deployment(Deployment {
@@ -1659,6 +1659,16 @@ mod integration {
         cluster.schedule();
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(cluster.snapshot().nodeclaims.len(), claims, "a later pod waits for the batch window");
+        // ...and gets its claim once the window is over.
+        let mut later = false;
+        for _ in 0..600usize {
+            if cluster.snapshot().nodeclaims.len() > claims {
+                later = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(later, "a claim for the later pod after the 5 s window");
     }
 
     fn selector(app: &str) -> Option<LabelSelector> {

@@ -62,9 +62,11 @@ impl Metrics {
         );
         out.push_str("# TYPE dovetail_cluster_throttled_total counter\n");
         out.push_str(&format!("dovetail_cluster_throttled_total {}\n", cluster.throttles()));
-        out.push_str("# HELP dovetail_cluster_writes_total Write requests made to the API server.\n");
-        out.push_str("# TYPE dovetail_cluster_writes_total counter\n");
-        out.push_str(&format!("dovetail_cluster_writes_total {}\n", cluster.writes()));
+        out.push_str(
+            "# HELP dovetail_cluster_requests_total Requests made to the API server outside the watches (the writes and the reads they need).\n",
+        );
+        out.push_str("# TYPE dovetail_cluster_requests_total counter\n");
+        out.push_str(&format!("dovetail_cluster_requests_total {}\n", cluster.requests()));
         let (leader, term) = self
             .leadership
             .lock()

@@ -109,8 +109,10 @@ impl RaftNet {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind raft proxy");
         let port = listener.local_addr().expect("addr").port();
         let (cut, changed) = (self.cut.clone(), self.changed.subscribe());
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+        // Bounded: a test's proxy serves at most this long, and this many connections.
+        let serve = async move {
+            for _ in 0..100_000u32 {
+                let Ok((mut client, _)) = listener.accept().await else { break };
                 let (cut, mut changed) = (cut.clone(), changed.clone());
                 changed.borrow_and_update();
                 tokio::spawn(async move {
@@ -139,6 +141,20 @@ impl RaftNet {
                         from.is_some_and(|f| cut.contains(&f) != cut.contains(&to))
                     };
                     if crossing {
+                        // Dropped: read and discarded, never answered, until the partition
+                        // changes (the sender's call times out, as on a lossy network).
+                        let drain = async {
+                            while let Ok(n) = client.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                            }
+                        };
+                        tokio::select! {
+                            () = drain => {}
+                            _ = changed.changed() => {}
+                            () = tokio::time::sleep(Duration::from_secs(600)) => {}
+                        }
                         return;
                     }
                     let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
@@ -148,8 +164,14 @@ impl RaftNet {
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
                         _ = changed.changed() => {}
+                        () = tokio::time::sleep(Duration::from_secs(600)) => {}
                     }
                 });
+            }
+        };
+        tokio::spawn(async move {
+            if tokio::time::timeout(Duration::from_secs(1800), serve).await.is_err() {
+                eprintln!("raft proxy to node {to}: closed after 30 minutes");
             }
         });
         port
@@ -393,7 +415,6 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
         drop(group.nodes[old].take());
         env.kubectl(&["scale", "deployment", "inflate", "-n", &ns, "--replicas", &pods.to_string()]);
         let new = group.leader(Duration::from_secs(15));
-        assert_ne!(new, old);
         let led = first_after(&group.log(new), "ledger.lead: leading", killed_at).expect("the new leader's Lead line");
         let mut decided = None;
         env.wait("the new leader's first provisioning decision", Duration::from_secs(30), |_| {
@@ -441,6 +462,14 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
         max(&commits),
         max(&flowing),
     );
+    // The limit was reached (the check above is not vacuous): within one 8-vCPU node of it.
+    assert!(peak_cpu + 8 >= limit, "NodePool limited peaked at {peak_cpu} of {limit} vCPUs");
+    // The goals, asserted where they are measured at load (scripts/ha-loadtest); speed is
+    // for benchmarks, not for a CI run on a shared machine.
+    if std::env::var_os("DOVETAIL_HA_ASSERT_TIMING").is_some() {
+        assert!(max(&commits) <= 1.0, "a new leader committed its Lead after {:.3} s (goal <= 1 s)", max(&commits));
+        assert!(max(&flowing) <= 2.0, "a new leader decided after {:.3} s (goal <= 2 s)", max(&flowing));
+    }
 
     // All three restarted from their disks: no committed claim is lost, nothing is relaunched.
     let leader = group.leader(Duration::from_secs(10));
@@ -469,11 +498,11 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
     drop(agent);
 }
 
-/// A leader cut off from the other two (the test's proxies drop its Raft traffic both ways,
-/// while it still reaches the API server and moto): once the other two elected a leader, it
-/// makes no cloud call (counted by its moto proxy) and no Kubernetes write (its
-/// `dovetail_cluster_writes_total`), while the majority provisions for new pods. Healed, it
-/// follows.
+/// A leader cut off from the other two while it has pods to decide (the test's proxies drop
+/// its Raft traffic both ways, while it still reaches the API server and moto): once the
+/// other two elected a leader, it makes no cloud call (counted by its moto proxy) and no
+/// Kubernetes request (its `dovetail_cluster_requests_total`: writes and the reads they
+/// need), while the majority provisions for the pods. Healed, it follows.
 #[test]
 fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_while_the_majority_goes_on() {
     let Some((env, _serial, _)) = getting_started() else { return };
@@ -502,6 +531,8 @@ fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_wh
     let ctl = group.nodes[old].as_ref().expect("running");
     env.wait_running("the pods Running before the partition", ns, 20, None, ctl, Duration::from_secs(120));
 
+    // More pods for the leader to decide on, then the cut, while it has that work.
+    env.kubectl(&["scale", "deployment", "inflate", "-n", ns, "--replicas", "60"]);
     net.partition(&[old as u64 + 1]);
     let cut_at = Instant::now();
     let mut new = None;
@@ -516,13 +547,16 @@ fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_wh
     });
     let new = new.expect("a new leader");
     let cut_off = group.nodes[old].as_ref().expect("running");
-    assert!(!leads(cut_off), "the cut-off node stopped saying it leads before another was elected");
+    assert_eq!(
+        cut_off.metric("dovetail_ledger_leader", ""),
+        0.0,
+        "the cut-off node stopped saying it leads before another was elected"
+    );
     // From here on (the majority elected a leader: the old lease is out), nothing.
     let calls = group.proxies[old].faults().actions.len();
-    let writes = cut_off.metric("dovetail_cluster_writes_total", "");
+    let writes = cut_off.metric("dovetail_cluster_requests_total", "");
     assert!(calls > 0 && writes > 0.0, "it launched and wrote while it led: {calls} calls, {writes} writes");
     eprintln!("a new leader {:.3} s after the cut", cut_at.elapsed().as_secs_f64());
-    env.kubectl(&["scale", "deployment", "inflate", "-n", ns, "--replicas", "60"]);
     let acting = group.nodes[new].as_ref().expect("running");
     env.wait_running("the majority provisions for new pods", ns, 60, None, acting, Duration::from_secs(120));
     // Longer than the cut-off node's plane may linger out of its lease (5 s).
@@ -530,7 +564,11 @@ fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_wh
     let cut_off = group.nodes[old].as_ref().expect("running");
     let after = group.proxies[old].faults().actions.clone();
     assert_eq!(after.len(), calls, "cloud calls of the cut-off node: {:?}\n{}", &after[calls..], cut_off.log());
-    assert_eq!(cut_off.metric("dovetail_cluster_writes_total", ""), writes, "Kubernetes writes of the cut-off node");
+    assert_eq!(
+        cut_off.metric("dovetail_cluster_requests_total", ""),
+        writes,
+        "Kubernetes requests of the cut-off node"
+    );
     assert!(group.proxies[new].faults().actions.iter().any(|a| a.ends_with(":CreateFleet")), "the majority launched");
 
     // Healed: one leader, and the old one follows without acting.

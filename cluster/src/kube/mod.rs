@@ -87,8 +87,8 @@ pub struct KubeCluster {
     /// Unix ms until which writes wait (a throttled answer asked for it).
     paused_until: AtomicU64,
     throttles: AtomicU64,
-    /// Write requests made (each admitted by the rate limit).
-    writes: AtomicU64,
+    /// Requests made outside the watches (each admitted by the rate limit).
+    requests: AtomicU64,
     events: AtomicU64,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -193,7 +193,7 @@ impl KubeCluster {
             bucket,
             paused_until: AtomicU64::new(0),
             throttles: AtomicU64::new(0),
-            writes: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
             events: AtomicU64::new(0),
             tasks,
         })
@@ -289,15 +289,16 @@ impl KubeCluster {
         self.throttles.load(Ordering::Relaxed)
     }
 
-    /// Write requests made so far (retries and conflicts counted).
-    pub fn writes(&self) -> u64 {
-        self.writes.load(Ordering::Relaxed)
+    /// Requests made so far outside the watches: the writes and the reads they need
+    /// (retries and conflicts counted).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
-    /// Waits out a throttle pause, then for a token of the client's rate limit (every write
-    /// request comes through here, and is counted).
+    /// Waits out a throttle pause, then for a token of the client's rate limit (every request
+    /// outside the watches comes through here, and is counted).
     async fn admit(&self) {
-        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let paused = self.paused_until.load(Ordering::Relaxed).saturating_sub(self.clock.now_millis());
         if paused > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(paused)).await;
