@@ -44,7 +44,15 @@ fn setting(name: &str, default: u32) -> u32 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-const ROLE: &str = "KarpenterNodeRole-dovetail-test";
+/// The node role of these tests' EC2NodeClass: not the getting-started one, which another test
+/// of this process (sharing moto) expects to be missing at its start.
+const ROLE: &str = "KarpenterNodeRole-dovetail-ha";
+
+/// Points the getting-started EC2NodeClass at [`ROLE`].
+fn own_role(env: &Env) {
+    let patch = format!(r#"{{"spec":{{"role":"{ROLE}"}}}}"#);
+    env.kubectl(&["patch", "ec2nodeclass", "default", "--type=merge", "-p", &patch]);
+}
 
 /// The seconds since the epoch a log line starts with (`2026-11-25T10:11:12.345678Z`).
 fn log_time(line: &str) -> Option<f64> {
@@ -375,6 +383,7 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
     // Half the CPU the pods ask for: `limited` reaches it in every round.
     let limit = pods / 2;
     env.apply(&pools(limit));
+    own_role(&env);
     let moto = moto::moto();
     let endpoint = format!("http://{}", moto.addr);
     let version = env.json(&["version"]);
@@ -507,6 +516,7 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
 fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_while_the_majority_goes_on() {
     let Some((env, _serial, _)) = getting_started() else { return };
     env.apply(&pools(1000));
+    own_role(&env);
     let moto = moto::moto();
     let endpoint = format!("http://{}", moto.addr);
     let version = env.json(&["version"]);
