@@ -1150,6 +1150,19 @@ async fn seed_moto(endpoint: &str, minor: &str) -> (aws_sdk_ec2::Client, aws_sdk
     (ec2, aws_sdk_iam::Client::new(&sdk))
 }
 
+/// The test process's moto server, seeded for the API server's Kubernetes version ([`seed_moto`]):
+/// a runtime for its clients, its endpoint, and EC2 and IAM clients.
+fn seeded_moto(env: &Env) -> (tokio::runtime::Runtime, String, aws_sdk_ec2::Client, aws_sdk_iam::Client) {
+    let endpoint = format!("http://{}", moto::moto().addr);
+    let version = env.json(&["version"]);
+    let major = version["serverVersion"]["major"].as_str().unwrap_or("1").to_string();
+    let minor: String =
+        version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (ec2, iam) = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
+    (rt, endpoint, ec2, iam)
+}
+
 /// The instances moto has for a NodeClaim (by the tag dovetail puts on them), with their state.
 async fn instances_of(ec2: &aws_sdk_ec2::Client, claim: &str) -> Vec<(String, String)> {
     let tag = aws_sdk_ec2::types::Filter::builder().name("tag:karpenter.sh/nodeclaim").values(claim).build();
@@ -1168,14 +1181,7 @@ async fn instances_of(ec2: &aws_sdk_ec2::Client, claim: &str) -> Vec<(String, St
 fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for_its_role_and_nodeclaims_launch_and_terminate_ec2_instances()
  {
     let Some((env, _serial, _)) = getting_started() else { return };
-    let moto = moto::moto();
-    let endpoint = format!("http://{}", moto.addr);
-    let version = env.json(&["version"]);
-    let major = version["serverVersion"]["major"].as_str().unwrap_or("1").to_string();
-    let minor: String =
-        version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let (ec2, iam) = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
+    let (rt, endpoint, ec2, iam) = seeded_moto(&env);
     // Without a CA to give the nodes (the test kubeconfig skips verification) it refuses to
     // start, saying what to set, rather than launch nodes that cannot join.
     let args = ["--cloud", "aws", "--aws-endpoint", endpoint.as_str(), "--region", "us-east-1"];

@@ -48,10 +48,18 @@ fn setting(name: &str, default: u32) -> u32 {
 /// of this process (sharing moto) expects to be missing at its start.
 const ROLE: &str = "KarpenterNodeRole-dovetail-ha";
 
-/// Points the getting-started EC2NodeClass at [`ROLE`].
-fn own_role(env: &Env) {
+/// Seeds moto ([`seeded_moto`]), makes [`ROLE`] there (once per process) and points the
+/// getting-started EC2NodeClass at it; moto's runtime, endpoint and EC2 client.
+fn own_role(env: &Env) -> (tokio::runtime::Runtime, String, aws_sdk_ec2::Client) {
+    let (rt, endpoint, ec2, iam) = seeded_moto(env);
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    if let Err(e) = rt.block_on(iam.create_role().role_name(ROLE).assume_role_policy_document(trust).send()) {
+        // Made by an earlier test in this process.
+        assert!(format!("{e:?}").contains("EntityAlreadyExists"), "create role: {e:?}");
+    }
     let patch = format!(r#"{{"spec":{{"role":"{ROLE}"}}}}"#);
     env.kubectl(&["patch", "ec2nodeclass", "default", "--type=merge", "-p", &patch]);
+    (rt, endpoint, ec2)
 }
 
 /// The seconds since the epoch a log line starts with (`2026-11-25T10:11:12.345678Z`).
@@ -383,27 +391,14 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
     // Half the CPU the pods ask for: `limited` reaches it in every round.
     let limit = pods / 2;
     env.apply(&pools(limit));
-    own_role(&env);
-    let moto = moto::moto();
-    let endpoint = format!("http://{}", moto.addr);
-    let version = env.json(&["version"]);
-    let major = version["serverVersion"]["major"].as_str().unwrap_or("1").to_string();
-    let minor: String =
-        version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let (ec2, iam) = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
-    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
-    if let Err(e) = rt.block_on(iam.create_role().role_name(ROLE).assume_role_policy_document(trust).send()) {
-        // Made by an earlier test in this process.
-        assert!(format!("{e:?}").contains("EntityAlreadyExists"), "create role: {e:?}");
-    }
+    let (rt, endpoint, ec2) = own_role(&env);
     let known = rt.block_on(all_instances(&ec2));
     let catalog = dovetail_core::catalog::Catalog::embedded("us-east-1").expect("the embedded catalog");
     let vcpus = catalog.instance_types.iter().map(|t| (t.name.clone(), t.vcpu)).collect();
     let fleet = Fleet { rt: &rt, ec2, known, vcpus, limit };
 
     let agent = Controller::spawn_aws(&env, "node-agent", "node-agent", &endpoint, &[]);
-    let mut group = Group::new(&env, &rt, moto.addr, None);
+    let mut group = Group::new(&env, &rt, moto::moto().addr, None);
     for i in 0..3 {
         group.start(i);
     }
@@ -516,22 +511,10 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
 fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_while_the_majority_goes_on() {
     let Some((env, _serial, _)) = getting_started() else { return };
     env.apply(&pools(1000));
-    own_role(&env);
-    let moto = moto::moto();
-    let endpoint = format!("http://{}", moto.addr);
-    let version = env.json(&["version"]);
-    let major = version["serverVersion"]["major"].as_str().unwrap_or("1").to_string();
-    let minor: String =
-        version["serverVersion"]["minor"].as_str().unwrap_or("").chars().filter(char::is_ascii_digit).collect();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let (_, iam) = rt.block_on(seed_moto(&endpoint, &format!("{major}.{minor}")));
-    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
-    if let Err(e) = rt.block_on(iam.create_role().role_name(ROLE).assume_role_policy_document(trust).send()) {
-        assert!(format!("{e:?}").contains("EntityAlreadyExists"), "create role: {e:?}");
-    }
+    let (rt, endpoint, _) = own_role(&env);
     let agent = Controller::spawn_aws(&env, "node-agent", "node-agent", &endpoint, &[]);
     let net = RaftNet::new();
-    let mut group = Group::new(&env, &rt, moto.addr, Some(&net));
+    let mut group = Group::new(&env, &rt, moto::moto().addr, Some(&net));
     for i in 0..3 {
         group.start(i);
     }
