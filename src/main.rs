@@ -47,7 +47,8 @@ enum Command {
     Controller(Box<controller::ControllerArgs>),
     /// Writes the CRDs (NodePool, NodeClaim, EC2NodeClass) as YAML.
     Crdgen(crdgen::CrdgenArgs),
-    /// Reads the replicated ledger of a control node (`ledger status`).
+    /// Reads the replicated ledger of a control node (`ledger status`) and changes the
+    /// group's members (`ledger join`, `ledger remove`).
     Ledger(ledger::LedgerArgs),
     /// Test tool: plays the kubelets of `--cloud aws` instances that are not real machines
     /// (moto), registering a Ready Node for each, like kwok. Takes the controller's flags.

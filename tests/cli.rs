@@ -400,3 +400,152 @@ fn the_ha_overlay_renders_a_statefulset_of_three_behind_a_headless_service() {
     assert_eq!(svc["spec"]["clusterIP"], "None");
     assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
 }
+
+/// Three control nodes' ledgers over HTTP on 127.0.0.1 (in this process, stores in memory)
+/// and a fourth node running outside the group: `dovetail ledger join`, asked at a follower,
+/// finds the leader and makes node 4 a voter; `ledger status` at node 4 lists it; `ledger
+/// remove` of the leader, asked at node 4, leaves three voters that elect another leader; a
+/// wrong secret and a node id moved to another address are refused with a clear error.
+#[test]
+fn ledger_join_and_remove_change_a_running_group_from_any_member() {
+    use dovetail_raft::Ledger;
+    use dovetail_raft::http::{HttpServer, HttpTransport};
+    use dovetail_raft::network::Transport;
+    use dovetail_raft::replicated::{RaftLedger, RaftSettings};
+    use dovetail_raft::store::{LogStore, Machine};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const SECRET: &str = "cli-test-secret-of-the-group";
+    let dir = std::env::temp_dir().join(format!("dovetail-cli-ledger-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let secret_file = dir.join("secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).expect("secret");
+    let wrong_file = dir.join("wrong");
+    std::fs::write(&wrong_file, "not-the-secret-of-the-group").expect("secret");
+    let secret_path = secret_file.to_str().expect("utf-8 path").to_string();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (nodes, servers, addrs) = rt.block_on(async {
+        let transport = HttpTransport::new(SECRET).expect("a long secret");
+        let (mut nodes, mut servers, mut addrs) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
+        for id in 1..=4u64 {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bound");
+            addrs.insert(id, listener.local_addr().expect("addr").to_string());
+            let t: Arc<dyn Transport> = transport.clone();
+            let log = LogStore::in_memory().expect("a log");
+            let clock = Arc::new(dovetail_core::clock::SystemClock::new());
+            let ledger = RaftLedger::start(id, &RaftSettings::default(), log, Machine::in_memory(), t, clock)
+                .await
+                .expect("started");
+            let server = HttpServer::start(listener, ledger.raft().clone(), ledger.machine().clone(), SECRET);
+            servers.push(server.expect("serving"));
+            nodes.insert(id, ledger);
+        }
+        let members: BTreeMap<u64, String> =
+            addrs.iter().filter(|(id, _)| **id <= 3).map(|(i, a)| (*i, a.clone())).collect();
+        nodes[&1].initialize(members).await.expect("initialized");
+        (nodes, servers, addrs)
+    });
+    let leader = |except: Option<u64>| -> u64 {
+        for _ in 0..200 {
+            let found =
+                nodes.iter().find(|(id, n)| Some(**id) != except && n.leadership().borrow().leader).map(|(id, _)| *id);
+            if let Some(id) = found {
+                return id;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no leader within 10 s");
+    };
+    let first = leader(None);
+    let follower = (1..=3).find(|id| *id != first).expect("a follower");
+    let out = dovetail(
+        &[
+            "ledger",
+            "join",
+            "--addr",
+            &addrs[&follower],
+            "--node-id",
+            "4",
+            "--raft-addr",
+            &addrs[&4],
+            "--raft-secret-file",
+            &secret_path,
+        ],
+        None,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("node 4 joined the group as a voter"), "{text}");
+    let voters = (1..=4).map(|i| format!("{i}={}", addrs[&i])).collect::<Vec<_>>().join(", ");
+    assert!(text.contains(&format!("voters: {voters}")), "{text}");
+    let out = dovetail(
+        &["ledger", "status", "--addr", &addrs[&4], "--raft-secret-file", &secret_path, "--output", "json"],
+        None,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(st["members"], serde_json::json!([1, 2, 3, 4]), "{st}");
+    assert_eq!(st["learners"], serde_json::json!([]), "{st}");
+    // The same id at another address: refused, nothing changed.
+    let out = dovetail(
+        &[
+            "ledger",
+            "join",
+            "--addr",
+            &addrs[&4],
+            "--node-id",
+            "4",
+            "--raft-addr",
+            "127.0.0.1:9",
+            "--raft-secret-file",
+            &secret_path,
+        ],
+        None,
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("remove it first"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The wrong secret.
+    let wrong = wrong_file.to_str().expect("utf-8 path");
+    let out =
+        dovetail(&["ledger", "remove", "--addr", &addrs[&4], "--node-id", "4", "--raft-secret-file", wrong], None);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"), "{}", String::from_utf8_lossy(&out.stderr));
+    // The leader removed, asked at node 4.
+    let out = dovetail(
+        &[
+            "ledger",
+            "remove",
+            "--addr",
+            &addrs[&4],
+            "--node-id",
+            &first.to_string(),
+            "--raft-secret-file",
+            &secret_path,
+            "--output",
+            "json",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let left: Vec<u64> = (1..=4).filter(|i| *i != first).collect();
+    let ids: Vec<u64> = m["voters"].as_object().expect("voters").keys().map(|k| k.parse().expect("an id")).collect();
+    assert_eq!(ids, left, "{m}");
+    assert_eq!(m["changed"], serde_json::json!(true));
+    let second = leader(Some(first));
+    assert_ne!(second, first);
+    rt.block_on(async {
+        for n in nodes.values() {
+            n.shutdown().await;
+        }
+    });
+    drop(servers);
+    if let Err(e) = std::fs::remove_dir_all(&dir) {
+        eprintln!("leaving {}: {e}", dir.display());
+    }
+}

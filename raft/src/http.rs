@@ -23,6 +23,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use openraft::Raft;
 
+use crate::membership::{Members, MembershipError, MembershipRequest};
 use crate::network::{Rpc, RpcReply, Transport, TransportError, serve};
 use crate::status::LedgerStatus;
 use crate::store::Machine;
@@ -37,6 +38,10 @@ pub const PATH: &str = "/raft/v1";
 
 /// Where a node's [`LedgerStatus`] is read (`GET`, with the secret).
 pub const STATUS_PATH: &str = "/raft/v1/status";
+
+/// Where a [`MembershipRequest`] is posted (with the secret); the answer is a JSON
+/// `Result<Members, MembershipError>`.
+pub const MEMBERSHIP_PATH: &str = "/raft/v1/membership";
 
 /// The largest body accepted either way (a snapshot chunk is a few MB; an append batch of
 /// decision rounds less).
@@ -190,6 +195,68 @@ pub async fn fetch_status(addr: &str, secret: &str, timeout: Duration) -> Result
     tokio::time::timeout(timeout, get).await.map_err(|_| format!("{addr}: no answer within {timeout:?}"))?
 }
 
+/// Asks the node at `addr` for a membership change, once (no redirect to the leader).
+pub async fn request_membership(
+    addr: &str,
+    secret: &str,
+    request: &MembershipRequest,
+    timeout: Duration,
+) -> Result<Result<Members, MembershipError>, String> {
+    let post = async {
+        let mut send = dial(addr).await?;
+        let body = serde_json::to_vec(request).map_err(|e| format!("encoding the request: {e}"))?;
+        let request = Request::post(MEMBERSHIP_PATH)
+            .header(hyper::header::HOST, addr)
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {secret}"))
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let response = send.send_request(request).await.map_err(|e| format!("{addr}: {e}"))?;
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| format!("{addr}: reading the reply: {e}"))?
+            .to_bytes();
+        if status != StatusCode::OK {
+            return Err(format!("{addr}: HTTP {status}: {}", String::from_utf8_lossy(&bytes).trim()));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| format!("{addr}: not a membership answer: {e}"))
+    };
+    tokio::time::timeout(timeout, post).await.map_err(|_| format!("{addr}: no answer within {timeout:?}"))?
+}
+
+/// How many nodes [`change_membership`] asks before it gives up looking for the leader.
+pub const MEMBERSHIP_HOPS: usize = 8;
+
+/// Asks for a membership change at `addr`, and then at the leader each node names, for at
+/// most [`MEMBERSHIP_HOPS`] answers (pausing half a second when a node knows no leader: an
+/// election is running). Each answer waits at most `timeout`.
+pub async fn change_membership(
+    addr: &str,
+    secret: &str,
+    request: &MembershipRequest,
+    timeout: Duration,
+) -> Result<Members, String> {
+    let mut at = addr.to_string();
+    let mut last = String::new();
+    for _ in 0..MEMBERSHIP_HOPS {
+        match request_membership(&at, secret, request, timeout).await? {
+            Ok(members) => return Ok(members),
+            Err(MembershipError::NotLeader { addr: Some(leader), .. }) if leader != at => {
+                tracing::debug!(asked = %at, leader = %leader, "ledger.membership: asking the leader");
+                at = leader;
+            }
+            Err(e @ MembershipError::NotLeader { .. }) => {
+                last = e.to_string();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!("no leader found after asking {MEMBERSHIP_HOPS} times (last: {last})"))
+}
+
 /// The HTTP transport's server side: answers Raft messages for one node.
 pub struct HttpServer {
     /// The address it listens on.
@@ -282,7 +349,8 @@ async fn answer(
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     let status = req.uri().path() == STATUS_PATH && req.method() == hyper::Method::GET;
-    if !status && (req.uri().path() != PATH || req.method() != hyper::Method::POST) {
+    let membership = req.uri().path() == MEMBERSHIP_PATH && req.method() == hyper::Method::POST;
+    if !status && !membership && (req.uri().path() != PATH || req.method() != hyper::Method::POST) {
         return reply(StatusCode::NOT_FOUND, "not a raft endpoint\n");
     }
     let presented = req
@@ -308,6 +376,24 @@ async fn answer(
         Ok(b) => b.to_bytes(),
         Err(e) => return reply(StatusCode::PAYLOAD_TOO_LARGE, format!("{e}\n")),
     };
+    if membership {
+        let request: MembershipRequest = match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "ledger.membership: a malformed request");
+                return reply(StatusCode::BAD_REQUEST, format!("not a membership request: {e}\n"));
+            }
+        };
+        tracing::info!(%peer, ?request, "ledger.membership: asked");
+        let answer = crate::membership::change(raft, &request).await;
+        if let Err(e) = &answer {
+            tracing::warn!(%peer, ?request, error = %e, "ledger.membership: not changed");
+        }
+        return match serde_json::to_vec(&answer) {
+            Ok(b) => reply(StatusCode::OK, b),
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the answer: {e}\n")),
+        };
+    }
     let rpc: Rpc = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {

@@ -10,6 +10,7 @@
 //! so a deposed leader's decisions never reach the cloud or the cluster.
 
 pub mod http;
+pub mod membership;
 pub mod network;
 pub mod replicated;
 pub mod status;

@@ -31,6 +31,9 @@ pub struct LedgerStatus {
     pub snapshot_index: Option<u64>,
     /// The group's voters.
     pub members: Vec<NodeId>,
+    /// Nodes receiving the log without a vote (a joining node while it catches up).
+    #[serde(default)]
+    pub learners: Vec<NodeId>,
     /// What the ledger it applied holds.
     #[serde(flatten)]
     pub ledger: LedgerContents,
@@ -110,6 +113,7 @@ impl LedgerStatus {
             applied_index: m.last_applied.map(|l| l.index),
             snapshot_index: m.snapshot.map(|l| l.index),
             members: m.membership_config.membership().voter_ids().collect(),
+            learners: m.membership_config.membership().learner_ids().collect(),
             ledger: machine.read(|a| LedgerContents::of(&a.state)),
         }
     }
@@ -125,7 +129,11 @@ impl LedgerStatus {
             self.term,
             self.leader.map_or_else(|| "unknown".to_string(), |l| l.to_string())
         ));
-        out.push_str(&format!("members {:?}\n", self.members));
+        if self.learners.is_empty() {
+            out.push_str(&format!("members {:?}\n", self.members));
+        } else {
+            out.push_str(&format!("members {:?}, learners {:?}\n", self.members, self.learners));
+        }
         out.push_str(&format!(
             "log: last {}, committed {}, applied {}, snapshot {}\n",
             opt(self.last_log_index),

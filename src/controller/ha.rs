@@ -6,7 +6,8 @@
 //! peer it can reach reports a group; a node that has a log (a restart) rejoins from it.
 //! openraft checks only the local log before making a group, hence the question to the peers.
 //! A node whose disk was lost must not come back with its id while the group runs (it would
-//! have forgotten its votes; docs/ha.md).
+//! have forgotten its votes): it is removed and joins again empty (`dovetail ledger remove`,
+//! `dovetail ledger join`; docs/ha.md).
 
 use std::sync::Arc;
 
