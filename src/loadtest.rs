@@ -30,7 +30,7 @@ pub fn run(args: &LoadtestArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let report = match simulate::execute(&scenario, true, &args.out) {
+    let report = match simulate::execute(&scenario, true, None, &args.out) {
         Ok(r) => r,
         Err(code) => return code,
     };

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use dovetail_core::clock::SystemClock;
+use dovetail_loadtest::ha::ControlNodes;
 use dovetail_loadtest::{Progress, Report, RunOptions, Sample, Scenario};
 
 #[derive(clap::Args)]
@@ -36,6 +37,14 @@ pub struct SimulateArgs {
     /// Directory for report.json and plot.svg.
     #[arg(long, default_value = "dovetail-simulate")]
     pub out: PathBuf,
+    /// Replicates the ledger over this many control nodes in this process (Raft over an
+    /// in-memory network, on the run's clock); the report shows each failover.
+    #[arg(long, default_value_t = 1)]
+    pub control_nodes: usize,
+    /// With --control-nodes 3 or more: kills the leader this often (a duration such as
+    /// `60s`); a killed node comes back from its stores 10 s later.
+    #[arg(long)]
+    pub kill_leader_every: Option<String>,
 }
 
 /// The Router's batch window.
@@ -106,8 +115,13 @@ pub fn load(file: Option<&PathBuf>, builtin: Option<&str>) -> Result<Scenario, S
 }
 
 /// Runs a scenario with progress on stderr, writes the report into `out` and prints it.
-pub fn execute(scenario: &Scenario, realtime: bool, out: &std::path::Path) -> Result<Report, ExitCode> {
-    let opts = RunOptions { realtime, wall: Some(Arc::new(SystemClock)) };
+pub fn execute(
+    scenario: &Scenario,
+    realtime: bool,
+    control: Option<ControlNodes>,
+    out: &std::path::Path,
+) -> Result<Report, ExitCode> {
+    let opts = RunOptions { realtime, wall: Some(Arc::new(SystemClock)), control };
     let mut status = Status { tty: std::io::stderr().is_terminal() };
     let sys = dovetail_actors::system().map_err(|e| {
         eprintln!("error: cannot start the runtime: {e}");
@@ -139,6 +153,25 @@ fn from_trace(args: &SimulateArgs, trace: &PathBuf) -> Result<Scenario, String> 
     dovetail_loadtest::trace::scenario(&name, &pods, &pools, args.zones.clone(), args.batch).map_err(|e| e.to_string())
 }
 
+/// The control nodes the flags ask for (none: the single in-process ledger).
+fn control_nodes(args: &SimulateArgs) -> Result<Option<ControlNodes>, String> {
+    let kill_every_ms = match &args.kill_leader_every {
+        None => None,
+        Some(d) => {
+            let every = dovetail_core::nodepool::parse_duration(d)
+                .map_err(|e| format!("--kill-leader-every {d:?}: {e}"))?
+                .ok_or_else(|| format!("--kill-leader-every {d:?}: a duration such as 60s"))?;
+            Some(u64::try_from(every.as_millis()).unwrap_or(u64::MAX))
+        }
+    };
+    if args.control_nodes == 1 && kill_every_ms.is_none() {
+        return Ok(None);
+    }
+    let shape = ControlNodes::new(args.control_nodes, kill_every_ms);
+    shape.check()?;
+    Ok(Some(shape))
+}
+
 pub fn run(args: &SimulateArgs) -> ExitCode {
     let loaded = match &args.trace {
         Some(trace) => from_trace(args, trace),
@@ -151,7 +184,14 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match execute(&scenario, args.realtime, &args.out) {
+    let control = match control_nodes(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match execute(&scenario, args.realtime, control, &args.out) {
         Ok(_) => ExitCode::SUCCESS,
         Err(code) => code,
     }

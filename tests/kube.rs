@@ -27,6 +27,11 @@ struct Env {
     dir: PathBuf,
 }
 
+/// The dovetail binary the tests run: this build's, or `DOVETAIL_BIN` (scripts/ha-loadtest
+/// points it at a release build: speed is measured on the build users run).
+fn dovetail_bin() -> std::path::PathBuf {
+    std::env::var_os("DOVETAIL_BIN").map_or_else(|| env!("CARGO_BIN_EXE_dovetail").into(), std::path::PathBuf::from)
+}
 fn env() -> Option<Env> {
     let Some(dir) = std::env::var_os("DOVETAIL_KUBE_ENV") else {
         eprintln!("skipped: DOVETAIL_KUBE_ENV is unset (run `scripts/kube-test-env start DIR` and source DIR/env)");
@@ -263,7 +268,7 @@ impl Controller {
         let port = |n: u16| format!("127.0.0.1:{}", free_port().unwrap_or(n));
         let metrics_addr = port(18080);
         let extra = args;
-        let mut command = Command::new(env!("CARGO_BIN_EXE_dovetail"));
+        let mut command = Command::new(dovetail_bin());
         // Hermetic: a developer's AWS profile, region or endpoints do not reach the controller.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("AWS_") {
@@ -601,7 +606,7 @@ fn three_control_nodes_fail_over_when_the_leader_is_killed_mid_scale_up_and_only
     // `dovetail ledger status` on the new leader: it leads, and its registry holds the claims.
     let addr = format!("127.0.0.1:{}", ports[second]);
     let status = |output: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_dovetail"))
+        let out = Command::new(dovetail_bin())
             .args(["ledger", "status", "--addr", &addr, "--output", output, "--raft-secret-file"])
             .arg(&secret)
             .output()

@@ -186,4 +186,10 @@ impl Handler<crate::Restart> for PendingFeed {
     }
 }
 
-impl Supervised for PendingFeed {}
+impl Supervised for PendingFeed {
+    /// A restarted feed (a new leader's plane starting from the seams) finds the pods already
+    /// pending a backlog again, decided without the batch window.
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        self.looked = false;
+    }
+}

@@ -59,6 +59,9 @@ pub struct Report {
     pub errors: std::collections::BTreeMap<String, u64>,
     /// Peak RSS of the whole process (plane, sim cloud, sim cluster, driver), MiB.
     pub peak_rss_mib: Option<f64>,
+    /// The control nodes and their failovers (`--control-nodes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<crate::ha::ControlReport>,
     pub samples: Vec<Sample>,
 }
 
@@ -143,6 +146,44 @@ impl Report {
         }
         if let Some(rss) = self.peak_rss_mib {
             let _ = writeln!(t, "peak RSS         {rss:.0} MiB (whole process)");
+        }
+        if let Some(c) = &self.control {
+            let every = c.kill_every_ms.map_or_else(|| "never".to_string(), |ms| format!("every {} s", ms / 1000));
+            let _ =
+                writeln!(t, "control nodes    {} (leader killed {every}): {} failovers", c.nodes, c.failovers.len());
+            let _ = writeln!(
+                t,
+                "                 new leader p50 {} / p99 {} / max {}; first new claims max {}",
+                opt_ms(c.lead_after_p50_ms),
+                opt_ms(c.lead_after_p99_ms),
+                opt_ms(c.max_lead_after_ms),
+                opt_ms(c.max_decision_after_ms)
+            );
+            let _ = writeln!(
+                t,
+                "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice, {} raft messages",
+                c.terms_led, c.elections_without_kill, c.fenced, c.claims_launched_twice, c.messages
+            );
+            for f in c.failovers.iter().take(5) {
+                let decided = match (f.pending_at_lead, f.decision_after_ms) {
+                    (0, _) => "no pods pending".to_string(),
+                    (n, Some(ms)) => format!("{n} pods pending, new claims after {ms} ms"),
+                    (n, None) => format!("{n} pods pending, covered by claims already made"),
+                };
+                let _ = writeln!(
+                    t,
+                    "  at {:>8.1} s: node {} (term {}) killed; node {} leads term {} after {}; {decided}",
+                    f.killed_at_ms as f64 / 1e3,
+                    f.killed,
+                    f.from_term,
+                    f.leader.map_or_else(|| "-".to_string(), |l| l.to_string()),
+                    f.to_term.map_or_else(|| "-".to_string(), |t| t.to_string()),
+                    opt_ms(f.lead_after_ms),
+                );
+            }
+            if c.failovers.len() > 5 {
+                let _ = writeln!(t, "  ... {} more in report.json", c.failovers.len() - 5);
+            }
         }
         if !self.errors.is_empty() {
             let list: Vec<String> = self.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();

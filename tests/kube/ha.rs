@@ -280,7 +280,7 @@ impl Group<'_> {
     }
 
     fn status(&self, i: usize) -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_dovetail"))
+        let out = Command::new(super::dovetail_bin())
             .args(["ledger", "status", "--addr", &format!("127.0.0.1:{}", self.ports[i]), "--output", "json"])
             .arg("--raft-secret-file")
             .arg(&self.secret)

@@ -1,0 +1,437 @@
+//! `simulate --control-nodes N [--kill-leader-every D]`: the ledger replicated over N Raft
+//! nodes in this process (stores in memory, messages over the in-memory network), on the
+//! run's virtual time, with the leader killed every D and brought back from its stores.
+//!
+//! The plane talks to the group through a [`Switch`]: the ledger of whichever node leads.
+//! Its leadership watch is the group's (the leading node's, or a later term nobody leads yet),
+//! so the plane's effects stop the moment the leader dies, and a proposal of the dead leader's
+//! term that reaches the next leader is fenced. When a node leads in a new term, the driver
+//! restarts every actor of the plane: each starts again from the ledger and the cluster, as the
+//! actors a new leader starts do (`dovetail controller` runs them on a fresh arbiter per term).
+//! Each failover is reported: when the leader was killed, when the next one's `Lead` committed,
+//! and when its first provisioning decision committed, if pods were pending then.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dovetail_core::clock::Clock;
+use dovetail_core::ledger::{Command, Entry, Outcome, State};
+use dovetail_raft::network::{MemNet, Transport};
+use dovetail_raft::replicated::{RaftLedger, RaftSettings};
+use dovetail_raft::store::{LogStore, Machine};
+use dovetail_raft::types::NodeId;
+use dovetail_raft::{BoxFuture, Committed, Leadership, Ledger, LedgerError};
+use serde::Serialize;
+use tokio::sync::watch;
+
+/// How the control nodes run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlNodes {
+    /// How many (3 or 5 survive the loss of one or two).
+    pub count: usize,
+    /// Kill the leader this often (ms of the run's clock), if at all.
+    pub kill_every_ms: Option<u64>,
+    /// A killed node starts again from its stores this long after (ms).
+    pub restart_after_ms: u64,
+    /// The in-memory network's seed.
+    pub seed: u64,
+}
+
+impl ControlNodes {
+    /// `count` nodes, the leader killed every `kill_every_ms`, a killed node back after 10 s.
+    pub fn new(count: usize, kill_every_ms: Option<u64>) -> ControlNodes {
+        ControlNodes { count, kill_every_ms, restart_after_ms: 10_000, seed: 1 }
+    }
+
+    /// Whether this shape can run: at least one node; kills need a majority left (3 or more).
+    pub fn check(&self) -> Result<(), String> {
+        if self.count == 0 {
+            return Err("--control-nodes: at least 1".into());
+        }
+        if self.count > 9 {
+            return Err(format!("--control-nodes {}: at most 9", self.count));
+        }
+        if self.kill_every_ms.is_some() && self.count < 3 {
+            return Err(format!(
+                "--kill-leader-every needs --control-nodes 3 or more (with {}, a kill leaves no majority)",
+                self.count
+            ));
+        }
+        if self.kill_every_ms.is_some_and(|k| k <= self.restart_after_ms) {
+            return Err(format!(
+                "--kill-leader-every must be longer than the {} s a killed node takes to come back",
+                self.restart_after_ms / 1000
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One failover, as the report shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Failover {
+    /// The node killed and the term it led in.
+    pub killed: NodeId,
+    pub from_term: u64,
+    /// When it was killed (ms into the run).
+    pub killed_at_ms: u64,
+    /// The node that led next, and in which term.
+    pub leader: Option<NodeId>,
+    pub to_term: Option<u64>,
+    /// From the kill to the next leader's `Lead` committed.
+    pub lead_after_ms: Option<u64>,
+    /// From the kill to the next leader's first new claims committed (its first provisioning
+    /// decision), when pods were pending as it took over. None when none were, or when the
+    /// claims the dead leader made already covered them (nothing new to decide).
+    pub decision_after_ms: Option<u64>,
+    /// Pods pending when the next leader took over.
+    pub pending_at_lead: usize,
+}
+
+/// The control nodes' part of the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ControlReport {
+    pub nodes: usize,
+    pub kill_every_ms: Option<u64>,
+    /// Terms a node led in (the first election included).
+    pub terms_led: usize,
+    /// Of those, terms begun without a kill (a leader deposed by an election it did not
+    /// lose to a kill: a node back from its stores calling one).
+    pub elections_without_kill: usize,
+    pub failovers: Vec<Failover>,
+    /// The time to a new leader over the failovers: median, 99th percentile and largest.
+    pub lead_after_p50_ms: Option<u64>,
+    pub lead_after_p99_ms: Option<u64>,
+    pub max_lead_after_ms: Option<u64>,
+    /// The largest time to a new leader's first new claims.
+    pub max_decision_after_ms: Option<u64>,
+    /// Proposals of a dead leader's term that the next leader fenced.
+    pub fenced: u64,
+    /// Raft messages sent, and lost to the network's faults (messages to a dead node are
+    /// not counted lost: they fail at once, as a refused connection does).
+    pub messages: u64,
+    pub messages_lost: u64,
+    /// Claims with more than one instance in the cloud (must be zero).
+    pub claims_launched_twice: usize,
+}
+
+/// The group's timing: a failover well inside a second, as in production.
+fn settings() -> RaftSettings {
+    RaftSettings::default()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The ledger of whichever node leads.
+pub struct Switch {
+    running: Mutex<BTreeMap<NodeId, Arc<RaftLedger>>>,
+    leadership: watch::Sender<Leadership>,
+    clock: Arc<dyn Clock>,
+    /// When each term's first provisioning decision committed (ms of the clock).
+    first_reserve: Mutex<BTreeMap<u64, u64>>,
+    fenced: Mutex<u64>,
+}
+
+impl Switch {
+    fn new(clock: Arc<dyn Clock>) -> Arc<Switch> {
+        let (leadership, _) = watch::channel(Leadership { term: 0, leader: false, leader_id: None });
+        Arc::new(Switch {
+            running: Mutex::new(BTreeMap::new()),
+            leadership,
+            clock,
+            first_reserve: Mutex::new(BTreeMap::new()),
+            fenced: Mutex::new(0),
+        })
+    }
+
+    /// The node that leads with its `Lead` committed, if any.
+    fn leader(&self) -> Option<(NodeId, Arc<RaftLedger>)> {
+        lock(&self.running).iter().find(|(_, l)| l.leadership().borrow().leader).map(|(id, l)| (*id, l.clone()))
+    }
+
+    /// Publishes the group's leadership: the leading node's, else the latest term any running
+    /// node is in, leading nothing. Never goes back in term.
+    fn refresh(&self) {
+        let views: Vec<Leadership> = lock(&self.running).values().map(|l| l.leadership().borrow().clone()).collect();
+        self.leadership.send_if_modified(|cur| {
+            let next = match views.iter().filter(|l| l.leader).max_by_key(|l| l.term) {
+                Some(l) if l.term >= cur.term => l.clone(),
+                _ => {
+                    let term = views.iter().map(|l| l.term).max().unwrap_or(0).max(cur.term);
+                    Leadership { term, leader: false, leader_id: None }
+                }
+            };
+            if *cur == next {
+                false
+            } else {
+                *cur = next;
+                true
+            }
+        });
+    }
+
+    fn add(self: &Arc<Switch>, id: NodeId, ledger: Arc<RaftLedger>) {
+        let mut rx = ledger.leadership();
+        lock(&self.running).insert(id, ledger);
+        let switch = Arc::downgrade(self);
+        tokio::spawn(async move {
+            // Follows the node until it stops (its watch closes) or the run ends.
+            while rx.changed().await.is_ok() {
+                let Some(s) = switch.upgrade() else { return };
+                s.refresh();
+            }
+        });
+        self.refresh();
+    }
+
+    fn remove(&self, id: NodeId) -> Option<Arc<RaftLedger>> {
+        let gone = lock(&self.running).remove(&id);
+        self.refresh();
+        gone
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_millis()
+    }
+}
+
+impl Ledger for Switch {
+    fn propose(&self, entry: Entry) -> BoxFuture<'_, Result<Committed, LedgerError>> {
+        Box::pin(async move {
+            let Some((_, ledger)) = self.leader() else {
+                return Err(LedgerError::NotLeader { leader: None });
+            };
+            let (term, reserve) = (entry.term, matches!(entry.command, Command::Reserve { .. }));
+            let committed = ledger.propose(entry).await?;
+            match &committed.outcome {
+                Outcome::Fenced { .. } => *lock(&self.fenced) += 1,
+                Outcome::Reserved { .. } if reserve => {
+                    let now = self.now_ms();
+                    lock(&self.first_reserve).entry(term).or_insert(now);
+                }
+                _ => {}
+            }
+            Ok(committed)
+        })
+    }
+
+    fn read<'a>(&'a self, f: Box<dyn FnOnce(&State) + Send + 'a>) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move {
+            // The leader's state; with none, the most advanced running node's (what a plane
+            // decides on it is fenced or refused when proposed).
+            let ledger = match self.leader() {
+                Some((_, l)) => l,
+                None => {
+                    let running = lock(&self.running).values().cloned().collect::<Vec<_>>();
+                    let best = running.into_iter().max_by_key(|l| l.machine().read(|a| a.last_applied));
+                    best.ok_or_else(|| LedgerError::Unavailable { reason: "no control node is running".into() })?
+                }
+            };
+            ledger.read(f).await
+        })
+    }
+
+    fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.subscribe()
+    }
+}
+
+/// A node's stores: its disk, which outlives its process.
+struct Stores {
+    log: LogStore,
+    machine: Machine,
+}
+
+/// The control nodes of a run.
+pub struct Group {
+    shape: ControlNodes,
+    net: Arc<MemNet>,
+    stores: BTreeMap<NodeId, Stores>,
+    /// Killed nodes and when each starts again (ms into the run).
+    down: BTreeMap<NodeId, u64>,
+    switch: Arc<Switch>,
+    clock: Arc<dyn Clock>,
+    /// The run's start on the clock (ms), for times into the run.
+    start_ms: u64,
+    next_kill_ms: Option<u64>,
+    failovers: Vec<Failover>,
+    /// The last term a node led in, and how many terms were led.
+    last_led: u64,
+    terms_led: usize,
+}
+
+/// What [`Group::on_leadership`] saw.
+pub enum Turn {
+    /// The same term, or nobody leads yet.
+    Same,
+    /// A node leads in a new term: the plane must start again from the seams.
+    NewTerm(u64),
+}
+
+impl Group {
+    /// Starts the nodes, makes the group and waits (at most 30 s of the clock) for its first
+    /// leader.
+    pub async fn start(shape: ControlNodes, clock: Arc<dyn Clock>, start_ms: u64) -> Result<Group, String> {
+        shape.check()?;
+        let net = MemNet::new(shape.seed);
+        let switch = Switch::new(clock.clone());
+        let mut group = Group {
+            next_kill_ms: shape.kill_every_ms,
+            shape,
+            net,
+            stores: BTreeMap::new(),
+            down: BTreeMap::new(),
+            switch,
+            clock,
+            start_ms,
+            failovers: Vec::new(),
+            last_led: 0,
+            terms_led: 0,
+        };
+        let ids: Vec<NodeId> = (1..=group.shape.count as NodeId).collect();
+        for id in &ids {
+            let log = LogStore::in_memory().map_err(|e| format!("control node {id}: its log: {e}"))?;
+            group.stores.insert(*id, Stores { log, machine: Machine::in_memory() });
+            group.boot(*id).await?;
+        }
+        let members = ids.iter().map(|id| (*id, format!("memory-{id}"))).collect();
+        let first = lock(&group.switch.running).get(&1).cloned().ok_or("control node 1 did not start")?;
+        first.initialize(members).await.map_err(|e| format!("making the group: {e}"))?;
+        let mut watch = group.switch.leadership();
+        let elected = tokio::time::timeout(Duration::from_secs(30), watch.wait_for(|l| l.leader)).await;
+        match elected {
+            Ok(Ok(_)) => Ok(group),
+            Ok(Err(_)) | Err(_) => Err("the control nodes elected no leader within 30 s".into()),
+        }
+    }
+
+    /// The ledger the plane uses.
+    pub fn ledger(&self) -> Arc<Switch> {
+        self.switch.clone()
+    }
+
+    async fn boot(&mut self, id: NodeId) -> Result<(), String> {
+        let stores = self.stores.get(&id).ok_or_else(|| format!("control node {id} has no stores"))?;
+        let transport: Arc<dyn Transport> = self.net.clone();
+        let ledger = RaftLedger::start(
+            id,
+            &settings(),
+            stores.log.clone(),
+            stores.machine.clone(),
+            transport,
+            self.clock.clone(),
+        )
+        .await
+        .map_err(|e| format!("control node {id}: {e}"))?;
+        self.net.join(id, ledger.raft().clone());
+        self.switch.add(id, Arc::new(ledger));
+        Ok(())
+    }
+
+    fn ms(&self) -> u64 {
+        self.clock.now_millis().saturating_sub(self.start_ms)
+    }
+
+    /// Kills the leader when it is time, and starts killed nodes again when theirs is.
+    pub async fn step(&mut self) -> Result<(), String> {
+        let now = self.ms();
+        let due: Vec<NodeId> = self.down.iter().filter(|(_, at)| **at <= now).map(|(id, _)| *id).collect();
+        for id in due {
+            self.down.remove(&id);
+            if let Some(s) = self.stores.get_mut(&id) {
+                // What a restart finds: the log, and the machine's last snapshot.
+                s.machine = s.machine.restarted().map_err(|e| format!("control node {id} restarting: {e}"))?;
+            }
+            self.boot(id).await?;
+            tracing::info!(node = id, "ledger.sim: control node back from its stores");
+        }
+        let Some(at) = self.next_kill_ms.filter(|at| *at <= now) else { return Ok(()) };
+        self.next_kill_ms = self.shape.kill_every_ms.map(|every| at.saturating_add(every));
+        let Some((id, _)) = self.switch.leader() else {
+            tracing::info!("ledger.sim: no leader to kill this time");
+            return Ok(());
+        };
+        let term = self.switch.leadership.borrow().term;
+        self.net.leave(id);
+        if let Some(ledger) = self.switch.remove(id) {
+            ledger.shutdown().await;
+        }
+        self.down.insert(id, now.saturating_add(self.shape.restart_after_ms));
+        tracing::info!(node = id, raft.term = term, "ledger.sim: leader killed");
+        self.failovers.push(Failover { killed: id, from_term: term, killed_at_ms: now, ..Failover::default() });
+        Ok(())
+    }
+
+    /// Looks at the group's leadership: a new term led calls for a fresh plane. `pending` is
+    /// how many pods wait, for the report.
+    pub fn on_leadership(&mut self, pending: usize) -> Turn {
+        let l = self.switch.leadership.borrow().clone();
+        if !l.leader || l.term <= self.last_led {
+            return Turn::Same;
+        }
+        self.last_led = l.term;
+        self.terms_led += 1;
+        let now = self.ms();
+        let leader = l.leader_id.as_deref().and_then(|s| s.parse().ok());
+        if let Some(f) = self.failovers.last_mut().filter(|f| f.to_term.is_none()) {
+            f.to_term = Some(l.term);
+            f.leader = leader;
+            f.lead_after_ms = Some(now.saturating_sub(f.killed_at_ms));
+            f.pending_at_lead = pending;
+        }
+        Turn::NewTerm(l.term)
+    }
+
+    /// The report's part, with the cloud's claims launched twice counted by the caller.
+    pub fn report(&self, claims_launched_twice: usize) -> ControlReport {
+        let first = lock(&self.switch.first_reserve).clone();
+        let failovers: Vec<Failover> = self
+            .failovers
+            .iter()
+            .map(|f| {
+                let mut f = f.clone();
+                if f.pending_at_lead > 0 {
+                    f.decision_after_ms = f
+                        .to_term
+                        .and_then(|t| first.get(&t))
+                        .map(|at| at.saturating_sub(self.start_ms).saturating_sub(f.killed_at_ms));
+                }
+                f
+            })
+            .collect();
+        let (messages, messages_lost) = self.net.counts();
+        let mut leads: Vec<u64> = failovers.iter().filter_map(|f| f.lead_after_ms).collect();
+        leads.sort_unstable();
+        let at = |q: f64| {
+            let i = ((leads.len() as f64 * q).ceil() as usize).clamp(1, leads.len().max(1)) - 1;
+            leads.get(i).copied()
+        };
+        let after_kill = failovers.iter().filter(|f| f.to_term.is_some()).count();
+        ControlReport {
+            nodes: self.shape.count,
+            kill_every_ms: self.shape.kill_every_ms,
+            terms_led: self.terms_led,
+            elections_without_kill: self.terms_led.saturating_sub(1).saturating_sub(after_kill),
+            lead_after_p50_ms: at(0.5),
+            lead_after_p99_ms: at(0.99),
+            max_lead_after_ms: failovers.iter().filter_map(|f| f.lead_after_ms).max(),
+            max_decision_after_ms: failovers.iter().filter_map(|f| f.decision_after_ms).max(),
+            failovers,
+            fenced: *lock(&self.switch.fenced),
+            messages,
+            messages_lost,
+            claims_launched_twice,
+        }
+    }
+
+    /// Stops every node.
+    pub async fn stop(&self) {
+        let running: Vec<Arc<RaftLedger>> = lock(&self.switch.running).values().cloned().collect();
+        for l in running {
+            l.shutdown().await;
+        }
+    }
+}
