@@ -62,11 +62,12 @@ struct JoinArgs {
     /// The joining node's id (its --node-id; not in use in the group).
     #[arg(long)]
     node_id: u64,
-    /// Where the joining node serves Raft (its --raft-addr, as the other members reach it).
-    #[arg(long)]
+    /// Where the joining node serves Raft (its --raft-addr, HOST:PORT, as the other members
+    /// reach it).
+    #[arg(long, value_parser = host_port)]
     raft_addr: String,
-    /// How long the joining node may take to catch up on the log, in seconds.
-    #[arg(long, default_value_t = 60)]
+    /// How long the joining node may take to catch up on the log, in seconds (1 to 3600).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     catch_up_secs: u64,
 }
 
@@ -77,6 +78,14 @@ struct RemoveArgs {
     /// The id of the node to remove.
     #[arg(long)]
     node_id: u64,
+}
+
+/// A `HOST:PORT` address.
+fn host_port(s: &str) -> Result<String, String> {
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(s.to_string()),
+        _ => Err(format!("{s:?} is not HOST:PORT")),
+    }
 }
 
 /// Runs a `ledger` subcommand.
@@ -109,12 +118,13 @@ pub fn run(args: &LedgerArgs) -> ExitCode {
         },
         LedgerCommand::Remove(a) => MembershipRequest::Remove { id: a.node_id },
     };
-    // Each answer may take the catch-up plus the commit.
+    // Each answer may take the catch-up and three commits (finishing a change left half-way,
+    // adding the learner, making it a voter), plus asking the voters whether they answer.
     let wait = match &request {
         MembershipRequest::Join { catch_up_ms, .. } => Duration::from_millis(*catch_up_ms),
         MembershipRequest::Remove { .. } => Duration::ZERO,
-    } + dovetail_raft::membership::COMMIT_TIMEOUT
-        + Duration::from_secs(10);
+    } + dovetail_raft::membership::COMMIT_TIMEOUT * 3
+        + Duration::from_secs(30);
     match rt.block_on(dovetail_raft::http::change_membership(&target.addr, &secret, &request, wait)) {
         Ok(members) => print_out(target.output, &members, || render(&request, &members)),
         Err(e) => {

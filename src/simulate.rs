@@ -45,6 +45,13 @@ pub struct SimulateArgs {
     /// `60s`); a killed node comes back from its stores 10 s later.
     #[arg(long)]
     pub kill_leader_every: Option<String>,
+    /// With --control-nodes: the chance that a Raft message (or its reply) is lost, 0 to 0.5.
+    #[arg(long, default_value_t = 0.0)]
+    pub raft_loss: f64,
+    /// With --control-nodes: each Raft message waits a random time up to this before
+    /// delivery (a duration such as `20ms`), so messages reorder.
+    #[arg(long)]
+    pub raft_max_delay: Option<String>,
 }
 
 /// The Router's batch window.
@@ -164,10 +171,24 @@ fn control_nodes(args: &SimulateArgs) -> Result<Option<ControlNodes>, String> {
             Some(u64::try_from(every.as_millis()).unwrap_or(u64::MAX))
         }
     };
+    let max_delay_ms = match &args.raft_max_delay {
+        None => 0,
+        Some(d) => {
+            let delay = dovetail_core::nodepool::parse_duration(d)
+                .map_err(|e| format!("--raft-max-delay {d:?}: {e}"))?
+                .ok_or_else(|| format!("--raft-max-delay {d:?}: a duration such as 20ms"))?;
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)
+        }
+    };
+    let faults = args.raft_loss != 0.0 || max_delay_ms > 0;
     if args.control_nodes == 1 && kill_every_ms.is_none() {
+        if faults {
+            return Err("--raft-loss and --raft-max-delay need --control-nodes 3 or more".into());
+        }
         return Ok(None);
     }
-    let shape = ControlNodes::new(args.control_nodes, kill_every_ms);
+    let shape =
+        ControlNodes { loss: args.raft_loss, max_delay_ms, ..ControlNodes::new(args.control_nodes, kill_every_ms) };
     shape.check()?;
     Ok(Some(shape))
 }

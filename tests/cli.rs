@@ -537,8 +537,8 @@ fn ledger_join_and_remove_change_a_running_group_from_any_member() {
     let ids: Vec<u64> = m["voters"].as_object().expect("voters").keys().map(|k| k.parse().expect("an id")).collect();
     assert_eq!(ids, left, "{m}");
     assert_eq!(m["changed"], serde_json::json!(true));
-    let second = leader(Some(first));
-    assert_ne!(second, first);
+    // Another node leads (`leader` fails the test if none does within 10 s).
+    leader(Some(first));
     rt.block_on(async {
         for n in nodes.values() {
             n.shutdown().await;

@@ -161,14 +161,14 @@ impl Report {
             );
             let _ = writeln!(
                 t,
-                "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice, {} raft messages",
-                c.terms_led, c.elections_without_kill, c.fenced, c.claims_launched_twice, c.messages
+                "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice, {} raft messages ({} lost to injected faults)",
+                c.terms_led, c.elections_without_kill, c.fenced, c.claims_launched_twice, c.messages, c.messages_lost
             );
             for f in c.failovers.iter().take(5) {
                 let decided = match (f.pending_at_lead, f.decision_after_ms) {
                     (0, _) => "no pods pending".to_string(),
                     (n, Some(ms)) => format!("{n} pods pending, new claims after {ms} ms"),
-                    (n, None) => format!("{n} pods pending, covered by claims already made"),
+                    (n, None) => format!("{n} pods pending, no new claims within the batch window"),
                 };
                 let _ = writeln!(
                     t,

@@ -201,6 +201,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         registrar.step(&cluster, &registrations(&instances), now);
         cluster.schedule();
         if let Some(g) = &mut group {
+            g.observe(instances.iter().filter_map(|i| Some((i.claim.as_deref()?, i.id.as_str()))));
             g.step().await.map_err(RunError::Ledger)?;
         }
         if now >= next_sample {
@@ -256,11 +257,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let throttled = cloud.stats().throttled;
     let control = match &group {
         Some(g) => {
-            let mut per_claim: BTreeMap<String, usize> = BTreeMap::new();
-            for claim in cloud.instances().iter().filter_map(|i| i.claim.clone()) {
-                *per_claim.entry(claim).or_default() += 1;
-            }
-            let report = g.report(per_claim.values().filter(|n| **n > 1).count());
+            let report = g.report(sc.window.max);
             g.stop().await;
             Some(report)
         }
@@ -591,6 +588,37 @@ faults:
         assert!(t.contains("control nodes    3 (leader killed every 600 s): 12 failovers"), "{t}");
         assert!(c.lead_after_p50_ms <= c.lead_after_p99_ms && c.lead_after_p99_ms <= c.max_lead_after_ms, "{t}");
         assert!(t.contains("pods pending, new claims after"), "{t}");
+    }
+
+    /// A lossy, reordering Raft network (5% of messages lost, up to 5 ms each way) and the
+    /// leader killed 11 s into the CI scenario: the messages are lost, a new leader takes over,
+    /// every pod is placed and no claim is launched twice. Bad shapes are refused by name.
+    #[test]
+    fn control_nodes_on_a_lossy_network_still_fail_over_and_bad_shapes_are_refused() {
+        let text = crate::scenario::builtin_named("ci").expect("the ci scenario");
+        let sc = Scenario::parse(text).expect("scenario");
+        let shape = ControlNodes { loss: 0.05, max_delay_ms: 5, ..ControlNodes::new(3, Some(11_000)) };
+        let opts = RunOptions { control: Some(shape), ..RunOptions::default() };
+        let sys = actix_rt::System::new();
+        let report = sys.block_on(async { run(&sc, &opts, &mut Count(0)).await }).expect("run");
+        let t = report.text(None);
+        assert_eq!(report.pods_pending, 0, "{t}");
+        let c = report.control.as_ref().expect("the control nodes' report");
+        assert_eq!(c.failovers.len(), 1, "{t}");
+        assert!(c.failovers[0].to_term.is_some(), "a new leader: {t}");
+        assert!(c.messages_lost > 0 && c.messages_lost < c.messages / 5, "about 5% lost each way: {t}");
+        assert_eq!(c.claims_launched_twice, 0, "{t}");
+        let bad = [
+            (ControlNodes::new(0, None), "at least 1"),
+            (ControlNodes::new(2, Some(60_000)), "3 or more"),
+            (ControlNodes::new(3, Some(5_000)), "longer than"),
+            (ControlNodes { loss: 0.9, ..ControlNodes::new(3, None) }, "--raft-loss"),
+            (ControlNodes { max_delay_ms: 5_000, ..ControlNodes::new(3, None) }, "--raft-max-delay"),
+        ];
+        for (shape, says) in bad {
+            let e = shape.check().expect_err("refused");
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     /// The small scenario end to end on virtual time: every pod placed, the ICE routed

@@ -385,7 +385,21 @@ async fn answer(
             }
         };
         tracing::info!(%peer, ?request, "ledger.membership: asked");
-        let answer = crate::membership::change(raft, &request).await;
+        // A voter answers when its status endpoint does, with the group's secret.
+        let key = secret.to_string();
+        let probe: crate::membership::Probe = Arc::new(move |id, addr| {
+            let key = key.clone();
+            Box::pin(async move {
+                match fetch_status(&addr, &key, Duration::from_secs(2)).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::info!(node = id, %addr, error = %e, "ledger.membership: a voter does not answer");
+                        false
+                    }
+                }
+            })
+        });
+        let answer = crate::membership::change(raft, &request, &probe).await;
         if let Err(e) = &answer {
             tracing::warn!(%peer, ?request, error = %e, "ledger.membership: not changed");
         }

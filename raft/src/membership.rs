@@ -16,7 +16,15 @@ use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
 use serde::{Deserialize, Serialize};
 
+use crate::BoxFuture;
 use crate::types::{NodeId, TypeConfig};
+
+/// Whether the node with this id, at this Raft address, answers now (the leader asks each
+/// voter of the group a change would leave; over HTTP, its status endpoint).
+pub type Probe = std::sync::Arc<dyn Fn(NodeId, String) -> BoxFuture<'static, bool> + Send + Sync>;
+
+/// The longest catch-up a join may ask for.
+pub const MAX_CATCH_UP: Duration = Duration::from_secs(3600);
 
 /// A change of the group's members.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,9 +123,57 @@ async fn bounded<T>(
     }
 }
 
-/// Makes the change on this node, which must lead.
-pub async fn change(raft: &Raft<TypeConfig>, request: &MembershipRequest) -> Result<Members, MembershipError> {
+/// Finishes a change left half-way (a leader that died between the joint and the final
+/// config: openraft's next leader keeps the joint one): commits the final config. Whether
+/// there was one.
+async fn finish_joint(raft: &Raft<TypeConfig>, me: NodeId) -> Result<bool, MembershipError> {
+    let last = {
+        let m = raft.metrics().borrow().clone();
+        let joint = m.membership_config.membership().get_joint_config().clone();
+        if joint.len() < 2 {
+            return Ok(false);
+        }
+        joint.last().cloned().unwrap_or_default()
+    };
+    tracing::warn!(node = me, voters = ?last, "ledger.membership: finishing a change left half-way");
+    let finish = raft.change_membership(ChangeMembers::ReplaceAllVoters(last), false);
+    bounded(me, "finishing the change left half-way".into(), COMMIT_TIMEOUT, finish).await?;
+    Ok(true)
+}
+
+/// Refuses a change after which fewer than a majority of the voters would answer: the joint
+/// config needs a majority of the new voters too, so such a change would commit nothing more
+/// (its own entry included) until the silent ones came back.
+async fn check_quorum(me: NodeId, voters: &BTreeMap<NodeId, String>, probe: &Probe) -> Result<(), MembershipError> {
+    let mut silent = Vec::new();
+    for (id, addr) in voters {
+        if *id != me && !probe(*id, addr.clone()).await {
+            silent.push(*id);
+        }
+    }
+    if (voters.len() - silent.len()) * 2 > voters.len() {
+        return Ok(());
+    }
+    Err(MembershipError::Refused {
+        reason: format!(
+            "after the change the voters would be {:?}, and {silent:?} do not answer: without a majority of them \
+             the group could commit nothing more. Bring them back first",
+            voters.keys().collect::<Vec<_>>()
+        ),
+    })
+}
+
+/// Makes the change on this node, which must lead. A change left half-way is finished first;
+/// one that would leave fewer than a majority of the voters answering (`probe`) is refused.
+pub async fn change(
+    raft: &Raft<TypeConfig>,
+    request: &MembershipRequest,
+    probe: &Probe,
+) -> Result<Members, MembershipError> {
+    let (me, _) = leading(raft)?;
+    let finished = finish_joint(raft, me).await?;
     let (me, before) = leading(raft)?;
+    let unchanged = |m: Members| Members { changed: finished, ..m };
     match request {
         MembershipRequest::Join { id, addr, catch_up_ms } => {
             let known = before.voters.get(id).or_else(|| before.learners.get(id));
@@ -129,7 +185,13 @@ pub async fn change(raft: &Raft<TypeConfig>, request: &MembershipRequest) -> Res
                 });
             }
             if before.voters.contains_key(id) {
-                return Ok(before);
+                return Ok(unchanged(before));
+            }
+            let catch_up = Duration::from_millis(*catch_up_ms);
+            if catch_up.is_zero() || catch_up > MAX_CATCH_UP {
+                return Err(MembershipError::Refused {
+                    reason: format!("a catch-up of {catch_up:?}: between 1 ms and {MAX_CATCH_UP:?}"),
+                });
             }
             let target = if known.is_none() {
                 tracing::info!(node = me, joining = id, addr, "ledger.membership: adding a learner");
@@ -141,7 +203,6 @@ pub async fn change(raft: &Raft<TypeConfig>, request: &MembershipRequest) -> Res
             };
             // openraft's own wait for a learner counts one within thousands of entries as
             // caught up, even one that never answered: a voter must have the log up to here.
-            let catch_up = Duration::from_millis(*catch_up_ms);
             let caught_up = raft
                 .wait(Some(catch_up))
                 .metrics(
@@ -160,6 +221,9 @@ pub async fn change(raft: &Raft<TypeConfig>, request: &MembershipRequest) -> Res
                     ),
                 });
             }
+            let mut voters = before.voters.clone();
+            voters.insert(*id, addr.clone());
+            check_quorum(me, &voters, probe).await?;
             tracing::info!(node = me, joining = id, "ledger.membership: making a voter");
             // (A bare set would replace every voter.)
             let add = ChangeMembers::AddVoterIds(BTreeSet::from([*id]));
@@ -171,11 +235,14 @@ pub async fn change(raft: &Raft<TypeConfig>, request: &MembershipRequest) -> Res
                 if before.voters.len() == 1 {
                     return Err(MembershipError::Refused { reason: format!("node {id} is the group's last voter") });
                 }
+                let mut voters = before.voters.clone();
+                voters.remove(id);
+                check_quorum(me, &voters, probe).await?;
                 ChangeMembers::RemoveVoters(BTreeSet::from([*id]))
             } else if before.learners.contains_key(id) {
                 ChangeMembers::RemoveNodes(BTreeSet::from([*id]))
             } else {
-                return Ok(before);
+                return Ok(unchanged(before));
             };
             tracing::info!(node = me, removing = id, "ledger.membership: removing a node");
             bounded(

@@ -434,16 +434,26 @@ mod tests {
     /// Membership: a follower asked to change it names the leader; a fourth node joins as a
     /// voter with every entry; asking again changes nothing, and the same id at another
     /// address is refused; a node that is not running does not catch up in time and is left a
-    /// learner, which is then removed; the leader removes itself and another leads, commits,
-    /// and counts the joined node in its quorum.
+    /// learner, which is then removed; with a voter down, removing a healthy one is refused
+    /// (the rest could commit nothing); the leader removes itself and another leads, and
+    /// commits with the joined node in its quorum (one of the original nodes down).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_node_joins_with_every_entry_and_a_leader_that_removes_itself_hands_over() {
-        use crate::membership::{MembershipError, MembershipRequest, change};
+        use crate::membership::{MembershipError, MembershipRequest, Probe, change};
         let net = MemNet::new(13);
         let mut nodes = BTreeMap::new();
         for id in 1..=3u64 {
             nodes.insert(id, node(id, &net, tempfile::tempdir().expect("dir")).await);
         }
+        // Which nodes answer a probe.
+        let up: Arc<std::sync::Mutex<BTreeSet<NodeId>>> = Arc::new(std::sync::Mutex::new(BTreeSet::from([1, 2, 3])));
+        let probe: Probe = {
+            let up = up.clone();
+            Arc::new(move |id, _| {
+                let answers = crate::lock(&up).contains(&id);
+                Box::pin(async move { answers })
+            })
+        };
         let members: BTreeMap<NodeId, String> = (1..=3).map(|i| (i, format!("mem-{i}"))).collect();
         nodes[&1].ledger.initialize(members).await.expect("initialized");
         let (first, term) = leader(&nodes).await;
@@ -452,14 +462,15 @@ mod tests {
         }
         let join = |id: NodeId, catch_up_ms| MembershipRequest::Join { id, addr: format!("mem-{id}"), catch_up_ms };
         let follower = nodes.keys().copied().find(|id| *id != first).expect("a follower");
-        match change(nodes[&follower].ledger.raft(), &join(4, 10_000)).await {
+        match change(nodes[&follower].ledger.raft(), &join(4, 10_000), &probe).await {
             Err(MembershipError::NotLeader { node, leader, addr }) => {
                 assert_eq!((node, leader, addr), (follower, Some(first), Some(format!("mem-{first}"))));
             }
             other => panic!("{other:?}"),
         }
         nodes.insert(4, node(4, &net, tempfile::tempdir().expect("dir")).await);
-        let joined = change(nodes[&first].ledger.raft(), &join(4, 10_000)).await.expect("joined");
+        crate::lock(&up).insert(4);
+        let joined = change(nodes[&first].ledger.raft(), &join(4, 10_000), &probe).await.expect("joined");
         assert!(joined.changed);
         assert_eq!(joined.voters.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3, 4]);
         assert!(joined.learners.is_empty());
@@ -472,34 +483,67 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(has_all, "the joined node applied every entry");
-        let again = change(nodes[&first].ledger.raft(), &join(4, 10_000)).await.expect("a voter already");
+        let again = change(nodes[&first].ledger.raft(), &join(4, 10_000), &probe).await.expect("a voter already");
         assert!(!again.changed && again.voters == joined.voters);
         let moved = MembershipRequest::Join { id: 4, addr: "elsewhere".into(), catch_up_ms: 1_000 };
-        let refused = change(nodes[&first].ledger.raft(), &moved).await;
+        let refused = change(nodes[&first].ledger.raft(), &moved, &probe).await;
         assert!(matches!(&refused, Err(MembershipError::Refused { reason }) if reason.contains("remove it first")));
         // Node 5 is not running: it cannot catch up, and stays a learner until removed.
-        let absent = change(nodes[&first].ledger.raft(), &join(5, 500)).await;
+        let absent = change(nodes[&first].ledger.raft(), &join(5, 500), &probe).await;
         assert!(
             matches!(&absent, Err(MembershipError::Unavailable { reason }) if reason.contains("node 5")),
             "{absent:?}"
         );
         let st = crate::status::LedgerStatus::of(nodes[&first].ledger.raft(), nodes[&first].ledger.machine()).await;
         assert_eq!((st.members, st.learners), (vec![1, 2, 3, 4], vec![5]));
-        let gone = change(nodes[&first].ledger.raft(), &MembershipRequest::Remove { id: 5 }).await.expect("removed");
+        let gone =
+            change(nodes[&first].ledger.raft(), &MembershipRequest::Remove { id: 5 }, &probe).await.expect("removed");
         assert!(gone.changed && gone.learners.is_empty() && gone.voters.len() == 4);
+        // Two of the four voters silent: removing a third one that answers would leave
+        // {first, silent, silent}, with no majority answering. Refused, nothing changed.
+        let others: Vec<NodeId> = (1..=4).filter(|id| *id != first).collect();
+        crate::lock(&up).retain(|id| *id != others[0] && *id != others[1]);
+        let remove = MembershipRequest::Remove { id: others[2] };
+        let refused = change(nodes[&first].ledger.raft(), &remove, &probe).await;
+        assert!(
+            matches!(&refused, Err(MembershipError::Refused { reason }) if reason.contains("do not answer")),
+            "{refused:?}"
+        );
+        let st = crate::status::LedgerStatus::of(nodes[&first].ledger.raft(), nodes[&first].ledger.machine()).await;
+        assert_eq!(st.members, vec![1, 2, 3, 4], "nothing changed");
+        crate::lock(&up).extend([others[0], others[1]]);
         // The leader removes itself: it stops leading once that commits; another leads.
         let watch = nodes[&first].ledger.leadership();
-        let out = change(nodes[&first].ledger.raft(), &MembershipRequest::Remove { id: first }).await.expect("removed");
+        let remove = MembershipRequest::Remove { id: first };
+        let out = change(nodes[&first].ledger.raft(), &remove, &probe).await.expect("removed");
         assert!(!out.voters.contains_key(&first) && out.voters.len() == 3, "{out:?}");
         let (second, new_term) = leader_but(&nodes, Some(first)).await;
         assert!(new_term > term);
         assert!(!watch.borrow().leader, "the removed leader no longer acts");
-        let c = nodes[&second].ledger.propose(set_pool(new_term, 5_000, "after")).await.expect("committed");
+        // One of the original nodes goes: the new leader commits with node 4's vote.
+        let down = (1..=3).find(|id| *id != first && *id != second).expect("an original node");
+        net.leave(down);
+        nodes[&down].ledger.shutdown().await;
+        let at = |n: &Node| n.ledger.leadership().borrow().term;
+        let term_now = at(&nodes[&second]);
+        let c = nodes[&second].ledger.propose(set_pool(term_now, 5_000, "after")).await.expect("committed");
         assert_eq!(c.outcome, Outcome::Done);
-        let again = change(nodes[&second].ledger.raft(), &MembershipRequest::Remove { id: first }).await;
+        let applied = read_with(&nodes[&4].ledger, |s| s.pool("after").is_some()).await.expect("read");
+        let mut on_4 = applied;
+        for _ in 0..100 {
+            if on_4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            on_4 = read_with(&nodes[&4].ledger, |s| s.pool("after").is_some()).await.expect("read");
+        }
+        assert!(on_4, "node 4 has the entry its vote committed");
+        let again = change(nodes[&second].ledger.raft(), &MembershipRequest::Remove { id: first }, &probe).await;
         assert!(again.is_ok_and(|m| !m.changed), "removing a node twice changes nothing");
-        for n in nodes.values() {
-            n.ledger.shutdown().await;
+        for (id, n) in &nodes {
+            if *id != down {
+                n.ledger.shutdown().await;
+            }
         }
     }
 

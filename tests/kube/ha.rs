@@ -304,7 +304,20 @@ struct Launched {
 /// moto's instances launched for NodeClaims since the test began (`known` are older ones).
 async fn claimed_instances(ec2: &aws_sdk_ec2::Client, known: &BTreeSet<String>) -> Vec<Launched> {
     let tag = aws_sdk_ec2::types::Filter::builder().name("tag-key").values("karpenter.sh/nodeclaim").build();
-    let out = ec2.describe_instances().filters(tag).send().await.expect("describe instances");
+    // moto's server is threaded and can fail a describe that runs while instances are made
+    // (`dictionary changed size during iteration`, a 500): asked again, at most 5 times.
+    let mut tries = 0;
+    let out = loop {
+        match ec2.describe_instances().filters(tag.clone()).send().await {
+            Ok(out) => break out,
+            Err(e) if tries < 5 && e.raw_response().is_some_and(|r| r.status().is_server_error()) => {
+                tries += 1;
+                eprintln!("describe instances: moto answered a server error, asking again: {e:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("describe instances: {e:?}"),
+        }
+    };
     out.reservations()
         .iter()
         .flat_map(|r| r.instances())

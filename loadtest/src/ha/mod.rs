@@ -1,32 +1,37 @@
-//! `simulate --control-nodes N [--kill-leader-every D]`: the ledger replicated over N Raft
-//! nodes in this process (stores in memory, messages over the in-memory network), on the
-//! run's virtual time, with the leader killed every D and brought back from its stores.
+//! `simulate --control-nodes N [--kill-leader-every D] [--raft-loss P] [--raft-max-delay D]`:
+//! the ledger replicated over N Raft nodes in this process (stores in memory, messages over
+//! the in-memory network with the faults asked for), on the run's virtual time, with the
+//! leader killed every D and brought back from its stores.
 //!
 //! The plane talks to the group through a [`Switch`]: the ledger of whichever node leads.
-//! Its leadership watch is the group's (the leading node's, or a later term nobody leads yet),
-//! so the plane's effects stop the moment the leader dies, and a proposal of the dead leader's
-//! term that reaches the next leader is fenced. When a node leads in a new term, the driver
-//! restarts every actor of the plane: each starts again from the ledger and the cluster, as the
-//! actors a new leader starts do (`dovetail controller` runs them on a fresh arbiter per term).
-//! Each failover is reported: when the leader was killed, when the next one's `Lead` committed,
-//! and when its first provisioning decision committed, if pods were pending then.
+//! Its leadership watch is the group's, so the plane's effects stop the moment the leader
+//! dies, and a proposal of the dead leader's term that reaches the next leader is fenced.
+//! When a node leads in a new term, the driver restarts every actor of the plane in place:
+//! each starts again from the ledger and the cluster. That is close to the fresh actors a new
+//! `dovetail controller` leader starts on an arbiter of its own, not the same: a restarted
+//! zone actor keeps the launches it had queued and proposes them again under the new term
+//! (fenced like any other proposal), where a new leader re-drives them from the registry.
+//! Each failover is reported: when the leader was killed, when the next one's `Lead`
+//! committed, and when its first new claims committed, if pods were pending then.
+
+mod switch;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use dovetail_core::clock::Clock;
-use dovetail_core::ledger::{Command, Entry, Outcome, State};
-use dovetail_raft::network::{MemNet, Transport};
+use dovetail_raft::Ledger;
+use dovetail_raft::network::{Faults, MemNet, Transport};
 use dovetail_raft::replicated::{RaftLedger, RaftSettings};
 use dovetail_raft::store::{LogStore, Machine};
 use dovetail_raft::types::NodeId;
-use dovetail_raft::{BoxFuture, Committed, Leadership, Ledger, LedgerError};
 use serde::Serialize;
-use tokio::sync::watch;
+
+pub use switch::Switch;
 
 /// How the control nodes run.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ControlNodes {
     /// How many (3 or 5 survive the loss of one or two).
     pub count: usize,
@@ -36,12 +41,17 @@ pub struct ControlNodes {
     pub restart_after_ms: u64,
     /// The in-memory network's seed.
     pub seed: u64,
+    /// The chance that a Raft message (or its reply) is lost, from 0 to 0.5.
+    pub loss: f64,
+    /// Each Raft message waits a random time up to this (ms) before delivery, so messages
+    /// reorder.
+    pub max_delay_ms: u64,
 }
 
 impl ControlNodes {
     /// `count` nodes, the leader killed every `kill_every_ms`, a killed node back after 10 s.
     pub fn new(count: usize, kill_every_ms: Option<u64>) -> ControlNodes {
-        ControlNodes { count, kill_every_ms, restart_after_ms: 10_000, seed: 1 }
+        ControlNodes { count, kill_every_ms, restart_after_ms: 10_000, seed: 1, loss: 0.0, max_delay_ms: 0 }
     }
 
     /// Whether this shape can run: at least one node; kills need a majority left (3 or more).
@@ -57,6 +67,12 @@ impl ControlNodes {
                 "--kill-leader-every needs --control-nodes 3 or more (with {}, a kill leaves no majority)",
                 self.count
             ));
+        }
+        if !(0.0..=0.5).contains(&self.loss) {
+            return Err(format!("--raft-loss {}: between 0 and 0.5", self.loss));
+        }
+        if self.max_delay_ms > 1_000 {
+            return Err(format!("--raft-max-delay {} ms: at most 1s", self.max_delay_ms));
         }
         if self.kill_every_ms.is_some_and(|k| k <= self.restart_after_ms) {
             return Err(format!(
@@ -87,6 +103,9 @@ pub struct Failover {
     pub decision_after_ms: Option<u64>,
     /// Pods pending when the next leader took over.
     pub pending_at_lead: usize,
+    /// When the next leader took over (ms into the run).
+    #[serde(skip)]
+    led_at_ms: u64,
 }
 
 /// The control nodes' part of the report.
@@ -112,7 +131,8 @@ pub struct ControlReport {
     /// not counted lost: they fail at once, as a refused connection does).
     pub messages: u64,
     pub messages_lost: u64,
-    /// Claims with more than one instance in the cloud (must be zero).
+    /// Claims the cloud had more than one instance for over the run (looked at every tick,
+    /// terminated instances included; must be zero).
     pub claims_launched_twice: usize,
 }
 
@@ -121,122 +141,8 @@ fn settings() -> RaftSettings {
     RaftSettings::default()
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The ledger of whichever node leads.
-pub struct Switch {
-    running: Mutex<BTreeMap<NodeId, Arc<RaftLedger>>>,
-    leadership: watch::Sender<Leadership>,
-    clock: Arc<dyn Clock>,
-    /// When each term's first provisioning decision committed (ms of the clock).
-    first_reserve: Mutex<BTreeMap<u64, u64>>,
-    fenced: Mutex<u64>,
-}
-
-impl Switch {
-    fn new(clock: Arc<dyn Clock>) -> Arc<Switch> {
-        let (leadership, _) = watch::channel(Leadership { term: 0, leader: false, leader_id: None });
-        Arc::new(Switch {
-            running: Mutex::new(BTreeMap::new()),
-            leadership,
-            clock,
-            first_reserve: Mutex::new(BTreeMap::new()),
-            fenced: Mutex::new(0),
-        })
-    }
-
-    /// The node that leads with its `Lead` committed, if any.
-    fn leader(&self) -> Option<(NodeId, Arc<RaftLedger>)> {
-        lock(&self.running).iter().find(|(_, l)| l.leadership().borrow().leader).map(|(id, l)| (*id, l.clone()))
-    }
-
-    /// Publishes the group's leadership: the leading node's, else the latest term any running
-    /// node is in, leading nothing. Never goes back in term.
-    fn refresh(&self) {
-        let views: Vec<Leadership> = lock(&self.running).values().map(|l| l.leadership().borrow().clone()).collect();
-        self.leadership.send_if_modified(|cur| {
-            let next = match views.iter().filter(|l| l.leader).max_by_key(|l| l.term) {
-                Some(l) if l.term >= cur.term => l.clone(),
-                _ => {
-                    let term = views.iter().map(|l| l.term).max().unwrap_or(0).max(cur.term);
-                    Leadership { term, leader: false, leader_id: None }
-                }
-            };
-            if *cur == next {
-                false
-            } else {
-                *cur = next;
-                true
-            }
-        });
-    }
-
-    fn add(self: &Arc<Switch>, id: NodeId, ledger: Arc<RaftLedger>) {
-        let mut rx = ledger.leadership();
-        lock(&self.running).insert(id, ledger);
-        let switch = Arc::downgrade(self);
-        tokio::spawn(async move {
-            // Follows the node until it stops (its watch closes) or the run ends.
-            while rx.changed().await.is_ok() {
-                let Some(s) = switch.upgrade() else { return };
-                s.refresh();
-            }
-        });
-        self.refresh();
-    }
-
-    fn remove(&self, id: NodeId) -> Option<Arc<RaftLedger>> {
-        let gone = lock(&self.running).remove(&id);
-        self.refresh();
-        gone
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.clock.now_millis()
-    }
-}
-
-impl Ledger for Switch {
-    fn propose(&self, entry: Entry) -> BoxFuture<'_, Result<Committed, LedgerError>> {
-        Box::pin(async move {
-            let Some((_, ledger)) = self.leader() else {
-                return Err(LedgerError::NotLeader { leader: None });
-            };
-            let (term, reserve) = (entry.term, matches!(entry.command, Command::Reserve { .. }));
-            let committed = ledger.propose(entry).await?;
-            match &committed.outcome {
-                Outcome::Fenced { .. } => *lock(&self.fenced) += 1,
-                Outcome::Reserved { .. } if reserve => {
-                    let now = self.now_ms();
-                    lock(&self.first_reserve).entry(term).or_insert(now);
-                }
-                _ => {}
-            }
-            Ok(committed)
-        })
-    }
-
-    fn read<'a>(&'a self, f: Box<dyn FnOnce(&State) + Send + 'a>) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(async move {
-            // The leader's state; with none, the most advanced running node's (what a plane
-            // decides on it is fenced or refused when proposed).
-            let ledger = match self.leader() {
-                Some((_, l)) => l,
-                None => {
-                    let running = lock(&self.running).values().cloned().collect::<Vec<_>>();
-                    let best = running.into_iter().max_by_key(|l| l.machine().read(|a| a.last_applied));
-                    best.ok_or_else(|| LedgerError::Unavailable { reason: "no control node is running".into() })?
-                }
-            };
-            ledger.read(f).await
-        })
-    }
-
-    fn leadership(&self) -> watch::Receiver<Leadership> {
-        self.leadership.subscribe()
-    }
 }
 
 /// A node's stores: its disk, which outlives its process.
@@ -261,6 +167,10 @@ pub struct Group {
     /// The last term a node led in, and how many terms were led.
     last_led: u64,
     terms_led: usize,
+    /// When the last term's leader took over (ms into the run).
+    led_at_ms: u64,
+    /// Every instance the cloud had for each claim over the run, terminated ones included.
+    instances: BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 /// What [`Group::on_leadership`] saw.
@@ -290,7 +200,14 @@ impl Group {
             failovers: Vec::new(),
             last_led: 0,
             terms_led: 0,
+            led_at_ms: 0,
+            instances: BTreeMap::new(),
         };
+        group.net.set_faults(Faults {
+            loss: group.shape.loss,
+            max_delay: Duration::from_millis(group.shape.max_delay_ms),
+            ..Faults::default()
+        });
         let ids: Vec<NodeId> = (1..=group.shape.count as NodeId).collect();
         for id in &ids {
             let log = LogStore::in_memory().map_err(|e| format!("control node {id}: its log: {e}"))?;
@@ -350,11 +267,11 @@ impl Group {
         }
         let Some(at) = self.next_kill_ms.filter(|at| *at <= now) else { return Ok(()) };
         self.next_kill_ms = self.shape.kill_every_ms.map(|every| at.saturating_add(every));
-        let Some((id, _)) = self.switch.leader() else {
+        let Some((id, leader)) = self.switch.leader() else {
             tracing::info!("ledger.sim: no leader to kill this time");
             return Ok(());
         };
-        let term = self.switch.leadership.borrow().term;
+        let term = leader.leadership().borrow().term;
         self.net.leave(id);
         if let Some(ledger) = self.switch.remove(id) {
             ledger.shutdown().await;
@@ -363,6 +280,13 @@ impl Group {
         tracing::info!(node = id, raft.term = term, "ledger.sim: leader killed");
         self.failovers.push(Failover { killed: id, from_term: term, killed_at_ms: now, ..Failover::default() });
         Ok(())
+    }
+
+    /// Notes the instances the cloud has now, by claim (a claim launched twice shows as two).
+    pub fn observe<'a>(&mut self, instances: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        for (claim, id) in instances {
+            self.instances.entry(claim.to_string()).or_default().insert(id.to_string());
+        }
     }
 
     /// Looks at the group's leadership: a new term led calls for a fresh plane. `pending` is
@@ -375,18 +299,22 @@ impl Group {
         self.last_led = l.term;
         self.terms_led += 1;
         let now = self.ms();
+        self.led_at_ms = now;
         let leader = l.leader_id.as_deref().and_then(|s| s.parse().ok());
         if let Some(f) = self.failovers.last_mut().filter(|f| f.to_term.is_none()) {
             f.to_term = Some(l.term);
             f.leader = leader;
             f.lead_after_ms = Some(now.saturating_sub(f.killed_at_ms));
             f.pending_at_lead = pending;
+            f.led_at_ms = now;
         }
         Turn::NewTerm(l.term)
     }
 
-    /// The report's part, with the cloud's claims launched twice counted by the caller.
-    pub fn report(&self, claims_launched_twice: usize) -> ControlReport {
+    /// The report's part. A new leader's first new claims count as its decision when they
+    /// commit within `window_ms` (the batch window's longest) of its taking over: later ones
+    /// answer pods that came later.
+    pub fn report(&self, window_ms: u64) -> ControlReport {
         let first = lock(&self.switch.first_reserve).clone();
         let failovers: Vec<Failover> = self
             .failovers
@@ -397,7 +325,9 @@ impl Group {
                     f.decision_after_ms = f
                         .to_term
                         .and_then(|t| first.get(&t))
-                        .map(|at| at.saturating_sub(self.start_ms).saturating_sub(f.killed_at_ms));
+                        .map(|at| at.saturating_sub(self.start_ms))
+                        .filter(|at| *at <= f.led_at_ms.saturating_add(window_ms))
+                        .map(|at| at.saturating_sub(f.killed_at_ms));
                 }
                 f
             })
@@ -423,7 +353,7 @@ impl Group {
             fenced: *lock(&self.switch.fenced),
             messages,
             messages_lost,
-            claims_launched_twice,
+            claims_launched_twice: self.instances.values().filter(|ids| ids.len() > 1).count(),
         }
     }
 
