@@ -171,25 +171,31 @@ async fn dial(addr: &str) -> Result<SendRequest<Full<Bytes>>, String> {
     Ok(send)
 }
 
+/// Sends `request` to `addr` on a connection of its own: the body of its 200 answer.
+async fn call_once(addr: &str, request: Request<Full<Bytes>>) -> Result<Bytes, String> {
+    let mut send = dial(addr).await?;
+    let response = send.send_request(request).await.map_err(|e| format!("{addr}: {e}"))?;
+    let status = response.status();
+    let bytes = Limited::new(response.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| format!("{addr}: reading the reply: {e}"))?
+        .to_bytes();
+    if status != StatusCode::OK {
+        return Err(format!("{addr}: HTTP {status}: {}", String::from_utf8_lossy(&bytes).trim()));
+    }
+    Ok(bytes)
+}
+
 /// Reads the [`LedgerStatus`] of the node at `addr` (`dovetail ledger status`).
 pub async fn fetch_status(addr: &str, secret: &str, timeout: Duration) -> Result<LedgerStatus, String> {
     let get = async {
-        let mut send = dial(addr).await?;
         let request = Request::get(STATUS_PATH)
             .header(hyper::header::HOST, addr)
             .header(hyper::header::AUTHORIZATION, format!("Bearer {secret}"))
             .body(Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
-        let response = send.send_request(request).await.map_err(|e| format!("{addr}: {e}"))?;
-        let status = response.status();
-        let bytes = Limited::new(response.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| format!("{addr}: reading the reply: {e}"))?
-            .to_bytes();
-        if status != StatusCode::OK {
-            return Err(format!("{addr}: HTTP {status}: {}", String::from_utf8_lossy(&bytes).trim()));
-        }
+        let bytes = call_once(addr, request).await?;
         serde_json::from_slice(&bytes).map_err(|e| format!("{addr}: not a ledger status: {e}"))
     };
     tokio::time::timeout(timeout, get).await.map_err(|_| format!("{addr}: no answer within {timeout:?}"))?
@@ -203,7 +209,6 @@ pub async fn request_membership(
     timeout: Duration,
 ) -> Result<Result<Members, MembershipError>, String> {
     let post = async {
-        let mut send = dial(addr).await?;
         let body = serde_json::to_vec(request).map_err(|e| format!("encoding the request: {e}"))?;
         let request = Request::post(MEMBERSHIP_PATH)
             .header(hyper::header::HOST, addr)
@@ -211,16 +216,7 @@ pub async fn request_membership(
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| e.to_string())?;
-        let response = send.send_request(request).await.map_err(|e| format!("{addr}: {e}"))?;
-        let status = response.status();
-        let bytes = Limited::new(response.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| format!("{addr}: reading the reply: {e}"))?
-            .to_bytes();
-        if status != StatusCode::OK {
-            return Err(format!("{addr}: HTTP {status}: {}", String::from_utf8_lossy(&bytes).trim()));
-        }
+        let bytes = call_once(addr, request).await?;
         serde_json::from_slice(&bytes).map_err(|e| format!("{addr}: not a membership answer: {e}"))
     };
     tokio::time::timeout(timeout, post).await.map_err(|_| format!("{addr}: no answer within {timeout:?}"))?

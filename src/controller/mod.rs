@@ -141,6 +141,8 @@ async fn serve(s: Settings) -> Result<(), String> {
             (catalog, Some(provider))
         }
     };
+    // Followers read ahead what the EC2NodeClasses resolve to, for the leader they may become.
+    let warming = aws.clone().map(|aws| tokio::spawn(warm_classes(cluster.clone(), aws, ledger.leadership())));
     let term_ctx = Acting { s, cluster, ledger: ledger.clone(), clock, catalog, aws, metrics };
     // Only the leader acts: each term it leads in, the plane runs on an arbiter of its own,
     // stopped (every actor and task on it) and joined as soon as this node no longer leads in
@@ -201,7 +203,45 @@ async fn serve(s: Settings) -> Result<(), String> {
         }
     }
     tracing::info!("stopping");
+    if let Some(w) = warming {
+        w.abort();
+    }
     Ok(())
+}
+
+/// While this node does not lead: reads what every EC2NodeClass resolves to (subnets,
+/// security groups, images, its instance profile when made) into the provider's cache, every
+/// 2 s until a first round read them all, then every minute, so that a new leader's first
+/// decisions wait for no EC2, SSM or IAM call. Reads only, on a synced view.
+async fn warm_classes(
+    cluster: Arc<KubeCluster>,
+    aws: Arc<dovetail_cloud::aws::AwsProvider>,
+    leadership: tokio::sync::watch::Receiver<dovetail_raft::Leadership>,
+) {
+    const FIRST: Duration = Duration::from_secs(2);
+    const EVERY: Duration = Duration::from_secs(60);
+    let mut warmed = false;
+    loop {
+        if !leadership.borrow().leader && cluster.synced() {
+            let mut all = true;
+            for (name, nc) in &cluster.nodeclasses() {
+                let class = aws::node_class(name, nc);
+                match tokio::time::timeout(Duration::from_secs(20), aws.warm(&class)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        all = false;
+                        tracing::info!(ec2nodeclass = %name, error = %e, "cloud.warm: EC2NodeClass {name} not read ahead");
+                    }
+                    Err(_) => {
+                        all = false;
+                        tracing::info!(ec2nodeclass = %name, "cloud.warm: reading EC2NodeClass {name} ahead took over 20 s");
+                    }
+                }
+            }
+            warmed |= all;
+        }
+        tokio::time::sleep(if warmed { EVERY } else { FIRST }).await;
+    }
 }
 
 /// Stops a term's arbiter and waits (at most 10 s) for its thread to end, so no actor of the

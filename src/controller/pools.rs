@@ -170,7 +170,6 @@ impl Pools {
             let watch = ledger.leadership();
             let current = move || watch.borrow().is_current(leadership.term);
             self.resolve_classes(cluster, clock.now_millis(), &current).await;
-            self.collect_profiles(cluster, clock.now_millis(), &current).await;
         }
         let (desired, _) = self.desired(cluster);
         let now = clock.now_millis();
@@ -209,6 +208,12 @@ impl Pools {
         }
         self.keep_orphans(cluster, plane, ledger, now).await;
         self.stop_finished(cluster, plane, ledger, now).await;
+        // Garbage collection comes last: a new leader's pools must not wait for it.
+        if leadership.leader {
+            let watch = ledger.leadership();
+            let current = move || watch.borrow().is_current(leadership.term);
+            self.collect_profiles(cluster, clock.now_millis(), &current).await;
+        }
     }
 
     /// With `--cloud aws`, resolves every EC2NodeClass (the provider caches what it found for

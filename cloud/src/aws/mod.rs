@@ -281,6 +281,32 @@ impl AwsProvider {
         Ok(fresh)
     }
 
+    /// What a control node that does not lead does ahead of leading: reads the node class's
+    /// subnets, security groups and images, and its instance profile when it exists with the
+    /// role on it, and caches them as [`AwsProvider::resolve`] would (for `resolve_ttl`), so a
+    /// new leader's first decisions wait for none of these calls. Only reads: a profile that is
+    /// missing or has another role is left for the leader to make or mend, and nothing is
+    /// cached for that class.
+    pub async fn warm(&self, nc: &NodeClass) -> Result<(), CloudError> {
+        let key = (nc.name.clone(), nc.hash.clone());
+        if let Some((_, at)) = lock(&self.caches).resolved.get(&key)
+            && self.clock.now().saturating_sub(*at) < self.cfg.resolve_ttl / 2
+        {
+            return Ok(());
+        }
+        let mut r = nodeclass::resolve(&self.ec2, &self.ssm, &self.amis, nc).await?;
+        if let (None, Some(role)) = (&r.instance_profile, &nc.role) {
+            let name = profile::profile_name(&self.cfg.cluster, &self.region, &nc.name);
+            let wanted = profile::role_name(role);
+            match profile::roles_of(&self.iam, &name).await? {
+                Some(roles) if roles.iter().any(|r| r.eq_ignore_ascii_case(wanted)) => r.instance_profile = Some(name),
+                _ => return Ok(()),
+            }
+        }
+        lock(&self.caches).resolved.insert(key, (Arc::new(r), self.clock.now()));
+        Ok(())
+    }
+
     /// The node class's subnets, security groups and images (cached for `resolve_ttl`).
     pub async fn resolve(&self, nc: &NodeClass) -> Result<Arc<Resolved>, CloudError> {
         let key = (nc.name.clone(), nc.hash.clone());

@@ -123,7 +123,7 @@ pub async fn ensure(
 }
 
 /// The roles on a profile, `None` when it does not exist.
-async fn roles_of(iam: &IamClient, name: &str) -> Result<Option<Vec<String>>, CloudError> {
+pub(crate) async fn roles_of(iam: &IamClient, name: &str) -> Result<Option<Vec<String>>, CloudError> {
     match iam.get_instance_profile().instance_profile_name(name).send().await {
         Ok(out) => Ok(Some(
             out.instance_profile()

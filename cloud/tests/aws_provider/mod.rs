@@ -285,3 +285,26 @@ async fn real_account_round_trip() {
     let inst = cloud.launch(std::slice::from_ref(&r)).await.remove(0).expect("launch");
     assert_eq!(cloud.terminate(std::slice::from_ref(&inst.id)).await, vec![Ok(())]);
 }
+
+/// A control node that does not lead reads a node class ahead (`warm`): the leader's
+/// `resolve` then makes no EC2 or SSM call. With a role whose instance profile is not made yet,
+/// `warm` writes nothing (no profile created) and caches nothing: the leader makes it.
+#[tokio::test]
+async fn a_node_class_read_ahead_resolves_without_calls_and_a_missing_profile_is_left_to_the_leader() {
+    let h = Aws::new("warm").await;
+    let nc = h.node_class();
+    h.cloud.warm(&nc).await.expect("read ahead");
+    let reads = ["DescribeSubnets", "DescribeSecurityGroups", "DescribeImages", "GetParameter"];
+    let before: Vec<usize> = reads.iter().map(|a| h.proxy.calls(a)).collect();
+    assert!(before[0] > 0 && before[1] > 0, "warm read the subnets and security groups: {before:?}");
+    let resolved = h.cloud.resolve(&nc).await.expect("resolve");
+    assert!(!resolved.subnets.is_empty() && !resolved.images.is_empty());
+    let after: Vec<usize> = reads.iter().map(|a| h.proxy.calls(a)).collect();
+    assert_eq!(before, after, "resolve used what warm read");
+    let with_role = NodeClass { role: Some("KarpenterNodeRole-warm".into()), hash: "h2".into(), ..h.node_class() };
+    h.cloud.warm(&with_role).await.expect("read ahead");
+    assert_eq!(h.proxy.calls("CreateInstanceProfile"), 0, "a follower makes no profile");
+    let subnets = h.proxy.calls("DescribeSubnets");
+    h.cloud.warm(&with_role).await.expect("read ahead");
+    assert!(h.proxy.calls("DescribeSubnets") > subnets, "nothing was cached for a class whose profile is missing");
+}
