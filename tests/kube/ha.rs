@@ -301,26 +301,46 @@ struct Launched {
     state: String,
 }
 
+/// Every instance moto has (with `filter`), over every page: moto answers 100 reservations a
+/// page. moto's server is threaded and can fail a describe that runs while instances are made
+/// (`dictionary changed size during iteration`, a 500): a page is asked again, at most 5 times.
+async fn describe_all(
+    ec2: &aws_sdk_ec2::Client,
+    filter: Option<aws_sdk_ec2::types::Filter>,
+) -> Vec<aws_sdk_ec2::types::Instance> {
+    let mut all = Vec::new();
+    let mut token: Option<String> = None;
+    // Bounded: 1,000 pages are 100,000 reservations.
+    for _ in 0..1_000 {
+        let mut tries = 0;
+        let page = loop {
+            let call =
+                ec2.describe_instances().set_filters(filter.clone().map(|f| vec![f])).set_next_token(token.clone());
+            match call.send().await {
+                Ok(out) => break out,
+                Err(e) if tries < 5 && e.raw_response().is_some_and(|r| r.status().is_server_error()) => {
+                    tries += 1;
+                    eprintln!("describe instances: moto answered a server error, asking again: {e:?}");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("describe instances: {e:?}"),
+            }
+        };
+        all.extend(page.reservations().iter().flat_map(|r| r.instances()).cloned());
+        token = page.next_token().map(str::to_string);
+        if token.is_none() {
+            return all;
+        }
+    }
+    panic!("describe instances: more than 1,000 pages");
+}
+
 /// moto's instances launched for NodeClaims since the test began (`known` are older ones).
 async fn claimed_instances(ec2: &aws_sdk_ec2::Client, known: &BTreeSet<String>) -> Vec<Launched> {
     let tag = aws_sdk_ec2::types::Filter::builder().name("tag-key").values("karpenter.sh/nodeclaim").build();
-    // moto's server is threaded and can fail a describe that runs while instances are made
-    // (`dictionary changed size during iteration`, a 500): asked again, at most 5 times.
-    let mut tries = 0;
-    let out = loop {
-        match ec2.describe_instances().filters(tag.clone()).send().await {
-            Ok(out) => break out,
-            Err(e) if tries < 5 && e.raw_response().is_some_and(|r| r.status().is_server_error()) => {
-                tries += 1;
-                eprintln!("describe instances: moto answered a server error, asking again: {e:?}");
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("describe instances: {e:?}"),
-        }
-    };
-    out.reservations()
+    describe_all(ec2, Some(tag))
+        .await
         .iter()
-        .flat_map(|r| r.instances())
         .filter(|i| !known.contains(i.instance_id().unwrap_or_default()))
         .map(|i| {
             let tag = |key: &str| {
@@ -339,8 +359,7 @@ async fn claimed_instances(ec2: &aws_sdk_ec2::Client, known: &BTreeSet<String>) 
 
 /// Every instance id moto has now.
 async fn all_instances(ec2: &aws_sdk_ec2::Client) -> BTreeSet<String> {
-    let out = ec2.describe_instances().send().await.expect("describe instances");
-    out.reservations().iter().flat_map(|r| r.instances()).filter_map(|i| i.instance_id().map(str::to_string)).collect()
+    describe_all(ec2, None).await.iter().filter_map(|i| i.instance_id().map(str::to_string)).collect()
 }
 
 /// What the fleet is checked against.
