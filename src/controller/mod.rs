@@ -211,7 +211,8 @@ async fn serve(s: Settings) -> Result<(), String> {
 
 /// While this node does not lead: reads what every EC2NodeClass resolves to (subnets,
 /// security groups, images, its instance profile when made) into the provider's cache, every
-/// 2 s until a first round read them all, then every minute, so that a new leader's first
+/// 2 s until a round cached them all (a class whose profile the leader has not made yet is not
+/// cached), then every minute, so that a new leader's first
 /// decisions wait for no EC2, SSM or IAM call. Reads only, on a synced view.
 async fn warm_classes(
     cluster: Arc<KubeCluster>,
@@ -227,7 +228,9 @@ async fn warm_classes(
             for (name, nc) in &cluster.nodeclasses() {
                 let class = aws::node_class(name, nc);
                 match tokio::time::timeout(Duration::from_secs(20), aws.warm(&class)).await {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(true)) => {}
+                    // Its instance profile is not made yet (the leader makes it): asked again soon.
+                    Ok(Ok(false)) => all = false,
                     Ok(Err(e)) => {
                         all = false;
                         tracing::info!(ec2nodeclass = %name, error = %e, "cloud.warm: EC2NodeClass {name} not read ahead");

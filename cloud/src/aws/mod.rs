@@ -286,13 +286,13 @@ impl AwsProvider {
     /// role on it, and caches them as [`AwsProvider::resolve`] would (for `resolve_ttl`), so a
     /// new leader's first decisions wait for none of these calls. Only reads: a profile that is
     /// missing or has another role is left for the leader to make or mend, and nothing is
-    /// cached for that class.
-    pub async fn warm(&self, nc: &NodeClass) -> Result<(), CloudError> {
+    /// cached for that class. Whether the class is cached now.
+    pub async fn warm(&self, nc: &NodeClass) -> Result<bool, CloudError> {
         let key = (nc.name.clone(), nc.hash.clone());
         if let Some((_, at)) = lock(&self.caches).resolved.get(&key)
             && self.clock.now().saturating_sub(*at) < self.cfg.resolve_ttl / 2
         {
-            return Ok(());
+            return Ok(true);
         }
         let mut r = nodeclass::resolve(&self.ec2, &self.ssm, &self.amis, nc).await?;
         if let (None, Some(role)) = (&r.instance_profile, &nc.role) {
@@ -300,11 +300,11 @@ impl AwsProvider {
             let wanted = profile::role_name(role);
             match profile::roles_of(&self.iam, &name).await? {
                 Some(roles) if roles.iter().any(|r| r.eq_ignore_ascii_case(wanted)) => r.instance_profile = Some(name),
-                _ => return Ok(()),
+                _ => return Ok(false),
             }
         }
         lock(&self.caches).resolved.insert(key, (Arc::new(r), self.clock.now()));
-        Ok(())
+        Ok(true)
     }
 
     /// The node class's subnets, security groups and images (cached for `resolve_ttl`).

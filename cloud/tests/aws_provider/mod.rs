@@ -293,7 +293,7 @@ async fn real_account_round_trip() {
 async fn a_node_class_read_ahead_resolves_without_calls_and_a_missing_profile_is_left_to_the_leader() {
     let h = Aws::new("warm").await;
     let nc = h.node_class();
-    h.cloud.warm(&nc).await.expect("read ahead");
+    assert!(h.cloud.warm(&nc).await.expect("read ahead"), "cached");
     let reads = ["DescribeSubnets", "DescribeSecurityGroups", "DescribeImages", "GetParameter"];
     let before: Vec<usize> = reads.iter().map(|a| h.proxy.calls(a)).collect();
     assert!(before[0] > 0 && before[1] > 0, "warm read the subnets and security groups: {before:?}");
@@ -302,9 +302,9 @@ async fn a_node_class_read_ahead_resolves_without_calls_and_a_missing_profile_is
     let after: Vec<usize> = reads.iter().map(|a| h.proxy.calls(a)).collect();
     assert_eq!(before, after, "resolve used what warm read");
     let with_role = NodeClass { role: Some("KarpenterNodeRole-warm".into()), hash: "h2".into(), ..h.node_class() };
-    h.cloud.warm(&with_role).await.expect("read ahead");
+    assert!(!h.cloud.warm(&with_role).await.expect("read ahead"), "not cached: the profile is missing");
     assert_eq!(h.proxy.calls("CreateInstanceProfile"), 0, "a follower makes no profile");
     let subnets = h.proxy.calls("DescribeSubnets");
-    h.cloud.warm(&with_role).await.expect("read ahead");
+    assert!(!h.cloud.warm(&with_role).await.expect("read ahead"));
     assert!(h.proxy.calls("DescribeSubnets") > subnets, "nothing was cached for a class whose profile is missing");
 }
