@@ -94,6 +94,10 @@ pub trait Transport: Send + Sync + 'static {
 pub struct Network {
     pub id: NodeId,
     pub transport: Arc<dyn Transport>,
+    /// How long replication to a peer that could not be reached pauses before trying again.
+    /// openraft's own 500 ms outlasts the election timeout: one lost or reset message to a
+    /// follower then stopped its heartbeats long enough for it to call an election.
+    pub backoff: Duration,
 }
 
 /// openraft's connection to one peer.
@@ -102,13 +106,20 @@ pub struct Peer {
     to: NodeId,
     addr: String,
     transport: Arc<dyn Transport>,
+    backoff: Duration,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        Peer { id: self.id, to: target, addr: node.addr.clone(), transport: self.transport.clone() }
+        Peer {
+            id: self.id,
+            to: target,
+            addr: node.addr.clone(),
+            transport: self.transport.clone(),
+            backoff: self.backoff,
+        }
     }
 }
 
@@ -140,6 +151,10 @@ impl Peer {
 }
 
 impl RaftNetwork<TypeConfig> for Peer {
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(std::iter::repeat(self.backoff))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,

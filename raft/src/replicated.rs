@@ -100,7 +100,9 @@ impl RaftLedger {
         clock: Arc<dyn Clock>,
     ) -> Result<RaftLedger, LedgerError> {
         let config = Arc::new(settings.config()?);
-        let network = Network { id, transport };
+        // A peer that could not be reached is tried again after a heartbeat, well inside the
+        // shortest election timeout.
+        let network = Network { id, transport, backoff: Duration::from_millis(settings.heartbeat_ms) };
         let raft = Raft::new(id, config, network, log, machine.clone())
             .await
             .map_err(|e| LedgerError::Unavailable { reason: format!("raft node {id} did not start: {e}") })?;
