@@ -166,9 +166,11 @@ impl Pools {
         // Resolving may write (the instance profile managed for a role): the leader's to do;
         // a follower keeps the last answer.
         let leadership = ledger.leadership().borrow().clone();
-        if leadership.leader {
+        let current = {
             let watch = ledger.leadership();
-            let current = move || watch.borrow().is_current(leadership.term);
+            move || watch.borrow().is_current(leadership.term)
+        };
+        if leadership.leader {
             self.resolve_classes(cluster, clock.now_millis(), &current).await;
         }
         let (desired, _) = self.desired(cluster);
@@ -210,8 +212,6 @@ impl Pools {
         self.stop_finished(cluster, plane, ledger, now).await;
         // Garbage collection comes last: a new leader's pools must not wait for it.
         if leadership.leader {
-            let watch = ledger.leadership();
-            let current = move || watch.borrow().is_current(leadership.term);
             self.collect_profiles(cluster, clock.now_millis(), &current).await;
         }
     }

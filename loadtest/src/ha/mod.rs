@@ -285,7 +285,16 @@ impl Group {
     /// Notes the instances the cloud has now, by claim (a claim launched twice shows as two).
     pub fn observe<'a>(&mut self, instances: impl IntoIterator<Item = (&'a str, &'a str)>) {
         for (claim, id) in instances {
-            self.instances.entry(claim.to_string()).or_default().insert(id.to_string());
+            // Every tick sees mostly the same instances: nothing is allocated for those.
+            match self.instances.get_mut(claim) {
+                Some(ids) if ids.contains(id) => {}
+                Some(ids) => {
+                    ids.insert(id.to_string());
+                }
+                None => {
+                    self.instances.insert(claim.to_string(), std::collections::BTreeSet::from([id.to_string()]));
+                }
+            }
         }
     }
 
