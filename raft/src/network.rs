@@ -94,9 +94,10 @@ pub trait Transport: Send + Sync + 'static {
 pub struct Network {
     pub id: NodeId,
     pub transport: Arc<dyn Transport>,
-    /// How long replication to a peer that could not be reached pauses before trying again.
-    /// openraft's own 500 ms outlasts the election timeout: one lost or reset message to a
-    /// follower then stopped its heartbeats long enough for it to call an election.
+    /// How long replication to a peer that could not be reached first pauses before trying
+    /// again (then longer, see [`backoff_steps`]). openraft's own 500 ms outlasts the election
+    /// timeout: one lost or reset message to a follower then stopped its heartbeats long
+    /// enough for it to call an election.
     pub backoff: Duration,
 }
 
@@ -107,6 +108,19 @@ pub struct Peer {
     addr: String,
     transport: Arc<dyn Transport>,
     backoff: Duration,
+}
+
+/// The longest pause between attempts to reach a peer that stays unreachable: openraft's own
+/// fixed pause.
+pub const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The pauses of one episode of failures to reach a peer: `first` (one heartbeat, so a single
+/// lost message does not silence a follower past its election timeout), doubling up to
+/// [`MAX_BACKOFF`], so a peer that is down is not retried (and logged by openraft) 20 times a
+/// second. openraft starts a new episode once the peer answers.
+pub fn backoff_steps(first: Duration) -> impl Iterator<Item = Duration> + Send + 'static {
+    let first = first.min(MAX_BACKOFF);
+    std::iter::successors(Some(first), |d| Some((*d * 2).min(MAX_BACKOFF)))
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -152,7 +166,7 @@ impl Peer {
 
 impl RaftNetwork<TypeConfig> for Peer {
     fn backoff(&self) -> openraft::network::Backoff {
-        openraft::network::Backoff::new(std::iter::repeat(self.backoff))
+        openraft::network::Backoff::new(backoff_steps(self.backoff))
     }
 
     async fn append_entries(
@@ -301,6 +315,13 @@ impl Transport for MemNet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_that_stays_down_is_retried_less_and_less_often_up_to_openrafts_pause() {
+        let steps: Vec<u64> = backoff_steps(Duration::from_millis(50)).take(7).map(|d| d.as_millis() as u64).collect();
+        assert_eq!(steps, [50, 100, 200, 400, 500, 500, 500]);
+        assert_eq!(backoff_steps(Duration::from_secs(3)).next(), Some(MAX_BACKOFF), "never above the cap");
+    }
 
     fn fates(seed: u64, faults: &Faults) -> Vec<Option<Duration>> {
         let net = MemNet::new(seed);

@@ -479,6 +479,16 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
         });
         fleet.check(&env, true, &logs);
         if round < rounds {
+            // The round's pods go first: a namespace deleted with its Deployment still there
+            // has its ReplicaSet recreate the pods the drains evict, and kube-scheduler (and
+            // the controllers) spend the next round on a dying namespace's pending pods (round
+            // 9 of a 20 x 1,000 run: the scheduler's requests throttled 10 s, the new round's
+            // pods not marked unschedulable within 30 s).
+            env.kubectl(&["scale", "deployment", "inflate", "-n", &ns, "--replicas", "0"]);
+            env.wait("the round's pods gone", Duration::from_secs(120), |e| {
+                let left = e.items(&["get", "pods", "-n", &ns]).len();
+                if left == 0 { Ok(()) } else { Err(format!("{left} pods left in {ns}")) }
+            });
             env.kubectl(&["delete", "namespace", &ns, "--wait=false"]);
             env.kubectl(&["delete", "nodeclaims", "--all", "--wait=false"]);
             env.wait("the round's NodeClaims and nodes gone", Duration::from_secs(120), |e| {
