@@ -8,6 +8,7 @@
 mod bench_input;
 mod controller;
 mod crdgen;
+mod explain;
 mod ledger;
 mod loadtest;
 mod plan;
@@ -47,6 +48,9 @@ enum Command {
     Controller(Box<controller::ControllerArgs>),
     /// Writes the CRDs (NodePool, NodeClaim, EC2NodeClass) as YAML.
     Crdgen(crdgen::CrdgenArgs),
+    /// Says why a node is (or is not) being disrupted (`explain node NAME --disruption FILE`:
+    /// offline, on a `plan` input).
+    Explain(explain::ExplainArgs),
     /// Reads the replicated ledger of a control node (`ledger status`) and changes the
     /// group's members (`ledger join`, `ledger remove`).
     Ledger(ledger::LedgerArgs),
@@ -75,6 +79,10 @@ fn main() -> ExitCode {
         Command::Loadtest(args) => loadtest::run(&args),
         Command::Controller(args) => controller::run(&args),
         Command::Crdgen(args) => crdgen::run(&args),
+        Command::Explain(args) => {
+            use dovetail_core::clock::Clock;
+            explain::run(&args, dovetail_core::clock::SystemClock.now_millis())
+        }
         Command::Ledger(args) => ledger::run(&args),
         Command::NodeAgent(args) => controller::agent::run(&args),
     };

@@ -180,7 +180,7 @@ pub fn run(args: &PlanArgs) -> ExitCode {
     }
 }
 
-fn read_input(file: &str) -> anyhow::Result<String> {
+pub fn read_input(file: &str) -> anyhow::Result<String> {
     let mut s = String::new();
     if file == "-" {
         std::io::stdin().read_to_string(&mut s).context("reading stdin")?;

@@ -549,3 +549,68 @@ fn ledger_join_and_remove_change_a_running_group_from_any_member() {
         eprintln!("leaving {}: {e}", dir.display());
     }
 }
+
+/// Three m5.large of one NodePool: `a` runs a small pod, `b` is empty, `c` runs a large pod.
+const DISRUPTION_INPUT: &str = r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: default}
+spec:
+  template:
+    spec:
+      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}
+      requirements:
+      - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}
+  disruption:
+    budgets: [{nodes: "100%"}]
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: a
+  labels: {karpenter.sh/nodepool: default, node.kubernetes.io/instance-type: m5.large, karpenter.sh/capacity-type: on-demand, topology.kubernetes.io/zone: us-east-1a}
+status: {capacity: {cpu: "2", memory: 8Gi, pods: "29"}, allocatable: {cpu: 1930m, memory: 7Gi, pods: "29"}}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: b
+  labels: {karpenter.sh/nodepool: default, node.kubernetes.io/instance-type: m5.large, karpenter.sh/capacity-type: on-demand, topology.kubernetes.io/zone: us-east-1a}
+status: {capacity: {cpu: "2", memory: 8Gi, pods: "29"}, allocatable: {cpu: 1930m, memory: 7Gi, pods: "29"}}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: c
+  labels: {karpenter.sh/nodepool: default, node.kubernetes.io/instance-type: m5.large, karpenter.sh/capacity-type: on-demand, topology.kubernetes.io/zone: us-east-1a}
+status: {capacity: {cpu: "2", memory: 8Gi, pods: "29"}, allocatable: {cpu: 1930m, memory: 7Gi, pods: "29"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: small, namespace: default}
+spec:
+  nodeName: a
+  containers: [{name: c, image: x, resources: {requests: {cpu: 200m, memory: 256Mi}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: large, namespace: default}
+spec:
+  nodeName: c
+  containers: [{name: c, image: x, resources: {requests: {cpu: 1500m, memory: 1Gi}}}]
+"#;
+
+#[test]
+fn explain_says_why_a_node_of_a_plan_input_would_or_would_not_be_disrupted() {
+    let out = dovetail(&["explain", "node", "b", "--disruption", "-"], Some(DISRUPTION_INPUT));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("node b (nodepool default): disrupting (emptiness)"), "{text}");
+    assert!(text.contains("command: emptiness (Empty), nodes b, 0 new node(s)"), "{text}");
+    let out = dovetail(&["explain", "node", "a", "--disruption", "-"], Some(DISRUPTION_INPUT));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("node a (nodepool default): kept: another command goes first this round"), "{text}");
+    let out = dovetail(&["explain", "node", "zz", "--disruption", "-"], Some(DISRUPTION_INPUT));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(r#"node "zz" is not in -"#));
+}

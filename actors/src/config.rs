@@ -82,6 +82,35 @@ impl Default for ZoneSettings {
     }
 }
 
+/// Disruption: emptiness, drift, consolidation and expiration.
+#[derive(Clone, Debug)]
+pub struct DisruptionConfig {
+    /// Off: nothing is disrupted (expiration included).
+    pub enabled: bool,
+    /// How often each NodePoolActor plans disruption (Karpenter polls every 10 s).
+    pub every: Duration,
+    /// How long an emptiness or consolidation command must hold before it is proposed
+    /// (Karpenter: 15 s).
+    pub validation: Duration,
+    /// Karpenter's `SpotToSpotConsolidation` feature gate.
+    pub spot_to_spot: bool,
+    /// A command whose replacements are not initialized by then is rolled back (Karpenter:
+    /// at least 10 minutes).
+    pub command_timeout: Duration,
+}
+
+impl Default for DisruptionConfig {
+    fn default() -> Self {
+        DisruptionConfig {
+            enabled: false,
+            every: Duration::from_secs(10),
+            validation: Duration::from_secs(15),
+            spot_to_spot: false,
+            command_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
 /// Everything the plane's actors are configured with.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -117,6 +146,7 @@ pub struct Config {
     /// How often a round renames and re-proposes claims whose ids the ledger refused.
     pub rename_attempts: u32,
     pub solve: SolveOptions,
+    pub disruption: DisruptionConfig,
 }
 
 impl Default for Config {
@@ -137,6 +167,7 @@ impl Default for Config {
             follow_for: Duration::from_secs(15 * 60),
             rename_attempts: 3,
             solve: SolveOptions::default(),
+            disruption: DisruptionConfig::default(),
         }
     }
 }
@@ -180,6 +211,9 @@ impl Config {
         }
         if self.rename_attempts == 0 {
             return bad("rename_attempts", "must be positive");
+        }
+        if self.disruption.every.is_zero() || self.disruption.command_timeout.is_zero() {
+            return bad("disruption", "every and command_timeout must be positive");
         }
         self.lifecycle.validate().map_err(|e| ConfigError { field: "lifecycle", reason: e.to_string() })
     }

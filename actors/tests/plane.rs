@@ -373,7 +373,9 @@ mod pool {
     use dovetail_actors::config::Config;
     use dovetail_actors::errors::Errors;
     use dovetail_actors::kubelet::registrations;
-    use dovetail_actors::pool::{DeleteClaim, GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced};
+    use dovetail_actors::pool::{
+        DeleteClaim, Disrupt, GetDecisions, GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced,
+    };
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cloud::{CloudProvider, LaunchBatch, LaunchRequest, OfferingKey};
@@ -384,7 +386,7 @@ mod pool {
     use dovetail_core::cluster::{TERMINATION_FINALIZER, UNREGISTERED_TAINT};
     use dovetail_core::labels;
     use dovetail_core::ledger::{Caps, ClaimRequest, ClaimState, Command, State, micro_dollars};
-    use dovetail_core::nodepool::{NodeClaimSpec, NodePool};
+    use dovetail_core::nodepool::{Budget, BudgetNodes, NodeClaimSpec, NodePool};
     use dovetail_core::pod::{Pod, PodKey};
     use dovetail_core::requirements::{Requirement, Requirements};
     use dovetail_core::resources::{ResourceList, ResourceName};
@@ -1122,6 +1124,233 @@ mod pool {
         }
         let s = state(inner.as_ref()).await;
         assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })), "{:?}", s.claims());
+    }
+
+    /// Plans disruption and reconciles (bounded) until `done` holds of the ledger.
+    async fn disrupt_until(w: &World, what: &str, done: impl Fn(&State) -> bool) -> State {
+        for _ in 0..300 {
+            w.pool.send(Disrupt).await.expect("mailbox");
+            w.pool.send(Reconcile).await.expect("mailbox");
+            let s = state(w.ledger.as_ref()).await;
+            if done(&s) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{what}: not within 3 s: {:?}", state(w.ledger.as_ref()).await.disruptions());
+    }
+
+    /// A pool of on-demand m5.large with disruption on (planned when the test says) and the
+    /// given budgets.
+    async fn disrupting_world(budgets: Vec<Budget>) -> World {
+        disrupting_world_with(m5_large_on_demand(ResourceList::new()), budgets).await
+    }
+
+    async fn disrupting_world_with(pool: NodePool, budgets: Vec<Budget>) -> World {
+        let clock = Arc::new(ManualClock::new());
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let ledger = Arc::new(InProcess::new());
+        propose(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() },
+        )
+        .await;
+        propose(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetBudgets { pool: pool.name.clone(), budgets, rate: None },
+        )
+        .await;
+        let mut config = Config::default();
+        config.disruption.enabled = true;
+        config.disruption.every = Duration::from_secs(3600);
+        let (c, l): (Arc<dyn CloudProvider>, Arc<dyn Ledger>) = (cloud.clone(), ledger.clone());
+        start_over(pool, c, l, Arc::new(SimCluster::new()), clock, config, (cloud, ledger))
+    }
+
+    /// Empty nodes go once the command held for the validation delay, at most as many at once
+    /// as the budget allows, and every node's decision says why.
+    #[actix_rt::test]
+    async fn empty_nodes_are_disrupted_after_validation_within_the_budget() {
+        let w = disrupting_world(vec![Budget {
+            nodes: BudgetNodes::Count(2),
+            schedule: None,
+            duration: None,
+            reasons: vec![],
+        }])
+        .await;
+        let pending = pods(4, 1500);
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending)).await.expect("mailbox");
+        launched(&w, 4).await;
+        register_all(&w).await;
+        assert_eq!(w.cluster.schedule(), 4);
+        let gone: Vec<PodKey> = (0..3).map(|i| PodKey::new("default", &format!("web-{i}"))).collect();
+        w.cluster.delete_pods(&gone);
+        w.pool.send(Disrupt).await.expect("mailbox");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(state(w.ledger.as_ref()).await.disruptions().is_empty(), "validating for 15 s");
+        let decisions = w.pool.send(GetDecisions).await.expect("decisions");
+        assert_eq!(decisions.len(), 4, "every node has a decision");
+        assert!(decisions.values().any(|d| d.verdict.to_string().contains("validating")), "{decisions:?}");
+        w.clock.advance(Duration::from_secs(15));
+        let s = disrupt_until(&w, "a command", |s| !s.disruptions().is_empty()).await;
+        let cmd = s.disruptions().values().next().cloned().expect("a command");
+        assert_eq!(cmd.candidates.len(), 2, "the budget allows two at once");
+        // No replacement: the candidates are terminated, drained and gone.
+        disrupt_until(&w, "two gone", |s| s.claims().len() == 2).await;
+        // The third empty node, once the first two no longer count as disrupting.
+        w.clock.advance(Duration::from_secs(1));
+        w.pool.send(Disrupt).await.expect("mailbox");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        w.clock.advance(Duration::from_secs(15));
+        disrupt_until(&w, "three gone", |s| s.claims().len() == 1).await;
+        let snap = w.cluster.snapshot();
+        let last = snap.nodes.keys().next().cloned().expect("a node");
+        assert_eq!(snap.pods_on(&last).count(), 1, "the node with a pod stays");
+        assert!(w.cloud.list().await.expect("list").len() == 1);
+        let stats = w.pool.send(GetPoolStats).await.expect("stats");
+        assert_eq!(stats.disrupted, 3);
+        let events = w.cluster.events();
+        assert!(events.iter().any(|e| e.reason == "DisruptionLaunching" && e.message.contains("Empty")), "{events:?}");
+        assert!(events.iter().filter(|e| e.reason == "DisruptionTerminating").count() == 3, "{events:?}");
+    }
+
+    /// Underused nodes are consolidated: two m5.xlarge whose pods shrank are replaced by one
+    /// m5.large, launched and initialized before either is drained.
+    #[actix_rt::test]
+    async fn underused_nodes_are_replaced_by_one_and_drained_only_after_it_is_initialized() {
+        let (w, before) = replacing_world().await;
+        assert_eq!(before.len(), 2, "two onto one");
+        // Until the replacement is initialized, no candidate terminates.
+        for _ in 0..20 {
+            w.pool.send(Disrupt).await.expect("mailbox");
+            w.pool.send(Reconcile).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let s = state(w.ledger.as_ref()).await;
+        assert!(before.iter().all(|c| s.claim(c).is_some_and(|c| !c.state.is_terminating())), "{:?}", s.claims());
+        let snap = w.cluster.snapshot();
+        for c in &before {
+            let node = snap.nodeclaims[c].status.node_name.clone().expect("node");
+            assert!(snap.nodes[&node].taints.iter().any(|t| t.key == "karpenter.sh/disrupted"), "tainted first");
+        }
+        // The replacement's node registers; then the candidates go and their pods move.
+        for _ in 0..50 {
+            w.pool.send(Reconcile).await.expect("mailbox");
+            if state(w.ledger.as_ref()).await.claims().values().any(|c| matches!(c.state, ClaimState::Launched { .. }))
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for reg in registrations(&w.cloud.list().await.expect("list")) {
+            if !w.cluster.snapshot().nodes.values().any(|n| n.provider_id == Some(reg.provider_id.clone())) {
+                w.cluster.register(&reg).expect("register");
+            }
+        }
+        let s = disrupt_until(&w, "the candidates gone", |s| s.claims().len() == 1).await;
+        let survivor = s.claims().values().next().cloned().expect("the replacement");
+        assert!(!before.contains(&survivor.id));
+        assert_eq!(
+            w.cluster.snapshot().pods.len(),
+            0,
+            "evicted once the replacement was up (no controller recreates them here)"
+        );
+        assert_eq!(w.cloud.list().await.expect("list").len(), 1);
+    }
+
+    /// Two m5.xlarge whose pods shrank, in a pool that may also launch m5.large: a command
+    /// with one replacement is granted. Returns the world and the command's candidates.
+    async fn replacing_world() -> (World, Vec<String>) {
+        let mut reqs = Requirements::new();
+        reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large", "m5.xlarge"]));
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+        let all = vec![Budget { nodes: BudgetNodes::Percent(100), schedule: None, duration: None, reasons: vec![] }];
+        let w = disrupting_world_with(NodePool::new("default", reqs), all).await;
+        let pending = pods(2, 3000);
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending)).await.expect("mailbox");
+        launched(&w, 2).await;
+        register_all(&w).await;
+        assert_eq!(w.cluster.schedule(), 2);
+        let snap = w.cluster.snapshot();
+        for p in snap.pods.values() {
+            let node = p.node_name.clone().expect("bound");
+            w.cluster.delete_pods(std::slice::from_ref(&p.key));
+            w.cluster.apply_pod(Pod {
+                key: p.key.clone(),
+                requests: ResourceList::cpu_mem(300, 1 << 28),
+                node_name: Some(node),
+                ..Pod::default()
+            });
+        }
+        w.pool.send(Disrupt).await.expect("mailbox");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        w.clock.advance(Duration::from_secs(15));
+        let s = disrupt_until(&w, "a command", |s| !s.disruptions().is_empty()).await;
+        let cmd = s.disruptions().values().next().cloned().expect("a command");
+        assert_eq!(cmd.replacements.len(), 1);
+        (w, cmd.candidates)
+    }
+
+    /// A command whose replacement fails (its NodeClaim deleted before it registered) is
+    /// rolled back: the command ends and its candidates lose the taint and stay.
+    #[actix_rt::test]
+    async fn a_command_whose_replacement_fails_is_rolled_back_and_its_nodes_untainted() {
+        let (w, candidates) = replacing_world().await;
+        let s = state(w.ledger.as_ref()).await;
+        let replacement =
+            s.disruptions().values().next().and_then(|c| c.replacements.first().cloned()).expect("a replacement");
+        // Its NodeClaim exists once the grant's effects ran.
+        for _ in 0..100 {
+            if w.cluster.snapshot().nodeclaims.contains_key(&replacement) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        w.cluster.remove_nodeclaim(&replacement).expect("deleted by hand");
+        disrupt_until(&w, "rolled back", |s| s.disruptions().is_empty()).await;
+        for _ in 0..50 {
+            w.pool.send(Disrupt).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let s = state(w.ledger.as_ref()).await;
+        let snap = w.cluster.snapshot();
+        for c in &candidates {
+            assert!(s.claim(c).is_some_and(|c| matches!(c.state, ClaimState::Initialized { .. })), "{c} stays");
+            let node = snap.nodeclaims[c].status.node_name.clone().expect("node");
+            assert!(!snap.nodes[&node].taints.iter().any(|t| t.key == "karpenter.sh/disrupted"), "{node} untainted");
+        }
+        let stats = w.pool.send(GetPoolStats).await.expect("stats");
+        assert!(stats.rolled_back >= 1, "{stats:?}");
+        assert!(w.cluster.events().iter().any(|e| e.reason == "DisruptionFailed"), "{:?}", w.cluster.events());
+    }
+
+    /// Expiration is forceful: a node past its expireAfter goes even with a budget of zero.
+    #[actix_rt::test]
+    async fn an_expired_node_goes_whatever_the_budget() {
+        let mut pool = m5_large_on_demand(ResourceList::new());
+        pool.expire_after = Some(Duration::from_secs(3600));
+        let none = vec![Budget { nodes: BudgetNodes::Count(0), schedule: None, duration: None, reasons: vec![] }];
+        let w = disrupting_world_with(pool, none).await;
+        let pending = pods(1, 1500);
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending)).await.expect("mailbox");
+        launched(&w, 1).await;
+        register_all(&w).await;
+        w.clock.advance(Duration::from_secs(3599));
+        for _ in 0..10 {
+            w.pool.send(Disrupt).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(state(w.ledger.as_ref()).await.claims().len(), 1, "not expired yet");
+        w.clock.advance(Duration::from_secs(1));
+        disrupt_until(&w, "expired and gone", |s| s.claims().is_empty()).await;
+        let stats = w.pool.send(GetPoolStats).await.expect("stats");
+        assert_eq!(stats.expired_nodes, 1);
+        assert!(w.cluster.events().iter().any(|e| e.reason == "Expired"), "{:?}", w.cluster.events());
     }
 }
 

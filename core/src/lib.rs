@@ -17,12 +17,14 @@
 //! - Planners, which return ledger commands and [`effect`]s: [`provisioning`] (a NodePool's
 //!   round of new claims), [`lifecycle`] (a NodeClaim's life from launch to termination) and [`plane`] (batch windows, zone choice, claim names,
 //!   liveness, drain order, the feed's resend bookkeeping).
+//! - [`disruption`]: disruption budgets (and, as they land, the disruption methods).
 //! - [`shared`]: values many objects hold one copy of (an interner for the caches).
 //! - [`workload`]: the benchmark workloads, generated from a seed.
 
 pub mod catalog;
 pub mod clock;
 pub mod cluster;
+pub mod disruption;
 pub mod effect;
 pub mod labels;
 pub mod ledger;

@@ -31,6 +31,9 @@ pub struct Node {
     pub owner_claim: Option<String>,
     /// `metadata.deletionTimestamp` is set: the node goes once its finalizers are removed.
     pub deleting: bool,
+    /// The `karpenter.sh/do-not-disrupt: "true"` annotation (the only annotation the plane
+    /// reads, so the others are not kept).
+    pub do_not_disrupt: bool,
     /// `metadata.resourceVersion`: the precondition of a write made from this read.
     pub resource_version: u64,
 }

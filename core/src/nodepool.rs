@@ -39,6 +39,30 @@ pub enum DisruptionReason {
     Drifted,
 }
 
+impl DisruptionReason {
+    /// The name Karpenter uses (budgets' `reasons`, the `reason` metric label).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DisruptionReason::Underutilized => "Underutilized",
+            DisruptionReason::Empty => "Empty",
+            DisruptionReason::Drifted => "Drifted",
+        }
+    }
+
+    /// The reason of a name, as [`DisruptionReason::as_str`] writes it.
+    pub fn parse(s: &str) -> Option<DisruptionReason> {
+        [DisruptionReason::Underutilized, DisruptionReason::Empty, DisruptionReason::Drifted]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for DisruptionReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `budgets[].nodes`: a percentage (rounded up) or a count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BudgetNodes {
@@ -64,6 +88,8 @@ pub struct Disruption {
     /// `None` is `Never`. Default `0s`.
     pub consolidate_after: Option<Duration>,
     pub budgets: Vec<Budget>,
+    /// dovetail's rate budget, from the NodePool's `dovetail.dev/disruption-rate` annotation.
+    pub rate: Option<crate::disruption::budget::Rate>,
 }
 
 impl Default for Disruption {
@@ -72,6 +98,7 @@ impl Default for Disruption {
             consolidation_policy: ConsolidationPolicy::default(),
             consolidate_after: Some(Duration::ZERO),
             budgets: vec![Budget { nodes: BudgetNodes::Percent(10), schedule: None, duration: None, reasons: vec![] }],
+            rate: None,
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::cluster::{NodeClaim, NodeClaimStatus, Snapshot, TERMINATION_FINALIZER
 use crate::ledger::{ClaimRequest, Offering};
 use crate::plane::{Names, plan_claim};
 use crate::pod::Pod;
-use crate::scheduling::{self, PoolInput, SolveOptions};
+use crate::scheduling::{self, NewClaim, PoolInput, SolveOptions};
 
 /// What a round reads.
 pub struct RoundInput<'a> {
@@ -104,35 +104,42 @@ pub fn plan_round(input: &RoundInput<'_>, names: &mut Names) -> Round {
     // thousands of claims, and the ledger grants an id once.
     let mut taken: BTreeSet<String> = BTreeSet::new();
     for c in &results.claims {
-        let spec = c.to_spec(&pool);
-        let Some(plan) = plan_claim(c, &spec, &pool.instance_types, input.zones) else {
+        let id = unique_claim_name(names, &pool.pool.name, |id| {
+            taken.contains(id) || input.cluster.nodeclaims.contains_key(id)
+        });
+        let Some(planned) = planned_claim(c, &pool, input.zones, id.clone()) else {
             let why = "no zone the plane launches in offers its instance types".to_string();
             round.unplaced.extend(c.pods.iter().map(|&p| (p, why.clone())));
             continue;
         };
-        let id = unique_claim_name(names, &pool.pool.name, |id| {
-            taken.contains(id) || input.cluster.nodeclaims.contains_key(id)
-        });
-        taken.insert(id.clone());
-        round.claims.push(PlannedClaim {
-            reserve: ClaimRequest {
-                id: id.clone(),
-                zone: plan.zone,
-                resources: plan.resources,
-                price_per_hour: plan.price_per_hour,
-            },
-            nodeclaim: NodeClaim {
-                name: id,
-                spec,
-                finalizers: vec![TERMINATION_FINALIZER.to_string()],
-                deleting: false,
-                status: NodeClaimStatus::default(),
-                resource_version: 0,
-            },
-            pods: c.pods.clone(),
-        });
+        taken.insert(id);
+        round.claims.push(planned);
     }
     round
+}
+
+/// A solver's claim as the ledger reserves it and the cluster holds it, named `id`; `None`
+/// when no zone of `zones` offers its instance types.
+pub fn planned_claim(c: &NewClaim, pool: &PoolInput, zones: &[String], id: String) -> Option<PlannedClaim> {
+    let spec = c.to_spec(pool);
+    let plan = plan_claim(c, &spec, &pool.instance_types, zones)?;
+    Some(PlannedClaim {
+        reserve: ClaimRequest {
+            id: id.clone(),
+            zone: plan.zone,
+            resources: plan.resources,
+            price_per_hour: plan.price_per_hour,
+        },
+        nodeclaim: NodeClaim {
+            name: id,
+            spec,
+            finalizers: vec![TERMINATION_FINALIZER.to_string()],
+            deleting: false,
+            status: NodeClaimStatus::default(),
+            resource_version: 0,
+        },
+        pods: c.pods.clone(),
+    })
 }
 
 /// A claim name `taken` does not hold. Bounded: past 64 draws (a pool of millions of

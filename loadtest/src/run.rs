@@ -150,6 +150,9 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     for (pool, _, _) in &pools {
         let set = Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() };
         propose_now(ledger.as_ref(), clock.now_millis(), set).await.map_err(|e| RunError::Ledger(e.to_string()))?;
+        let d = &pool.disruption;
+        let budgets = Command::SetBudgets { pool: pool.name.clone(), budgets: d.budgets.clone(), rate: d.rate };
+        propose_now(ledger.as_ref(), clock.now_millis(), budgets).await.map_err(|e| RunError::Ledger(e.to_string()))?;
     }
     let config = Config { window: sc.window.clone(), ..Config::default() };
     let plane = Plane::start(

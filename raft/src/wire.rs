@@ -11,10 +11,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dovetail_core::catalog::CapacityType;
+use dovetail_core::disruption::budget::Rate;
 use dovetail_core::ledger::{
-    BatchRecord, Caps, Claim, ClaimRequest, ClaimState, Command, Denial, Entry, LaunchBatch, Millis, Offering, Outcome,
-    Pool, State, StateParts, Step, Term,
+    BatchRecord, Caps, Claim, ClaimRequest, ClaimState, Command, Denial, DisruptionCommand, Entry, LaunchBatch, Millis,
+    Offering, Outcome, Pool, State, StateParts, Step, Term,
 };
+use dovetail_core::nodepool::{Budget, BudgetNodes, DisruptionReason};
 use dovetail_core::resources::{ResourceList, ResourceName};
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +25,10 @@ use serde::{Deserialize, Serialize};
 pub enum WireError {
     #[error("unknown capacity type {0:?}")]
     CapacityType(String),
+    #[error("unknown disruption reason {0:?}")]
+    Reason(String),
+    #[error("budget nodes {0:?} is neither a count nor a percentage")]
+    BudgetNodes(String),
 }
 
 /// A ledger entry, as stored in the log and replicated.
@@ -97,6 +103,93 @@ fn capacity_type(s: &str) -> Result<CapacityType, WireError> {
     CapacityType::parse(s).ok_or_else(|| WireError::CapacityType(s.to_string()))
 }
 
+fn reason(s: &str) -> Result<DisruptionReason, WireError> {
+    DisruptionReason::parse(s).ok_or_else(|| WireError::Reason(s.to_string()))
+}
+
+fn requests(claims: &[ClaimRequest]) -> Vec<ClaimRequestV1> {
+    claims
+        .iter()
+        .map(|r| ClaimRequestV1 {
+            id: r.id.clone(),
+            zone: r.zone.clone(),
+            resources: resources(&r.resources),
+            price_per_hour: r.price_per_hour,
+        })
+        .collect()
+}
+
+fn claim_requests(claims: &[ClaimRequestV1]) -> Vec<ClaimRequest> {
+    claims
+        .iter()
+        .map(|r| ClaimRequest {
+            id: r.id.clone(),
+            zone: r.zone.clone(),
+            resources: resource_list(&r.resources),
+            price_per_hour: r.price_per_hour,
+        })
+        .collect()
+}
+
+/// A disruption budget (`nodes` as the NodePool writes it: `"10%"` or `"3"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetV1 {
+    pub nodes: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+}
+
+impl From<&Budget> for BudgetV1 {
+    fn from(b: &Budget) -> Self {
+        BudgetV1 {
+            nodes: match b.nodes {
+                BudgetNodes::Percent(p) => format!("{p}%"),
+                BudgetNodes::Count(n) => n.to_string(),
+            },
+            schedule: b.schedule.clone(),
+            duration_ms: b.duration.map(dovetail_core::clock::to_millis),
+            reasons: b.reasons.iter().map(|r| r.as_str().to_string()).collect(),
+        }
+    }
+}
+
+impl BudgetV1 {
+    pub fn to_core(&self) -> Result<Budget, WireError> {
+        let bad = || WireError::BudgetNodes(self.nodes.clone());
+        let nodes = match self.nodes.strip_suffix('%') {
+            Some(p) => BudgetNodes::Percent(p.parse().map_err(|_| bad())?),
+            None => BudgetNodes::Count(self.nodes.parse().map_err(|_| bad())?),
+        };
+        Ok(Budget {
+            nodes,
+            schedule: self.schedule.clone(),
+            duration: self.duration_ms.map(std::time::Duration::from_millis),
+            reasons: self.reasons.iter().map(|r| reason(r)).collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// The rate budget: `nodes` per `per_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RateV1 {
+    pub nodes: u32,
+    pub per_ms: u64,
+}
+
+/// A disruption command under way.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DisruptionV1 {
+    pub pool: String,
+    pub reason: String,
+    pub candidates: Vec<String>,
+    pub replacements: Vec<String>,
+    pub at: Millis,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EntryV1 {
     pub term: Term,
@@ -108,14 +201,51 @@ pub struct EntryV1 {
 #[serde(rename_all = "snake_case")]
 pub enum CommandV1 {
     Lead,
-    SetPool { pool: String, limits: ResourcesV1 },
-    RemovePool { pool: String },
-    SetCaps { resources: ResourcesV1, price_per_hour: Option<u64> },
-    Reserve { pool: String, claims: Vec<ClaimRequestV1> },
-    Launch { zone: String, batches: Vec<LaunchBatchV1> },
-    Advance { steps: Vec<(String, StepV1)> },
-    Adopt { claims: Vec<ClaimV1> },
-    MarkUnavailable { offerings: Vec<OfferingV1>, until: Millis },
+    SetPool {
+        pool: String,
+        limits: ResourcesV1,
+    },
+    RemovePool {
+        pool: String,
+    },
+    SetCaps {
+        resources: ResourcesV1,
+        price_per_hour: Option<u64>,
+    },
+    Reserve {
+        pool: String,
+        claims: Vec<ClaimRequestV1>,
+    },
+    Launch {
+        zone: String,
+        batches: Vec<LaunchBatchV1>,
+    },
+    Advance {
+        steps: Vec<(String, StepV1)>,
+    },
+    Adopt {
+        claims: Vec<ClaimV1>,
+    },
+    MarkUnavailable {
+        offerings: Vec<OfferingV1>,
+        until: Millis,
+    },
+    SetBudgets {
+        pool: String,
+        budgets: Vec<BudgetV1>,
+        rate: Option<RateV1>,
+    },
+    Disrupt {
+        pool: String,
+        command: String,
+        reason: String,
+        candidates: Vec<String>,
+        replacements: Vec<ClaimRequestV1>,
+        not_ready: Vec<String>,
+    },
+    EndDisruption {
+        command: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -206,6 +336,7 @@ pub enum OutcomeV1 {
     Advanced { rejected: Vec<(String, String)> },
     Rejected { reason: String },
     Fenced { term: Term },
+    Disrupting { refused: Option<String> },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -213,6 +344,13 @@ pub struct PoolV1 {
     pub limits: ResourcesV1,
     pub usage: ResourcesV1,
     pub price_per_hour: u64,
+    /// Absent in what versions before disruption wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<Vec<BudgetV1>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateV1>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub starts: Vec<Millis>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -235,6 +373,9 @@ pub struct StateV1 {
     pub batches: BTreeMap<String, BatchRecordV1>,
     /// Offerings marked unavailable, with the time each mark expires.
     pub unavailable: Vec<(OfferingV1, Millis)>,
+    /// Disruption commands under way (absent in what versions before disruption wrote).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub disruptions: BTreeMap<String, DisruptionV1>,
     pub term: Term,
     pub now: Millis,
     pub applied: u64,
@@ -261,18 +402,7 @@ impl From<&Command> for CommandV1 {
             Command::SetCaps(caps) => {
                 CommandV1::SetCaps { resources: resources(&caps.resources), price_per_hour: caps.price_per_hour }
             }
-            Command::Reserve { pool, claims } => CommandV1::Reserve {
-                pool: pool.clone(),
-                claims: claims
-                    .iter()
-                    .map(|r| ClaimRequestV1 {
-                        id: r.id.clone(),
-                        zone: r.zone.clone(),
-                        resources: resources(&r.resources),
-                        price_per_hour: r.price_per_hour,
-                    })
-                    .collect(),
-            },
+            Command::Reserve { pool, claims } => CommandV1::Reserve { pool: pool.clone(), claims: requests(claims) },
             Command::Launch { zone, batches } => CommandV1::Launch {
                 zone: zone.clone(),
                 batches: batches
@@ -288,6 +418,20 @@ impl From<&Command> for CommandV1 {
                 offerings: offerings.iter().map(OfferingV1::from).collect(),
                 until: *until,
             },
+            Command::SetBudgets { pool, budgets, rate } => CommandV1::SetBudgets {
+                pool: pool.clone(),
+                budgets: budgets.iter().map(BudgetV1::from).collect(),
+                rate: rate.map(|r| RateV1 { nodes: r.nodes, per_ms: r.per }),
+            },
+            Command::Disrupt { pool, command, reason, candidates, replacements, not_ready } => CommandV1::Disrupt {
+                pool: pool.clone(),
+                command: command.clone(),
+                reason: reason.as_str().to_string(),
+                candidates: candidates.clone(),
+                replacements: requests(replacements),
+                not_ready: not_ready.clone(),
+            },
+            Command::EndDisruption { command } => CommandV1::EndDisruption { command: command.clone() },
         }
     }
 }
@@ -303,18 +447,9 @@ impl CommandV1 {
             CommandV1::SetCaps { resources, price_per_hour } => {
                 Command::SetCaps(Caps { resources: resource_list(resources), price_per_hour: *price_per_hour })
             }
-            CommandV1::Reserve { pool, claims } => Command::Reserve {
-                pool: pool.clone(),
-                claims: claims
-                    .iter()
-                    .map(|r| ClaimRequest {
-                        id: r.id.clone(),
-                        zone: r.zone.clone(),
-                        resources: resource_list(&r.resources),
-                        price_per_hour: r.price_per_hour,
-                    })
-                    .collect(),
-            },
+            CommandV1::Reserve { pool, claims } => {
+                Command::Reserve { pool: pool.clone(), claims: claim_requests(claims) }
+            }
             CommandV1::Launch { zone, batches } => Command::Launch {
                 zone: zone.clone(),
                 batches: batches
@@ -332,6 +467,20 @@ impl CommandV1 {
                 offerings: offerings.iter().map(OfferingV1::to_core).collect::<Result<_, _>>()?,
                 until: *until,
             },
+            CommandV1::SetBudgets { pool, budgets, rate } => Command::SetBudgets {
+                pool: pool.clone(),
+                budgets: budgets.iter().map(BudgetV1::to_core).collect::<Result<_, _>>()?,
+                rate: rate.map(|r| Rate { nodes: r.nodes, per: r.per_ms }),
+            },
+            CommandV1::Disrupt { pool, command, reason: r, candidates, replacements, not_ready } => Command::Disrupt {
+                pool: pool.clone(),
+                command: command.clone(),
+                reason: reason(r)?,
+                candidates: candidates.clone(),
+                replacements: claim_requests(replacements),
+                not_ready: not_ready.clone(),
+            },
+            CommandV1::EndDisruption { command } => Command::EndDisruption { command: command.clone() },
         })
     }
 }
@@ -525,6 +674,7 @@ impl From<&Outcome> for OutcomeV1 {
             Outcome::Advanced { rejected } => OutcomeV1::Advanced { rejected: rejected.clone() },
             Outcome::Rejected { reason } => OutcomeV1::Rejected { reason: reason.clone() },
             Outcome::Fenced { term } => OutcomeV1::Fenced { term: *term },
+            Outcome::Disrupting { refused } => OutcomeV1::Disrupting { refused: refused.clone() },
         }
     }
 }
@@ -543,6 +693,7 @@ impl OutcomeV1 {
             OutcomeV1::Advanced { rejected } => Outcome::Advanced { rejected: rejected.clone() },
             OutcomeV1::Rejected { reason } => Outcome::Rejected { reason: reason.clone() },
             OutcomeV1::Fenced { term } => Outcome::Fenced { term: *term },
+            OutcomeV1::Disrupting { refused } => Outcome::Disrupting { refused: refused.clone() },
         }
     }
 }
@@ -558,6 +709,9 @@ impl From<StateParts> for StateV1 {
                         limits: resources(&pool.limits),
                         usage: resources(&pool.usage),
                         price_per_hour: pool.price_per_hour,
+                        budgets: pool.budgets.as_ref().map(|b| b.iter().map(BudgetV1::from).collect()),
+                        rate: pool.rate.map(|r| RateV1 { nodes: r.nodes, per_ms: r.per }),
+                        starts: pool.starts.clone(),
                     };
                     (name.clone(), v)
                 })
@@ -575,6 +729,20 @@ impl From<StateParts> for StateV1 {
                 })
                 .collect(),
             unavailable: p.unavailable.iter().map(|(o, until)| (OfferingV1::from(o), *until)).collect(),
+            disruptions: p
+                .disruptions
+                .iter()
+                .map(|(id, d)| {
+                    let v = DisruptionV1 {
+                        pool: d.pool.clone(),
+                        reason: d.reason.as_str().to_string(),
+                        candidates: d.candidates.clone(),
+                        replacements: d.replacements.clone(),
+                        at: d.at,
+                    };
+                    (id.clone(), v)
+                })
+                .collect(),
             term: p.term,
             now: p.now,
             applied: p.applied,
@@ -588,14 +756,35 @@ impl StateV1 {
             .pools
             .iter()
             .map(|(name, p)| {
+                let budgets = match &p.budgets {
+                    Some(b) => Some(b.iter().map(BudgetV1::to_core).collect::<Result<Vec<_>, _>>()?),
+                    None => None,
+                };
                 let pool = Pool {
                     limits: resource_list(&p.limits),
                     usage: resource_list(&p.usage),
                     price_per_hour: p.price_per_hour,
+                    budgets,
+                    rate: p.rate.map(|r| Rate { nodes: r.nodes, per: r.per_ms }),
+                    starts: p.starts.clone(),
                 };
-                (name.clone(), pool)
+                Ok((name.clone(), pool))
             })
-            .collect();
+            .collect::<Result<BTreeMap<String, Pool>, WireError>>()?;
+        let disruptions = self
+            .disruptions
+            .iter()
+            .map(|(id, d)| {
+                let v = DisruptionCommand {
+                    pool: d.pool.clone(),
+                    reason: reason(&d.reason)?,
+                    candidates: d.candidates.clone(),
+                    replacements: d.replacements.clone(),
+                    at: d.at,
+                };
+                Ok((id.clone(), v))
+            })
+            .collect::<Result<BTreeMap<String, DisruptionCommand>, WireError>>()?;
         let claims = self
             .claims
             .iter()
@@ -621,6 +810,7 @@ impl StateV1 {
             claims,
             batches,
             unavailable,
+            disruptions,
             term: self.term,
             now: self.now,
             applied: self.applied,
@@ -635,6 +825,7 @@ mod tests {
 
     const ENTRIES_V1: &str = include_str!("../tests/fixtures/ledger-v1-entries.json");
     const STATE_V1: &str = include_str!("../tests/fixtures/ledger-v1-state.json");
+    const DISRUPTION_V1: &str = include_str!("../tests/fixtures/ledger-v1-disruption.json");
 
     fn offering(t: &str, zone: &str, ct: CapacityType) -> Offering {
         Offering { instance_type: t.into(), zone: zone.into(), capacity_type: ct }
@@ -851,6 +1042,7 @@ mod tests {
                 Outcome::Advanced { .. } => "advanced",
                 Outcome::Rejected { .. } => "rejected",
                 Outcome::Fenced { .. } => "fenced",
+                Outcome::Disrupting { .. } => "disrupting",
             })
             .collect();
         assert_eq!(kinds.len(), 9, "{kinds:?}");
@@ -886,5 +1078,80 @@ mod tests {
         assert!(matches!(bad.decode(), Err(WireError::CapacityType(t)) if t == "borrowed"));
         let unknown = serde_json::json!({"v9": {}});
         assert!(serde_json::from_value::<WireEntry>(unknown).is_err(), "a version this build does not know");
+    }
+
+    #[test]
+    fn disruption_commands_budgets_and_leases_decode_to_what_they_were() {
+        let mut entries = entries();
+        let budgets = vec![
+            Budget {
+                nodes: BudgetNodes::Percent(50),
+                schedule: None,
+                duration: None,
+                reasons: vec![DisruptionReason::Underutilized, DisruptionReason::Empty],
+            },
+            Budget {
+                nodes: BudgetNodes::Count(0),
+                schedule: Some("0 9 * * 1-5".into()),
+                duration: Some(std::time::Duration::from_secs(8 * 3600)),
+                reasons: vec![DisruptionReason::Drifted],
+            },
+        ];
+        let disrupt = |command: &str, reason, replacements: Vec<ClaimRequest>| Command::Disrupt {
+            pool: "default".into(),
+            command: command.into(),
+            reason,
+            candidates: vec!["a".into()],
+            replacements,
+            not_ready: vec!["c".into()],
+        };
+        let replacement = ClaimRequest {
+            id: "repl-1".into(),
+            zone: "us-east-1a".into(),
+            resources: m5_large(),
+            price_per_hour: 50_000,
+        };
+        entries.extend([
+            Entry {
+                term: 2,
+                at: 2_000,
+                command: Command::SetBudgets {
+                    pool: "default".into(),
+                    budgets,
+                    rate: Some(Rate { nodes: 5, per: 600_000 }),
+                },
+            },
+            Entry { term: 2, at: 2_001, command: disrupt("cmd-1", DisruptionReason::Underutilized, vec![replacement]) },
+            Entry { term: 2, at: 2_002, command: disrupt("cmd-2", DisruptionReason::Drifted, vec![]) },
+            Entry { term: 2, at: 2_003, command: Command::EndDisruption { command: "cmd-1".into() } },
+            Entry { term: 2, at: 2_004, command: disrupt("cmd-3", DisruptionReason::Empty, vec![]) },
+        ]);
+        let mut state = State::default();
+        let outcomes: Vec<Outcome> = entries.iter().map(|e| state.apply(e)).collect();
+        let n = outcomes.len();
+        assert_eq!(outcomes[n - 4], Outcome::Disrupting { refused: None });
+        assert!(matches!(&outcomes[n - 3], Outcome::Disrupting { refused: Some(r) } if r.contains("cmd-1")));
+        assert_eq!(outcomes[n - 1], Outcome::Disrupting { refused: None });
+        assert!(state.claim("repl-1").is_some() && state.disruptions().contains_key("cmd-3"));
+        assert_eq!(state.pool("default").map(|p| p.starts.len()), Some(2));
+
+        let wire: (Vec<(WireEntry, WireOutcome)>, WireState) = (
+            entries.iter().zip(&outcomes).map(|(e, o)| (WireEntry::encode(e), WireOutcome::encode(o))).collect(),
+            WireState::encode(state.clone()),
+        );
+        let current = serde_json::to_string_pretty(&wire).expect("encoded");
+        let (old, old_state): (Vec<(WireEntry, WireOutcome)>, WireState) =
+            serde_json::from_str(&fixture("ledger-v1-disruption.json", DISRUPTION_V1, &current))
+                .expect("disruption entries decode");
+        let decoded: Vec<Entry> = old.iter().map(|(e, _)| e.decode().expect("an entry")).collect();
+        assert_eq!(decoded, entries);
+        assert_eq!(old.iter().map(|(_, o)| o.decode()).collect::<Vec<_>>(), outcomes);
+        assert_eq!(old_state.decode().expect("a state"), state);
+        let bad = serde_json::json!({"v1": {"term": 3, "at": 7, "command": {"end_disruption": {"command": "x"}}}});
+        assert!(serde_json::from_value::<WireEntry>(bad).is_ok());
+        let bad = BudgetV1 { nodes: "ten".into(), schedule: None, duration_ms: None, reasons: vec![] };
+        assert!(matches!(bad.to_core(), Err(WireError::BudgetNodes(n)) if n == "ten"));
+        let bad = BudgetV1 { nodes: "1".into(), schedule: None, duration_ms: None, reasons: vec!["Bored".into()] };
+        assert!(matches!(bad.to_core(), Err(WireError::Reason(r)) if r == "Bored"));
     }
 }

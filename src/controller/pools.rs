@@ -184,6 +184,14 @@ impl Pools {
                 plane.errors.warn("set_pool", "ledger", &format!("nodepool/{name}"), &e);
                 continue;
             }
+            // The budgets the ledger checks disruption commands against.
+            let disruption = &running.pool.disruption;
+            let budgets =
+                Command::SetBudgets { pool: name.clone(), budgets: disruption.budgets.clone(), rate: disruption.rate };
+            if let Err(e) = propose_now(ledger, now, budgets).await {
+                plane.errors.warn("set_budgets", "ledger", &format!("nodepool/{name}"), &e);
+                continue;
+            }
             let types: Arc<Vec<InstanceType>> = Arc::new(self.catalog.instance_types(settings, Some(&self.zones)));
             let (class, generation) = &running.class;
             let hash = generation.map_or_else(|| class.clone(), |g| format!("{class}-{g}"));

@@ -13,6 +13,7 @@
 //! The actor keeps only what is under way (rounds, launches asked, retries); what was decided
 //! is in the ledger, so a restart (or a new leader) resumes from there.
 
+mod disrupt;
 mod follow;
 mod provision;
 mod reconcile;
@@ -33,6 +34,7 @@ use dovetail_core::plane::Names;
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_raft::Ledger;
 
+pub use disrupt::{Disrupt, GetDecisions};
 pub use provision::Provision;
 pub use reconcile::Reconcile;
 
@@ -115,6 +117,14 @@ pub struct PoolStats {
     pub already_held: u64,
     /// Reconciles skipped because the view was not synced.
     pub unsynced: u64,
+    /// Disruption commands proposed.
+    pub commands_proposed: u64,
+    /// Nodes terminated by a disruption command (their replacements up).
+    pub disrupted: u64,
+    /// Nodes terminated for outliving their `expireAfter`.
+    pub expired_nodes: u64,
+    /// Disruption commands ended without completing.
+    pub rolled_back: u64,
 }
 
 /// Pods with the trace of each (the pool round's span of their decision; empty untraced).
@@ -203,6 +213,13 @@ pub struct NodePoolActor {
     seen_term: Term,
     /// No longer provisioned for (see [`Retire`]).
     retired: bool,
+    /// The disruption planner's memory; taken while a round plans.
+    disruption_memory: Option<dovetail_core::disruption::Memory>,
+    /// Every node's last disruption decision, by claim.
+    decisions: BTreeMap<String, dovetail_core::disruption::Decision>,
+    /// Proposals and writes of the last disruption round still under way: no round starts
+    /// until they are done.
+    disruption_in_flight: usize,
 }
 
 impl NodePoolActor {
@@ -245,6 +262,9 @@ impl NodePoolActor {
             last_reconcile: 0,
             seen_term: Term::default(),
             retired: false,
+            disruption_memory: Some(dovetail_core::disruption::Memory::default()),
+            decisions: BTreeMap::new(),
+            disruption_in_flight: 0,
         }
     }
 
@@ -326,6 +346,10 @@ impl NodePoolActor {
         if self.memory.is_none() {
             self.memory = Some(Memory::default());
         }
+        if self.disruption_memory.is_none() {
+            self.disruption_memory = Some(dovetail_core::disruption::Memory::default());
+        }
+        self.disruption_in_flight = 0;
         self.dirty = true;
     }
 
@@ -361,6 +385,9 @@ impl Actor for NodePoolActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(self.cfg.mailboxes.pool);
+        if self.cfg.disruption.enabled {
+            ctx.run_interval(self.cfg.disruption.every, |act, ctx| act.disrupt(ctx));
+        }
         ctx.run_interval(self.cfg.reconcile_every, |act, ctx| {
             act.flush_outbox();
             // A quiet pool (nothing changed in the cluster, nothing answered, nothing planned

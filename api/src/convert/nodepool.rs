@@ -123,7 +123,13 @@ pub fn nodepool(np: &crd::NodePool) -> Result<NodePool, ConversionError> {
             .ok_or_else(|| ctx.err("spec.template.spec.terminationGracePeriod", "Never is not allowed here"))
             .map(Some)?,
     };
-    let disruption = disruption(&ctx, spec.disruption.as_ref())?;
+    let mut disruption = disruption(&ctx, spec.disruption.as_ref())?;
+    let rate = dovetail_core::disruption::budget::RATE_ANNOTATION;
+    if let Some(v) = np.metadata.annotations.as_ref().and_then(|a| a.get(rate)) {
+        let parsed = dovetail_core::disruption::budget::Rate::parse(v)
+            .map_err(|e| ctx.err(format!("metadata.annotations[{rate}]"), e))?;
+        disruption.rate = Some(parsed);
+    }
     Ok(NodePool {
         name,
         weight,

@@ -347,6 +347,12 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
             .find(|o| o.kind == "NodeClaim" && o.api_version.starts_with("karpenter.sh/"))
             .map(|o| o.name.clone()),
         deleting: n.metadata.deletion_timestamp.is_some(),
+        do_not_disrupt: n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(dovetail_core::plane::DO_NOT_DISRUPT))
+            .is_some_and(|v| v == "true"),
         resource_version: n.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
     })
 }

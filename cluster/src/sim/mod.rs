@@ -275,6 +275,7 @@ impl SimCluster {
                 // A kubelet registers its node with no owner; registration adds it.
                 owner_claim: None,
                 deleting: false,
+                do_not_disrupt: false,
                 resource_version: v,
             };
             s.nodes.insert(node.name.clone(), Arc::new(node));

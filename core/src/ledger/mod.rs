@@ -18,11 +18,13 @@
 
 mod types;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub use types::*;
 
 use crate::catalog::CapacityType;
+use crate::disruption::budget;
+use crate::nodepool::{Budget, BudgetNodes, DisruptionReason};
 use crate::resources::{ResourceList, ResourceName};
 
 /// The replicated state.
@@ -36,6 +38,8 @@ pub struct State {
     claims: BTreeMap<String, Claim>,
     batches: BTreeMap<String, BatchRecord>,
     unavailable: BTreeMap<Offering, Millis>,
+    /// Disruption commands granted and not ended, by id.
+    disruptions: BTreeMap<String, DisruptionCommand>,
     /// The highest term applied.
     term: Term,
     /// The latest proposer time applied (entries are clamped to it: time never goes back).
@@ -57,6 +61,7 @@ pub struct StateParts {
     /// Offerings marked unavailable, with the time each mark expires (expired ones included
     /// until an entry sweeps them).
     pub unavailable: BTreeMap<Offering, Millis>,
+    pub disruptions: BTreeMap<String, DisruptionCommand>,
     pub term: Term,
     pub now: Millis,
     pub applied: u64,
@@ -65,6 +70,25 @@ pub struct StateParts {
 /// The first resource of `limits` that `usage + extra` exceeds.
 fn exceeded(usage: &ResourceList, extra: &ResourceList, limits: &ResourceList) -> Option<ResourceName> {
     limits.iter().find(|(n, limit)| usage.get(n).saturating_add(extra.get(n)) > *limit).map(|(n, _)| n.clone())
+}
+
+/// Why a holding of `resources` at `price` would not be granted: the pool's `(limits, usage)`
+/// and the cluster's `(caps, total, total price)` as they stand.
+fn denial(
+    (limits, usage): (&ResourceList, &ResourceList),
+    (caps, total, total_price): (&Caps, &ResourceList, MicroDollars),
+    resources: &ResourceList,
+    price: MicroDollars,
+) -> Option<Denial> {
+    if let Some(resource) = exceeded(usage, resources, limits) {
+        Some(Denial::PoolLimit { resource })
+    } else if let Some(resource) = exceeded(total, resources, &caps.resources) {
+        Some(Denial::GlobalCap { resource })
+    } else if caps.price_per_hour.is_some_and(|cap| total_price.saturating_add(price) > cap) {
+        Some(Denial::SpendCap)
+    } else {
+        None
+    }
 }
 
 impl State {
@@ -78,6 +102,7 @@ impl State {
             claims: self.claims,
             batches: self.batches,
             unavailable: self.unavailable,
+            disruptions: self.disruptions,
             term: self.term,
             now: self.now,
             applied: self.applied,
@@ -94,6 +119,7 @@ impl State {
             claims: p.claims,
             batches: p.batches,
             unavailable: p.unavailable,
+            disruptions: p.disruptions,
             term: p.term,
             now: p.now,
             applied: p.applied,
@@ -176,6 +202,53 @@ impl State {
         self.unavailable_marks(now).map(|(o, _)| o)
     }
 
+    /// The disruption commands under way, by id.
+    pub fn disruptions(&self) -> &BTreeMap<String, DisruptionCommand> {
+        &self.disruptions
+    }
+
+    /// The command a claim is leased to, if any.
+    pub fn lease_of(&self, claim: &str) -> Option<(&str, &DisruptionCommand)> {
+        self.disruptions.iter().find(|(_, d)| d.candidates.iter().any(|c| c == claim)).map(|(id, d)| (id.as_str(), d))
+    }
+
+    /// What a pool's budgets and rate budget leave for `reason` at `now`, counting the claims
+    /// in `not_ready` as disrupting (`None`: an unknown pool). The same numbers decide a
+    /// [`Command::Disrupt`].
+    pub fn allowance(
+        &self,
+        pool: &str,
+        reason: DisruptionReason,
+        not_ready: &[String],
+        now: Millis,
+    ) -> Option<Allowance> {
+        let p = self.pools.get(pool)?;
+        let leased: BTreeSet<&str> = self
+            .disruptions
+            .values()
+            .filter(|d| d.pool == pool)
+            .flat_map(|d| d.candidates.iter().map(String::as_str))
+            .collect();
+        let not_ready: BTreeSet<&str> = not_ready.iter().map(String::as_str).collect();
+        let (mut nodes, mut disrupting) = (0u32, 0u32);
+        for c in self.claims_of(pool) {
+            let terminating = match &c.state {
+                ClaimState::Initialized { .. } => false,
+                ClaimState::Terminating { instance: Some(_), instance_gone: false, .. } => true,
+                _ => continue,
+            };
+            nodes += 1;
+            if terminating || leased.contains(c.id.as_str()) || not_ready.contains(c.id.as_str()) {
+                disrupting += 1;
+            }
+        }
+        let default = [Budget { nodes: BudgetNodes::Percent(10), schedule: None, duration: None, reasons: vec![] }];
+        let budgets = p.budgets.as_deref().unwrap_or(&default);
+        let allowed = budget::allowed(budgets, reason, nodes, now);
+        let rate_left = p.rate.map(|r| r.available(&p.starts, now));
+        Some(Allowance { nodes, disrupting, allowed, rate_left })
+    }
+
     /// Applies one entry. Deterministic: the same entries in the same order give the same
     /// state and outcomes.
     pub fn apply(&mut self, entry: &Entry) -> Outcome {
@@ -215,6 +288,7 @@ impl State {
                     }
                 }
                 self.prune_batches();
+                self.prune_disruptions();
                 Outcome::Advanced { rejected }
             }
             Command::Adopt { claims } => {
@@ -237,6 +311,22 @@ impl State {
                     granted.push(c.id.clone());
                 }
                 Outcome::Reserved { granted, denied }
+            }
+            Command::SetBudgets { pool, budgets, rate } => {
+                let Some(p) = self.pools.get_mut(pool) else {
+                    return Outcome::Rejected { reason: format!("unknown nodepool {pool}") };
+                };
+                p.budgets = Some(budgets.clone());
+                p.rate = *rate;
+                Outcome::Done
+            }
+            Command::Disrupt { pool, command, reason, candidates, replacements, not_ready } => {
+                let refused = self.disrupt(at, pool, command, *reason, candidates, replacements, not_ready).err();
+                Outcome::Disrupting { refused }
+            }
+            Command::EndDisruption { command } => {
+                self.disruptions.remove(command);
+                Outcome::Done
             }
             Command::MarkUnavailable { offerings, until } => {
                 if *until > at {
@@ -264,42 +354,125 @@ impl State {
             };
             let mut resources = req.resources.clone();
             resources.set(ResourceName::Nodes, 1);
-            let denial = if let Some(resource) = exceeded(&p.usage, &resources, &p.limits) {
-                Some(Denial::PoolLimit { resource })
-            } else if let Some(resource) = exceeded(&self.total, &resources, &self.caps.resources) {
-                Some(Denial::GlobalCap { resource })
-            } else if self
-                .caps
-                .price_per_hour
-                .is_some_and(|cap| self.total_price.saturating_add(req.price_per_hour) > cap)
-            {
-                Some(Denial::SpendCap)
-            } else {
-                None
-            };
+            let denial = denial(
+                (&p.limits, &p.usage),
+                (&self.caps, &self.total, self.total_price),
+                &resources,
+                req.price_per_hour,
+            );
             if let Some(d) = denial {
                 denied.push((req.id.clone(), d));
                 continue;
             }
-            self.hold(pool, &resources, req.price_per_hour);
-            self.claims.insert(
-                req.id.clone(),
-                Claim {
-                    id: req.id.clone(),
-                    pool: pool.to_string(),
-                    zone: req.zone.clone(),
-                    resources,
-                    allocatable: ResourceList::new(),
-                    price_per_hour: req.price_per_hour,
-                    launched_as: None,
-                    state: ClaimState::Reserved,
-                    reserved_at: at,
-                    changed_at: at,
-                },
-            );
+            self.insert_reserved(at, pool, req, resources);
             granted.push(req.id.clone());
         }
         Outcome::Reserved { granted, denied }
+    }
+
+    /// A disruption command: granted whole or refused whole (the error says why).
+    #[allow(clippy::too_many_arguments)]
+    fn disrupt(
+        &mut self,
+        at: Millis,
+        pool: &str,
+        command: &str,
+        reason: DisruptionReason,
+        candidates: &[String],
+        replacements: &[ClaimRequest],
+        not_ready: &[String],
+    ) -> Result<(), String> {
+        if candidates.is_empty() {
+            return Err("a disruption command needs candidates".into());
+        }
+        if self.disruptions.contains_key(command) {
+            return Err(format!("disruption command {command} is under way already"));
+        }
+        let Some(p) = self.pools.get(pool) else { return Err(format!("unknown nodepool {pool}")) };
+        let mut seen = BTreeSet::new();
+        let mut freed = ResourceList::new();
+        let mut freed_price: MicroDollars = 0;
+        for id in candidates {
+            if !seen.insert(id.as_str()) {
+                return Err(format!("nodeclaim {id} is named twice"));
+            }
+            let Some(c) = self.claims.get(id) else { return Err(format!("unknown nodeclaim {id}")) };
+            if c.pool != pool {
+                return Err(format!("nodeclaim {id} is of nodepool {}, not {pool}", c.pool));
+            }
+            if !matches!(c.state, ClaimState::Initialized { .. }) {
+                return Err(format!("nodeclaim {id} is {}, not Initialized", c.state.name()));
+            }
+            if let Some((other, _)) = self.lease_of(id) {
+                return Err(format!("nodeclaim {id} is disrupting already (command {other})"));
+            }
+            freed.add(&c.resources);
+            freed_price = freed_price.saturating_add(c.price_per_hour);
+        }
+        let allowance = self.allowance(pool, reason, not_ready, at).unwrap_or(Allowance {
+            nodes: 0,
+            disrupting: 0,
+            allowed: 0,
+            rate_left: None,
+        });
+        let wanted = u32::try_from(candidates.len()).unwrap_or(u32::MAX);
+        if wanted > allowance.available() {
+            return Err(format!("{wanted} nodes for {reason}: {allowance}"));
+        }
+        // The replacements, against what the pool and the cluster hold without the candidates.
+        let mut usage = p.usage.clone();
+        usage.subtract(&freed);
+        let mut total = self.total.clone();
+        total.subtract(&freed);
+        let mut price = self.total_price.saturating_sub(freed_price);
+        let mut held = Vec::with_capacity(replacements.len());
+        for req in replacements {
+            if self.claims.contains_key(&req.id) || held.iter().any(|(r, _): &(&ClaimRequest, _)| r.id == req.id) {
+                return Err(format!("replacement {}: {}", req.id, Denial::DuplicateId));
+            }
+            let mut resources = req.resources.clone();
+            resources.set(ResourceName::Nodes, 1);
+            let denial = denial((&p.limits, &usage), (&self.caps, &total, price), &resources, req.price_per_hour);
+            if let Some(d) = denial {
+                return Err(format!("replacement {}: {d}", req.id));
+            }
+            usage.add(&resources);
+            total.add(&resources);
+            price = price.saturating_add(req.price_per_hour);
+            held.push((req, resources));
+        }
+        // Granted.
+        let mut ids = Vec::with_capacity(held.len());
+        for (req, resources) in held {
+            self.insert_reserved(at, pool, req, resources);
+            ids.push(req.id.clone());
+        }
+        if let Some(p) = self.pools.get_mut(pool) {
+            match p.rate {
+                Some(r) => {
+                    p.starts.retain(|t| at.saturating_sub(*t) < r.per);
+                    p.starts.extend(std::iter::repeat_n(at, candidates.len()));
+                }
+                None => p.starts.clear(),
+            }
+        }
+        self.disruptions.insert(
+            command.to_string(),
+            DisruptionCommand {
+                pool: pool.to_string(),
+                reason,
+                candidates: candidates.to_vec(),
+                replacements: ids,
+                at,
+            },
+        );
+        Ok(())
+    }
+
+    /// Forgets commands none of whose candidates is left.
+    fn prune_disruptions(&mut self) {
+        let claims = &self.claims;
+        self.disruptions.retain(|_, d| d.candidates.iter().any(|c| claims.contains_key(c)));
     }
 
     fn launch(&mut self, at: Millis, zone: &str, batches: &[LaunchBatch]) -> Outcome {
@@ -344,6 +517,24 @@ impl State {
             }
         }
         Outcome::Launching { started, refused }
+    }
+
+    /// Records a granted request as a `Reserved` claim holding `resources` (`nodes` included).
+    fn insert_reserved(&mut self, at: Millis, pool: &str, req: &ClaimRequest, resources: ResourceList) {
+        self.hold(pool, &resources, req.price_per_hour);
+        let claim = Claim {
+            id: req.id.clone(),
+            pool: pool.to_string(),
+            zone: req.zone.clone(),
+            resources,
+            allocatable: ResourceList::new(),
+            price_per_hour: req.price_per_hour,
+            launched_as: None,
+            state: ClaimState::Reserved,
+            reserved_at: at,
+            changed_at: at,
+        };
+        self.claims.insert(req.id.clone(), claim);
     }
 
     /// Adds a claim's holding to its pool and the totals.
@@ -703,5 +894,238 @@ mod tests {
         assert_eq!(s.apply(&entry(4, Command::RemovePool { pool: "default".into() })), Outcome::Done);
         let out = s.apply(&entry(5, reserve("default", vec![req("b", 1, 0.1)])));
         assert_eq!(out, Outcome::Reserved { granted: vec![], denied: vec![("b".into(), Denial::UnknownPool)] });
+    }
+
+    /// A pool `name` with `n` initialized claims `name-0`.. of 2 cpu at $0.1/h.
+    fn initialized_pool(s: &mut State, name: &str, n: usize, limits: ResourceList) {
+        s.apply(&entry(0, Command::SetPool { pool: name.into(), limits }));
+        let ids: Vec<String> = (0..n).map(|i| format!("{name}-{i}")).collect();
+        s.apply(&entry(1, reserve(name, ids.iter().map(|id| req(id, 2, 0.1)).collect())));
+        let batch = LaunchBatch { id: format!("b-{name}"), claims: ids.clone().into() };
+        s.apply(&entry(1, Command::Launch { zone: "us-east-1a".into(), batches: vec![batch] }));
+        for id in &ids {
+            let mut launched = launched(&format!("i-{id}"), 2, 100_000);
+            if let Step::Launched { batch, .. } = &mut launched {
+                *batch = format!("b-{name}");
+            }
+            let steps = vec![(id.clone(), launched), (id.clone(), Step::Registered), (id.clone(), Step::Initialized)];
+            s.apply(&entry(1, Command::Advance { steps }));
+        }
+    }
+
+    fn disrupt(pool: &str, command: &str, reason: DisruptionReason, candidates: &[&str]) -> Command {
+        Command::Disrupt {
+            pool: pool.into(),
+            command: command.into(),
+            reason,
+            candidates: candidates.iter().map(|c| c.to_string()).collect(),
+            replacements: vec![],
+            not_ready: vec![],
+        }
+    }
+
+    fn granted(o: &Outcome) -> bool {
+        matches!(o, Outcome::Disrupting { refused: None })
+    }
+
+    #[test]
+    fn a_disruption_is_granted_within_the_budget_and_its_candidates_count_until_gone() {
+        let mut s = State::default();
+        initialized_pool(&mut s, "p", 10, ResourceList::new());
+        let empty = DisruptionReason::Empty;
+        let a = s.allowance("p", empty, &[], 10).expect("pool");
+        assert_eq!((a.nodes, a.disrupting, a.allowed, a.available()), (10, 0, 1, 1), "the default budget is 10%");
+        let two = s.apply(&entry(10, disrupt("p", "c1", empty, &["p-0", "p-1"])));
+        assert!(matches!(&two, Outcome::Disrupting { refused: Some(r) } if r.contains("budgets allow 1")), "{two:?}");
+        assert!(s.disruptions().is_empty(), "refused whole");
+        assert!(granted(&s.apply(&entry(11, disrupt("p", "c1", empty, &["p-0"])))));
+        assert_eq!(s.lease_of("p-0").map(|(c, _)| c), Some("c1"));
+        let next = s.apply(&entry(12, disrupt("p", "c2", empty, &["p-1"])));
+        assert!(!granted(&next), "the one disrupting node uses the budget");
+        // It terminates: still disrupting until its instance is gone.
+        s.apply(&entry(13, step("p-0", Step::Terminating)));
+        assert!(!granted(&s.apply(&entry(14, disrupt("p", "c2", empty, &["p-1"])))));
+        s.apply(&entry(15, step("p-0", Step::InstanceGone)));
+        s.apply(&entry(16, step("p-0", Step::Gone)));
+        assert!(s.disruptions().is_empty(), "the command goes with its last candidate");
+        assert!(granted(&s.apply(&entry(17, disrupt("p", "c2", empty, &["p-1"])))));
+    }
+
+    #[test]
+    fn a_lease_is_exclusive_and_only_an_initialized_claim_of_the_pool_is_leased() {
+        let mut s = State::default();
+        initialized_pool(&mut s, "p", 4, ResourceList::new());
+        initialized_pool(&mut s, "q", 4, ResourceList::new());
+        s.apply(&entry(2, reserve("p", vec![req("p-new", 2, 0.1)])));
+        s.apply(&entry(
+            3,
+            Command::SetBudgets {
+                pool: "p".into(),
+                budgets: vec![Budget { nodes: BudgetNodes::Count(3), schedule: None, duration: None, reasons: vec![] }],
+                rate: None,
+            },
+        ));
+        let drifted = DisruptionReason::Drifted;
+        for (cmd, says) in [
+            (disrupt("p", "x", drifted, &["q-0"]), "of nodepool q"),
+            (disrupt("p", "x", drifted, &["p-new"]), "Reserved, not Initialized"),
+            (disrupt("p", "x", drifted, &["p-9"]), "unknown nodeclaim"),
+            (disrupt("p", "x", drifted, &["p-0", "p-0"]), "twice"),
+            (disrupt("p", "x", drifted, &[]), "needs candidates"),
+            (disrupt("nope", "x", drifted, &["p-0"]), "unknown nodepool"),
+        ] {
+            let out = s.apply(&entry(4, cmd));
+            assert!(matches!(&out, Outcome::Disrupting { refused: Some(r) } if r.contains(says)), "{says}: {out:?}");
+        }
+        assert!(granted(&s.apply(&entry(5, disrupt("p", "a", drifted, &["p-0"])))));
+        let again = s.apply(&entry(6, disrupt("p", "b", drifted, &["p-1", "p-0"])));
+        assert!(matches!(&again, Outcome::Disrupting { refused: Some(r) } if r.contains("command a")), "{again:?}");
+        assert!(!granted(&s.apply(&entry(6, disrupt("p", "a", drifted, &["p-1"])))), "a live command id");
+        // Ending it releases its candidate.
+        s.apply(&entry(7, Command::EndDisruption { command: "a".into() }));
+        assert!(s.lease_of("p-0").is_none());
+        assert!(granted(&s.apply(&entry(8, disrupt("p", "b", drifted, &["p-1", "p-0"])))));
+    }
+
+    #[test]
+    fn nodes_seen_not_ready_count_as_disrupting() {
+        let mut s = State::default();
+        initialized_pool(&mut s, "p", 20, ResourceList::new());
+        let not_ready = vec!["p-5".to_string(), "p-6".to_string()];
+        let a = s.allowance("p", DisruptionReason::Underutilized, &not_ready, 10).expect("pool");
+        assert_eq!((a.allowed, a.disrupting, a.available()), (2, 2, 0));
+        let cmd = Command::Disrupt {
+            pool: "p".into(),
+            command: "c".into(),
+            reason: DisruptionReason::Underutilized,
+            candidates: vec!["p-0".into()],
+            replacements: vec![],
+            not_ready,
+        };
+        assert!(!granted(&s.apply(&entry(10, cmd))));
+    }
+
+    #[test]
+    fn replacements_are_reserved_with_the_command_against_limits_without_the_candidates() {
+        let mut s = State::default();
+        // 4 claims of 2 cpu: the pool is at its 8-cpu limit.
+        initialized_pool(&mut s, "p", 4, ResourceList::from_pairs([(ResourceName::Cpu, 8_000)]));
+        let unbounded =
+            vec![Budget { nodes: BudgetNodes::Percent(100), schedule: None, duration: None, reasons: vec![] }];
+        s.apply(&entry(2, Command::SetBudgets { pool: "p".into(), budgets: unbounded, rate: None }));
+        let replace = |candidates: &[&str], cpu: i64| Command::Disrupt {
+            pool: "p".into(),
+            command: format!("r{}", candidates.len()),
+            reason: DisruptionReason::Underutilized,
+            candidates: candidates.iter().map(|c| c.to_string()).collect(),
+            replacements: vec![req("p-repl", cpu, 0.1)],
+            not_ready: vec![],
+        };
+        let big = s.apply(&entry(3, replace(&["p-0"], 3)));
+        assert!(matches!(&big, Outcome::Disrupting { refused: Some(r) } if r.contains("limit on cpu")), "{big:?}");
+        assert!(s.claim("p-repl").is_none());
+        assert!(granted(&s.apply(&entry(4, replace(&["p-0", "p-1"], 4)))), "two of 2 cpu make room for 4");
+        assert_eq!(s.claim("p-repl").map(|c| c.state.clone()), Some(ClaimState::Reserved));
+        assert_eq!(s.disruptions().get("r2").map(|d| d.replacements.clone()), Some(vec!["p-repl".to_string()]));
+        assert_eq!(s.pool("p").map(|p| p.usage.get(&ResourceName::Cpu)), Some(12_000), "held until they go");
+    }
+
+    #[test]
+    fn the_rate_budget_caps_nodes_started_per_window() {
+        let mut s = State::default();
+        initialized_pool(&mut s, "p", 10, ResourceList::new());
+        let all = vec![Budget { nodes: BudgetNodes::Percent(100), schedule: None, duration: None, reasons: vec![] }];
+        let rate = Some(budget::Rate::parse("2/10m").expect("rate"));
+        s.apply(&entry(0, Command::SetBudgets { pool: "p".into(), budgets: all, rate }));
+        let empty = DisruptionReason::Empty;
+        assert!(!granted(&s.apply(&entry(1_000, disrupt("p", "a", empty, &["p-0", "p-1", "p-2"])))));
+        assert!(granted(&s.apply(&entry(1_000, disrupt("p", "a", empty, &["p-0", "p-1"])))));
+        // Ended at once: the starts still count in the window.
+        s.apply(&entry(2_000, Command::EndDisruption { command: "a".into() }));
+        assert!(!granted(&s.apply(&entry(600_000, disrupt("p", "b", empty, &["p-2"])))));
+        assert!(granted(&s.apply(&entry(601_000, disrupt("p", "b", empty, &["p-2", "p-3"])))));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Several NodePool actors propose disruptions in any order, with lifecycle steps
+        /// and time in between: after every grant, no pool has more nodes disrupting than
+        /// its budgets allowed for the command's reason, no more started in the rate window
+        /// than the rate, and the grant leaves no pool holding more than its limits once the
+        /// leased candidates' holdings are set aside.
+        #[test]
+        fn budgets_rates_and_limits_hold_under_any_order_of_proposals(
+            ops in proptest::collection::vec((0_u8..3, 0_u8..6, 0_usize..12, 1_usize..4, 0_u64..120_000), 1..80)
+        ) {
+            let mut s = State::default();
+            let pools = ["a", "b", "c"];
+            let reasons = [DisruptionReason::Empty, DisruptionReason::Drifted, DisruptionReason::Underutilized];
+            let budgets = [
+                vec![],
+                vec![
+                    Budget { nodes: BudgetNodes::Percent(20), schedule: None, duration: None, reasons: vec![] },
+                    Budget { nodes: BudgetNodes::Count(1), schedule: None, duration: None, reasons: vec![DisruptionReason::Drifted] },
+                ],
+                vec![Budget {
+                    nodes: BudgetNodes::Count(0),
+                    schedule: Some("*/2 * * * *".into()),
+                    duration: Some(std::time::Duration::from_secs(60)),
+                    reasons: vec![],
+                }, Budget { nodes: BudgetNodes::Count(3), schedule: None, duration: None, reasons: vec![] }],
+            ];
+            for (i, p) in pools.iter().enumerate() {
+                initialized_pool(&mut s, p, 12, ResourceList::from_pairs([(ResourceName::Cpu, 26_000)]));
+                let rate = (i == 2).then_some(budget::Rate { nodes: 4, per: 300_000 });
+                s.apply(&entry(1, Command::SetBudgets { pool: (*p).into(), budgets: budgets[i].clone(), rate }));
+            }
+            let mut at: Millis = 10;
+            for (n, (pool, op, first, count, dt)) in ops.into_iter().enumerate() {
+                at += dt;
+                let pool = pools[pool as usize];
+                let ids: Vec<String> = (first..(first + count).min(12)).map(|i| format!("{pool}-{i}")).collect();
+                match op {
+                    0..=2 => {
+                        let reason = reasons[op as usize];
+                        let cmd = Command::Disrupt {
+                            pool: pool.into(),
+                            command: format!("cmd-{n}"),
+                            reason,
+                            candidates: ids.clone(),
+                            replacements: vec![req(&format!("{pool}-r{n}"), 2, 0.1)],
+                            not_ready: vec![],
+                        };
+                        let before = s.allowance(pool, reason, &[], at).expect("pool");
+                        if granted(&s.apply(&entry(at, cmd))) {
+                            let after = s.allowance(pool, reason, &[], at).expect("pool");
+                            proptest::prop_assert!(after.disrupting <= before.allowed, "{before:?} -> {after:?}");
+                            if let Some(left) = after.rate_left {
+                                proptest::prop_assert!(left <= 4);
+                                proptest::prop_assert_eq!(left + ids.len() as u32, before.rate_left.expect("rate"));
+                            }
+                            let held = s.pool(pool).expect("pool");
+                            let mut usage = held.usage.clone();
+                            for d in s.disruptions().values().filter(|d| d.pool == pool) {
+                                for c in d.candidates.iter().filter_map(|c| s.claim(c)) {
+                                    usage.subtract(&c.resources);
+                                }
+                            }
+                            proptest::prop_assert!(usage.get(&ResourceName::Cpu) <= 26_000, "{pool}: {usage:?}");
+                        }
+                    }
+                    3 => {
+                        let steps = ids.iter().flat_map(|id| [(id.clone(), Step::Terminating), (id.clone(), Step::InstanceGone)]).collect();
+                        s.apply(&entry(at, Command::Advance { steps }));
+                    }
+                    4 => {
+                        let steps = ids.iter().map(|id| (id.clone(), Step::Gone)).collect();
+                        s.apply(&entry(at, Command::Advance { steps }));
+                    }
+                    _ => {
+                        let command = s.disruptions().keys().nth(first % 3).cloned().unwrap_or_default();
+                        s.apply(&entry(at, Command::EndDisruption { command }));
+                    }
+                }
+            }
+        }
     }
 }

@@ -6,6 +6,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::catalog::CapacityType;
+use crate::disruption::budget::Rate;
+use crate::nodepool::{Budget, DisruptionReason};
 use crate::resources::{ResourceList, ResourceName};
 
 /// Milliseconds since the Unix epoch on the proposer's clock.
@@ -53,6 +55,61 @@ pub struct Pool {
     /// What its live claims hold (each counts `nodes: 1`).
     pub usage: ResourceList,
     pub price_per_hour: MicroDollars,
+    /// `spec.disruption.budgets`; `None` until set, which counts as Karpenter's default (one
+    /// budget of 10%).
+    pub budgets: Option<Vec<Budget>>,
+    /// The rate budget (`dovetail.dev/disruption-rate`).
+    pub rate: Option<Rate>,
+    /// When each node that started disrupting (under a budgeted reason) did, within the
+    /// rate's window: one entry per node.
+    pub starts: Vec<Millis>,
+}
+
+/// A disruption command the ledger granted. Its candidates are leased to it (counted as
+/// disrupting, refused to any other command) until they are gone or the command ends; its
+/// replacements were reserved with it, in the same entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DisruptionCommand {
+    pub pool: String,
+    pub reason: DisruptionReason,
+    pub candidates: Vec<String>,
+    pub replacements: Vec<String>,
+    pub at: Millis,
+}
+
+/// What a pool's budgets leave for a reason now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allowance {
+    /// The pool's nodes (initialized claims, and terminating ones whose instance lives).
+    pub nodes: u32,
+    /// Of those, the ones disrupting already: leased to a command, terminating, or not ready.
+    pub disrupting: u32,
+    /// What the budgets allow disrupting at once ([`crate::disruption::budget::UNBOUNDED`]
+    /// when none covers the reason).
+    pub allowed: u32,
+    /// What the rate budget leaves now, if there is one.
+    pub rate_left: Option<u32>,
+}
+
+impl Allowance {
+    /// How many more nodes may start disrupting now.
+    pub fn available(&self) -> u32 {
+        self.allowed.saturating_sub(self.disrupting).min(self.rate_left.unwrap_or(u32::MAX))
+    }
+}
+
+impl fmt::Display for Allowance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.allowed >= crate::disruption::budget::UNBOUNDED {
+            write!(f, "no budget limits it ({} of {} nodes disrupting)", self.disrupting, self.nodes)?;
+        } else {
+            write!(f, "budgets allow {} of {} nodes, {} disrupting", self.allowed, self.nodes, self.disrupting)?;
+        }
+        if let Some(left) = self.rate_left {
+            write!(f, "; the rate budget leaves {left}")?;
+        }
+        Ok(())
+    }
 }
 
 /// Where a claim is in its life.
@@ -244,6 +301,32 @@ pub enum Command {
         offerings: Vec<Offering>,
         until: Millis,
     },
+    /// Sets a pool's disruption budgets and rate budget.
+    SetBudgets {
+        pool: String,
+        budgets: Vec<Budget>,
+        rate: Option<Rate>,
+    },
+    /// A disruption command: leases its candidates and reserves its replacements, all or
+    /// nothing. Granted only if every candidate is an initialized claim of the pool that no
+    /// other command holds, the pool's budgets for `reason` and its rate budget leave room for
+    /// every candidate (claims the proposer saw not ready, `not_ready`, count as disrupting),
+    /// and the replacements fit the limits and caps once the candidates' holdings are taken
+    /// off (they stay held until the candidates are gone).
+    Disrupt {
+        pool: String,
+        /// The command's id (unique while it lives).
+        command: String,
+        reason: DisruptionReason,
+        candidates: Vec<String>,
+        replacements: Vec<ClaimRequest>,
+        not_ready: Vec<String>,
+    },
+    /// Ends a command that will not complete (its replacement failed, or it timed out): its
+    /// candidates are released. Its replacements stay claims of their own.
+    EndDisruption {
+        command: String,
+    },
 }
 
 /// A command with the proposer's term and timestamp.
@@ -298,6 +381,10 @@ pub enum Outcome {
     /// Of a [`Command::Advance`]: the steps that did not apply, with why.
     Advanced {
         rejected: Vec<(String, String)>,
+    },
+    /// Of a [`Command::Disrupt`]: `None` when granted, else why not (nothing changed).
+    Disrupting {
+        refused: Option<String>,
     },
     /// Nothing changed; the command was not valid in this state.
     Rejected {

@@ -68,6 +68,15 @@ impl NewClaim {
         let mut annotations = pool.annotations.clone();
         annotations
             .insert("karpenter.sh/nodeclaim-min-values-relaxed".to_string(), self.min_values_relaxed.to_string());
+        // What drift compares the NodePool with later.
+        annotations.insert(
+            crate::disruption::drift::HASH_ANNOTATION.to_string(),
+            crate::disruption::drift::template_hash(pool),
+        );
+        annotations.insert(
+            crate::disruption::drift::HASH_VERSION_ANNOTATION.to_string(),
+            crate::disruption::drift::HASH_VERSION.to_string(),
+        );
         crate::nodepool::NodeClaimSpec {
             nodepool: pool.name.clone(),
             labels,

@@ -1,0 +1,402 @@
+//! Disruption, driven. Every `disruption.every` the actor reads the pool's claims, the
+//! ledger's leases, allowances and commands under way, and `core::disruption::plan` decides
+//! (off the arbiter); the shell proposes what it decided and runs the effects only once the
+//! ledger committed them in the current term:
+//!
+//! - **expired** claims: `Step::Terminating` (the lifecycle drains and terminates them; not
+//!   budgeted);
+//! - **a new command**: `Command::Disrupt`, which the ledger grants only within the pool's
+//!   budgets and rate; once granted, the candidates are tainted `karpenter.sh/disrupted` and
+//!   the replacements' NodeClaims created (the lifecycle launches them);
+//! - **commands under way** (`core::disruption::progress`): the candidates are terminated
+//!   once every replacement is initialized; a command whose replacement failed or timed out
+//!   is ended and its candidates untainted;
+//! - **stale taints**: a node of the pool tainted `karpenter.sh/disrupted` that no command
+//!   holds and that is not terminating loses the taint.
+//!
+//! Every node's decision, with its reason, is kept for `explain` ([`GetDecisions`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use dovetail_cluster::Snapshot;
+use dovetail_core::clock::to_millis;
+use dovetail_core::cluster::{Event, NodePatch, ObjectKind};
+use dovetail_core::disruption::{self, Decision, Input, Memory, Plan, Progress, Proposal};
+use dovetail_core::effect::{Action, Effect};
+use dovetail_core::ledger::{Claim, Command, Entry, Millis, Offering, Outcome, Step, Term};
+use dovetail_core::lifecycle::provider_id;
+use dovetail_core::nodepool::DisruptionReason;
+use dovetail_core::plane::disrupted_taint;
+use dovetail_core::provisioning::{available_types, planned_claim, unique_claim_name};
+use dovetail_core::scheduling::PoolInput;
+use dovetail_raft::read_with;
+
+use super::NodePoolActor;
+
+/// Plan disruption now (the actor's timer does it every `disruption.every`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Disrupt;
+
+/// Every node's last disruption decision, by claim.
+#[derive(Message)]
+#[rtype(result = "BTreeMap<String, Decision>")]
+pub struct GetDecisions;
+
+/// What a disruption round read and planned.
+pub(super) struct Planned {
+    plan: Plan,
+    memory: Memory,
+    snapshot: Arc<Snapshot>,
+    /// Commands of this pool under way, with where each stands.
+    commands: Vec<(String, Vec<String>, Progress)>,
+    /// Claims leased to a command.
+    leased: BTreeSet<String>,
+    /// Claims terminating.
+    terminating: BTreeSet<String>,
+    /// Claims whose node is not ready: the ledger counts them as disrupting.
+    not_ready: Vec<String>,
+    now: Millis,
+}
+
+/// A round's decisions, with what the shell acts on besides.
+struct Round {
+    plan: Plan,
+    commands: Vec<(String, Vec<String>, Progress)>,
+    leased: BTreeSet<String>,
+    terminating: BTreeSet<String>,
+    not_ready: Vec<String>,
+    now: Millis,
+}
+
+impl Handler<Disrupt> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Disrupt, ctx: &mut Context<Self>) {
+        self.disrupt(ctx);
+    }
+}
+
+impl Handler<GetDecisions> for NodePoolActor {
+    type Result = MessageResult<GetDecisions>;
+
+    fn handle(&mut self, _: GetDecisions, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.decisions.clone())
+    }
+}
+
+impl NodePoolActor {
+    /// Starts a disruption round unless one is under way.
+    pub(super) fn disrupt(&mut self, ctx: &mut Context<Self>) {
+        if !self.cfg.disruption.enabled {
+            return;
+        }
+        let leadership = self.ledger.leadership().borrow().clone();
+        // The last round's proposals are still being committed: the next round plans from
+        // what they made (a command proposed twice, a taint removed under a new lease).
+        if !leadership.leader || self.types.is_empty() || self.disruption_in_flight > 0 {
+            return;
+        }
+        let Some(memory) = self.disruption_memory.take() else { return };
+        let term = leadership.term;
+        let (ledger, view, clock, errors, cfg) =
+            (self.ledger.clone(), self.view.clone(), self.clock.clone(), self.errors.clone(), self.cfg.clone());
+        let pool = self.pool.clone();
+        let types = self.types.clone();
+        let retired = self.retired;
+        let work = async move {
+            let now = clock.now_millis();
+            let snapshot = view.snapshot();
+            let synced = view.synced();
+            let timeout = to_millis(cfg.disruption.command_timeout);
+            let name = pool.name.clone();
+            let snap = snapshot.clone();
+            let read = read_with(&*ledger, move |s| {
+                let claims: Vec<Claim> = s.claims_of(&name).cloned().collect();
+                let by_provider = snap.nodes_by_provider_id();
+                let not_ready: Vec<String> = claims
+                    .iter()
+                    .filter(|c| {
+                        c.state
+                            .instance()
+                            .and_then(|i| by_provider.get(provider_id(&c.zone, i).as_str()))
+                            .is_some_and(|n| !n.ready)
+                    })
+                    .map(|c| c.id.clone())
+                    .collect();
+                let reasons = [DisruptionReason::Empty, DisruptionReason::Drifted, DisruptionReason::Underutilized];
+                let available: BTreeMap<DisruptionReason, u32> = reasons
+                    .into_iter()
+                    .map(|r| (r, s.allowance(&name, r, &not_ready, now).map(|a| a.available()).unwrap_or(0)))
+                    .collect();
+                let mut leases = BTreeMap::new();
+                let mut commands = Vec::new();
+                for (id, cmd) in s.disruptions().iter().filter(|(_, d)| d.pool == name) {
+                    for c in &cmd.candidates {
+                        leases.insert(c.clone(), id.clone());
+                    }
+                    commands.push((id.clone(), cmd.candidates.clone(), disruption::progress(s, cmd, now, timeout)));
+                }
+                let unavailable: BTreeSet<Offering> = s.unavailable(now).cloned().collect();
+                (claims, available, leases, commands, (unavailable, not_ready))
+            })
+            .await;
+            let (claims, available, leases, commands, (unavailable, not_ready)) = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    errors.warn("read_disruption", "ledger", &pool.name, &e);
+                    return Err(memory);
+                }
+            };
+            let terminating: BTreeSet<String> =
+                claims.iter().filter(|c| c.state.is_terminating()).map(|c| c.id.clone()).collect();
+            let leased: BTreeSet<String> = leases.keys().cloned().collect();
+            let label = name_for(&pool.name);
+            let work = move || {
+                let mut memory = memory;
+                let pools = [PoolInput { pool: pool.clone(), instance_types: available_types(&types, &unavailable) }];
+                let cloud_drift = BTreeMap::new();
+                // A retired pool (its NodePool gone or invalid) starts no command; its
+                // commands under way still finish.
+                let none = BTreeMap::new();
+                let input = Input {
+                    pool: &pool,
+                    types: &types,
+                    claims: &claims,
+                    leases: &leases,
+                    available: if retired { &none } else { &available },
+                    cloud_drift: &cloud_drift,
+                    snapshot: &snapshot,
+                    pools: &pools,
+                    opts: &cfg.solve,
+                    spot_to_spot: cfg.disruption.spot_to_spot,
+                    validation: to_millis(cfg.disruption.validation),
+                    synced,
+                    now,
+                };
+                let plan = disruption::plan(&input, &mut memory);
+                Planned { plan, memory, snapshot, commands, leased, terminating, not_ready, now }
+            };
+            tokio::task::spawn_blocking(work).await.map_err(|e| {
+                errors.warn("plan_disruption", "panic", &label, &e);
+                Memory::default()
+            })
+        };
+        ctx.spawn(work.into_actor(self).map(move |planned, act, ctx| match planned {
+            Err(memory) => act.disruption_memory = Some(memory),
+            Ok(Planned { plan, memory, snapshot, commands, leased, terminating, not_ready, now }) => {
+                act.disruption_memory = Some(memory);
+                act.decisions = plan.decisions.clone();
+                let round = Round { plan, commands, leased, terminating, not_ready, now };
+                act.act_on_disruption(ctx, term, round, &snapshot);
+            }
+        }));
+    }
+
+    /// Proposes what a round decided and runs the effects the ledger allowed.
+    fn act_on_disruption(&mut self, ctx: &mut Context<Self>, term: Term, round: Round, snap: &Snapshot) {
+        let Round { plan, commands, leased, terminating, not_ready, now } = round;
+        let node_of = |claim: &str| -> Option<String> {
+            let c = snap.nodeclaims.get(claim)?;
+            let p = c.status.provider_id.as_deref()?;
+            snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(p)).map(|n| n.name.clone())
+        };
+        let event = |claim: &str, warning: bool, reason: &str, message: String| {
+            let e =
+                Event { kind: ObjectKind::NodeClaim, name: claim.to_string(), warning, reason: reason.into(), message };
+            Effect::new(claim, Action::Event(e))
+        };
+        // Terminations: expired claims, and candidates whose replacements are up.
+        let mut steps: Vec<(String, Step)> = Vec::new();
+        let mut effects: Vec<Effect> = Vec::new();
+        for claim in &plan.expired {
+            steps.push((claim.clone(), Step::Terminating));
+            let why = plan.decisions.get(claim).map(|d| d.verdict.to_string()).unwrap_or_default();
+            effects.push(event(claim, false, "Expired", format!("nodeclaim {claim} {why}")));
+            self.stats.expired_nodes += 1;
+        }
+        let mut rollbacks = Vec::new();
+        for (id, candidates, progress) in commands {
+            match progress {
+                Progress::Terminate(list) => {
+                    for claim in list {
+                        effects.push(event(
+                            &claim,
+                            false,
+                            "DisruptionTerminating",
+                            format!("disruption command {id}: its replacements are initialized"),
+                        ));
+                        steps.push((claim, Step::Terminating));
+                        self.stats.disrupted += 1;
+                    }
+                }
+                Progress::RollBack(why) => rollbacks.push((id, candidates, why)),
+                Progress::Waiting | Progress::Done => {}
+            }
+        }
+        if !steps.is_empty() {
+            self.propose_then_run(ctx, term, Command::Advance { steps }, effects, now);
+        }
+        for (id, candidates, why) in rollbacks {
+            let mut effects = Vec::new();
+            for claim in &candidates {
+                if let Some(node) = node_of(claim) {
+                    let patch = NodePatch { remove_taints: vec![disrupted_taint()], ..NodePatch::default() };
+                    effects.push(Effect::new(claim, Action::PatchNode { node, patch }));
+                }
+                effects.push(event(claim, true, "DisruptionFailed", format!("disruption command {id} ended: {why}")));
+            }
+            self.stats.rolled_back += 1;
+            self.propose_then_run(ctx, term, Command::EndDisruption { command: id }, effects, now);
+        }
+        // Stale taints: nodes of the pool no command holds and that are not terminating.
+        let mut stale = Vec::new();
+        let taint = disrupted_taint();
+        let proposed: BTreeSet<&String> = plan.proposal.iter().flat_map(|p| p.candidates.iter()).collect();
+        let held = |c: &String| leased.contains(c) || terminating.contains(c) || proposed.contains(c);
+        for (claim, _) in plan.decisions.iter().filter(|(c, _)| !held(c)) {
+            let Some(node) = node_of(claim).and_then(|n| snap.nodes.get(&n).cloned()) else { continue };
+            if node.deleting || !node.taints.iter().any(|t| t.key == taint.key && t.effect == taint.effect) {
+                continue;
+            }
+            let patch = NodePatch { remove_taints: vec![taint.clone()], ..NodePatch::default() };
+            stale.push(Effect::new(claim, Action::PatchNode { node: node.name.clone(), patch }));
+        }
+        if !stale.is_empty() {
+            let executor = self.executor.clone();
+            self.disruption_in_flight += 1;
+            ctx.spawn(async move { executor.run(term, stale).await }.into_actor(self).map(|_, act, _| {
+                act.disruption_in_flight = act.disruption_in_flight.saturating_sub(1);
+            }));
+        }
+        if let Some(proposal) = plan.proposal {
+            self.propose_disruption(ctx, term, proposal, &plan.decisions, snap, (not_ready, now));
+        }
+    }
+
+    /// Proposes a command; once granted, taints its candidates and creates its replacements.
+    fn propose_disruption(
+        &mut self,
+        ctx: &mut Context<Self>,
+        term: Term,
+        proposal: Proposal,
+        decisions: &BTreeMap<String, Decision>,
+        snap: &Snapshot,
+        (not_ready, now): (Vec<String>, Millis),
+    ) {
+        let zones: Vec<String> = self.zones.keys().cloned().collect();
+        let input = PoolInput { pool: self.pool.clone(), instance_types: self.types.clone() };
+        let mut replacements = Vec::new();
+        for c in &proposal.replacements {
+            let pool = &self.pool.name;
+            let id = unique_claim_name(&mut self.names, pool, |id| snap.nodeclaims.contains_key(id));
+            match planned_claim(c, &input, &zones, id) {
+                Some(p) => replacements.push(p),
+                None => {
+                    self.errors.note("disrupt", "no_zone", &format!("nodepool/{pool}"), &"a replacement has no zone");
+                    return;
+                }
+            }
+        }
+        let command = format!("{}-{:x}", self.pool.name, self.names.next_u64() & 0xff_ffff);
+        let mut effects = Vec::new();
+        let taint = disrupted_taint();
+        for claim in &proposal.candidates {
+            let node = snap.nodeclaims.get(claim).and_then(|c| c.status.node_name.clone());
+            if let Some(node) = node {
+                let patch = NodePatch { add_taints: vec![taint.clone()], ..NodePatch::default() };
+                effects.push(Effect::new(claim, Action::PatchNode { node, patch }));
+            }
+            let why = decisions.get(claim).map(|d| d.verdict.to_string()).unwrap_or_else(|| proposal.detail.clone());
+            let e = Event {
+                kind: ObjectKind::NodeClaim,
+                name: claim.clone(),
+                warning: false,
+                reason: "DisruptionLaunching".into(),
+                message: format!("disruption command {command} ({}): {why}", proposal.reason),
+            };
+            effects.push(Effect::new(claim, Action::Event(e)));
+        }
+        for r in &replacements {
+            effects.push(Effect::new(&r.reserve.id, Action::CreateNodeClaim(Box::new(r.nodeclaim.clone()))));
+        }
+        let cmd = Command::Disrupt {
+            pool: self.pool.name.clone(),
+            command: command.clone(),
+            reason: proposal.reason,
+            candidates: proposal.candidates.clone(),
+            replacements: replacements.into_iter().map(|r| r.reserve).collect(),
+            not_ready,
+        };
+        self.stats.commands_proposed += 1;
+        self.propose_then_run(ctx, term, cmd, effects, now);
+    }
+
+    /// Proposes `command` in `term`; runs `effects` only if it committed and applied.
+    fn propose_then_run(
+        &mut self,
+        ctx: &mut Context<Self>,
+        term: Term,
+        command: Command,
+        effects: Vec<Effect>,
+        now: Millis,
+    ) {
+        let (ledger, errors, pool, executor) =
+            (self.ledger.clone(), self.errors.clone(), self.pool.name.clone(), self.executor.clone());
+        self.disruption_in_flight += 1;
+        let work = async move {
+            let what = command_name(&command);
+            let outcome = match ledger.propose(Entry { term, at: now, command }).await {
+                Ok(c) => c.outcome,
+                Err(e) => {
+                    errors.warn(what, "ledger", &format!("nodepool/{pool}"), &e);
+                    return false;
+                }
+            };
+            let applied = match &outcome {
+                Outcome::Disrupting { refused: Some(why) } => {
+                    errors.note(what, "refused", &format!("nodepool/{pool}"), why);
+                    false
+                }
+                Outcome::Advanced { rejected } => {
+                    for (claim, why) in rejected {
+                        errors.note(what, "rejected", &format!("nodeclaim/{claim}"), why);
+                    }
+                    true
+                }
+                Outcome::Fenced { .. } | Outcome::Rejected { .. } => false,
+                _ => true,
+            };
+            // Effects of a claim whose step the ledger rejected are dropped.
+            let rejected: BTreeSet<&str> = match &outcome {
+                Outcome::Advanced { rejected } => rejected.iter().map(|(c, _)| c.as_str()).collect(),
+                _ => BTreeSet::new(),
+            };
+            let effects: Vec<Effect> = effects.into_iter().filter(|e| !rejected.contains(e.claim.as_str())).collect();
+            if applied && !effects.is_empty() {
+                executor.run(term, effects).await;
+            }
+            applied
+        };
+        ctx.spawn(work.into_actor(self).map(|applied, act, _| {
+            act.disruption_in_flight = act.disruption_in_flight.saturating_sub(1);
+            if applied {
+                act.dirty = true;
+            }
+        }));
+    }
+}
+
+fn command_name(c: &Command) -> &'static str {
+    match c {
+        Command::Disrupt { .. } => "disrupt",
+        Command::EndDisruption { .. } => "end_disruption",
+        _ => "disruption_steps",
+    }
+}
+
+fn name_for(pool: &str) -> String {
+    format!("nodepool/{pool}")
+}

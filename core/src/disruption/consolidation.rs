@@ -1,0 +1,199 @@
+//! Consolidation: whether a set of candidates can go (their pods fitting elsewhere), and with
+//! what (nothing, or one cheaper node), as Karpenter's `computeConsolidation`.
+//!
+//! The simulation runs the provisioning solve with the candidates' nodes taken out and their
+//! pods pending: every other node (initialized: a plan that needs an uninitialized node is no
+//! plan) may take them, and any NodePool may offer the one replacement. The decision:
+//!
+//! - a pod that fits nowhere: no move;
+//! - no new node: **delete**;
+//! - more than one new node: no move (a repack of m nodes onto n > 1 is not a consolidation
+//!   Karpenter makes);
+//! - one new node: **replace**, if some of its instance types launch for less than the
+//!   candidates cost together (their worst-case price: the dearest offering the replacement may
+//!   land on). On-demand candidates are replaced with spot when the replacement allows it, so a
+//!   spot shortage never becomes a dearer on-demand launch. Spot candidates are replaced by
+//!   spot only with spot-to-spot consolidation on, and then (for one candidate) only when at
+//!   least [`SPOT_TO_SPOT_MIN_TYPES`] spot types are cheaper; the launch is limited to the
+//!   cheapest of them, so the cloud cannot pick one that invites another consolidation.
+
+use std::collections::BTreeSet;
+
+use crate::catalog::{CapacityType, InstanceType};
+use crate::cluster::Snapshot;
+use crate::labels;
+use crate::pod::Pod;
+use crate::requirements::Requirement;
+use crate::scheduling::{self, NewClaim, PoolInput, SolveOptions};
+
+use super::candidates::Candidate;
+
+/// Karpenter's `MinInstanceTypesForSpotToSpotConsolidation`.
+pub const SPOT_TO_SPOT_MIN_TYPES: usize = 15;
+
+/// The one new node a replacement launches.
+#[derive(Clone, Debug)]
+pub struct Replacement {
+    /// Index into the pools the simulation was given.
+    pub pool: usize,
+    /// The solver's claim, its instance types narrowed to those cheaper than the candidates
+    /// (and to spot when pinned).
+    pub claim: NewClaim,
+    /// The worst-case price of the dearest type kept ($/hour).
+    pub price: f64,
+}
+
+/// A consolidation that holds.
+#[derive(Clone, Debug)]
+pub struct Move {
+    pub candidates: Vec<String>,
+    pub replacement: Option<Replacement>,
+    /// What the candidates cost together ($/hour).
+    pub cost: f64,
+}
+
+impl Move {
+    /// The $/hour it saves at worst.
+    pub fn savings(&self) -> f64 {
+        self.cost - self.replacement.as_ref().map(|r| r.price).unwrap_or(0.0)
+    }
+}
+
+/// The worst-case price of launching `t` under the claim's requirements: its dearest available
+/// offering in an allowed zone and capacity type (`None`: none).
+fn worst_price(t: &InstanceType, claim: &NewClaim) -> Option<f64> {
+    let zone = claim.requirements.get(labels::ZONE);
+    let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
+    t.offerings
+        .iter()
+        .filter(|o| o.available && zone.has(&o.zone) && capacity.has(o.capacity_type.as_str()))
+        .map(|o| o.price)
+        .reduce(f64::max)
+}
+
+/// Where the candidates' pods would go: the solver's results over the cluster without their
+/// nodes, and the pods it was given (the candidates' reschedulable pods, unbound).
+pub fn simulate(
+    snap: &Snapshot,
+    pools: &[PoolInput],
+    candidates: &[&Candidate<'_>],
+    opts: &SolveOptions,
+) -> (scheduling::Results, Vec<Pod>) {
+    let removed: BTreeSet<&str> = candidates.iter().map(|c| c.node.name.as_str()).collect();
+    let nodes: Vec<crate::node::Node> = snap
+        .capacity_nodes()
+        .into_iter()
+        .filter(|n| !removed.contains(n.name.as_str()))
+        .map(|n| {
+            let unschedulable = n.unschedulable || !n.initialized;
+            crate::node::Node { unschedulable, ..n }
+        })
+        .collect();
+    let mut input = snap.scheduling_input(nodes, pools.to_vec());
+    input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !removed.contains(n)));
+    let pods: Vec<Pod> = candidates
+        .iter()
+        .flat_map(|c| c.pods.iter())
+        .map(|p| Pod { node_name: None, nominated_node: None, ..p.as_ref().clone() })
+        .collect();
+    let results = scheduling::solve(&input, &pods, opts);
+    (results, pods)
+}
+
+/// Whether `candidates` can be consolidated, and how; the error says why not.
+pub fn consolidate(
+    snap: &Snapshot,
+    pools: &[PoolInput],
+    candidates: &[&Candidate<'_>],
+    opts: &SolveOptions,
+    spot_to_spot: bool,
+) -> Result<Move, String> {
+    let cost: f64 = candidates.iter().map(|c| c.price).sum();
+    let ids: Vec<String> = candidates.iter().map(|c| c.claim.id.clone()).collect();
+    let (results, pods) = simulate(snap, pools, candidates, opts);
+    if let Some((i, why)) = results.errors.first() {
+        let pod = pods.get(*i).map(|p| p.key.to_string()).unwrap_or_default();
+        return Err(format!("pod {pod} would fit nowhere else: {why}"));
+    }
+    match results.claims.len() {
+        0 => return Ok(Move { candidates: ids, replacement: None, cost }),
+        1 => {}
+        n => return Err(format!("its pods would need {n} new nodes")),
+    }
+    let Some(mut claim) = results.claims.into_iter().next() else {
+        return Err("no replacement".into());
+    };
+    let Some(pool) = pools.get(claim.pool) else { return Err("the replacement's nodepool is gone".into()) };
+    let types = &pool.instance_types;
+    let all_on_demand = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::OnDemand));
+    let all_spot = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::Spot));
+    let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
+    let allows_spot = capacity.has(CapacityType::Spot.as_str());
+    let allows_on_demand = capacity.has(CapacityType::OnDemand.as_str());
+    if all_on_demand && allows_spot && allows_on_demand {
+        claim.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in([CapacityType::Spot.as_str()]));
+    }
+    let spot_only = !claim.requirements.get(labels::CAPACITY_TYPE).has(CapacityType::OnDemand.as_str());
+    if all_spot && spot_only && !spot_to_spot {
+        return Err("spot-to-spot consolidation is off".into());
+    }
+    let mut priced: Vec<(f64, u32)> = claim
+        .instance_types
+        .iter()
+        .filter_map(|&t| {
+            let it = types.get(t as usize)?;
+            worst_price(it, &claim).map(|p| (p, t))
+        })
+        .filter(|(p, _)| *p < cost)
+        .collect();
+    priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    if priced.is_empty() {
+        return Err(format!("no cheaper node than ${cost:.4}/h takes its pods"));
+    }
+    // Karpenter's `filterOutSameInstanceType`: when several nodes go and the replacement could
+    // be one of their own types, it must be cheaper than that node, or the move is no better
+    // than deleting the others.
+    if candidates.len() > 1 {
+        let same = candidates
+            .iter()
+            .filter(|c| c.instance_type.is_some_and(|t| priced.iter().any(|(_, i)| types[*i as usize].name == t)))
+            .map(|c| c.price)
+            .reduce(f64::min);
+        if let Some(cap) = same {
+            priced.retain(|(p, _)| *p < cap);
+            if priced.is_empty() {
+                return Err("the replacement would be one of the nodes' own types at no lower price".into());
+            }
+        }
+    }
+    if all_spot && spot_only && candidates.len() == 1 {
+        if priced.len() < SPOT_TO_SPOT_MIN_TYPES {
+            return Err(format!(
+                "only {} spot types are cheaper; spot-to-spot needs {SPOT_TO_SPOT_MIN_TYPES}",
+                priced.len()
+            ));
+        }
+        priced.truncate(SPOT_TO_SPOT_MIN_TYPES);
+    }
+    let price = priced.iter().map(|(p, _)| *p).fold(0.0, f64::max);
+    claim.instance_types = priced.into_iter().map(|(_, t)| t).collect();
+    // The launch it would get now: the cheapest available offering of the kept types that the
+    // claim's requirements (zones, capacity types) allow.
+    let zone = claim.requirements.get(labels::ZONE);
+    let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
+    let launch = claim
+        .instance_types
+        .iter()
+        .filter_map(|&t| types.get(t as usize).map(|it| (t, it)))
+        .flat_map(|(t, it)| it.offerings.iter().map(move |o| (t, o)))
+        .filter(|(_, o)| o.available && zone.has(&o.zone) && capacity.has(o.capacity_type.as_str()))
+        .min_by(|a, b| a.1.price.total_cmp(&b.1.price).then(a.0.cmp(&b.0)).then_with(|| a.1.zone.cmp(&b.1.zone)));
+    let Some((t, o)) = launch else { return Err("no offering of the replacement is available".into()) };
+    claim.launch = Some(scheduling::Launch {
+        instance_type: t as usize,
+        zone: o.zone.clone(),
+        capacity_type: o.capacity_type,
+        price: o.price,
+    });
+    Ok(Move { candidates: ids, replacement: Some(Replacement { pool: claim.pool, claim, price }), cost })
+}

@@ -1,0 +1,591 @@
+//! Disruption planning: which nodes go, why, and within which budgets.
+//!
+//! - [`budget`]: Karpenter's disruption budgets (count or percentage, UTC cron windows,
+//!   reasons, the minimum over active budgets, disrupting nodes counted, an invalid schedule
+//!   failing closed) and dovetail's rate budget; the ledger checks them when it grants a
+//!   disruption command ([`crate::ledger::Command::Disrupt`]).
+//! - [`cron`]: the budgets' schedules.
+//! - [`candidates`]: which nodes may be disrupted at all (do-not-disrupt, PDBs, leases,
+//!   initialization) and what moving their pods costs.
+//! - [`drift`]: whether a node still matches its NodePool and NodeClass.
+//! - [`consolidation`]: whether candidates can go with their pods moved elsewhere, and with
+//!   what replacement.
+//!
+//! [`plan`] is the planner the NodePool actors call: pure, from the pool's claims as
+//! committed, the ledger's leases and allowances, the cluster snapshot and `now`, it returns
+//! the expired claims to terminate (forceful, not budgeted), at most one command to propose
+//! (its method's reason, candidates and replacements) and a [`Decision`] for every node, with
+//! the reason (what `explain` prints).
+//!
+//! Methods run in Karpenter's order and the first that finds something wins the round:
+//! emptiness, drift, then consolidation. Expiration is not a method of the loop: an expired
+//! claim is terminated whatever the budgets say.
+pub mod budget;
+pub mod candidates;
+pub mod consolidation;
+pub mod cron;
+pub mod drift;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use crate::catalog::InstanceType;
+use crate::clock::to_millis;
+use crate::cluster::Snapshot;
+use crate::ledger::{Claim, ClaimState, DisruptionCommand, Millis, State};
+use crate::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
+use crate::pod::Pod;
+use crate::scheduling::{NewClaim, PoolInput, SolveOptions};
+
+use candidates::{Blocker, Candidate, PdbIndex, Pieces};
+use drift::Drift;
+
+/// What the planner reads.
+pub struct Input<'a> {
+    pub pool: &'a NodePool,
+    /// The instance types the pool can launch now.
+    pub types: &'a [InstanceType],
+    /// The pool's claims, as committed.
+    pub claims: &'a [Claim],
+    /// Claims leased to a disruption command, with the command.
+    pub leases: &'a BTreeMap<String, String>,
+    /// What the pool's budgets (and rate budget) leave per reason now.
+    pub available: &'a BTreeMap<DisruptionReason, u32>,
+    /// Claims the cloud provider reports drifted, with its reason.
+    pub cloud_drift: &'a BTreeMap<String, String>,
+    pub snapshot: &'a Snapshot,
+    /// Every NodePool with its instance types: where moved pods may land on a new node.
+    pub pools: &'a [PoolInput],
+    pub opts: &'a SolveOptions,
+    /// Karpenter's `SpotToSpotConsolidation` setting.
+    pub spot_to_spot: bool,
+    /// How long an emptiness or consolidation command must keep being what the planner
+    /// decides before it is proposed (Karpenter: 15 s); drift and expiration do not wait.
+    pub validation: Millis,
+    /// With `false` nothing is decided.
+    pub synced: bool,
+    pub now: Millis,
+}
+
+/// Candidates the multi-node method considers at most (Karpenter: 100).
+pub const MULTI_NODE_MAX: usize = 100;
+/// Single-node moves simulated per round at most (the rest wait for the next round).
+pub const SINGLE_NODE_TRIES: usize = 100;
+/// Karpenter's `BalancedK`: a balanced move must score at least `1/k`.
+pub const BALANCED_K: f64 = 2.0;
+
+/// The disruption methods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Method {
+    Expiration,
+    Emptiness,
+    Drift,
+    MultiNodeConsolidation,
+    SingleNodeConsolidation,
+}
+
+impl Method {
+    /// The budget reason of a method (`None`: forceful, not budgeted).
+    pub fn reason(&self) -> Option<DisruptionReason> {
+        match self {
+            Method::Expiration => None,
+            Method::Emptiness => Some(DisruptionReason::Empty),
+            Method::Drift => Some(DisruptionReason::Drifted),
+            Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => Some(DisruptionReason::Underutilized),
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Method::Expiration => "expiration",
+            Method::Emptiness => "emptiness",
+            Method::Drift => "drift",
+            Method::MultiNodeConsolidation => "multi-node-consolidation",
+            Method::SingleNodeConsolidation => "single-node-consolidation",
+        }
+    }
+}
+
+/// What the planner says of one node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// It is not a candidate at all.
+    Blocked(Blocker),
+    /// Expired: terminated now, whatever the budgets say.
+    Expired { expire_after: Millis },
+    /// Chosen by a method for the proposed command.
+    Disrupt { method: Method, detail: String },
+    /// It would be disrupted, but the budgets leave no room now.
+    BudgetExhausted { method: Method },
+    /// It is a candidate and stays: why.
+    Keep(String),
+}
+
+/// One node's decision and its reason.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub claim: String,
+    pub node: Option<String>,
+    pub verdict: Verdict,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Blocked(b) => write!(f, "not disruptable: {b}"),
+            Verdict::Expired { expire_after } => {
+                write!(f, "expired: older than its expireAfter ({}s); terminated without a budget", expire_after / 1000)
+            }
+            Verdict::Disrupt { method, detail } => write!(f, "disrupting ({}): {detail}", method.as_str()),
+            Verdict::BudgetExhausted { method } => {
+                write!(f, "would be disrupted ({}) but the nodepool's budgets allow no more now", method.as_str())
+            }
+            Verdict::Keep(why) => write!(f, "kept: {why}"),
+        }
+    }
+}
+
+/// A command for the ledger.
+#[derive(Clone, Debug)]
+pub struct Proposal {
+    pub method: Method,
+    pub reason: DisruptionReason,
+    pub candidates: Vec<String>,
+    /// New nodes to launch first: the solver's claims, with the index of their pool in
+    /// [`Input::pools`].
+    pub replacements: Vec<NewClaim>,
+    /// Why, in words.
+    pub detail: String,
+}
+
+impl PartialEq for Proposal {
+    /// Two proposals are the same command when they name the same method and candidates and
+    /// their replacements the same pools and instance types.
+    fn eq(&self, other: &Self) -> bool {
+        self.method == other.method
+            && self.candidates == other.candidates
+            && self.replacements.len() == other.replacements.len()
+            && self
+                .replacements
+                .iter()
+                .zip(&other.replacements)
+                .all(|(a, b)| a.pool == b.pool && a.instance_types == b.instance_types)
+    }
+}
+
+/// The planner's answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Expired claims: terminate now.
+    pub expired: Vec<String>,
+    pub proposal: Option<Proposal>,
+    /// Every claim's decision, by claim.
+    pub decisions: BTreeMap<String, Decision>,
+}
+
+/// What the planner remembers between rounds: when each node last saw its pods change (the
+/// start of its `consolidateAfter` wait), and since when each drifted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Memory {
+    pod_events: BTreeMap<String, (u64, Millis)>,
+    drifted_since: BTreeMap<String, Millis>,
+    /// The command being validated, and since when.
+    pending: Option<(Proposal, Millis)>,
+}
+
+impl Memory {
+    /// When the node's pods last changed, given their fingerprint now. A node seen for the
+    /// first time counts from now: what happened on it before is unknown, and waiting once
+    /// more is the safe side.
+    fn last_pod_event(&mut self, claim: &str, fingerprint: u64, now: Millis) -> Millis {
+        let e = self.pod_events.entry(claim.to_string()).or_insert((fingerprint, now));
+        if e.0 != fingerprint {
+            *e = (fingerprint, now);
+        }
+        e.1
+    }
+
+    fn keep_only(&mut self, claims: &BTreeSet<&str>) {
+        self.pod_events.retain(|c, _| claims.contains(c.as_str()));
+        self.drifted_since.retain(|c, _| claims.contains(c.as_str()));
+    }
+}
+
+/// A fingerprint of the pods bound to a node (their keys): changes when one comes or goes.
+fn fingerprint(pods: &[&Arc<Pod>]) -> u64 {
+    let mut keys: Vec<&crate::pod::PodKey> = pods.iter().map(|p| &p.key).collect();
+    keys.sort();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for k in keys {
+        for b in k.namespace.bytes().chain([0]).chain(k.name.bytes()).chain([0]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Plans one round of disruption for a pool.
+pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
+    let mut out = Plan::default();
+    if !input.synced {
+        return out;
+    }
+    let snap = input.snapshot;
+    let by_provider = snap.nodes_by_provider_id();
+    let pods_by_node = snap.pods_by_node();
+    let pdbs = PdbIndex::new(snap);
+    let no_pods = Vec::new();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let mut empty: Vec<Candidate<'_>> = Vec::new();
+    let mut underused: Vec<Candidate<'_>> = Vec::new();
+    // The pool's cost and disruption cost over every candidate (the balanced policy's scale).
+    let mut pool_totals = (0.0, 0.0);
+    let mut drifted: Vec<(Millis, bool, Candidate<'_>, Drift)> = Vec::new();
+    let consolidate_after = input.pool.disruption.consolidate_after.map(to_millis);
+    for claim in input.claims {
+        seen.insert(claim.id.as_str());
+        let nodeclaim = snap.nodeclaims.get(&claim.id).map(|c| c.as_ref());
+        let node = claim
+            .state
+            .instance()
+            .and_then(|i| by_provider.get(crate::lifecycle::provider_id(&claim.zone, i).as_str()))
+            .map(|n| n.as_ref());
+        let pods = node.and_then(|n| pods_by_node.get(n.name.as_str())).unwrap_or(&no_pods);
+        let decide = |verdict| Decision { claim: claim.id.clone(), node: node.map(|n| n.name.clone()), verdict };
+        // Expiration: forceful, before anything else.
+        if let (Some(nc), Some(_)) = (nodeclaim, node)
+            && let Some(expire) = nc.spec.expire_after.map(to_millis)
+            && !nc.deleting
+            && !claim.state.is_terminating()
+            && input.now.saturating_sub(claim.reserved_at) >= expire
+        {
+            out.expired.push(claim.id.clone());
+            out.decisions.insert(claim.id.clone(), decide(Verdict::Expired { expire_after: expire }));
+            continue;
+        }
+        let pieces = Pieces { claim, node, nodeclaim, pods: pods.clone() };
+        let lease = input.leases.get(&claim.id).map(String::as_str);
+        let drift = node.zip(nodeclaim).and_then(|(n, nc)| {
+            let cloud = input.cloud_drift.get(&claim.id).map(String::as_str);
+            drift::drifted(n, &nc.spec.annotations, input.pool, input.types, cloud)
+        });
+        let candidate = candidates::candidate(&pieces, lease, input.types, &pdbs, input.now, drift.is_some());
+        let c = match candidate {
+            Ok(c) => c,
+            Err(b) => {
+                out.decisions.insert(claim.id.clone(), decide(Verdict::Blocked(b)));
+                continue;
+            }
+        };
+        pool_totals.0 += c.price;
+        pool_totals.1 += c.disruption_cost;
+        let last_event = memory.last_pod_event(&claim.id, fingerprint(pods), input.now);
+        if let Some(d) = drift {
+            let since = *memory.drifted_since.entry(claim.id.clone()).or_insert(input.now);
+            drifted.push((since, c.is_empty(), c, d));
+            continue;
+        }
+        memory.drifted_since.remove(&claim.id);
+        let Some(after) = consolidate_after else {
+            out.decisions.insert(claim.id.clone(), decide(Verdict::Keep("consolidateAfter is Never".into())));
+            continue;
+        };
+        let settles_at = last_event.saturating_add(after);
+        if input.now < settles_at {
+            let why = format!(
+                "its pods changed {}s ago; consolidateAfter is {}s",
+                input.now.saturating_sub(last_event) / 1000,
+                after / 1000
+            );
+            out.decisions.insert(claim.id.clone(), decide(Verdict::Keep(why)));
+            continue;
+        }
+        if c.is_empty() {
+            empty.push(c);
+        } else if input.pool.disruption.consolidation_policy == ConsolidationPolicy::WhenEmpty {
+            let why = "it runs pods and the consolidation policy is WhenEmpty".to_string();
+            out.decisions.insert(claim.id.clone(), decide(Verdict::Keep(why)));
+        } else {
+            underused.push(c);
+        }
+    }
+    memory.keep_only(&seen);
+    // Emptiness: every empty candidate the budget leaves room for, the dearest first (the most
+    // saved).
+    let room = |r: DisruptionReason| input.available.get(&r).copied().unwrap_or(0) as usize;
+    let decide =
+        |c: &Candidate<'_>, verdict| Decision { claim: c.claim.id.clone(), node: Some(c.node.name.clone()), verdict };
+    if !empty.is_empty() {
+        empty.sort_by(|a, b| b.price.total_cmp(&a.price).then_with(|| a.claim.id.cmp(&b.claim.id)));
+        let n = room(DisruptionReason::Empty).min(empty.len());
+        for (i, c) in empty.iter().enumerate() {
+            let verdict = if i < n {
+                Verdict::Disrupt { method: Method::Emptiness, detail: "it runs no pods that must move".into() }
+            } else {
+                Verdict::BudgetExhausted { method: Method::Emptiness }
+            };
+            out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
+        }
+        if n > 0 {
+            out.proposal = Some(Proposal {
+                method: Method::Emptiness,
+                reason: DisruptionReason::Empty,
+                candidates: empty[..n].iter().map(|c| c.claim.id.clone()).collect(),
+                replacements: vec![],
+                detail: "empty nodes".into(),
+            });
+        }
+    }
+    // Drift: one node per command, empty ones first, then by how long they drifted. A node
+    // with pods goes only once the simulation finds where they go (new nodes launched first).
+    drifted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)).then_with(|| a.2.claim.id.cmp(&b.2.claim.id)));
+    let drift_room = room(DisruptionReason::Drifted) > 0;
+    for (_, is_empty, c, d) in &drifted {
+        let verdict = if out.proposal.is_some() {
+            Verdict::Keep(format!("drifted ({d}); another command goes first this round"))
+        } else if !drift_room {
+            Verdict::BudgetExhausted { method: Method::Drift }
+        } else if *is_empty {
+            out.proposal = Some(Proposal {
+                method: Method::Drift,
+                reason: DisruptionReason::Drifted,
+                candidates: vec![c.claim.id.clone()],
+                replacements: vec![],
+                detail: format!("drifted: {d}"),
+            });
+            Verdict::Disrupt { method: Method::Drift, detail: format!("drifted: {d}") }
+        } else {
+            let (results, pods) = consolidation::simulate(snap, input.pools, &[c], input.opts);
+            if let Some((i, why)) = results.errors.first() {
+                let pod = pods.get(*i).map(|p| p.key.to_string()).unwrap_or_default();
+                Verdict::Keep(format!("drifted ({d}); pod {pod} would fit nowhere: {why}"))
+            } else {
+                let n = results.claims.len();
+                let detail = format!("drifted: {d}; its pods move to {n} new and existing nodes");
+                out.proposal = Some(Proposal {
+                    method: Method::Drift,
+                    reason: DisruptionReason::Drifted,
+                    candidates: vec![c.claim.id.clone()],
+                    replacements: results.claims,
+                    detail: detail.clone(),
+                });
+                Verdict::Disrupt { method: Method::Drift, detail }
+            }
+        };
+        out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
+    }
+    // Consolidation: several nodes onto fewer (the longest prefix that holds), else one.
+    if !underused.is_empty() {
+        let verdicts = consolidate(input, &mut underused, &mut out, room(DisruptionReason::Underutilized), pool_totals);
+        for (c, verdict) in underused.iter().zip(verdicts) {
+            out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
+        }
+    }
+    validate(input, memory, &mut out);
+    out
+}
+
+/// What a disruption command under way needs now (Karpenter's `waitOrTerminate`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Some replacement is not initialized yet.
+    Waiting,
+    /// Every replacement is initialized (or there are none): these candidates (those not
+    /// terminating yet) may be deleted.
+    Terminate(Vec<String>),
+    /// It cannot complete: it ends and its candidates are released (untainted).
+    RollBack(String),
+    /// Every candidate is terminating: nothing more to do (the ledger forgets the command once
+    /// they are gone).
+    Done,
+}
+
+/// Where a command stands, from the ledger's state at `now`; a command whose replacements are
+/// not all initialized after `timeout` is rolled back.
+pub fn progress(state: &State, command: &DisruptionCommand, now: Millis, timeout: Millis) -> Progress {
+    let waiting: Vec<String> = command
+        .candidates
+        .iter()
+        .filter(|c| state.claim(c).is_some_and(|c| !c.state.is_terminating()))
+        .cloned()
+        .collect();
+    if waiting.is_empty() {
+        return Progress::Done;
+    }
+    let mut pending = 0;
+    for r in &command.replacements {
+        match state.claim(r).map(|c| &c.state) {
+            None => return Progress::RollBack(format!("replacement {r} is gone")),
+            Some(ClaimState::Terminating { .. }) => return Progress::RollBack(format!("replacement {r} failed")),
+            Some(ClaimState::Initialized { .. }) => {}
+            Some(_) => pending += 1,
+        }
+    }
+    if pending == 0 {
+        return Progress::Terminate(waiting);
+    }
+    if now.saturating_sub(command.at) >= timeout {
+        return Progress::RollBack(format!("{pending} replacements were not initialized within {}s", timeout / 1000));
+    }
+    Progress::Waiting
+}
+
+/// Karpenter's validation: an emptiness or consolidation command is proposed only once the
+/// planner has decided the same for `validation` (emptiness may shrink to the nodes still
+/// empty); until then it waits, and its nodes' verdicts say so. Drift goes at once.
+fn validate(input: &Input<'_>, memory: &mut Memory, out: &mut Plan) {
+    let Some(proposal) = out.proposal.take() else {
+        memory.pending = None;
+        return;
+    };
+    if proposal.method == Method::Drift || input.validation == 0 {
+        memory.pending = None;
+        out.proposal = Some(proposal);
+        return;
+    }
+    let validated = match &memory.pending {
+        Some((pending, since)) if input.now.saturating_sub(*since) >= input.validation => {
+            if proposal.method == Method::Emptiness && pending.method == Method::Emptiness {
+                let still: Vec<String> =
+                    proposal.candidates.iter().filter(|c| pending.candidates.contains(c)).cloned().collect();
+                (!still.is_empty()).then(|| Proposal { candidates: still, ..proposal.clone() })
+            } else {
+                (*pending == proposal).then(|| proposal.clone())
+            }
+        }
+        _ => None,
+    };
+    if let Some(p) = validated {
+        memory.pending = None;
+        for (claim, d) in out.decisions.iter_mut() {
+            if matches!(d.verdict, Verdict::Disrupt { .. }) && !p.candidates.contains(claim) {
+                d.verdict = Verdict::Keep("no longer part of the validated command".into());
+            }
+        }
+        out.proposal = Some(p);
+        return;
+    }
+    // Still validating: the same command keeps its start; an emptiness command keeps the
+    // start for the nodes that stayed empty (new empty nodes wait for the next command).
+    let (pending, since) = match memory.pending.take() {
+        Some((pending, since)) if pending == proposal => (proposal, since),
+        Some((pending, since)) if pending.method == Method::Emptiness && proposal.method == Method::Emptiness => {
+            let still: Vec<String> =
+                proposal.candidates.iter().filter(|c| pending.candidates.contains(c)).cloned().collect();
+            if still.is_empty() { (proposal, input.now) } else { (Proposal { candidates: still, ..proposal }, since) }
+        }
+        _ => (proposal, input.now),
+    };
+    let acts_in = (since.saturating_add(input.validation)).saturating_sub(input.now);
+    for (claim, d) in out.decisions.iter_mut() {
+        if let Verdict::Disrupt { detail, .. } = &mut d.verdict {
+            if pending.candidates.contains(claim) {
+                detail.push_str(&format!(" (validating: acts in {}s if it still holds)", acts_in.div_ceil(1000)));
+            } else {
+                d.verdict = Verdict::Keep("empty; waits for the command under validation".into());
+            }
+        }
+    }
+    memory.pending = Some((pending, since));
+}
+
+/// The consolidation methods over the settled candidates with pods: multi-node first (the
+/// longest prefix, by savings per disruption, that goes with at most one new node), then
+/// single-node. Returns each candidate's verdict, in `underused`'s order (sorted here).
+fn consolidate(
+    input: &Input<'_>,
+    underused: &mut [Candidate<'_>],
+    out: &mut Plan,
+    room: usize,
+    (total_price, total_cost): (f64, f64),
+) -> Vec<Verdict> {
+    underused.sort_by(|a, b| b.savings_ratio().total_cmp(&a.savings_ratio()).then_with(|| a.claim.id.cmp(&b.claim.id)));
+    let mut verdicts: Vec<Verdict> = underused
+        .iter()
+        .map(|c| Verdict::Keep(format!("it runs {} pods; no cheaper place for them was found", c.pods.len())))
+        .collect();
+    if out.proposal.is_some() {
+        verdicts.iter_mut().for_each(|v| *v = Verdict::Keep("another command goes first this round".into()));
+        return verdicts;
+    }
+    if room == 0 {
+        let method = Method::SingleNodeConsolidation;
+        verdicts.iter_mut().for_each(|v| *v = Verdict::BudgetExhausted { method });
+        return verdicts;
+    }
+    let snap = input.snapshot;
+    let balanced = input.pool.disruption.consolidation_policy == ConsolidationPolicy::Balanced;
+    // Karpenter's balanced score: the share of the pool's cost saved over the share of its
+    // disruption cost spent.
+    let worth = |m: &consolidation::Move, cands: &[&Candidate<'_>]| -> Result<(), String> {
+        if !balanced || total_price <= 0.0 || total_cost <= 0.0 {
+            return Ok(());
+        }
+        let spent: f64 = cands.iter().map(|c| c.disruption_cost).sum();
+        let score = (m.savings() / total_price) / (spent / total_cost);
+        if score >= 1.0 / BALANCED_K {
+            Ok(())
+        } else {
+            Err(format!("the balanced policy scores it {score:.2}, under {:.2}", 1.0 / BALANCED_K))
+        }
+    };
+    let attempt = |cands: &[&Candidate<'_>]| {
+        consolidation::consolidate(snap, input.pools, cands, input.opts, input.spot_to_spot)
+            .and_then(|m| worth(&m, cands).map(|()| m))
+    };
+    let max = underused.len().min(MULTI_NODE_MAX).min(room);
+    let mut best: Option<(Method, consolidation::Move)> = None;
+    if max >= 2 {
+        let refs: Vec<&Candidate<'_>> = underused.iter().take(max).collect();
+        let (mut lo, mut hi) = (2, max);
+        while lo <= hi {
+            let mid = (lo + hi) / 2;
+            match attempt(&refs[..mid]) {
+                Ok(m) => {
+                    best = Some((Method::MultiNodeConsolidation, m));
+                    lo = mid + 1;
+                }
+                Err(_) => hi = mid - 1,
+            }
+        }
+    }
+    if best.is_none() {
+        for (i, c) in underused.iter().enumerate().take(SINGLE_NODE_TRIES) {
+            match attempt(&[c]) {
+                Ok(m) => {
+                    best = Some((Method::SingleNodeConsolidation, m));
+                    break;
+                }
+                Err(why) => verdicts[i] = Verdict::Keep(why),
+            }
+        }
+    }
+    let Some((method, m)) = best else { return verdicts };
+    let detail = match &m.replacement {
+        None => format!("its pods fit on other nodes; saves ${:.4}/h", m.savings()),
+        Some(r) => format!(
+            "replaced by one cheaper node ({} types from ${:.4}/h); saves at least ${:.4}/h",
+            r.claim.instance_types.len(),
+            r.price,
+            m.savings()
+        ),
+    };
+    for (c, v) in underused.iter().zip(verdicts.iter_mut()) {
+        if m.candidates.contains(&c.claim.id) {
+            *v = Verdict::Disrupt { method, detail: detail.clone() };
+        }
+    }
+    out.proposal = Some(Proposal {
+        method,
+        reason: DisruptionReason::Underutilized,
+        candidates: m.candidates,
+        replacements: m.replacement.map(|r| vec![r.claim]).unwrap_or_default(),
+        detail,
+    });
+    verdicts
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,484 @@
+//! The disruption planner's tests: a pool of initialized nodes in a ledger and a snapshot.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use super::*;
+use crate::catalog::{CapacityType, Catalog, NodeClassSettings};
+use crate::cluster::{IntOrPercent, NodeClaim, Pdb, TERMINATION_FINALIZER};
+use crate::labels::{self, LabelSelector};
+use crate::ledger::{ClaimRequest, Command, Entry, LaunchBatch, State, Step};
+use crate::node::Node;
+use crate::nodepool::{Budget, BudgetNodes, NodeClaimSpec};
+use crate::pod::PodKey;
+use crate::requirements::Requirements;
+use crate::resources::ResourceList;
+
+const POOL: &str = "default";
+const ZONE: &str = "us-east-1a";
+
+fn types() -> &'static [InstanceType] {
+    static TYPES: OnceLock<Vec<InstanceType>> = OnceLock::new();
+    TYPES.get_or_init(|| {
+        let c = Catalog::embedded("us-east-1").expect("catalog");
+        c.instance_types(&NodeClassSettings::default(), None)
+            .into_iter()
+            .filter(|t| t.name == "m5.large" || t.name == "m5.xlarge")
+            .collect()
+    })
+}
+
+struct World {
+    pool: NodePool,
+    ledger: State,
+    snap: Snapshot,
+    memory: Memory,
+    now: Millis,
+    cloud_drift: BTreeMap<String, String>,
+    /// The validation delay; 0 unless a test is about it.
+    validation: Millis,
+}
+
+impl World {
+    fn new() -> Self {
+        let mut ledger = State::default();
+        let e = Entry { term: 1, at: 0, command: Command::SetPool { pool: POOL.into(), limits: ResourceList::new() } };
+        ledger.apply(&e);
+        World {
+            pool: NodePool::new(POOL, Requirements::new()),
+            ledger,
+            snap: Snapshot::default(),
+            memory: Memory::default(),
+            now: 1_000_000,
+            cloud_drift: BTreeMap::new(),
+            validation: 0,
+        }
+    }
+
+    fn propose(&mut self, command: Command) -> crate::ledger::Outcome {
+        self.ledger.apply(&Entry { term: 1, at: self.now, command })
+    }
+
+    fn budgets(&mut self, budgets: Vec<Budget>) {
+        self.propose(Command::SetBudgets { pool: POOL.into(), budgets, rate: None });
+    }
+
+    /// An initialized m5.large node `id` (claim, NodeClaim stamped with the pool's hash,
+    /// node) running `pods`.
+    fn node(&mut self, id: &str, pods: &[&str]) {
+        let req = ClaimRequest {
+            id: id.into(),
+            zone: ZONE.into(),
+            resources: ResourceList::cpu_mem(2000, 8 << 30),
+            price_per_hour: 96_000,
+        };
+        self.propose(Command::Reserve { pool: POOL.into(), claims: vec![req] });
+        let batch = LaunchBatch { id: format!("b-{id}"), claims: vec![id.to_string()].into() };
+        self.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+        let launched = Step::Launched {
+            batch: format!("b-{id}"),
+            instance: format!("i-{id}"),
+            resources: ResourceList::cpu_mem(2000, 8 << 30),
+            allocatable: ResourceList::cpu_mem(1930, 7 << 30),
+            price_per_hour: 96_000,
+            instance_type: "m5.large".into(),
+            capacity_type: CapacityType::OnDemand,
+        };
+        let steps =
+            vec![(id.to_string(), launched), (id.to_string(), Step::Registered), (id.to_string(), Step::Initialized)];
+        self.propose(Command::Advance { steps });
+        let annotations: labels::Labels = [
+            (drift::HASH_ANNOTATION.to_string(), drift::template_hash(&self.pool)),
+            (drift::HASH_VERSION_ANNOTATION.to_string(), drift::HASH_VERSION.to_string()),
+        ]
+        .into_iter()
+        .collect();
+        let nc = NodeClaim {
+            name: id.into(),
+            spec: NodeClaimSpec {
+                nodepool: POOL.into(),
+                annotations,
+                expire_after: self.pool.expire_after,
+                termination_grace_period: self.pool.termination_grace_period,
+                ..NodeClaimSpec::default()
+            },
+            finalizers: vec![TERMINATION_FINALIZER.into()],
+            deleting: false,
+            status: Default::default(),
+            resource_version: 1,
+        };
+        self.snap.nodeclaims.insert(id.into(), Arc::new(nc));
+        let node = Node {
+            name: format!("node-{id}"),
+            labels: [
+                (labels::NODEPOOL.to_string(), POOL.to_string()),
+                (labels::INSTANCE_TYPE.to_string(), "m5.large".to_string()),
+                (labels::CAPACITY_TYPE.to_string(), "on-demand".to_string()),
+                (labels::ZONE.to_string(), ZONE.to_string()),
+            ]
+            .into_iter()
+            .collect(),
+            allocatable: ResourceList::cpu_mem(1930, 7 << 30),
+            initialized: true,
+            ready: true,
+            provider_id: Some(crate::lifecycle::provider_id(ZONE, &format!("i-{id}"))),
+            ..Node::default()
+        };
+        self.snap.nodes.insert(node.name.clone(), Arc::new(node));
+        for p in pods {
+            self.pod(id, p);
+        }
+    }
+
+    fn pod(&mut self, id: &str, name: &str) {
+        let mut p = Pod::new("default", name, ResourceList::cpu_mem(200, 256 << 20));
+        p.node_name = Some(format!("node-{id}"));
+        p.labels = crate::shared::Shared::new([("app".to_string(), "web".to_string())].into_iter().collect());
+        p.started_at = Some(0);
+        self.snap.pods.insert(p.key.clone(), Arc::new(p));
+    }
+
+    fn plan(&mut self) -> Plan {
+        let leases: BTreeMap<String, String> = self
+            .ledger
+            .disruptions()
+            .iter()
+            .flat_map(|(id, d)| d.candidates.iter().map(move |c| (c.clone(), id.clone())))
+            .collect();
+        let available: BTreeMap<DisruptionReason, u32> =
+            [DisruptionReason::Empty, DisruptionReason::Drifted, DisruptionReason::Underutilized]
+                .into_iter()
+                .map(|r| (r, self.ledger.allowance(POOL, r, &[], self.now).map(|a| a.available()).unwrap_or(0)))
+                .collect();
+        let claims: Vec<Claim> = self.ledger.claims_of(POOL).cloned().collect();
+        let pools = [PoolInput { pool: self.pool.clone(), instance_types: Arc::new(types().to_vec()) }];
+        let input = Input {
+            pool: &self.pool,
+            types: types(),
+            claims: &claims,
+            leases: &leases,
+            available: &available,
+            cloud_drift: &self.cloud_drift,
+            snapshot: &self.snap,
+            pools: &pools,
+            opts: &SolveOptions::default(),
+            spot_to_spot: false,
+            validation: self.validation,
+            synced: true,
+            now: self.now,
+        };
+        plan(&input, &mut self.memory)
+    }
+
+    fn verdict(plan: &Plan, id: &str) -> Verdict {
+        plan.decisions.get(id).map(|d| d.verdict.clone()).unwrap_or(Verdict::Keep("no decision".into()))
+    }
+}
+
+fn budget(nodes: BudgetNodes) -> Budget {
+    Budget { nodes, schedule: None, duration: None, reasons: vec![] }
+}
+
+#[test]
+fn empty_nodes_go_once_settled_and_within_the_budget_and_every_node_gets_a_reason() {
+    let mut w = World::new();
+    for i in 0..20 {
+        let id = format!("n{i:02}");
+        if i < 5 { w.node(&id, &[]) } else { w.node(&id, &[&format!("web-{i}")]) }
+    }
+    // First sight: the nodes' pod history is unknown, so they wait consolidateAfter (0s: one round).
+    let first = w.plan();
+    assert_eq!(first.decisions.len(), 20, "every node has a decision");
+    w.now += 1_000;
+    let plan = w.plan();
+    let proposal = plan.proposal.clone().expect("emptiness proposes");
+    assert_eq!(proposal.method, Method::Emptiness);
+    assert_eq!(proposal.candidates.len(), 2, "10% of 20 nodes, rounded up");
+    let exhausted = (0..5)
+        .filter(|i| matches!(World::verdict(&plan, &format!("n{i:02}")), Verdict::BudgetExhausted { .. }))
+        .count();
+    assert_eq!(exhausted, 3);
+    assert!(matches!(World::verdict(&plan, "n07"), Verdict::Keep(why) if why.contains("another command goes first")));
+    // Granted: the two count as disrupting, nothing more is proposed.
+    let out = w.propose(Command::Disrupt {
+        pool: POOL.into(),
+        command: "c1".into(),
+        reason: DisruptionReason::Empty,
+        candidates: proposal.candidates.clone(),
+        replacements: vec![],
+        not_ready: vec![],
+    });
+    assert_eq!(out, crate::ledger::Outcome::Disrupting { refused: None });
+    let after = w.plan();
+    assert_eq!(after.proposal, None);
+    let leased = &proposal.candidates[0];
+    assert!(matches!(World::verdict(&after, leased), Verdict::Blocked(Blocker::Leased { .. })));
+    let shown = after.decisions.get(leased).map(|d| d.verdict.to_string()).unwrap_or_default();
+    assert!(shown.contains("disruption command c1 holds it"), "{shown}");
+}
+
+#[test]
+fn consolidate_after_waits_from_the_last_pod_change_and_never_keeps_every_node() {
+    let mut w = World::new();
+    w.pool.disruption.consolidate_after = Some(Duration::from_secs(30));
+    w.node("a", &["web-1"]);
+    w.plan();
+    // Its pod goes: the wait starts now.
+    w.snap.pods.remove(&PodKey::new("default", "web-1"));
+    w.now += 10_000;
+    let p = w.plan();
+    assert!(matches!(World::verdict(&p, "a"), Verdict::Keep(why) if why.contains("consolidateAfter is 30s")));
+    w.now += 29_000;
+    assert_eq!(w.plan().proposal, None);
+    w.now += 1_000;
+    assert_eq!(w.plan().proposal.map(|p| p.candidates), Some(vec!["a".to_string()]));
+    w.pool.disruption.consolidate_after = None;
+    let never = w.plan();
+    assert_eq!(never.proposal, None);
+    assert!(matches!(World::verdict(&never, "a"), Verdict::Keep(why) if why.contains("Never")));
+}
+
+#[test]
+fn an_expired_node_is_terminated_whatever_the_budget_or_its_pods_say() {
+    let mut w = World::new();
+    w.pool.expire_after = Some(Duration::from_secs(3600));
+    w.budgets(vec![budget(BudgetNodes::Count(0))]);
+    w.node("old", &["web-1"]);
+    let mut p = Pod::new("default", "precious", ResourceList::cpu_mem(100, 1 << 20));
+    p.annotations.insert(crate::plane::DO_NOT_DISRUPT.into(), "true".into());
+    p.node_name = Some("node-old".into());
+    w.snap.pods.insert(p.key.clone(), Arc::new(p));
+    w.now += 3_599_000;
+    assert!(w.plan().expired.is_empty());
+    w.now += 1_000;
+    let plan = w.plan();
+    assert_eq!(plan.expired, vec!["old".to_string()]);
+    assert!(World::verdict(&plan, "old").to_string().contains("expireAfter (3600s)"));
+}
+
+#[test]
+fn a_drifted_node_goes_one_per_command_empty_first_and_waits_for_its_budget() {
+    let mut w = World::new();
+    w.pool.disruption.consolidate_after = None;
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    w.node("busy", &["web-1"]);
+    w.node("idle", &[]);
+    w.node("idle2", &[]);
+    assert_eq!(w.plan().proposal, None, "nothing drifted");
+    w.pool.labels.insert("team".into(), "payments".into());
+    let plan = w.plan();
+    let proposal = plan.proposal.clone().expect("drift proposes");
+    assert_eq!((proposal.method, proposal.candidates.len()), (Method::Drift, 1));
+    assert!(proposal.candidates[0].starts_with("idle"), "an empty node first");
+    assert!(World::verdict(&plan, &proposal.candidates[0]).to_string().contains("template changed"));
+    w.budgets(vec![Budget { reasons: vec![DisruptionReason::Drifted], ..budget(BudgetNodes::Count(0)) }]);
+    let blocked = w.plan();
+    assert_eq!(blocked.proposal, None);
+    assert!(matches!(World::verdict(&blocked, "idle"), Verdict::BudgetExhausted { method: Method::Drift }));
+    // The cloud's drift counts the same way.
+    let mut w2 = World::new();
+    w2.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    w2.pool.disruption.consolidate_after = None;
+    w2.node("x", &[]);
+    w2.cloud_drift.insert("x".into(), "AMIDrift".into());
+    let p = w2.plan();
+    assert!(World::verdict(&p, "x").to_string().contains("AMIDrift"), "{:?}", World::verdict(&p, "x"));
+}
+
+#[test]
+fn do_not_disrupt_and_pdbs_block_and_say_which() {
+    let mut w = World::new();
+    w.node("a", &["web-1"]);
+    w.node("b", &[]);
+    let mut p = Pod::new("default", "batch", ResourceList::cpu_mem(100, 1 << 20));
+    p.annotations.insert(crate::plane::DO_NOT_DISRUPT.into(), "true".into());
+    p.node_name = Some("node-b".into());
+    w.snap.pods.insert(p.key.clone(), Arc::new(p));
+    let pdb = Pdb {
+        key: PodKey::new("default", "web"),
+        selector: LabelSelector::from_labels([("app", "web")]),
+        min_available: Some(IntOrPercent::Int(1)),
+        max_unavailable: None,
+        disruptions_allowed: 0,
+    };
+    w.snap.pdbs.insert(pdb.key.clone(), Arc::new(pdb));
+    let plan = w.plan();
+    assert!(
+        World::verdict(&plan, "a").to_string().contains("pdb default/web allows no disruption of pod default/web-1")
+    );
+    assert!(World::verdict(&plan, "b").to_string().contains("pod default/batch has karpenter.sh/do-not-disrupt"));
+    let mut node = w.snap.nodes.get("node-a").map(|n| n.as_ref().clone()).expect("node");
+    node.do_not_disrupt = true;
+    w.snap.nodes.insert(node.name.clone(), Arc::new(node));
+    assert!(World::verdict(&w.plan(), "a").to_string().contains("the node has karpenter.sh/do-not-disrupt"));
+}
+
+#[test]
+fn nothing_is_decided_on_an_unsynced_view() {
+    let mut w = World::new();
+    w.node("a", &[]);
+    let claims: Vec<Claim> = w.ledger.claims_of(POOL).cloned().collect();
+    let (leases, available, drift) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    let input = Input {
+        pool: &w.pool,
+        types: types(),
+        claims: &claims,
+        leases: &leases,
+        available: &available,
+        cloud_drift: &drift,
+        snapshot: &w.snap,
+        pools: &[],
+        opts: &SolveOptions::default(),
+        spot_to_spot: false,
+        validation: 0,
+        synced: false,
+        now: w.now,
+    };
+    assert_eq!(plan(&input, &mut w.memory), Plan::default());
+}
+
+fn pod_of(w: &mut World, id: &str, name: &str, cpu: i64) {
+    let mut p = Pod::new("default", name, ResourceList::cpu_mem(cpu, 256 << 20));
+    p.node_name = Some(format!("node-{id}"));
+    p.started_at = Some(0);
+    w.snap.pods.insert(p.key.clone(), Arc::new(p));
+}
+
+#[test]
+fn underused_nodes_are_consolidated_once_the_command_held_for_the_validation_delay() {
+    let mut w = World::new();
+    w.validation = 15_000;
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    for id in ["a", "b", "c"] {
+        w.node(id, &[]);
+        pod_of(&mut w, id, &format!("web-{id}"), 200);
+    }
+    let first = w.plan();
+    assert_eq!(first.proposal, None, "validating");
+    let shown = World::verdict(&first, "a").to_string();
+    assert!(shown.contains("validating: acts in 15s"), "{shown}");
+    w.now += 14_000;
+    assert_eq!(w.plan().proposal, None);
+    w.now += 1_000;
+    let plan = w.plan();
+    let p = plan.proposal.clone().expect("validated");
+    assert_eq!(p.method, Method::MultiNodeConsolidation);
+    assert_eq!(p.candidates.len(), 3, "three nodes of one small pod each fold onto one");
+    assert_eq!(p.replacements.len(), 1);
+    assert!(p.detail.contains("replaced by one cheaper node"), "{}", p.detail);
+}
+
+#[test]
+fn a_changed_command_starts_its_validation_again() {
+    let mut w = World::new();
+    w.validation = 15_000;
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    for id in ["a", "b", "c"] {
+        w.node(id, &[]);
+        pod_of(&mut w, id, &format!("web-{id}"), 200);
+    }
+    assert_eq!(w.plan().proposal, None);
+    w.now += 10_000;
+    // A pod lands on c: the three nodes now need a larger replacement, another command.
+    pod_of(&mut w, "c", "web-late", 1_500);
+    assert_eq!(w.plan().proposal, None);
+    w.now += 10_000;
+    assert_eq!(w.plan().proposal, None, "only 10 s since the command changed");
+    w.now += 5_000;
+    assert!(w.plan().proposal.is_some());
+}
+
+#[test]
+fn a_node_whose_pods_fit_nowhere_cheaper_stays_and_says_why() {
+    let mut w = World::new();
+    // On-demand only: no spot replacement undercuts two on-demand m5.large.
+    w.pool.requirements.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["on-demand"]));
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    for id in ["a", "b"] {
+        w.node(id, &[]);
+        pod_of(&mut w, id, &format!("big-{id}"), 1_500);
+    }
+    let plan = w.plan();
+    assert_eq!(plan.proposal, None);
+    let shown = World::verdict(&plan, "a").to_string();
+    assert!(shown.contains("no cheaper node"), "{shown}");
+}
+
+#[test]
+fn when_empty_leaves_nodes_with_pods_alone() {
+    let mut w = World::new();
+    w.pool.disruption.consolidation_policy = ConsolidationPolicy::WhenEmpty;
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    for id in ["a", "b"] {
+        w.node(id, &[]);
+        pod_of(&mut w, id, &format!("web-{id}"), 200);
+    }
+    let plan = w.plan();
+    assert_eq!(plan.proposal, None);
+    assert!(World::verdict(&plan, "a").to_string().contains("WhenEmpty"));
+}
+
+#[test]
+fn a_command_terminates_its_candidates_once_its_replacement_is_initialized_and_rolls_back_if_it_fails() {
+    let mut w = World::new();
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    w.node("old", &[]);
+    let replacement = ClaimRequest {
+        id: "new".into(),
+        zone: ZONE.into(),
+        resources: ResourceList::cpu_mem(2000, 8 << 30),
+        price_per_hour: 50_000,
+    };
+    let out = w.propose(Command::Disrupt {
+        pool: POOL.into(),
+        command: "c".into(),
+        reason: DisruptionReason::Underutilized,
+        candidates: vec!["old".into()],
+        replacements: vec![replacement],
+        not_ready: vec![],
+    });
+    assert_eq!(out, crate::ledger::Outcome::Disrupting { refused: None });
+    let cmd = w.ledger.disruptions().get("c").cloned().expect("command");
+    let timeout = 600_000;
+    assert_eq!(progress(&w.ledger, &cmd, w.now, timeout), Progress::Waiting);
+    assert!(
+        matches!(progress(&w.ledger, &cmd, w.now + timeout, timeout), Progress::RollBack(why) if why.contains("600s"))
+    );
+    let batch = LaunchBatch { id: "b-new".into(), claims: vec!["new".to_string()].into() };
+    w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+    let launched = Step::Launched {
+        batch: "b-new".into(),
+        instance: "i-new".into(),
+        resources: ResourceList::cpu_mem(2000, 8 << 30),
+        allocatable: ResourceList::cpu_mem(1930, 7 << 30),
+        price_per_hour: 50_000,
+        instance_type: "m5.large".into(),
+        capacity_type: CapacityType::Spot,
+    };
+    let steps = vec![("new".to_string(), launched), ("new".to_string(), Step::Registered)];
+    w.propose(Command::Advance { steps });
+    assert_eq!(progress(&w.ledger, &cmd, w.now, timeout), Progress::Waiting);
+    w.propose(Command::Advance { steps: vec![("new".into(), Step::Initialized)] });
+    assert_eq!(progress(&w.ledger, &cmd, w.now, timeout), Progress::Terminate(vec!["old".into()]));
+    w.propose(Command::Advance { steps: vec![("old".into(), Step::Terminating)] });
+    assert_eq!(progress(&w.ledger, &cmd, w.now, timeout), Progress::Done);
+    // A replacement that fails rolls the command back.
+    w.node("old2", &[]);
+    let out = w.propose(Command::Disrupt {
+        pool: POOL.into(),
+        command: "d".into(),
+        reason: DisruptionReason::Drifted,
+        candidates: vec!["old2".into()],
+        replacements: vec![ClaimRequest {
+            id: "new2".into(),
+            zone: ZONE.into(),
+            resources: ResourceList::cpu_mem(2000, 8 << 30),
+            price_per_hour: 50_000,
+        }],
+        not_ready: vec![],
+    });
+    assert_eq!(out, crate::ledger::Outcome::Disrupting { refused: None });
+    let cmd = w.ledger.disruptions().get("d").cloned().expect("command");
+    w.propose(Command::Advance { steps: vec![("new2".into(), Step::Gone)] });
+    assert_eq!(progress(&w.ledger, &cmd, w.now, timeout), Progress::RollBack("replacement new2 is gone".into()));
+}
