@@ -234,7 +234,14 @@ impl Router {
         for (i, reason) in &results.errors {
             decisions.unschedulable(*i, reason);
         }
-        self.stats.on_existing += results.existing.iter().map(|e| e.pods.len() as u64).sum::<u64>();
+        let left: usize = results.existing.iter().map(|e| e.pods.len()).sum();
+        if left > 0 {
+            // A pod left to capacity that other pods then take waits for the feed's resend:
+            // this line is how a slow round tells the two apart.
+            let nodes = results.existing.len();
+            tracing::info!(pods = left, nodes, "router.route: left pod(s) to existing or in-flight capacity");
+        }
+        self.stats.on_existing += left as u64;
         self.stats.unschedulable += results.errors.len() as u64;
         let mut per_pool: BTreeMap<usize, (Vec<Pod>, Vec<Cause>)> = BTreeMap::new();
         for c in &results.claims {
