@@ -43,6 +43,10 @@ pub struct Report {
     /// pods were bound (1.0 is the bound itself).
     pub r_end: Option<f64>,
     pub r_peak: Option<f64>,
+    /// R of a fresh plan of the pods at the end: what the cluster could cost at best.
+    pub r_plan_end: Option<f64>,
+    /// Nodes a disruption command terminated (emptiness, drift, consolidation).
+    pub nodes_disrupted: u64,
     pub peak_at_ms: u64,
     pub peak_pods: usize,
     /// Pod decisions (placed on existing or in-flight capacity, or sent to a NodePool) and
@@ -118,12 +122,14 @@ impl Report {
         let _ = writeln!(t, "cost             {:.2} $/h now, {:.2} $ over the run", self.price_per_hour, self.spend);
         let _ = writeln!(
             t,
-            "R (cost / bound) {} at the peak ({} pods at {:.1} h), {} at the end",
+            "R (cost / bound) {} at the peak ({} pods at {:.1} h), {} at the end (a fresh plan: {})",
             opt_r(self.r_peak),
             self.peak_pods,
             hours(self.peak_at_ms),
-            opt_r(self.r_end)
+            opt_r(self.r_end),
+            opt_r(self.r_plan_end)
         );
+        let _ = writeln!(t, "nodes disrupted  {}", self.nodes_disrupted);
         let l = &self.latency_ms;
         let _ = writeln!(
             t,

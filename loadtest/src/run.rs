@@ -154,7 +154,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         let budgets = Command::SetBudgets { pool: pool.name.clone(), budgets: d.budgets.clone(), rate: d.rate };
         propose_now(ledger.as_ref(), clock.now_millis(), budgets).await.map_err(|e| RunError::Ledger(e.to_string()))?;
     }
-    let config = Config { window: sc.window.clone(), ..Config::default() };
+    let mut config = Config { window: sc.window.clone(), ..Config::default() };
+    config.disruption.enabled = sc.disruption;
     let plane = Plane::start(
         PlaneConfig { zones: sc.zones.clone(), pools: pools.clone(), limits, config },
         Seams {
@@ -249,12 +250,13 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             }
         }
     }
-    let (mut claims_created, mut relaunched, mut nodes_lost) = (0, 0, 0);
+    let (mut claims_created, mut relaunched, mut nodes_lost, mut disrupted) = (0, 0, 0, 0);
     for p in plane.pools.values() {
         if let Ok(stats) = p.send(GetPoolStats).await {
             claims_created += stats.claims_created;
             relaunched += stats.relaunched;
             nodes_lost += stats.lost;
+            disrupted += stats.disrupted;
         }
     }
     let throttled = cloud.stats().throttled;
@@ -283,6 +285,20 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         (lb.value > 0.0).then(|| price / lb.value)
     };
     let end_pods: Vec<Pod> = snap.pods.values().filter(|p| !p.terminal).map(|p| p.as_ref().clone()).collect();
+    // What a fresh plan of the same pods would cost against the same bound: what consolidation
+    // can reach at best.
+    let r_plan_end = {
+        let input = scheduling::Snapshot {
+            nodepools: inputs.clone(),
+            daemonsets: snap.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
+            ..scheduling::Snapshot::default()
+        };
+        let fresh: Vec<Pod> = end_pods.iter().map(|p| Pod { node_name: None, ..p.clone() }).collect();
+        let all: Vec<usize> = (0..fresh.len()).collect();
+        let lb = scheduling::lower_bound(&input, &fresh, &all);
+        let plan = scheduling::solve(&input, &fresh, &scheduling::SolveOptions::default());
+        (lb.value > 0.0 && !fresh.is_empty()).then(|| plan.cost_per_hour() / lb.value)
+    };
     let end_price = price_per_hour(&instances);
     let (peak_at, peak_pods, peak_price) = peak.unwrap_or_default();
     let spend: f64 = samples.windows(2).map(|w| w[0].price_per_hour * (w[1].at_ms - w[0].at_ms) as f64 / 3.6e6).sum();
@@ -306,6 +322,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         price_per_hour: end_price,
         spend,
         r_end: r_of(&end_pods, end_price),
+        r_plan_end,
+        nodes_disrupted: disrupted,
         r_peak: r_of(&peak_pods, peak_price),
         peak_at_ms: peak_at,
         peak_pods: peak_pods.len(),

@@ -63,6 +63,10 @@ pub struct ScenarioFile {
     pub window: Option<String>,
     /// Multi-document Kubernetes YAML: NodePools (karpenter.sh/v1), EC2NodeClasses, DaemonSets.
     pub cluster: String,
+    /// Whether the plane disrupts nodes (emptiness, drift, consolidation, expiration); default
+    /// true, as Karpenter.
+    #[serde(default)]
+    pub disruption: Option<bool>,
     #[serde(default)]
     pub workloads: Vec<Event>,
     #[serde(default)]
@@ -240,6 +244,7 @@ pub struct Scenario {
     pub sample: u64,
     pub registration_delay: u64,
     pub window: dovetail_core::plane::BatchWindow,
+    pub disruption: bool,
     pub cluster: Manifest,
     /// In time order.
     pub workloads: Vec<(u64, Workload)>,
@@ -495,6 +500,7 @@ impl Scenario {
             sample: opt("sample", &f.sample, Duration::from_secs(300))?.max(tick),
             registration_delay: opt("registration_delay", &f.registration_delay, Duration::from_secs(30))?,
             window,
+            disruption: f.disruption.unwrap_or(true),
             cluster,
             workloads,
             faults,

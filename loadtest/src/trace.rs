@@ -100,6 +100,8 @@ pub fn scenario(
         sample: ms(Duration::from_secs(60)).max(end / 500),
         registration_delay: ms(Duration::from_secs(30)),
         window: dovetail_core::plane::BatchWindow::default(),
+        // A trace's pods are bare (no controller makes them again): a drain would lose them.
+        disruption: false,
         cluster: manifest,
         workloads,
         faults: Vec::new(),

@@ -74,6 +74,10 @@ pub const MULTI_NODE_MAX: usize = 100;
 pub const SINGLE_NODE_TRIES: usize = 100;
 /// Karpenter's `BalancedK`: a balanced move must score at least `1/k`.
 pub const BALANCED_K: f64 = 2.0;
+/// A pool whose consolidation found nothing is not simulated again while the cluster's nodes
+/// and their pods stay as they were, for at most this long (Karpenter's consolidation state,
+/// force-refreshed every 5 minutes).
+pub const CONSOLIDATION_RECHECK: Millis = 5 * 60_000;
 
 /// The disruption methods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -192,6 +196,9 @@ pub struct Memory {
     drifted_since: BTreeMap<String, Millis>,
     /// The command being validated, and since when.
     pending: Option<(Proposal, Millis)>,
+    /// The cluster's shape (its nodes and their pods) when consolidation last found nothing,
+    /// and when.
+    quiet: Option<(u64, Millis)>,
 }
 
 impl Memory {
@@ -210,6 +217,25 @@ impl Memory {
         self.pod_events.retain(|c, _| claims.contains(c.as_str()));
         self.drifted_since.retain(|c, _| claims.contains(c.as_str()));
     }
+}
+
+/// The cluster's shape as consolidation sees it: every node (name, initialized, deleting) and
+/// the pods bound to it. Consolidation's answer cannot change while this does not.
+fn cluster_shape(snap: &Snapshot, pods_by_node: &BTreeMap<&str, Vec<&Arc<Pod>>>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |v: u64| {
+        h ^= v;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    let no_pods = Vec::new();
+    for n in snap.nodes.values() {
+        for b in n.name.bytes() {
+            mix(u64::from(b));
+        }
+        mix(u64::from(n.initialized) | u64::from(n.deleting) << 1 | u64::from(n.do_not_disrupt) << 2);
+        mix(fingerprint(pods_by_node.get(n.name.as_str()).unwrap_or(&no_pods)));
+    }
+    h
 }
 
 /// A fingerprint of the pods bound to a node (their keys): changes when one comes or goes.
@@ -376,11 +402,29 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
         };
         out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
     }
-    // Consolidation: several nodes onto fewer (the longest prefix that holds), else one.
+    // Consolidation: several nodes onto fewer (the longest prefix that holds), else one; not
+    // simulated again while nothing changed since it last found nothing.
     if !underused.is_empty() {
-        let verdicts = consolidate(input, &mut underused, &mut out, room(DisruptionReason::Underutilized), pool_totals);
-        for (c, verdict) in underused.iter().zip(verdicts) {
-            out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
+        let shape = cluster_shape(snap, &pods_by_node);
+        let room = room(DisruptionReason::Underutilized);
+        let quiet = memory.quiet.filter(|(s, at)| *s == shape && input.now.saturating_sub(*at) < CONSOLIDATION_RECHECK);
+        if let (Some((_, since)), None) = (quiet, &out.proposal) {
+            for c in &underused {
+                let why = format!(
+                    "it runs {} pods; no consolidation was found {}s ago and nothing changed since",
+                    c.pods.len(),
+                    input.now.saturating_sub(since) / 1000
+                );
+                out.decisions.insert(c.claim.id.clone(), decide(c, Verdict::Keep(why)));
+            }
+        } else {
+            let before = out.proposal.is_some();
+            let verdicts = consolidate(input, &mut underused, &mut out, room, pool_totals);
+            for (c, verdict) in underused.iter().zip(verdicts) {
+                out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
+            }
+            // Nothing found with room to act: quiet until the shape changes.
+            memory.quiet = (!before && out.proposal.is_none() && room > 0).then_some((shape, input.now));
         }
     }
     validate(input, memory, &mut out);

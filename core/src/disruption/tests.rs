@@ -482,3 +482,36 @@ fn a_command_terminates_its_candidates_once_its_replacement_is_initialized_and_r
     w.propose(Command::Advance { steps: vec![("new2".into(), Step::Gone)] });
     assert_eq!(progress(&w.ledger, &cmd, w.now, timeout), Progress::RollBack("replacement new2 is gone".into()));
 }
+
+#[test]
+fn consolidation_is_not_simulated_again_while_nothing_changed() {
+    let mut w = World::new();
+    w.pool.requirements.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["on-demand"]));
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    for id in ["a", "b"] {
+        w.node(id, &[]);
+        pod_of(&mut w, id, &format!("big-{id}"), 1_500);
+    }
+    let first = w.plan();
+    assert!(World::verdict(&first, "a").to_string().contains("no cheaper node"));
+    w.now += 60_000;
+    let again = w.plan();
+    let shown = World::verdict(&again, "a").to_string();
+    assert!(shown.contains("no consolidation was found 60s ago and nothing changed since"), "{shown}");
+    // A pod goes: simulated again, and now b's pod fits on a.
+    w.snap.pods.remove(&PodKey::new("default", "big-a"));
+    w.now += 1_000;
+    let changed = w.plan();
+    assert!(!World::verdict(&changed, "a").to_string().contains("nothing changed"));
+    // Unchanged for longer than the recheck: simulated again.
+    let mut w2 = World::new();
+    w2.pool.requirements.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["on-demand"]));
+    w2.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    for id in ["a", "b"] {
+        w2.node(id, &[]);
+        pod_of(&mut w2, id, &format!("big-{id}"), 1_500);
+    }
+    w2.plan();
+    w2.now += CONSOLIDATION_RECHECK;
+    assert!(World::verdict(&w2.plan(), "a").to_string().contains("no cheaper node"), "rechecked after 5 minutes");
+}
