@@ -269,13 +269,28 @@ impl NodePoolActor {
                 Step::Initialized => self.stats.initialized += 1,
                 Step::Terminating => {
                     self.stats.terminating += 1;
-                    match reason(claim).as_deref() {
+                    let why = reason(claim);
+                    tracing::info!(
+                        nodepool = %self.pool.name,
+                        nodeclaim = %claim,
+                        reason = why.as_deref().unwrap_or("deleted"),
+                        "nodepool.lifecycle: nodeclaim terminating"
+                    );
+                    match why.as_deref() {
                         Some("LivenessTimeout") => self.stats.expired += 1,
                         Some("NodeLost" | "NodeDeleted") => self.stats.lost += 1,
                         _ => {}
                     }
                 }
                 Step::Gone => {
+                    // Every claim's end is logged: a reservation released unlaunched (a round
+                    // cut off by a failover, after `create_grace`) shows here as well.
+                    tracing::info!(
+                        nodepool = %self.pool.name,
+                        nodeclaim = %claim,
+                        reason = reason(claim).as_deref().unwrap_or("done"),
+                        "nodepool.lifecycle: nodeclaim gone"
+                    );
                     self.launching.remove(claim);
                     self.terminating.remove(claim);
                     self.ice.remove(claim);
@@ -285,6 +300,13 @@ impl NodePoolActor {
                     if let Some(pods) = self.pods.remove(claim) {
                         self.stats.released += 1;
                         let why = reason(claim).unwrap_or_else(|| "its claim went before launching".into());
+                        tracing::info!(
+                            nodepool = %self.pool.name,
+                            nodeclaim = %claim,
+                            pods = pods.pods.len(),
+                            reason = %why,
+                            "nodepool.lifecycle: nodeclaim released, its pods go back to the router"
+                        );
                         self.give_back(pods, why);
                     }
                 }
