@@ -38,8 +38,9 @@ pub enum Blocker {
     Pdb { pod: PodKey, pdb: PodKey },
     /// More than one PodDisruptionBudget covers a pod (the eviction API refuses it).
     ManyPdbs { pod: PodKey, pdbs: Vec<PodKey> },
-    /// Pods were placed on it a moment ago (nominated by a provisioning decision).
-    Nominated,
+    /// A pending pod is nominated to it (kube-scheduler's `status.nominatedNodeName`: the
+    /// node it preempted room on).
+    Nominated { pod: PodKey },
 }
 
 impl fmt::Display for Blocker {
@@ -55,7 +56,7 @@ impl fmt::Display for Blocker {
                 let names: Vec<String> = pdbs.iter().map(ToString::to_string).collect();
                 write!(f, "pod {pod} is covered by several pdbs ({})", names.join(", "))
             }
-            Blocker::Nominated => f.write_str("pods were just placed on it"),
+            Blocker::Nominated { pod } => write!(f, "pending pod {pod} is nominated to it"),
         }
     }
 }

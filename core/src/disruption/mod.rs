@@ -262,6 +262,9 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
     let by_provider = snap.nodes_by_provider_id();
     let pods_by_node = snap.pods_by_node();
     let pdbs = PdbIndex::new(snap);
+    // Nodes pending pods are nominated to: the scheduler made room there for them.
+    let nominated: BTreeMap<&str, &Pod> =
+        snap.pending().filter_map(|p| Some((p.nominated_node.as_deref()?, p.as_ref()))).collect();
     let no_pods = Vec::new();
     let mut seen: BTreeSet<&str> = BTreeSet::new();
     let mut empty: Vec<Candidate<'_>> = Vec::new();
@@ -298,6 +301,10 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             drift::drifted(n, &nc.spec.annotations, input.pool, input.types, cloud)
         });
         let candidate = candidates::candidate(&pieces, lease, input.types, &pdbs, input.now, drift.is_some());
+        let candidate = candidate.and_then(|c| match nominated.get(c.node.name.as_str()) {
+            Some(p) => Err(Blocker::Nominated { pod: p.key.clone() }),
+            None => Ok(c),
+        });
         let c = match candidate {
             Ok(c) => c,
             Err(b) => {

@@ -515,3 +515,16 @@ fn consolidation_is_not_simulated_again_while_nothing_changed() {
     w2.now += CONSOLIDATION_RECHECK;
     assert!(World::verdict(&w2.plan(), "a").to_string().contains("no cheaper node"), "rechecked after 5 minutes");
 }
+
+#[test]
+fn a_node_a_pending_pod_is_nominated_to_is_not_disrupted() {
+    let mut w = World::new();
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    w.node("a", &[]);
+    let mut p = Pod::new("default", "preemptor", ResourceList::cpu_mem(100, 1 << 20));
+    p.nominated_node = Some("node-a".into());
+    w.snap.pods.insert(p.key.clone(), Arc::new(p));
+    let plan = w.plan();
+    assert_eq!(plan.proposal, None);
+    assert!(World::verdict(&plan, "a").to_string().contains("pending pod default/preemptor is nominated to it"));
+}
