@@ -198,10 +198,11 @@ impl NodePoolActor {
     /// Proposes what a round decided and runs the effects the ledger allowed.
     fn act_on_disruption(&mut self, ctx: &mut Context<Self>, term: Term, round: Round, snap: &Snapshot) {
         let Round { plan, commands, leased, terminating, not_ready, now } = round;
+        // Indexed once: the stale-taint pass looks up every node of the pool.
+        let by_provider = snap.nodes_by_provider_id();
         let node_of = |claim: &str| -> Option<String> {
-            let c = snap.nodeclaims.get(claim)?;
-            let p = c.status.provider_id.as_deref()?;
-            snap.nodes.values().find(|n| n.provider_id.as_deref() == Some(p)).map(|n| n.name.clone())
+            let p = snap.nodeclaims.get(claim)?.status.provider_id.as_deref()?;
+            by_provider.get(p).map(|n| n.name.clone())
         };
         let event = |claim: &str, warning: bool, reason: &str, message: String| {
             let e =
