@@ -584,28 +584,7 @@ impl CloudProvider for AwsProvider {
     }
 }
 
-/// FNV-1a, for names derived from content (launch templates, client tokens).
-#[derive(Clone, Copy)]
-pub(crate) struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    pub(crate) fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    pub(crate) fn finish(&self) -> u64 {
-        self.0
-    }
-}
+pub(crate) use dovetail_core::shared::Fnv;
 
 /// Standard base64 with padding (user data, a CA bundle).
 pub fn base64(data: &[u8]) -> String {

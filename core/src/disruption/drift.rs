@@ -94,12 +94,9 @@ pub fn template_hash(pool: &NodePool) -> String {
     field("node-class", &format!("{}/{}/{}", nc.group, nc.kind, nc.name));
     field("expire-after", &format!("{:?}", pool.expire_after.map(|d| d.as_millis())));
     field("termination-grace-period", &format!("{:?}", pool.termination_grace_period.map(|d| d.as_millis())));
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    let mut h = crate::shared::Fnv::default();
+    h.write(text.as_bytes());
+    format!("{:016x}", h.finish())
 }
 
 /// Why a node of `pool` drifted, if it did. `annotations` are its NodeClaim's; `types` the

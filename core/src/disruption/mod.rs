@@ -222,34 +222,28 @@ impl Memory {
 /// The cluster's shape as consolidation sees it: every node (name, initialized, deleting) and
 /// the pods bound to it. Consolidation's answer cannot change while this does not.
 fn cluster_shape(snap: &Snapshot, pods_by_node: &BTreeMap<&str, Vec<&Arc<Pod>>>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut mix = |v: u64| {
-        h ^= v;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    };
+    let mut h = crate::shared::Fnv::default();
     let no_pods = Vec::new();
     for n in snap.nodes.values() {
-        for b in n.name.bytes() {
-            mix(u64::from(b));
-        }
-        mix(u64::from(n.initialized) | u64::from(n.deleting) << 1 | u64::from(n.do_not_disrupt) << 2);
-        mix(fingerprint(pods_by_node.get(n.name.as_str()).unwrap_or(&no_pods)));
+        h.write(n.name.as_bytes());
+        h.write_u64(u64::from(n.initialized) | u64::from(n.deleting) << 1 | u64::from(n.do_not_disrupt) << 2);
+        h.write_u64(fingerprint(pods_by_node.get(n.name.as_str()).unwrap_or(&no_pods)));
     }
-    h
+    h.finish()
 }
 
 /// A fingerprint of the pods bound to a node (their keys): changes when one comes or goes.
 fn fingerprint(pods: &[&Arc<Pod>]) -> u64 {
     let mut keys: Vec<&crate::pod::PodKey> = pods.iter().map(|p| &p.key).collect();
     keys.sort();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = crate::shared::Fnv::default();
     for k in keys {
-        for b in k.namespace.bytes().chain([0]).chain(k.name.bytes()).chain([0]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        h.write(k.namespace.as_bytes());
+        h.write(&[0]);
+        h.write(k.name.as_bytes());
+        h.write(&[0]);
     }
-    h
+    h.finish()
 }
 
 /// Plans one round of disruption for a pool.
