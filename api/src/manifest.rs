@@ -334,6 +334,29 @@ spec:
         assert!(err.message.contains("Pod default/p: spec.topologySpreadConstraints[0].maxSkew"), "{}", err.message);
     }
 
+    /// Karpenter's `Initialized`: a NodePool's node only once labelled so (Ready alone is a
+    /// node booting: its `karpenter.sh/unregistered` taint still on); a node no NodePool
+    /// manages once Ready.
+    #[test]
+    fn a_nodepools_node_is_initialized_by_its_label_and_another_by_ready() {
+        let node = |name: &str, labels: &str, ready: &str| {
+            format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{{labels}}}}}\nspec:\n  taints: [{{key: karpenter.sh/unregistered, effect: NoExecute}}]\nstatus:\n  allocatable: {{cpu: '4', memory: 8Gi, pods: '110'}}\n  conditions: [{{type: Ready, status: '{ready}'}}]\n"
+            )
+        };
+        let docs = [
+            node("booting", "karpenter.sh/nodepool: default", "True"),
+            node("joined", "karpenter.sh/nodepool: default, karpenter.sh/initialized: 'true'", "True"),
+            node("other", "team: a", "True"),
+            node("down", "team: a", "False"),
+        ]
+        .join("---\n");
+        let m = Manifest::parse(&docs).expect("valid nodes");
+        let initialized: Vec<(&str, bool)> = m.nodes.iter().map(|n| (n.name.as_str(), n.initialized)).collect();
+        assert_eq!(initialized, [("booting", false), ("joined", true), ("other", true), ("down", false)]);
+        assert_eq!(m.nodes[0].effective_taints(), Vec::new(), "a booting node's unregistered taint is ignored");
+    }
+
     #[test]
     fn bound_pods_need_a_known_node_and_unknown_kinds_warn() {
         let m = Manifest::parse(

@@ -326,7 +326,24 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
     let ready =
         status.conditions.as_ref().and_then(|cs| cs.iter().find(|c| c.type_ == "Ready")).map(|c| c.status == "True");
     let labels: BTreeMap<String, String> = n.metadata.labels.clone().unwrap_or_default();
-    let initialized = ready.unwrap_or(true) && labels.get("karpenter.sh/initialized").is_none_or(|v| v == "true");
+    let owner_claim = n
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "NodeClaim" && o.api_version.starts_with("karpenter.sh/"))
+        .map(|o| o.name.clone());
+    // Karpenter's `Initialized`: a node of a NodePool (its label, or a NodeClaim owning it) is
+    // initialized once labelled `karpenter.sh/initialized=true` (Ready, its startup and
+    // unregistered taints gone). Until then it is capacity in flight, whose boot taints the
+    // solver ignores: a node that just joined, Ready with `karpenter.sh/unregistered` still on
+    // it, is not capacity lost (a 20 x 1,000 run re-provisioned 60 nodes for pods already
+    // counted onto 52 nodes that had just registered). A node no NodePool manages is
+    // initialized once Ready.
+    let managed = labels.contains_key(dovetail_core::labels::NODEPOOL) || owner_claim.is_some();
+    let labelled = labels.get(dovetail_core::labels::INITIALIZED).map(String::as_str);
+    let initialized =
+        ready.unwrap_or(true) && if managed { labelled == Some("true") } else { labelled.is_none_or(|v| v == "true") };
     Ok(Node {
         name,
         labels,
@@ -339,13 +356,7 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
         provider_id: spec.provider_id.clone(),
         ready: ready.unwrap_or(true),
         finalizers: n.metadata.finalizers.clone().unwrap_or_default(),
-        owner_claim: n
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.kind == "NodeClaim" && o.api_version.starts_with("karpenter.sh/"))
-            .map(|o| o.name.clone()),
+        owner_claim,
         deleting: n.metadata.deletion_timestamp.is_some(),
         do_not_disrupt: n
             .metadata

@@ -8,7 +8,7 @@
 //! patch to a fresh read and writes it with that read's resource version as a precondition.
 //! The `dovetail-cluster` crate's seam and its implementations move these objects.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -158,13 +158,46 @@ impl Snapshot {
     }
 
     /// The capacity the solver may place pods on: every node not being deleted, and every
-    /// NodeClaim not deleting whose node has not registered, as a node with the claim's
+    /// NodeClaim not deleting whose node has not joined, as a node with the claim's
     /// requirements (its allocatable once launched, until then its requests, so only the
-    /// pods planned onto it fit).
+    /// pods planned onto it fit). A node that has joined but is not initialized is in flight,
+    /// as Karpenter counts it: its boot taints (the known ephemeral ones, and its NodeClaim's
+    /// startup taints) do not keep pods off it.
     pub fn capacity_nodes(&self) -> Vec<Node> {
-        let mut nodes: Vec<Node> = self.nodes.values().filter(|n| !n.deleting).map(|n| n.as_ref().clone()).collect();
+        // The claims by their node, by name or by provider id: a node that joined is counted
+        // once, as itself, before its NodeClaim names it.
+        let mut claim_of: HashMap<&str, &NodeClaim> = HashMap::new();
         for c in self.nodeclaims.values() {
-            if c.deleting || c.status.node_name.as_ref().is_some_and(|n| self.nodes.contains_key(n)) {
+            if let Some(n) = c.status.node_name.as_deref() {
+                claim_of.insert(n, c);
+            }
+            if let Some(p) = c.status.provider_id.as_deref() {
+                claim_of.insert(p, c);
+            }
+        }
+        let mut joined: HashSet<&str> = HashSet::new();
+        let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len() + self.nodeclaims.len());
+        for n in self.nodes.values() {
+            let claim: Option<&NodeClaim> = claim_of
+                .get(n.name.as_str())
+                .or_else(|| claim_of.get(n.provider_id.as_deref()?))
+                .copied()
+                .or_else(|| self.nodeclaims.get(n.owner_claim.as_deref()?).map(|c| c.as_ref()));
+            // A claim whose node is being deleted is not capacity either.
+            if let Some(c) = claim {
+                joined.insert(c.name.as_str());
+            }
+            if n.deleting {
+                continue;
+            }
+            let mut node = n.as_ref().clone();
+            if let Some(c) = claim.filter(|_| !n.initialized) {
+                node.taints.retain(|t| !c.spec.startup_taints.iter().any(|s| s.key == t.key && s.effect == t.effect));
+            }
+            nodes.push(node);
+        }
+        for c in self.nodeclaims.values() {
+            if c.deleting || joined.contains(c.name.as_str()) {
                 continue;
             }
             let allocatable =
@@ -376,6 +409,71 @@ mod tests {
         assert_eq!(after.taints[0].key, "node.kubernetes.io/not-ready");
         assert_eq!(after.finalizers, vec![TERMINATION_FINALIZER.to_string()]);
         assert_eq!(patch.apply(&after), None, "applied twice changes nothing");
+    }
+
+    fn claim(name: &str, provider_id: Option<&str>, node_name: Option<&str>) -> Arc<NodeClaim> {
+        Arc::new(NodeClaim {
+            name: name.into(),
+            spec: NodeClaimSpec {
+                taints: vec![Taint::new("team", "a", Effect::NoSchedule)],
+                startup_taints: vec![Taint::new("cni/booting", "", Effect::NoSchedule)],
+                ..NodeClaimSpec::default()
+            },
+            finalizers: Vec::new(),
+            deleting: false,
+            status: NodeClaimStatus {
+                provider_id: provider_id.map(Into::into),
+                node_name: node_name.map(Into::into),
+                ..NodeClaimStatus::default()
+            },
+            resource_version: 1,
+        })
+    }
+
+    /// A node that joined (Ready, as the agent and kubelets make them) and is not yet
+    /// initialized is in flight: counted once whether or not its NodeClaim names it yet, and
+    /// neither its boot taints nor its claim's startup taints keep pods off it; its claim's own
+    /// taints do. Initialized, every taint it has counts. A claim whose node is being deleted
+    /// is no capacity.
+    #[test]
+    fn a_joined_node_is_capacity_in_flight_until_initialized_and_counted_once() {
+        let booting = vec![
+            Taint::new(UNREGISTERED_TAINT, "", Effect::NoExecute),
+            Taint::new("node.kubernetes.io/not-ready", "", Effect::NoSchedule),
+            Taint::new("cni/booting", "", Effect::NoSchedule),
+            Taint::new("team", "a", Effect::NoSchedule),
+        ];
+        let node = |name: &str, pid: &str, initialized: bool, deleting: bool| {
+            Arc::new(Node {
+                name: name.into(),
+                provider_id: Some(pid.into()),
+                taints: booting.clone(),
+                ready: true,
+                initialized,
+                deleting,
+                ..Node::default()
+            })
+        };
+        let mut snap = Snapshot::default();
+        // a: joined, its claim does not name it yet (found by provider id).
+        snap.nodeclaims.insert("a".into(), claim("a", Some("aws:///z/i-a"), None));
+        snap.nodes.insert("ip-a".into(), node("ip-a", "aws:///z/i-a", false, false));
+        // b: joined and registered, initialized.
+        snap.nodeclaims.insert("b".into(), claim("b", Some("aws:///z/i-b"), Some("ip-b")));
+        snap.nodes.insert("ip-b".into(), node("ip-b", "aws:///z/i-b", true, false));
+        // c: launched, no node yet.
+        snap.nodeclaims.insert("c".into(), claim("c", Some("aws:///z/i-c"), None));
+        // d: its node is being deleted.
+        snap.nodeclaims.insert("d".into(), claim("d", Some("aws:///z/i-d"), Some("ip-d")));
+        snap.nodes.insert("ip-d".into(), node("ip-d", "aws:///z/i-d", true, true));
+
+        let nodes = snap.capacity_nodes();
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["ip-a", "ip-b", "c"], "each joined node once, as itself; none for a node going");
+        let keys = |n: &Node| n.effective_taints().into_iter().map(|t| t.key).collect::<Vec<_>>();
+        assert_eq!(keys(&nodes[0]), ["team"], "in flight: only the claim's own taints");
+        assert_eq!(keys(&nodes[1]), booting.iter().map(|t| t.key.clone()).collect::<Vec<_>>(), "initialized: all");
+        assert_eq!(keys(&nodes[2]), ["team"]);
     }
 
     #[test]
