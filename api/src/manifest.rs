@@ -334,9 +334,9 @@ spec:
         assert!(err.message.contains("Pod default/p: spec.topologySpreadConstraints[0].maxSkew"), "{}", err.message);
     }
 
-    /// Karpenter's `Initialized`: a NodePool's node only once labelled so (Ready alone is a
-    /// node booting: its `karpenter.sh/unregistered` taint still on); a node no NodePool
-    /// manages once Ready.
+    /// Karpenter's `Initialized`: a NodePool's node by its label alone (Ready without it is a
+    /// node booting, its `karpenter.sh/unregistered` taint still on; with it and NotReady, a
+    /// node lost); a node no NodePool manages once Ready.
     #[test]
     fn a_nodepools_node_is_initialized_by_its_label_and_another_by_ready() {
         let node = |name: &str, labels: &str, ready: &str| {
@@ -349,11 +349,16 @@ spec:
             node("joined", "karpenter.sh/nodepool: default, karpenter.sh/initialized: 'true'", "True"),
             node("other", "team: a", "True"),
             node("down", "team: a", "False"),
+            // Initialized stays: a NotReady node's taints then count (nothing goes onto it).
+            node("lost", "karpenter.sh/nodepool: default, karpenter.sh/initialized: 'true'", "False"),
         ]
         .join("---\n");
         let m = Manifest::parse(&docs).expect("valid nodes");
         let initialized: Vec<(&str, bool)> = m.nodes.iter().map(|n| (n.name.as_str(), n.initialized)).collect();
-        assert_eq!(initialized, [("booting", false), ("joined", true), ("other", true), ("down", false)]);
+        assert_eq!(
+            initialized,
+            [("booting", false), ("joined", true), ("other", true), ("down", false), ("lost", true)]
+        );
         assert_eq!(m.nodes[0].effective_taints(), Vec::new(), "a booting node's unregistered taint is ignored");
     }
 

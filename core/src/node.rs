@@ -39,6 +39,15 @@ pub struct Node {
 }
 
 impl Node {
+    /// Karpenter's `Initialized`: a node a NodePool manages (`managed`: its label, or a
+    /// NodeClaim owning it) once labelled `karpenter.sh/initialized=true`, which the lifecycle
+    /// does once it is Ready with its startup and unregistered taints gone (until then it is
+    /// capacity in flight, its boot taints ignored); a node no NodePool manages once Ready.
+    pub fn initialized_by(labels: &Labels, ready: bool, managed: bool) -> bool {
+        let labelled = labels.get(crate::labels::INITIALIZED).map(String::as_str);
+        if managed { labelled == Some("true") } else { ready && labelled.is_none_or(|v| v == "true") }
+    }
+
     /// The NodePool that owns the node, from its `karpenter.sh/nodepool` label.
     pub fn nodepool(&self) -> Option<&str> {
         self.labels.get(crate::labels::NODEPOOL).map(String::as_str)

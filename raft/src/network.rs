@@ -94,11 +94,65 @@ pub trait Transport: Send + Sync + 'static {
 pub struct Network {
     pub id: NodeId,
     pub transport: Arc<dyn Transport>,
-    /// How long replication to a peer that could not be reached first pauses before trying
-    /// again (then longer, see [`backoff_steps`]). openraft's own 500 ms outlasts the election
-    /// timeout: one lost or reset message to a follower then stopped its heartbeats long
-    /// enough for it to call an election.
-    pub backoff: Duration,
+    /// How replication to a peer that could not be reached waits before trying again.
+    pub backoff: Backoff,
+}
+
+/// The pauses between attempts to reach a peer that could not be reached. openraft sends a
+/// peer nothing while it pauses, and its own fixed 500 ms outlasts the election timeout, so:
+///
+/// - one heartbeat at a time until the pauses add up to the longest election timeout: a lost
+///   message or two costs a heartbeat, and a follower never goes silent long enough to call an
+///   election;
+/// - then at most the shortest election timeout, for `restart_window`: a peer that restarts
+///   (a control node killed and started again) hears from the leader before its own first
+///   election timeout, instead of calling an election that deposes a healthy leader;
+/// - then `long`: a peer down longer is tried (and logged by openraft, four lines an attempt)
+///   a few times a second, not 20.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub heartbeat: Duration,
+    pub election_timeout_min: Duration,
+    pub election_timeout_max: Duration,
+    pub restart_window: Duration,
+    pub long: Duration,
+}
+
+impl Backoff {
+    /// The schedule for a group's timing (openraft's own pause once a peer stayed down for
+    /// 10 s).
+    pub fn for_timing(heartbeat: Duration, election_timeout_min: Duration, election_timeout_max: Duration) -> Self {
+        Backoff {
+            heartbeat,
+            election_timeout_min,
+            election_timeout_max,
+            restart_window: Duration::from_secs(10),
+            long: Duration::from_millis(500),
+        }
+    }
+
+    /// The pauses of one episode of failures (openraft starts a new one once the peer answers).
+    pub fn steps(self) -> impl Iterator<Item = Duration> + Send + 'static {
+        let heartbeat = self.heartbeat.max(Duration::from_millis(1));
+        let cap = self.election_timeout_min.max(heartbeat);
+        let long = self.long.max(cap);
+        let settle = self.election_timeout_max;
+        let restarted = settle.saturating_add(self.restart_window);
+        let mut waited = Duration::ZERO;
+        let mut last = heartbeat;
+        std::iter::from_fn(move || {
+            let next = if waited < settle {
+                heartbeat
+            } else if waited < restarted {
+                (last * 2).min(cap)
+            } else {
+                long
+            };
+            waited = waited.saturating_add(next);
+            last = next;
+            Some(next)
+        })
+    }
 }
 
 /// openraft's connection to one peer.
@@ -107,20 +161,7 @@ pub struct Peer {
     to: NodeId,
     addr: String,
     transport: Arc<dyn Transport>,
-    backoff: Duration,
-}
-
-/// The longest pause between attempts to reach a peer that stays unreachable: openraft's own
-/// fixed pause.
-pub const MAX_BACKOFF: Duration = Duration::from_millis(500);
-
-/// The pauses of one episode of failures to reach a peer: `first` (one heartbeat, so a single
-/// lost message does not silence a follower past its election timeout), doubling up to
-/// [`MAX_BACKOFF`], so a peer that is down is not retried (and logged by openraft) 20 times a
-/// second. openraft starts a new episode once the peer answers.
-pub fn backoff_steps(first: Duration) -> impl Iterator<Item = Duration> + Send + 'static {
-    let first = first.min(MAX_BACKOFF);
-    std::iter::successors(Some(first), |d| Some((*d * 2).min(MAX_BACKOFF)))
+    backoff: Backoff,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -166,7 +207,7 @@ impl Peer {
 
 impl RaftNetwork<TypeConfig> for Peer {
     fn backoff(&self) -> openraft::network::Backoff {
-        openraft::network::Backoff::new(backoff_steps(self.backoff))
+        openraft::network::Backoff::new(self.backoff.steps())
     }
 
     async fn append_entries(
@@ -317,10 +358,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_peer_that_stays_down_is_retried_less_and_less_often_up_to_openrafts_pause() {
-        let steps: Vec<u64> = backoff_steps(Duration::from_millis(50)).take(7).map(|d| d.as_millis() as u64).collect();
-        assert_eq!(steps, [50, 100, 200, 400, 500, 500, 500]);
-        assert_eq!(backoff_steps(Duration::from_secs(3)).next(), Some(MAX_BACKOFF), "never above the cap");
+    fn a_peer_is_retried_every_heartbeat_then_within_an_election_timeout_then_less_often() {
+        let ms = Duration::from_millis;
+        let b = Backoff::for_timing(ms(50), ms(150), ms(300));
+        let steps: Vec<u64> = b.steps().take(8).map(|d| d.as_millis() as u64).collect();
+        // 6 heartbeats reach the longest election timeout; then never more than the shortest.
+        assert_eq!(steps, [50, 50, 50, 50, 50, 50, 100, 150]);
+        let mut waited = Duration::ZERO;
+        for step in b.steps().take(2_000) {
+            if waited < ms(300) + b.restart_window {
+                assert!(step <= ms(150), "{step:?} after {waited:?}: a restarting peer would call an election");
+            } else {
+                assert_eq!(step, ms(500), "after {waited:?}");
+            }
+            waited += step;
+        }
+        assert!(waited > ms(300) + b.restart_window, "the schedule reaches its long pause");
     }
 
     fn fates(seed: u64, faults: &Faults) -> Vec<Option<Duration>> {

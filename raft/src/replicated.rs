@@ -21,7 +21,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, Raft, ServerState};
 use tokio::sync::watch;
 
-use crate::network::{Network, Transport};
+use crate::network::{Backoff, Network, Transport};
 use crate::store::{LogStore, Machine};
 use crate::types::{NodeId, TypeConfig};
 use crate::wire::WireEntry;
@@ -100,9 +100,14 @@ impl RaftLedger {
         clock: Arc<dyn Clock>,
     ) -> Result<RaftLedger, LedgerError> {
         let config = Arc::new(settings.config()?);
-        // A peer that could not be reached is tried again after a heartbeat, well inside the
-        // shortest election timeout.
-        let network = Network { id, transport, backoff: Duration::from_millis(settings.heartbeat_ms) };
+        // A peer that could not be reached is tried again after a heartbeat, then within the
+        // shortest election timeout (see `Backoff`).
+        let backoff = Backoff::for_timing(
+            Duration::from_millis(settings.heartbeat_ms),
+            Duration::from_millis(settings.election_timeout_min_ms),
+            Duration::from_millis(settings.election_timeout_max_ms),
+        );
+        let network = Network { id, transport, backoff };
         let raft = Raft::new(id, config, network, log, machine.clone())
             .await
             .map_err(|e| LedgerError::Unavailable { reason: format!("raft node {id} did not start: {e}") })?;

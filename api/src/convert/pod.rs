@@ -333,17 +333,11 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
         .flatten()
         .find(|o| o.kind == "NodeClaim" && o.api_version.starts_with("karpenter.sh/"))
         .map(|o| o.name.clone());
-    // Karpenter's `Initialized`: a node of a NodePool (its label, or a NodeClaim owning it) is
-    // initialized once labelled `karpenter.sh/initialized=true` (Ready, its startup and
-    // unregistered taints gone). Until then it is capacity in flight, whose boot taints the
-    // solver ignores: a node that just joined, Ready with `karpenter.sh/unregistered` still on
-    // it, is not capacity lost (a 20 x 1,000 run re-provisioned 60 nodes for pods already
-    // counted onto 52 nodes that had just registered). A node no NodePool manages is
-    // initialized once Ready.
+    // A node that just joined, Ready with `karpenter.sh/unregistered` still on it, is capacity
+    // in flight, not capacity lost (a 20 x 1,000 run re-provisioned 60 nodes for pods counted
+    // onto 52 that had just joined, when Ready alone made a node initialized).
     let managed = labels.contains_key(dovetail_core::labels::NODEPOOL) || owner_claim.is_some();
-    let labelled = labels.get(dovetail_core::labels::INITIALIZED).map(String::as_str);
-    let initialized =
-        ready.unwrap_or(true) && if managed { labelled == Some("true") } else { labelled.is_none_or(|v| v == "true") };
+    let initialized = Node::initialized_by(&labels, ready.unwrap_or(true), managed);
     Ok(Node {
         name,
         labels,

@@ -333,10 +333,16 @@ impl AwsProvider {
         keep: &std::collections::BTreeSet<String>,
         current: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<Vec<String>, CloudError> {
-        // What is cached of the classes not kept names their profile: forgotten, so a class
-        // made again under the same name resolves afresh.
-        lock(&self.caches).resolved.retain(|(class, _), _| keep.contains(class));
+        self.retain_classes(keep);
         profile::collect(&self.iam, (&self.cfg.cluster, &self.region), keep, current).await
+    }
+
+    /// Forgets what is cached of the node classes not in `keep` (it names their instance
+    /// profile, which the leader's garbage collection deletes), so a class made again under
+    /// the same name resolves afresh. The leader does it when it collects profiles; a
+    /// follower reading ahead, every round.
+    pub fn retain_classes(&self, keep: &std::collections::BTreeSet<String>) {
+        lock(&self.caches).resolved.retain(|(class, _), _| keep.contains(class));
     }
 
     /// The launch template for an image and the node class's security groups.

@@ -11,7 +11,8 @@ use dovetail_cloud::{CloudError, CloudProvider, DriftReason, LaunchRequest, Node
 use dovetail_core::catalog::CapacityType;
 use dovetail_core::clock::SystemClock;
 
-use crate::conformance::aws::{Aws, moto_catalog};
+use crate::conformance::aws::{Aws, config, moto_catalog};
+use crate::conformance::moto::{Proxy, moto};
 use crate::conformance::suite::{Harness, request};
 
 #[tokio::test]
@@ -307,4 +308,31 @@ async fn a_node_class_read_ahead_resolves_without_calls_and_a_missing_profile_is
     let subnets = h.proxy.calls("DescribeSubnets");
     assert!(!h.cloud.warm(&with_role).await.expect("read ahead"));
     assert!(h.proxy.calls("DescribeSubnets") > subnets, "nothing was cached for a class whose profile is missing");
+
+    // The leader makes the profile (its role exists); another control node's read-ahead then
+    // caches the class with it, and that node's resolve, once it leads, makes no call at all.
+    let sdk = dovetail_cloud::aws::sdk_config(&config("warm", &format!("http://{}", h.proxy.addr))).await;
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    let role = aws_sdk_iam::Client::new(&sdk)
+        .create_role()
+        .role_name("KarpenterNodeRole-warm")
+        .assume_role_policy_document(trust)
+        .send()
+        .await;
+    if let Err(e) = role {
+        assert!(format!("{e:?}").contains("EntityAlreadyExists"), "create role: {e:?}");
+    }
+    let made = h.cloud.resolve(&with_role).await.expect("the leader resolves, making the profile");
+    assert!(made.instance_profile.is_some());
+    assert_eq!(h.proxy.calls("CreateInstanceProfile"), 1);
+    let proxy = Proxy::start(moto().addr).await;
+    let follower = AwsProvider::connect(config("warm", &format!("http://{}", proxy.addr)), Arc::new(SystemClock))
+        .await
+        .expect("connect");
+    assert!(follower.warm(&with_role).await.expect("read ahead"), "cached: the profile exists with its role");
+    let before = proxy.total_calls();
+    let resolved = follower.resolve(&with_role).await.expect("resolve");
+    assert_eq!(resolved.instance_profile, made.instance_profile);
+    assert_eq!(proxy.total_calls(), before, "a new leader's resolve waits for no EC2, SSM or IAM call");
+    assert_eq!(proxy.calls("CreateInstanceProfile"), 0, "the follower made nothing");
 }

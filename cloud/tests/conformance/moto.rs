@@ -114,6 +114,11 @@ impl Proxy {
     pub fn calls(&self, action: &str) -> usize {
         self.faults().actions.iter().filter(|a| a.split(':').nth(1) == Some(action)).count()
     }
+
+    /// How many calls of any action went through the proxy so far.
+    pub fn total_calls(&self) -> usize {
+        self.faults().actions.len()
+    }
 }
 
 fn decode(s: &str) -> String {

@@ -504,6 +504,11 @@ impl SimCluster {
             n.taints = update.taints;
             n.finalizers = update.finalizers;
             n.owner_claim = update.owner_claim;
+            // A NodePool's node is initialized once the lifecycle labels it (as the kube
+            // adapter reads it); a node put in by hand keeps what it was given.
+            if n.labels.contains_key(dovetail_core::labels::NODEPOOL) || n.owner_claim.is_some() {
+                n.initialized = Node::initialized_by(&n.labels, n.ready, true);
+            }
             n.resource_version = v;
             if n.deleting && n.finalizers.is_empty() {
                 s.nodes.remove(name);
@@ -822,13 +827,26 @@ mod tests {
         let s = c.snapshot();
         assert_eq!(s.nodes["n1"].labels.get("karpenter.sh/initialized").map(String::as_str), Some("true"));
         assert!(s.nodes["n1"].resource_version > n.resource_version, "each write stamps the object");
+        // A NodePool's node is in flight until labelled initialized, as the kube adapter reads it.
+        let labels = [("karpenter.sh/nodepool".to_string(), "default".to_string())].into_iter().collect();
+        c.apply_node(Node { name: "n2".into(), labels, ready: true, ..Node::default() });
+        let n2 = c.get_node("n2").await.expect("read");
+        let mut update = NodeUpdate::of(&n2);
+        update.labels.insert("karpenter.sh/registered".into(), "true".into());
+        let rv = c.update_node("n2", update, n2.resource_version).await.expect("registered");
+        assert!(!c.snapshot().nodes["n2"].initialized, "registered, not initialized");
+        let n2 = c.get_node("n2").await.expect("read");
+        let mut update = NodeUpdate::of(&n2);
+        update.labels.insert("karpenter.sh/initialized".into(), "true".into());
+        c.update_node("n2", update, rv).await.expect("initialized");
+        assert!(c.snapshot().nodes["n2"].initialized);
         c.apply_pod(pod("a", "x"));
         assert_eq!(c.snapshot().pending().count(), 1);
         c.bind(&PodKey::new("default", "a"), "n1").expect("bind");
         assert!(matches!(c.bind(&PodKey::new("default", "a"), "n1"), Err(ClusterError::Conflict { .. })));
         assert_eq!(c.snapshot().pods_on("n1").count(), 1);
         c.delete_node("n1").await.expect("delete");
-        assert!(c.snapshot().nodes.is_empty());
+        assert!(!c.snapshot().nodes.contains_key("n1"));
     }
 
     #[tokio::test]

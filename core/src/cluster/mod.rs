@@ -164,35 +164,43 @@ impl Snapshot {
     /// as Karpenter counts it: its boot taints (the known ephemeral ones, and its NodeClaim's
     /// startup taints) do not keep pods off it.
     pub fn capacity_nodes(&self) -> Vec<Node> {
-        // The claims by their node, by name or by provider id: a node that joined is counted
-        // once, as itself, before its NodeClaim names it.
-        let mut claim_of: HashMap<&str, &NodeClaim> = HashMap::new();
+        // The claims by their node's provider id and by node name: a node that joined is
+        // counted once, as itself, before its NodeClaim names it. The provider id is asked
+        // first (a node name can come back: EC2 reuses private IPs), then the owner, then the
+        // name; every claim a node matches is joined.
+        let mut by_provider: HashMap<&str, &NodeClaim> = HashMap::new();
+        let mut by_node: HashMap<&str, Vec<&NodeClaim>> = HashMap::new();
         for c in self.nodeclaims.values() {
-            if let Some(n) = c.status.node_name.as_deref() {
-                claim_of.insert(n, c);
-            }
             if let Some(p) = c.status.provider_id.as_deref() {
-                claim_of.insert(p, c);
+                by_provider.insert(p, c);
+            }
+            if let Some(n) = c.status.node_name.as_deref() {
+                by_node.entry(n).or_default().push(c);
             }
         }
         let mut joined: HashSet<&str> = HashSet::new();
         let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len() + self.nodeclaims.len());
         for n in self.nodes.values() {
-            let claim: Option<&NodeClaim> = claim_of
-                .get(n.name.as_str())
-                .or_else(|| claim_of.get(n.provider_id.as_deref()?))
-                .copied()
-                .or_else(|| self.nodeclaims.get(n.owner_claim.as_deref()?).map(|c| c.as_ref()));
+            let mut matched: Vec<&NodeClaim> = Vec::new();
+            matched.extend(n.provider_id.as_deref().and_then(|p| by_provider.get(p)).copied());
+            matched.extend(n.owner_claim.as_deref().and_then(|c| self.nodeclaims.get(c)).map(|c| c.as_ref()));
+            matched.extend(by_node.get(n.name.as_str()).into_iter().flatten().copied());
             // A claim whose node is being deleted is not capacity either.
-            if let Some(c) = claim {
-                joined.insert(c.name.as_str());
-            }
+            joined.extend(matched.iter().map(|c| c.name.as_str()));
             if n.deleting {
                 continue;
             }
             let mut node = n.as_ref().clone();
-            if let Some(c) = claim.filter(|_| !n.initialized) {
-                node.taints.retain(|t| !c.spec.startup_taints.iter().any(|s| s.key == t.key && s.effect == t.effect));
+            match matched.first() {
+                // Booting: its claim's startup taints are not in the way either.
+                Some(c) if !n.initialized => {
+                    node.taints
+                        .retain(|t| !c.spec.startup_taints.iter().any(|s| s.key == t.key && s.effect == t.effect));
+                }
+                Some(_) => {}
+                // A NodePool's node with no NodeClaim is not managed (Karpenter's view): it
+                // counts once Ready.
+                None => node.initialized = n.initialized || n.ready,
             }
             nodes.push(node);
         }

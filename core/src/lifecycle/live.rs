@@ -209,12 +209,17 @@ fn register(plan: &mut Plan, claim: &Claim, state: &ClaimState, nc: &NodeClaim, 
     }
 }
 
-/// Initialization (Karpenter's): the node is Ready, its startup taints and the unregistered
-/// taint are gone, and the extended resources the claim asked for are registered; then the
-/// node is labelled `karpenter.sh/initialized` and the NodeClaim is `Initialized`.
+/// Initialization (Karpenter's): the node is Ready, its startup taints and the known
+/// ephemeral taints (`karpenter.sh/unregistered`, `node.kubernetes.io/not-ready`, ...) are
+/// gone, and the extended resources the claim asked for are registered; then the node is
+/// labelled `karpenter.sh/initialized` and the NodeClaim is `Initialized`. A node labelled
+/// while its not-ready taint is still on would count, initialized, with a taint no pod
+/// tolerates: capacity the provisioner would buy again (a 20 x 1,000 run bought 57 nodes for
+/// pods counted onto 48 such nodes).
 fn initialize(plan: &mut Plan, claim: &Claim, state: &ClaimState, nc: &NodeClaim, node: &Node) {
     let tainted = node.taints.iter().any(|t| {
-        t.key == UNREGISTERED_TAINT || nc.spec.startup_taints.iter().any(|s| s.key == t.key && s.effect == t.effect)
+        crate::taints::is_known_ephemeral(t)
+            || nc.spec.startup_taints.iter().any(|s| s.key == t.key && s.effect == t.effect)
     });
     let resources_registered =
         nc.spec.requests.iter().filter(|(r, v)| is_extended(r) && *v > 0).all(|(r, _)| node.allocatable.get(r) > 0);

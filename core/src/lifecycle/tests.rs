@@ -313,8 +313,14 @@ fn registration_patches_single_items_and_initialization_follows_in_one_plan() {
     let nc = &w.snap.nodeclaims["default-abcde"];
     assert!(nc.status.is("Launched") && nc.status.is("Registered"));
     assert_eq!(nc.status.node_name.as_deref(), Some(node.as_str()));
-    // The startup taint goes: initialized.
-    Arc::make_mut(w.snap.nodes.get_mut(&node).expect("node")).taints.retain(|t| t.key != "example.com/booting");
+    // The startup taint goes, but the node lifecycle controller's not-ready taint is still on:
+    // not initialized yet (Karpenter waits for the known ephemeral taints too).
+    let n = Arc::make_mut(w.snap.nodes.get_mut(&node).expect("node"));
+    n.taints.retain(|t| t.key != "example.com/booting");
+    n.taints.push(Taint::new("node.kubernetes.io/not-ready", "", TaintEffect::NoSchedule));
+    assert!(w.plan().steps.is_empty(), "not-ready taint on");
+    let n = Arc::make_mut(w.snap.nodes.get_mut(&node).expect("node"));
+    n.taints.retain(|t| t.key != "node.kubernetes.io/not-ready");
     let plan = w.plan();
     assert_eq!(plan.steps, vec![("default-abcde".to_string(), Step::Initialized)]);
     w.apply(&plan);
