@@ -1,3 +1,7 @@
+//! `dovetail explain node NAME`: what the running controller decided for the node and why,
+//! as it wrote it on the node's NodeClaim (its `Consolidatable` and `Drifted` conditions, and
+//! the NodeClaim's events), read from the cluster.
+//!
 //! `dovetail explain node NAME --disruption FILE`: the disruption planner's decision for one
 //! node of a `plan` input, and why (an offline what-if). The input's NodePools, Nodes and
 //! bound Pods are taken as a running cluster: each node of a NodePool as an initialized
@@ -44,9 +48,14 @@ pub struct NodeArgs {
     /// The node's name.
     pub name: String,
     /// A `plan` input (Kubernetes YAML with NodePools, Nodes and their Pods; `-` for stdin):
-    /// decide offline, as if it were the cluster.
+    /// decide offline, as if it were the cluster. Without it, the running controller's
+    /// decision is read from the cluster.
     #[arg(long, value_name = "FILE")]
-    pub disruption: String,
+    pub disruption: Option<String>,
+    /// The cluster to read (default: in a pod its service account, else KUBECONFIG, else
+    /// ~/.kube/config).
+    #[arg(long, env = "DOVETAIL_KUBECONFIG", conflicts_with = "disruption")]
+    pub kubeconfig: Option<std::path::PathBuf>,
     /// AWS region of the built-in catalog.
     #[arg(long, default_value = "us-east-1")]
     pub region: String,
@@ -58,7 +67,11 @@ pub struct NodeArgs {
 /// Runs the command; exit 2 on an input error or an unknown node.
 pub fn run(args: &ExplainArgs, now: Millis) -> ExitCode {
     let ExplainWhat::Node(node) = &args.what;
-    match explain_node(node, now) {
+    let explained = match &node.disruption {
+        Some(file) => explain_node(node, file, now),
+        None => explain_live(node),
+    };
+    match explained {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS
@@ -71,14 +84,14 @@ pub fn run(args: &ExplainArgs, now: Millis) -> ExitCode {
 }
 
 /// The explanation of one node, as printed.
-pub fn explain_node(args: &NodeArgs, now: Millis) -> anyhow::Result<String> {
-    let text = read_input(&args.disruption)?;
+pub fn explain_node(args: &NodeArgs, file: &str, now: Millis) -> anyhow::Result<String> {
+    let text = read_input(file)?;
     let manifest = Manifest::parse(&text)?;
     let catalog = load_catalog(&args.region, args.catalog.as_deref())?;
     let mut warnings = manifest.warnings.clone();
     let sched = snapshot(&manifest, &catalog, &mut warnings);
     let Some(target) = manifest.nodes.iter().find(|n| n.name == args.name) else {
-        bail!("node {:?} is not in {}", args.name, args.disruption);
+        bail!("node {:?} is not in {file}", args.name);
     };
     let Some(pool_name) = target.nodepool() else {
         bail!("node {:?} has no {} label: no NodePool of this input owns it", args.name, labels::NODEPOOL);
@@ -172,7 +185,7 @@ pub fn explain_node(args: &NodeArgs, now: Millis) -> anyhow::Result<String> {
         .into_iter()
         .map(|r| (r, ledger.allowance(pool_name, r, &[], now).map_or(0, |a| a.available())))
         .collect();
-    let (leases, cloud_drift) = (BTreeMap::new(), BTreeMap::new());
+    let (leases, cloud_drift, nominated) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     let opts = SolveOptions::default();
     let decide = |at: Millis, memory: &mut Memory| -> Plan {
         let input = Input {
@@ -182,6 +195,7 @@ pub fn explain_node(args: &NodeArgs, now: Millis) -> anyhow::Result<String> {
             leases: &leases,
             available: &available,
             cloud_drift: &cloud_drift,
+            nominated: &nominated,
             snapshot: &cluster,
             pools: &sched.nodepools,
             opts: &opts,
@@ -221,4 +235,75 @@ pub fn explain_node(args: &NodeArgs, now: Millis) -> anyhow::Result<String> {
         out.push_str(&format!("  warning: {w}\n"));
     }
     Ok(out)
+}
+
+/// The running controller's decision for a node, as its NodeClaim carries it.
+fn explain_live(args: &NodeArgs) -> anyhow::Result<String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
+    rt.block_on(async {
+        let (config, _) =
+            crate::controller::kube_config(args.kubeconfig.as_deref()).await.map_err(anyhow::Error::msg)?;
+        let client = dovetail_cluster::kube::client(config).context("building the API client")?;
+        read_live(&client, &args.name).await
+    })
+}
+
+async fn read_live(client: &kube::Client, name: &str) -> anyhow::Result<String> {
+    use k8s_openapi::api::core::v1 as k8s;
+    use kube::api::{Api, ListParams};
+    let nodes: Api<k8s::Node> = Api::all(client.clone());
+    let node = nodes.get_opt(name).await.with_context(|| format!("reading node {name}"))?;
+    let Some(node) = node else { bail!("node {name} not found") };
+    let provider = node.spec.as_ref().and_then(|s| s.provider_id.clone());
+    let owner = node.metadata.owner_references.iter().flatten().find(|o| o.kind == "NodeClaim").map(|o| o.name.clone());
+    let claims: Api<dovetail_api::crd::NodeClaim> = Api::all(client.clone());
+    let claim = match owner {
+        Some(owner) => claims.get_opt(&owner).await.with_context(|| format!("reading nodeclaim {owner}"))?,
+        None => claims.list(&ListParams::default()).await.context("listing nodeclaims")?.items.into_iter().find(|c| {
+            let status = c.status.as_ref();
+            status.and_then(|s| s.provider_id.as_ref()).is_some_and(|p| Some(p) == provider.as_ref())
+                || status.and_then(|s| s.node_name.as_deref()) == Some(name)
+        }),
+    };
+    let Some(claim) = claim else { bail!("node {name} has no NodeClaim: no NodePool manages it") };
+    let claim_name = claim.metadata.name.clone().unwrap_or_default();
+    let pool = node.metadata.labels.as_ref().and_then(|l| l.get(labels::NODEPOOL)).cloned().unwrap_or_default();
+    let mut out = format!("node {name} (nodeclaim {claim_name}, nodepool {pool})\n");
+    let conditions = claim.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let mut decided = false;
+    for kind in ["Consolidatable", "Drifted"] {
+        let Some(c) = conditions.iter().find(|c| c.type_ == kind) else { continue };
+        decided = true;
+        out.push_str(&format!(
+            "{}: {} ({}) since {}\n  {}\n",
+            kind.to_lowercase(),
+            c.status,
+            c.reason.as_deref().unwrap_or_default(),
+            c.last_transition_time.as_deref().unwrap_or("?"),
+            c.message.as_deref().unwrap_or_default()
+        ));
+    }
+    if !decided {
+        out.push_str("no decision yet: the controller has not planned disruption for its nodepool\n");
+    }
+    // What was done about it, latest last.
+    let events: Api<k8s::Event> = Api::all(client.clone());
+    let selector = format!("involvedObject.kind=NodeClaim,involvedObject.name={claim_name}");
+    let mut listed = events.list(&ListParams::default().fields(&selector)).await.context("listing events")?.items;
+    listed.sort_by_key(event_time);
+    for e in listed.iter().rev().take(5).rev() {
+        out.push_str(&format!(
+            "event {} {}: {}\n",
+            event_time(e),
+            e.reason.as_deref().unwrap_or_default(),
+            e.message.as_deref().unwrap_or_default()
+        ));
+    }
+    Ok(out)
+}
+
+/// When an event last happened (RFC 3339), whichever of its times it has.
+fn event_time(e: &k8s_openapi::api::core::v1::Event) -> String {
+    let t = e.last_timestamp.as_ref().map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0));
+    t.map(|t| t.to_string()).unwrap_or_default()
 }

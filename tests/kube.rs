@@ -1112,6 +1112,9 @@ mod moto;
 #[path = "kube/ha.rs"]
 mod ha;
 
+#[path = "kube/disruption.rs"]
+mod disruption;
+
 #[path = "../cloud/tests/conformance/ami_seed.rs"]
 mod ami_seed;
 

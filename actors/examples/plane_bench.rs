@@ -18,8 +18,8 @@ use dovetail_actors::executor::Executor;
 use dovetail_actors::pool::{GetPoolStats, NodePoolActor, PoolWiring};
 use dovetail_actors::router::{PodsPending, RoutedPool, Router};
 use dovetail_actors::zone::{ZoneActor, ZoneConfig};
-use dovetail_cloud::NodeClass;
 use dovetail_cloud::sim::{ApiLimits, SimCloud, SimConfig};
+use dovetail_cloud::{CloudProvider, NodeClass};
 use dovetail_cluster::sim::SimCluster;
 use dovetail_core::catalog::{Catalog, NodeClassSettings};
 use dovetail_core::clock::{Clock, SystemClock};
@@ -93,6 +93,7 @@ async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<
         .collect();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let (cl, le, ck, ty, p) = (cluster.clone(), ledger.clone(), clock.clone(), types.clone(), pool.clone());
+    let cloud: Arc<dyn CloudProvider> = cloud.clone();
     let router = Router::create(move |ctx| {
         let wiring = PoolWiring {
             view: cl.clone(),
@@ -104,6 +105,8 @@ async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<
             executor,
             errors,
             config,
+            cloud,
+            nominations: Default::default(),
         };
         let nc = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
         let actor = NodePoolActor::new(p.clone(), ty.clone(), nc, wiring).start();

@@ -97,6 +97,9 @@ pub struct DisruptionConfig {
     /// A command whose replacements are not initialized by then is rolled back (Karpenter:
     /// at least 10 minutes).
     pub command_timeout: Duration,
+    /// How often the cloud provider is asked which instances drifted from their node class
+    /// (Karpenter re-checks each NodeClaim every 5 minutes).
+    pub drift_every: Duration,
 }
 
 impl Default for DisruptionConfig {
@@ -107,6 +110,7 @@ impl Default for DisruptionConfig {
             validation: Duration::from_secs(15),
             spot_to_spot: false,
             command_timeout: Duration::from_secs(600),
+            drift_every: Duration::from_secs(300),
         }
     }
 }

@@ -10,6 +10,8 @@
 //! - [`zone::ZoneActor`]: one per availability zone, the only caller of launch and terminate
 //!   for its zone.
 //! - [`executor::Executor`]: runs the cluster effects planners ask for, fenced by the term.
+//! - [`nominate::Nominations`]: the nodes the Router planned pending pods onto, which
+//!   disruption leaves alone for Karpenter's nomination window.
 //!
 //! - [`trace`]: one trace per pending-pod class decision, its context carried in the messages.
 //! - [`config::Config`]: every setting; [`errors::Errors`]: every error seen, counted.
@@ -28,6 +30,7 @@ pub mod executor;
 pub mod feed;
 pub mod kubelet;
 pub mod limiter;
+pub mod nominate;
 pub mod plane;
 pub mod pool;
 pub mod router;

@@ -117,10 +117,14 @@ impl Plane {
                 (z.clone(), addr)
             })
             .collect();
+        let nominations = crate::nominate::Nominations::default();
         let router = {
             let (view, clock, conf, errs) = (s.view.clone(), s.clock.clone(), config.clone(), errors.clone());
+            let noms = nominations.clone();
             Supervisor::start(move |_| {
-                Router::new(conf.window.clone(), view, clock, Vec::new()).configured(&conf, errs)
+                Router::new(conf.window.clone(), view, clock, Vec::new())
+                    .configured(&conf, errs)
+                    .nominating(noms.clone())
             })
         };
         let wiring = PoolWiring {
@@ -133,6 +137,8 @@ impl Plane {
             executor: executor.clone(),
             errors: errors.clone(),
             config: config.clone(),
+            cloud: s.cloud.clone(),
+            nominations,
         };
         let mut plane = Plane {
             feed: None,

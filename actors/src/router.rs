@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use dovetail_cluster::ClusterView;
-use dovetail_core::clock::Clock;
+use dovetail_core::clock::{Clock, to_millis};
 use dovetail_core::ledger::Millis;
 use dovetail_core::plane::{Batch, BatchWindow, Latencies, Offers};
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::scheduling::{self, PoolInput, SolveOptions};
 
 use crate::errors::Errors;
+use crate::nominate::Nominations;
 use crate::pool::{NodePoolActor, Provision, Unplaced};
 use crate::trace::{self, Cause};
 
@@ -93,6 +94,9 @@ pub struct Router {
     /// When each pod not yet decided arrived.
     arrived: BTreeMap<PodKey, Millis>,
     stats: RouterStats,
+    /// The nodes pods were left to, for disruption to leave alone, and for how long.
+    nominations: Nominations,
+    nomination: Millis,
 }
 
 impl Router {
@@ -102,6 +106,7 @@ impl Router {
         clock: Arc<dyn Clock>,
         pools: Vec<RoutedPool>,
     ) -> Self {
+        let nomination = crate::nominate::window(window.max, to_millis(crate::feed::FeedConfig::default().resend));
         Router {
             window,
             cluster,
@@ -117,13 +122,22 @@ impl Router {
             errors: Arc::new(Errors::new()),
             arrived: BTreeMap::new(),
             stats: RouterStats::default(),
+            nominations: Nominations::default(),
+            nomination,
         }
+    }
+
+    /// Where the nodes pods are left to are nominated (the plane shares it with its pools).
+    pub fn nominating(mut self, nominations: Nominations) -> Self {
+        self.nominations = nominations;
+        self
     }
 
     /// The plane's settings (solve options, mailbox) and error counters.
     pub fn configured(mut self, cfg: &crate::config::Config, errors: Arc<Errors>) -> Self {
         self.solve = cfg.solve.clone();
         self.mailbox = cfg.mailboxes.router;
+        self.nomination = crate::nominate::window(cfg.window.max, to_millis(cfg.feed.resend));
         self.errors = errors;
         self
     }
@@ -186,6 +200,11 @@ impl Router {
     /// Acts on a route's solves.
     fn routed(&mut self, r: Routed, targets: &[(String, Addr<NodePoolActor>)], with_existing: bool) {
         self.stats.stale += r.stale;
+        if !r.nominated.is_empty() {
+            let now = self.clock.now_millis();
+            let until = now.saturating_add(self.nomination);
+            self.nominations.nominate(r.nominated.iter().map(String::as_str), now, until);
+        }
         // At a batch close, arrivals of pods neither routed now nor queued again are dropped
         // (bound, deleted, or left unschedulable by an earlier batch: a resend restarts their
         // clock), so the map stays as large as the pending queue.
@@ -327,6 +346,8 @@ struct Routed {
     /// Groups every pool was tried for.
     everywhere_tried: Vec<(Decisions, Vec<Pod>)>,
     solved: Vec<(Job, Vec<Pod>, scheduling::Results)>,
+    /// The nodes (and in-flight NodeClaims) pods were left to.
+    nominated: Vec<String>,
 }
 
 /// The route's work proportional to its pods: the pods as the cluster has them now (one
@@ -353,6 +374,7 @@ fn route_off_thread(r: RouteInput) -> Routed {
         live: live.iter().map(|(p, _)| p.key.clone()).collect(),
         everywhere_tried: Vec::new(),
         solved: Vec::new(),
+        nominated: Vec::new(),
     };
     for (open, group) in groups {
         let pods: Vec<Pod> = group.iter().map(|&k| live[k].0.as_ref().clone()).collect();
@@ -371,6 +393,8 @@ fn route_off_thread(r: RouteInput) -> Routed {
         let snapshot = snap.scheduling_input(nodes.clone(), inputs);
         let simulating = decisions.children(|d| tracing::info_span!(parent: d, "router.simulate", pods = pods.len()));
         let results = scheduling::solve(&snapshot, &pods, &opts);
+        let left = results.existing.iter().filter(|e| !e.pods.is_empty());
+        out.nominated.extend(left.filter_map(|e| snapshot.nodes.get(e.node).map(|n| n.name.clone())));
         out.solved.push((Job { open, decisions, simulating }, pods, results));
     }
     out

@@ -374,11 +374,12 @@ mod pool {
     use dovetail_actors::errors::Errors;
     use dovetail_actors::kubelet::registrations;
     use dovetail_actors::pool::{
-        DeleteClaim, Disrupt, GetDecisions, GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Unplaced,
+        DeleteClaim, Disrupt, GetDecisions, GetPoolStats, NodePoolActor, PoolWiring, Provision, Reconcile, Reconfigure,
+        Unplaced,
     };
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
     use dovetail_cloud::sim::{SimCloud, SimConfig};
-    use dovetail_cloud::{CloudProvider, LaunchBatch, LaunchRequest, OfferingKey};
+    use dovetail_cloud::{CloudProvider, LaunchBatch, LaunchRequest, NodeClass, OfferingKey};
     use dovetail_cluster::sim::SimCluster;
     use dovetail_cluster::{ClusterView, ClusterWriter, NodeClaim};
     use dovetail_core::catalog::CapacityType;
@@ -386,7 +387,7 @@ mod pool {
     use dovetail_core::cluster::{TERMINATION_FINALIZER, UNREGISTERED_TAINT};
     use dovetail_core::labels;
     use dovetail_core::ledger::{Caps, ClaimRequest, ClaimState, Command, State, micro_dollars};
-    use dovetail_core::nodepool::{Budget, BudgetNodes, NodeClaimSpec, NodePool};
+    use dovetail_core::nodepool::{Budget, BudgetNodes, DisruptionReason, NodeClaimSpec, NodePool};
     use dovetail_core::pod::{Pod, PodKey};
     use dovetail_core::requirements::{Requirement, Requirements};
     use dovetail_core::resources::{ResourceList, ResourceName};
@@ -454,6 +455,8 @@ mod pool {
             executor,
             errors: errors.clone(),
             config: Arc::new(config),
+            cloud,
+            nominations: Default::default(),
         };
         let pool = NodePoolActor::new(pool, types(), node_class(), wiring).start();
         World { cloud: sim, cluster, ledger: inner, clock, pool, errors, unplaced }
@@ -1352,6 +1355,48 @@ mod pool {
         assert_eq!(stats.expired_nodes, 1);
         assert!(w.cluster.events().iter().any(|e| e.reason == "Expired"), "{:?}", w.cluster.events());
     }
+
+    /// NodeClass drift is the cloud provider's to say: once the pool's node class changes
+    /// (its hash), the cloud reports the node's instance drifted, and the node is replaced
+    /// (one new node launched for its pod) with the cloud's reason in its decision.
+    #[actix_rt::test]
+    async fn a_node_the_cloud_reports_drifted_from_its_node_class_is_replaced() {
+        let all = vec![Budget { nodes: BudgetNodes::Percent(100), schedule: None, duration: None, reasons: vec![] }];
+        let w = disrupting_world(all).await;
+        let pending = pods(1, 1500);
+        w.cluster.apply_pods(pending.clone());
+        w.pool.send(provision(pending)).await.expect("mailbox");
+        launched(&w, 1).await;
+        register_all(&w).await;
+        assert_eq!(w.cluster.schedule(), 1);
+        for _ in 0..10 {
+            w.pool.send(Disrupt).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(state(w.ledger.as_ref()).await.disruptions().is_empty(), "in line with its node class");
+        let changed = NodeClass { hash: "h2".into(), ..node_class() };
+        let pool = m5_large_on_demand(ResourceList::new());
+        w.pool.send(Reconfigure { pool, types: types(), node_class: changed }).await.expect("mailbox");
+        let s = disrupt_until(&w, "a drift command", |s| !s.disruptions().is_empty()).await;
+        let cmd = s.disruptions().values().next().cloned().expect("a command");
+        assert_eq!(cmd.reason, DisruptionReason::Drifted);
+        assert_eq!(cmd.replacements.len(), 1, "its pod gets a new node first");
+        // Its NodeClaim says why, as Karpenter's `Drifted` condition.
+        let candidate = cmd.candidates[0].clone();
+        let mut said = None;
+        for _ in 0..100 {
+            w.pool.send(Disrupt).await.expect("mailbox");
+            let snap = w.cluster.snapshot();
+            said = snap.nodeclaims.get(&candidate).and_then(|nc| nc.status.condition("Drifted").cloned());
+            if said.as_ref().is_some_and(|c| c.status) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let said = said.expect("a Drifted condition");
+        assert_eq!((said.status, said.reason.as_str()), (true, "NodeClassDrift"), "{said:?}");
+        assert_eq!(said.message, "the node class drifted (NodeClassDrift)");
+    }
 }
 
 mod router {
@@ -1365,6 +1410,7 @@ mod router {
     use dovetail_actors::pool::{NodePoolActor, PoolWiring};
     use dovetail_actors::router::{GetRouterStats, PodsPending, RoutedPool, Router};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
+    use dovetail_cloud::CloudProvider;
     use dovetail_cloud::sim::{SimCloud, SimConfig};
     use dovetail_cluster::sim::SimCluster;
     use dovetail_core::clock::{Clock, SystemClock};
@@ -1404,6 +1450,7 @@ mod router {
             })
             .collect();
         let (cl, le, ck) = (cluster.clone(), ledger.clone(), clock.clone());
+        let cloud: Arc<dyn CloudProvider> = cloud.clone();
         let (ex, errors) = executor(cl.clone(), le.clone());
         let config = Arc::new(Config { window: window.clone(), ..Config::default() });
         let (pools, zones): (Vec<NodePool>, Vec<String>) =
@@ -1422,6 +1469,8 @@ mod router {
                         executor: ex.clone(),
                         errors: errors.clone(),
                         config: config.clone(),
+                        cloud: cloud.clone(),
+                        nominations: Default::default(),
                     };
                     let actor = NodePoolActor::new(p.clone(), types(), node_class(), wiring).start();
                     let mut input_pool = p.clone();
@@ -2244,6 +2293,7 @@ mod timers {
             Arc::new(Config { window: BatchWindow { idle: 20, max: 200, adaptive: None }, ..Config::default() });
         let (ex, errors) = executor(cluster.clone(), ledger.clone());
         let (cl, le, ck, z) = (cluster.clone(), ledger.clone(), clock.clone(), zone.clone());
+        let cloud: Arc<dyn dovetail_cloud::CloudProvider> = cloud.clone();
         let conf = config.clone();
         let router = Router::create(move |ctx| {
             let wiring = PoolWiring {
@@ -2256,6 +2306,8 @@ mod timers {
                 executor: ex,
                 errors,
                 config: conf.clone(),
+                cloud,
+                nominations: Default::default(),
             };
             let actor = NodePoolActor::new(pool.clone(), types(), node_class(), wiring).start();
             let routed = vec![RoutedPool { input: PoolInput { pool, instance_types: types() }, actor }];

@@ -129,6 +129,17 @@ pub enum DriftReason {
     Network,
 }
 
+impl DriftReason {
+    /// Karpenter's AWS provider's reason, as the NodeClaim's `Drifted` condition says it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DriftReason::Image => "AMIDrift",
+            DriftReason::NodeClass => "NodeClassDrift",
+            DriftReason::Network => "SubnetDrift",
+        }
+    }
+}
+
 /// A message of the interruption queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueMessage {

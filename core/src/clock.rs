@@ -29,6 +29,23 @@ pub fn to_millis(d: Duration) -> Millis {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the Unix epoch.
+pub fn rfc3339(unix_seconds: u64) -> String {
+    let days = (unix_seconds / 86_400) as i64;
+    let secs = unix_seconds % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
 /// A clock that moves only when told to.
 #[derive(Debug)]
 pub struct ManualClock {
@@ -87,6 +104,13 @@ impl Clock for SystemClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_are_civil() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_767_225_600), "2026-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400 + 3661), "2000-02-29T01:01:01Z");
+    }
 
     #[test]
     fn a_manual_clock_starts_at_its_epoch_and_moves_when_told() {

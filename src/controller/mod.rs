@@ -72,8 +72,17 @@ fn logs() {
 }
 
 async fn client(s: &Settings) -> Result<(kube::Client, aws::ClusterAccess), String> {
-    let in_cluster = s.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let config = match &s.kubeconfig {
+    let (config, in_cluster) = kube_config(s.kubeconfig.as_deref()).await?;
+    let access = aws::ClusterAccess::of(&config, in_cluster);
+    let client = dovetail_cluster::kube::client(config).map_err(|e| format!("building the API client: {e}"))?;
+    Ok((client, access))
+}
+
+/// The API server's configuration: `kubeconfig` if given; in a pod, its service account;
+/// else kube's inference (KUBECONFIG, then ~/.kube/config). Whether it is the in-cluster one.
+pub(crate) async fn kube_config(kubeconfig: Option<&std::path::Path>) -> Result<(kube::Config, bool), String> {
+    let in_cluster = kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
@@ -86,9 +95,7 @@ async fn client(s: &Settings) -> Result<(kube::Client, aws::ClusterAccess), Stri
             .map_err(|e| format!("in-cluster configuration (KUBERNETES_SERVICE_HOST is set): {e}"))?,
         None => kube::Config::infer().await.map_err(|e| format!("no cluster configuration found: {e}"))?,
     };
-    let access = aws::ClusterAccess::of(&config, in_cluster);
-    let client = dovetail_cluster::kube::client(config).map_err(|e| format!("building the API client: {e}"))?;
-    Ok((client, access))
+    Ok((config, in_cluster))
 }
 
 /// Waits for every watch to list once, saying every 10 s which are still out.
@@ -225,7 +232,9 @@ async fn warm_classes(
     loop {
         if !leadership.borrow().leader && cluster.synced() {
             let mut all = true;
-            for (name, nc) in &cluster.nodeclasses() {
+            let classes = cluster.nodeclasses();
+            aws.retain_classes(&classes.keys().cloned().collect());
+            for (name, nc) in &classes {
                 let class = aws::node_class(name, nc);
                 match tokio::time::timeout(Duration::from_secs(20), aws.warm(&class)).await {
                     Ok(Ok(true)) => {}
@@ -241,7 +250,7 @@ async fn warm_classes(
                     }
                 }
             }
-            warmed |= all;
+            warmed = all;
         }
         tokio::time::sleep(if warmed { EVERY } else { FIRST }).await;
     }
@@ -348,7 +357,12 @@ impl Acting {
                 zones: s.zones.clone(),
                 pools: Vec::new(),
                 limits: ApiLimits::default(),
-                config: Config::default(),
+                // Disruption is on, as Karpenter's: each NodePool's budgets and
+                // consolidateAfter say how much (a budget of 0 nodes, or `Never`, turns it off).
+                config: Config {
+                    disruption: dovetail_actors::config::DisruptionConfig { enabled: true, ..Default::default() },
+                    ..Config::default()
+                },
             },
             Seams {
                 cloud,

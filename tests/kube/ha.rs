@@ -14,7 +14,9 @@ use super::*;
 
 /// Two NodePools on 4- and 8-vCPU types (a scale-up is many NodeClaims, so a kill lands
 /// among launches in flight): `limited`, preferred (weight 10) with a CPU limit the scale-up
-/// reaches, and Karpenter's getting-started `default`, unlimited, which takes the rest.
+/// reaches, and Karpenter's getting-started `default`, unlimited, which takes the rest. Neither
+/// consolidates (`consolidateAfter: Never`): these tests are about fail-over, and a 1,000-pod
+/// scale-up would otherwise be repacked while it lands (disruption has tests of its own).
 fn pools(limit_cpu: u32) -> String {
     let pool = |name: &str, extra: &str| {
         format!(
@@ -32,6 +34,8 @@ spec:
         - {{key: karpenter.k8s.aws/instance-category, operator: In, values: ["c", "m", "r"]}}
         - {{key: karpenter.k8s.aws/instance-cpu, operator: In, values: ["4", "8"]}}
       nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}
+  disruption:
+    consolidateAfter: Never
 "#
         )
     };
@@ -316,7 +320,10 @@ async fn describe_all(
         let page = loop {
             let call =
                 ec2.describe_instances().set_filters(filter.clone().map(|f| vec![f])).set_next_token(token.clone());
-            match call.send().await {
+            // Bounded in time too: a moto that stopped answering fails the test, not hangs it.
+            let sent = tokio::time::timeout(std::time::Duration::from_secs(60), call.send()).await;
+            let Ok(sent) = sent else { panic!("describe instances: moto did not answer within 60 s") };
+            match sent {
                 Ok(out) => break out,
                 Err(e) if tries < 5 && e.raw_response().is_some_and(|r| r.status().is_server_error()) => {
                     tries += 1;

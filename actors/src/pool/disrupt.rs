@@ -12,7 +12,13 @@
 //!   once every replacement is initialized; a command whose replacement failed or timed out
 //!   is ended and its candidates untainted;
 //! - **stale taints**: a node of the pool tainted `karpenter.sh/disrupted` that no command
-//!   holds and that is not terminating loses the taint.
+//!   holds and that is not terminating loses the taint;
+//! - **conditions**: each node's decision on its NodeClaim, as Karpenter's `Consolidatable`
+//!   (with the decision and its reason as the message) and `Drifted`, written when it changed.
+//!
+//! Every `disruption.drift_every` (and at a leader's first round) the cloud provider is asked
+//! which of the pool's instances drifted from its node class (`CloudProvider::is_drifted`, over
+//! one `list` of the cluster's instances): the planner's NodeClass drift.
 //!
 //! Every node's decision, with its reason, is kept for `explain` ([`GetDecisions`]).
 
@@ -22,7 +28,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use dovetail_cluster::Snapshot;
 use dovetail_core::clock::to_millis;
-use dovetail_core::cluster::{Event, NodePatch, ObjectKind};
+use dovetail_core::cluster::{Event, NodePatch, ObjectKind, StatusPatch};
 use dovetail_core::disruption::{self, Decision, Input, Memory, Plan, Progress, Proposal};
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::{Claim, Command, Entry, Millis, Offering, Outcome, Step, Term};
@@ -99,6 +105,12 @@ impl NodePoolActor {
         if !leadership.leader || self.types.is_empty() || self.disruption_in_flight > 0 {
             return;
         }
+        let due = self
+            .drift_checked
+            .is_none_or(|at| self.clock.now_millis().saturating_sub(at) >= to_millis(self.cfg.disruption.drift_every));
+        if due {
+            self.check_drift(ctx);
+        }
         let Some(memory) = self.disruption_memory.take() else { return };
         let term = leadership.term;
         let (ledger, view, clock, errors, cfg) =
@@ -106,6 +118,8 @@ impl NodePoolActor {
         let pool = self.pool.clone();
         let types = self.types.clone();
         let retired = self.retired;
+        let cloud_drift = self.cloud_drift.clone();
+        let nominated = self.nominations.active(self.clock.now_millis());
         let work = async move {
             let now = clock.now_millis();
             let snapshot = view.snapshot();
@@ -157,7 +171,6 @@ impl NodePoolActor {
             let work = move || {
                 let mut memory = memory;
                 let pools = [PoolInput { pool: pool.clone(), instance_types: available_types(&types, &unavailable) }];
-                let cloud_drift = BTreeMap::new();
                 // A retired pool (its NodePool gone or invalid) starts no command; its
                 // commands under way still finish.
                 let none = BTreeMap::new();
@@ -168,6 +181,7 @@ impl NodePoolActor {
                     leases: &leases,
                     available: if retired { &none } else { &available },
                     cloud_drift: &cloud_drift,
+                    nominated: &nominated,
                     snapshot: &snapshot,
                     pools: &pools,
                     opts: &cfg.solve,
@@ -191,6 +205,53 @@ impl NodePoolActor {
                 act.decisions = plan.decisions.clone();
                 let round = Round { plan, commands, leased, terminating, not_ready, now };
                 act.act_on_disruption(ctx, term, round, &snapshot);
+            }
+        }));
+    }
+
+    /// Asks the cloud provider which of the pool's launched instances drifted from the
+    /// pool's node class; the answer replaces the last (an instance gone or back in line is
+    /// forgotten). A failed check keeps the last answer and is retried at the next round.
+    fn check_drift(&mut self, ctx: &mut Context<Self>) {
+        if self.drift_checking {
+            return;
+        }
+        self.drift_checking = true;
+        let (ledger, cloud, node_class) = (self.ledger.clone(), self.cloud.clone(), self.node_class.clone());
+        let name = self.pool.name.clone();
+        let work = async move {
+            let claims: Vec<(String, String)> = read_with(&*ledger, move |s| {
+                s.claims_of(&name)
+                    .filter(|c| !c.state.is_terminating())
+                    .filter_map(|c| Some((c.id.clone(), c.state.instance()?.to_string())))
+                    .collect()
+            })
+            .await
+            .map_err(|e| ("ledger", e.to_string()))?;
+            let mut drifted = BTreeMap::new();
+            if claims.is_empty() {
+                return Ok(drifted);
+            }
+            let live = cloud.list().await.map_err(|e| ("cloud", e.to_string()))?;
+            let by_id: BTreeMap<&str, &dovetail_cloud::Instance> = live.iter().map(|i| (i.id.as_str(), i)).collect();
+            for (claim, id) in claims {
+                let Some(instance) = by_id.get(id.as_str()) else { continue };
+                if let Some(reason) =
+                    cloud.is_drifted(instance, &node_class).await.map_err(|e| ("cloud", e.to_string()))?
+                {
+                    drifted.insert(claim, reason.as_str().to_string());
+                }
+            }
+            Ok::<_, (&'static str, String)>(drifted)
+        };
+        ctx.spawn(work.into_actor(self).map(|checked, act, _| {
+            act.drift_checking = false;
+            match checked {
+                Ok(drifted) => {
+                    act.drift_checked = Some(act.clock.now_millis());
+                    act.cloud_drift = drifted;
+                }
+                Err((kind, e)) => act.errors.warn("check_drift", kind, &name_for(&act.pool.name), &e),
             }
         }));
     }
@@ -264,6 +325,16 @@ impl NodePoolActor {
             }
             let patch = NodePatch { remove_taints: vec![taint.clone()], ..NodePatch::default() };
             stale.push(Effect::new(claim, Action::PatchNode { node: node.name.clone(), patch }));
+        }
+        // Each decision on its NodeClaim (`Consolidatable`, `Drifted`), written only when it
+        // changed: the messages carry no running clock.
+        for claim in plan.decisions.keys().filter(|c| !terminating.contains(*c)) {
+            let Some(nc) = snap.nodeclaims.get(claim).filter(|nc| !nc.deleting) else { continue };
+            let Some(conditions) = plan.conditions(claim) else { continue };
+            let patch = StatusPatch { conditions: conditions.to_vec(), ..StatusPatch::default() };
+            if patch.apply(&nc.status).is_some() {
+                stale.push(Effect::new(claim, Action::PatchStatus(patch)));
+            }
         }
         if !stale.is_empty() {
             let executor = self.executor.clone();

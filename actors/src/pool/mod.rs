@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
-use dovetail_cloud::{CloudError, NodeClass};
+use dovetail_cloud::{CloudError, CloudProvider, NodeClass};
 use dovetail_cluster::{ClusterView, ClusterWriter};
 use dovetail_core::catalog::InstanceType;
 use dovetail_core::clock::{Clock, to_millis};
@@ -158,6 +158,11 @@ pub struct PoolWiring {
     pub executor: Executor,
     pub errors: Arc<Errors>,
     pub config: Arc<Config>,
+    /// Read for drift (`CloudProvider::list`, `is_drifted`); the zone actors launch and
+    /// terminate.
+    pub cloud: Arc<dyn CloudProvider>,
+    /// The Router's nominations (its nodes are not disrupted while nominated).
+    pub nominations: crate::nominate::Nominations,
 }
 
 /// The actor.
@@ -220,6 +225,14 @@ pub struct NodePoolActor {
     /// Proposals and writes of the last disruption round still under way: no round starts
     /// until they are done.
     disruption_in_flight: usize,
+    cloud: Arc<dyn CloudProvider>,
+    /// The pool's claims whose instance the cloud provider reports drifted, with its reason,
+    /// as of the last check.
+    cloud_drift: BTreeMap<String, String>,
+    /// When drift was last asked of the cloud; whether a check is under way.
+    drift_checked: Option<Millis>,
+    drift_checking: bool,
+    nominations: crate::nominate::Nominations,
 }
 
 impl NodePoolActor {
@@ -265,6 +278,11 @@ impl NodePoolActor {
             disruption_memory: Some(dovetail_core::disruption::Memory::default()),
             decisions: BTreeMap::new(),
             disruption_in_flight: 0,
+            cloud: w.cloud,
+            cloud_drift: BTreeMap::new(),
+            drift_checked: None,
+            drift_checking: false,
+            nominations: w.nominations,
         }
     }
 
@@ -350,6 +368,7 @@ impl NodePoolActor {
             self.disruption_memory = Some(dovetail_core::disruption::Memory::default());
         }
         self.disruption_in_flight = 0;
+        self.drift_checking = false;
         self.dirty = true;
     }
 
@@ -464,6 +483,10 @@ impl Handler<Reconfigure> for NodePoolActor {
     fn handle(&mut self, msg: Reconfigure, ctx: &mut Context<Self>) {
         self.pool = Self::zoned(msg.pool, &self.zones);
         self.types = msg.types;
+        // A changed node class is when instances drift: the next round asks the cloud again.
+        if msg.node_class != self.node_class {
+            self.drift_checked = None;
+        }
         self.node_class = msg.node_class;
         self.retired = false;
         self.dirty = true;

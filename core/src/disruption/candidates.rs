@@ -41,6 +41,9 @@ pub enum Blocker {
     /// A pending pod is nominated to it (kube-scheduler's `status.nominatedNodeName`: the
     /// node it preempted room on).
     Nominated { pod: PodKey },
+    /// The provisioner planned pending pods onto it (Karpenter's nomination window): they
+    /// are on their way there.
+    Planned { until: u64 },
 }
 
 impl fmt::Display for Blocker {
@@ -57,6 +60,13 @@ impl fmt::Display for Blocker {
                 write!(f, "pod {pod} is covered by several pdbs ({})", names.join(", "))
             }
             Blocker::Nominated { pod } => write!(f, "pending pod {pod} is nominated to it"),
+            Blocker::Planned { until } => {
+                write!(
+                    f,
+                    "pending pods were planned onto it (nominated until {})",
+                    crate::clock::rfc3339(*until / 1000)
+                )
+            }
         }
     }
 }

@@ -7,8 +7,9 @@
 //!
 //! - a pod that fits nowhere: no move;
 //! - no new node: **delete**;
-//! - more than one new node: no move (a repack of m nodes onto n > 1 is not a consolidation
-//!   Karpenter makes);
+//! - more than one new node: no move for Karpenter's methods; dovetail's repack (`max_new`
+//!   above 1) takes m candidates onto n < m new nodes when the n together launch for less than
+//!   the m cost (at worst: each new node's dearest kept type), with the same spot rules;
 //! - one new node: **replace**, if some of its instance types launch for less than the
 //!   candidates cost together (their worst-case price: the dearest offering the replacement may
 //!   land on). On-demand candidates are replaced with spot when the replacement allows it, so a
@@ -47,7 +48,9 @@ pub struct Replacement {
 #[derive(Clone, Debug)]
 pub struct Move {
     pub candidates: Vec<String>,
-    pub replacement: Option<Replacement>,
+    /// The new nodes launched first: none (a delete), one (Karpenter's replace), or several
+    /// fewer than the candidates (a repack).
+    pub replacements: Vec<Replacement>,
     /// What the candidates cost together ($/hour).
     pub cost: f64,
 }
@@ -55,7 +58,7 @@ pub struct Move {
 impl Move {
     /// The $/hour it saves at worst.
     pub fn savings(&self) -> f64 {
-        self.cost - self.replacement.as_ref().map(|r| r.price).unwrap_or(0.0)
+        self.cost - self.replacements.iter().map(|r| r.price).sum::<f64>()
     }
 }
 
@@ -72,7 +75,11 @@ fn worst_price(t: &InstanceType, claim: &NewClaim) -> Option<f64> {
 }
 
 /// Where the candidates' pods would go: the solver's results over the cluster without their
-/// nodes, and the pods it was given (the candidates' reschedulable pods, unbound).
+/// nodes, and the pods that move (the candidates' reschedulable pods, unbound). The cluster's
+/// pending pods are placed too, as Karpenter's simulation does: they keep the room they would
+/// take on the other nodes, and a new node only they need is not the move's (it is left out
+/// of the results, as are their errors; the placement order is not kept, and pod indices
+/// past the moved pods are pending pods').
 pub fn simulate(
     snap: &Snapshot,
     pools: &[PoolInput],
@@ -91,22 +98,33 @@ pub fn simulate(
         .collect();
     let mut input = snap.scheduling_input(nodes, pools.to_vec());
     input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !removed.contains(n)));
-    let pods: Vec<Pod> = candidates
+    let mut pods: Vec<Pod> = candidates
         .iter()
         .flat_map(|c| c.pods.iter())
         .map(|p| Pod { node_name: None, nominated_node: None, ..p.as_ref().clone() })
         .collect();
-    let results = scheduling::solve(&input, &pods, opts);
+    let moved = pods.len();
+    pods.extend(snap.provisionable().map(|p| p.as_ref().clone()));
+    let mut results = scheduling::solve(&input, &pods, opts);
+    if pods.len() > moved {
+        results.errors.retain(|(i, _)| *i < moved);
+        results.claims.retain(|c| c.pods.iter().any(|i| *i < moved));
+        results.order.clear();
+        pods.truncate(moved);
+    }
     (results, pods)
 }
 
-/// Whether `candidates` can be consolidated, and how; the error says why not.
+/// Whether `candidates` can be consolidated, and how; the error says why not. `max_new` is
+/// how many new nodes the move may launch: 1 for Karpenter's methods, fewer than the
+/// candidates for a repack.
 pub fn consolidate(
     snap: &Snapshot,
     pools: &[PoolInput],
     candidates: &[&Candidate<'_>],
     opts: &SolveOptions,
     spot_to_spot: bool,
+    max_new: usize,
 ) -> Result<Move, String> {
     let cost: f64 = candidates.iter().map(|c| c.price).sum();
     let ids: Vec<String> = candidates.iter().map(|c| c.claim.id.clone()).collect();
@@ -116,8 +134,15 @@ pub fn consolidate(
         return Err(format!("pod {pod} would fit nowhere else: {why}"));
     }
     match results.claims.len() {
-        0 => return Ok(Move { candidates: ids, replacement: None, cost }),
+        0 => return Ok(Move { candidates: ids, replacements: Vec::new(), cost }),
         1 => {}
+        n if n <= max_new => {
+            return repack(pools, candidates, results.claims, cost, spot_to_spot).map(|replacements| Move {
+                candidates: ids,
+                replacements,
+                cost,
+            });
+        }
         n => return Err(format!("its pods would need {n} new nodes")),
     }
     let Some(mut claim) = results.claims.into_iter().next() else {
@@ -125,28 +150,10 @@ pub fn consolidate(
     };
     let Some(pool) = pools.get(claim.pool) else { return Err("the replacement's nodepool is gone".into()) };
     let types = &pool.instance_types;
-    let all_on_demand = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::OnDemand));
-    let all_spot = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::Spot));
-    let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
-    let allows_spot = capacity.has(CapacityType::Spot.as_str());
-    let allows_on_demand = capacity.has(CapacityType::OnDemand.as_str());
-    if all_on_demand && allows_spot && allows_on_demand {
-        claim.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in([CapacityType::Spot.as_str()]));
-    }
+    let all_spot = spot_rules(candidates, &mut claim, spot_to_spot)?;
     let spot_only = !claim.requirements.get(labels::CAPACITY_TYPE).has(CapacityType::OnDemand.as_str());
-    if all_spot && spot_only && !spot_to_spot {
-        return Err("spot-to-spot consolidation is off".into());
-    }
-    let mut priced: Vec<(f64, u32)> = claim
-        .instance_types
-        .iter()
-        .filter_map(|&t| {
-            let it = types.get(t as usize)?;
-            worst_price(it, &claim).map(|p| (p, t))
-        })
-        .filter(|(p, _)| *p < cost)
-        .collect();
-    priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut priced = priced(types, &claim);
+    priced.retain(|(p, _)| *p < cost);
     if priced.is_empty() {
         return Err(format!("no cheaper node than ${cost:.4}/h takes its pods"));
     }
@@ -175,10 +182,49 @@ pub fn consolidate(
         }
         priced.truncate(SPOT_TO_SPOT_MIN_TYPES);
     }
+    let replacement = narrowed(types, claim, priced)?;
+    Ok(Move { candidates: ids, replacements: vec![replacement], cost })
+}
+
+/// Karpenter's spot rules on a replacement: on-demand candidates are replaced with spot when
+/// the replacement allows both; spot candidates by spot only with spot-to-spot on. Returns
+/// whether every candidate is spot.
+fn spot_rules(candidates: &[&Candidate<'_>], claim: &mut NewClaim, spot_to_spot: bool) -> Result<bool, String> {
+    let all_on_demand = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::OnDemand));
+    let all_spot = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::Spot));
+    let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
+    let allows_spot = capacity.has(CapacityType::Spot.as_str());
+    let allows_on_demand = capacity.has(CapacityType::OnDemand.as_str());
+    if all_on_demand && allows_spot && allows_on_demand {
+        claim.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in([CapacityType::Spot.as_str()]));
+    }
+    let spot_only = !claim.requirements.get(labels::CAPACITY_TYPE).has(CapacityType::OnDemand.as_str());
+    if all_spot && spot_only && !spot_to_spot {
+        return Err("spot-to-spot consolidation is off".into());
+    }
+    Ok(all_spot)
+}
+
+/// The claim's instance types with their worst-case price, cheapest first.
+fn priced(types: &[InstanceType], claim: &NewClaim) -> Vec<(f64, u32)> {
+    let mut priced: Vec<(f64, u32)> = claim
+        .instance_types
+        .iter()
+        .filter_map(|&t| {
+            let it = types.get(t as usize)?;
+            worst_price(it, claim).map(|p| (p, t))
+        })
+        .collect();
+    priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    priced
+}
+
+/// The replacement launching `claim` narrowed to the `priced` types kept: its price is the
+/// dearest kept type's worst case, its launch the cheapest available offering of them that
+/// the claim's requirements (zones, capacity types) allow.
+fn narrowed(types: &[InstanceType], mut claim: NewClaim, priced: Vec<(f64, u32)>) -> Result<Replacement, String> {
     let price = priced.iter().map(|(p, _)| *p).fold(0.0, f64::max);
     claim.instance_types = priced.into_iter().map(|(_, t)| t).collect();
-    // The launch it would get now: the cheapest available offering of the kept types that the
-    // claim's requirements (zones, capacity types) allow.
     let zone = claim.requirements.get(labels::ZONE);
     let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
     let launch = claim
@@ -195,5 +241,44 @@ pub fn consolidate(
         capacity_type: o.capacity_type,
         price: o.price,
     });
-    Ok(Move { candidates: ids, replacement: Some(Replacement { pool: claim.pool, claim, price }), cost })
+    Ok(Replacement { pool: claim.pool, claim, price })
+}
+
+/// dovetail's repack: the candidates' pods onto several new nodes (fewer than the
+/// candidates, checked by the caller's `max_new`) that together cost less than the
+/// candidates at worst. Each new node keeps the types within an equal share of the saving
+/// over its cheapest, so however the cloud picks among them the total stays below `cost`.
+fn repack(
+    pools: &[PoolInput],
+    candidates: &[&Candidate<'_>],
+    claims: Vec<NewClaim>,
+    cost: f64,
+    spot_to_spot: bool,
+) -> Result<Vec<Replacement>, String> {
+    let n = claims.len();
+    let mut each: Vec<(NewClaim, Vec<(f64, u32)>)> = Vec::with_capacity(n);
+    for mut claim in claims {
+        let Some(pool) = pools.get(claim.pool) else { return Err("a replacement's nodepool is gone".into()) };
+        spot_rules(candidates, &mut claim, spot_to_spot)?;
+        let priced = priced(&pool.instance_types, &claim);
+        if priced.is_empty() {
+            return Err("no offering of a replacement is available".into());
+        }
+        each.push((claim, priced));
+    }
+    let least: f64 = each.iter().map(|(_, p)| p[0].0).sum();
+    if least >= cost {
+        return Err(format!(
+            "its pods would need {n} new nodes costing at least ${least:.4}/h, not less than ${cost:.4}/h"
+        ));
+    }
+    let share = (cost - least) / n as f64;
+    let mut out = Vec::with_capacity(n);
+    for (claim, mut priced) in each {
+        let cap = priced[0].0 + share;
+        priced.retain(|(p, _)| *p < cap);
+        let Some(pool) = pools.get(claim.pool) else { return Err("a replacement's nodepool is gone".into()) };
+        out.push(narrowed(&pool.instance_types, claim, priced)?);
+    }
+    Ok(out)
 }

@@ -18,7 +18,8 @@
 //! the reason (what `explain` prints).
 //!
 //! Methods run in Karpenter's order and the first that finds something wins the round:
-//! emptiness, drift, then consolidation. Expiration is not a method of the loop: an expired
+//! emptiness, drift, then consolidation (multi-node, single-node, then dovetail's repack of m
+//! nodes onto n < m new ones, where a single replacement cannot get there). Expiration is not a method of the loop: an expired
 //! claim is terminated whatever the budgets say.
 pub mod budget;
 pub mod candidates;
@@ -32,7 +33,7 @@ use std::sync::Arc;
 
 use crate::catalog::InstanceType;
 use crate::clock::to_millis;
-use crate::cluster::Snapshot;
+use crate::cluster::{Condition, Snapshot};
 use crate::ledger::{Claim, ClaimState, DisruptionCommand, Millis, State};
 use crate::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::pod::Pod;
@@ -54,6 +55,9 @@ pub struct Input<'a> {
     pub available: &'a BTreeMap<DisruptionReason, u32>,
     /// Claims the cloud provider reports drifted, with its reason.
     pub cloud_drift: &'a BTreeMap<String, String>,
+    /// Nodes (and in-flight NodeClaims, by name) the provisioner planned pending pods onto,
+    /// with when that nomination ends: not disrupted until then.
+    pub nominated: &'a BTreeMap<String, Millis>,
     pub snapshot: &'a Snapshot,
     /// Every NodePool with its instance types: where moved pods may land on a new node.
     pub pools: &'a [PoolInput],
@@ -87,6 +91,8 @@ pub enum Method {
     Drift,
     MultiNodeConsolidation,
     SingleNodeConsolidation,
+    /// dovetail's: m nodes onto n new ones, 1 < n < m, when no Karpenter method finds a move.
+    Repack,
 }
 
 impl Method {
@@ -96,7 +102,9 @@ impl Method {
             Method::Expiration => None,
             Method::Emptiness => Some(DisruptionReason::Empty),
             Method::Drift => Some(DisruptionReason::Drifted),
-            Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => Some(DisruptionReason::Underutilized),
+            Method::MultiNodeConsolidation | Method::SingleNodeConsolidation | Method::Repack => {
+                Some(DisruptionReason::Underutilized)
+            }
         }
     }
 
@@ -107,6 +115,7 @@ impl Method {
             Method::Drift => "drift",
             Method::MultiNodeConsolidation => "multi-node-consolidation",
             Method::SingleNodeConsolidation => "single-node-consolidation",
+            Method::Repack => "repack",
         }
     }
 }
@@ -122,8 +131,44 @@ pub enum Verdict {
     Disrupt { method: Method, detail: String },
     /// It would be disrupted, but the budgets leave no room now.
     BudgetExhausted { method: Method },
+    /// Its pods changed `changed_ago` ms ago, within its `consolidateAfter` (`after` ms).
+    Settling { changed_ago: Millis, after: Millis },
+    /// Consolidation found nothing `since_ago` ms ago and the cluster is as it was then.
+    Quiet { pods: usize, since_ago: Millis },
     /// It is a candidate and stays: why.
     Keep(String),
+}
+
+impl Verdict {
+    /// The verdict without a running clock (what the NodeClaim's `Consolidatable` condition
+    /// says: written again only when this changes).
+    pub fn steady(&self) -> String {
+        match self {
+            Verdict::Settling { after, .. } => {
+                format!("its pods changed within its consolidateAfter ({}s)", after / 1000)
+            }
+            Verdict::Quiet { pods, .. } => {
+                format!("it runs {pods} pods; no cheaper place for them was found and nothing changed since")
+            }
+            Verdict::Disrupt { method, detail } => {
+                let detail = detail.split(" (validating").next().unwrap_or(detail);
+                format!("disrupting ({}): {detail}", method.as_str())
+            }
+            v => v.to_string(),
+        }
+    }
+
+    /// The `Consolidatable` condition's reason when it is false.
+    fn kind(&self) -> &'static str {
+        match self {
+            Verdict::Blocked(_) => "NotDisruptable",
+            Verdict::Expired { .. } => "Expired",
+            Verdict::Disrupt { .. } => "Disrupting",
+            Verdict::BudgetExhausted { .. } => "BudgetExhausted",
+            Verdict::Settling { .. } => "Settling",
+            Verdict::Quiet { .. } | Verdict::Keep(_) => "Kept",
+        }
+    }
 }
 
 /// One node's decision and its reason.
@@ -145,6 +190,14 @@ impl fmt::Display for Verdict {
             Verdict::BudgetExhausted { method } => {
                 write!(f, "would be disrupted ({}) but the nodepool's budgets allow no more now", method.as_str())
             }
+            Verdict::Settling { changed_ago, after } => {
+                write!(f, "kept: its pods changed {}s ago; consolidateAfter is {}s", changed_ago / 1000, after / 1000)
+            }
+            Verdict::Quiet { pods, since_ago } => write!(
+                f,
+                "kept: it runs {pods} pods; no consolidation was found {}s ago and nothing changed since",
+                since_ago / 1000
+            ),
             Verdict::Keep(why) => write!(f, "kept: {why}"),
         }
     }
@@ -186,6 +239,41 @@ pub struct Plan {
     pub proposal: Option<Proposal>,
     /// Every claim's decision, by claim.
     pub decisions: BTreeMap<String, Decision>,
+    /// Candidates whose pods have been still for their `consolidateAfter` (Karpenter's
+    /// `Consolidatable`).
+    pub consolidatable: BTreeSet<String>,
+    /// Drifted candidates: the `Drifted` condition's reason, and the drift in words.
+    pub drifted: BTreeMap<String, (String, String)>,
+}
+
+impl Plan {
+    /// What a claim's NodeClaim says of its decision, as Karpenter's conditions:
+    /// `Consolidatable` (true once its pods have been still for `consolidateAfter`; the
+    /// decision, without a running clock, as its message) and `Drifted` (true with the drift's
+    /// reason). `None` for a claim the plan has no decision for. The messages change only when
+    /// the decision does, so a caller writes them only when they differ from what is there.
+    pub fn conditions(&self, claim: &str) -> Option<[Condition; 2]> {
+        let d = self.decisions.get(claim)?;
+        let settled = self.consolidatable.contains(claim);
+        let consolidatable = Condition {
+            kind: "Consolidatable".into(),
+            status: settled,
+            reason: if settled { "Consolidatable".into() } else { d.verdict.kind().into() },
+            message: d.verdict.steady(),
+        };
+        let drifted = match self.drifted.get(claim) {
+            Some((reason, said)) => {
+                Condition { kind: "Drifted".into(), status: true, reason: reason.clone(), message: said.clone() }
+            }
+            None => Condition {
+                kind: "Drifted".into(),
+                status: false,
+                reason: "NotDrifted".into(),
+                message: "it matches its nodepool and node class".into(),
+            },
+        };
+        Some([consolidatable, drifted])
+    }
 }
 
 /// What the planner remembers between rounds: when each node last saw its pods change (the
@@ -294,10 +382,17 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             let cloud = input.cloud_drift.get(&claim.id).map(String::as_str);
             drift::drifted(n, &nc.spec.annotations, input.pool, input.types, cloud)
         });
+        // Drifted whatever else holds it (a command, a PDB): its NodeClaim says so.
+        if let Some(d) = &drift {
+            out.drifted.insert(claim.id.clone(), (d.reason().to_string(), d.to_string()));
+        }
         let candidate = candidates::candidate(&pieces, lease, input.types, &pdbs, input.now, drift.is_some());
         let candidate = candidate.and_then(|c| match nominated.get(c.node.name.as_str()) {
             Some(p) => Err(Blocker::Nominated { pod: p.key.clone() }),
-            None => Ok(c),
+            None => match input.nominated.get(&c.node.name).filter(|until| **until > input.now) {
+                Some(until) => Err(Blocker::Planned { until: *until }),
+                None => Ok(c),
+            },
         });
         let c = match candidate {
             Ok(c) => c,
@@ -321,14 +416,11 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
         };
         let settles_at = last_event.saturating_add(after);
         if input.now < settles_at {
-            let why = format!(
-                "its pods changed {}s ago; consolidateAfter is {}s",
-                input.now.saturating_sub(last_event) / 1000,
-                after / 1000
-            );
-            out.decisions.insert(claim.id.clone(), decide(Verdict::Keep(why)));
+            let verdict = Verdict::Settling { changed_ago: input.now.saturating_sub(last_event), after };
+            out.decisions.insert(claim.id.clone(), decide(verdict));
             continue;
         }
+        out.consolidatable.insert(claim.id.clone());
         if c.is_empty() {
             empty.push(c);
         } else if input.pool.disruption.consolidation_policy == ConsolidationPolicy::WhenEmpty {
@@ -411,12 +503,8 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
         let quiet = memory.quiet.filter(|(s, at)| *s == shape && input.now.saturating_sub(*at) < CONSOLIDATION_RECHECK);
         if let (Some((_, since)), None) = (quiet, &out.proposal) {
             for c in &underused {
-                let why = format!(
-                    "it runs {} pods; no consolidation was found {}s ago and nothing changed since",
-                    c.pods.len(),
-                    input.now.saturating_sub(since) / 1000
-                );
-                out.decisions.insert(c.claim.id.clone(), decide(c, Verdict::Keep(why)));
+                let verdict = Verdict::Quiet { pods: c.pods.len(), since_ago: input.now.saturating_sub(since) };
+                out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
             }
         } else {
             let before = out.proposal.is_some();
@@ -538,7 +626,9 @@ fn validate(input: &Input<'_>, memory: &mut Memory, out: &mut Plan) {
 
 /// The consolidation methods over the settled candidates with pods: multi-node first (the
 /// longest prefix, by savings per disruption, that goes with at most one new node), then
-/// single-node. Returns each candidate's verdict, in `underused`'s order (sorted here).
+/// single-node, then (dovetail's, when neither found a move) a repack: the longest prefix of
+/// at least 3 that goes onto fewer new nodes costing less together. Returns each candidate's
+/// verdict, in `underused`'s order (sorted here).
 fn consolidate(
     input: &Input<'_>,
     underused: &mut [Candidate<'_>],
@@ -576,8 +666,8 @@ fn consolidate(
             Err(format!("the balanced policy scores it {score:.2}, under {:.2}", 1.0 / BALANCED_K))
         }
     };
-    let attempt = |cands: &[&Candidate<'_>]| {
-        consolidation::consolidate(snap, input.pools, cands, input.opts, input.spot_to_spot)
+    let attempt = |cands: &[&Candidate<'_>], max_new: usize| {
+        consolidation::consolidate(snap, input.pools, cands, input.opts, input.spot_to_spot, max_new)
             .and_then(|m| worth(&m, cands).map(|()| m))
     };
     let max = underused.len().min(MULTI_NODE_MAX).min(room);
@@ -587,7 +677,7 @@ fn consolidate(
         let (mut lo, mut hi) = (2, max);
         while lo <= hi {
             let mid = (lo + hi) / 2;
-            match attempt(&refs[..mid]) {
+            match attempt(&refs[..mid], 1) {
                 Ok(m) => {
                     best = Some((Method::MultiNodeConsolidation, m));
                     lo = mid + 1;
@@ -598,7 +688,7 @@ fn consolidate(
     }
     if best.is_none() {
         for (i, c) in underused.iter().enumerate().take(SINGLE_NODE_TRIES) {
-            match attempt(&[c]) {
+            match attempt(&[c], 1) {
                 Ok(m) => {
                     best = Some((Method::SingleNodeConsolidation, m));
                     break;
@@ -607,13 +697,36 @@ fn consolidate(
             }
         }
     }
+    // dovetail's repack, where no single replacement gets there: the longest prefix of at
+    // least 3 candidates whose pods go onto fewer new nodes that cost less together.
+    if best.is_none() && max >= 3 {
+        let refs: Vec<&Candidate<'_>> = underused.iter().take(max).collect();
+        let (mut lo, mut hi) = (3, max);
+        while lo <= hi {
+            let mid = (lo + hi) / 2;
+            match attempt(&refs[..mid], mid - 1) {
+                Ok(m) => {
+                    best = Some((Method::Repack, m));
+                    lo = mid + 1;
+                }
+                Err(_) => hi = mid - 1,
+            }
+        }
+    }
     let Some((method, m)) = best else { return verdicts };
-    let detail = match &m.replacement {
-        None => format!("its pods fit on other nodes; saves ${:.4}/h", m.savings()),
-        Some(r) => format!(
+    let detail = match m.replacements.as_slice() {
+        [] => format!("its pods fit on other nodes; saves ${:.4}/h", m.savings()),
+        [r] => format!(
             "replaced by one cheaper node ({} types from ${:.4}/h); saves at least ${:.4}/h",
             r.claim.instance_types.len(),
             r.price,
+            m.savings()
+        ),
+        rs => format!(
+            "{} nodes repacked onto {} new ones costing at most ${:.4}/h together; saves at least ${:.4}/h",
+            m.candidates.len(),
+            rs.len(),
+            rs.iter().map(|r| r.price).sum::<f64>(),
             m.savings()
         ),
     };
@@ -626,7 +739,7 @@ fn consolidate(
         method,
         reason: DisruptionReason::Underutilized,
         candidates: m.candidates,
-        replacements: m.replacement.map(|r| vec![r.claim]).unwrap_or_default(),
+        replacements: m.replacements.into_iter().map(|r| r.claim).collect(),
         detail,
     });
     verdicts

@@ -35,6 +35,7 @@ struct World {
     memory: Memory,
     now: Millis,
     cloud_drift: BTreeMap<String, String>,
+    nominated: BTreeMap<String, Millis>,
     /// The validation delay; 0 unless a test is about it.
     validation: Millis,
 }
@@ -51,6 +52,7 @@ impl World {
             memory: Memory::default(),
             now: 1_000_000,
             cloud_drift: BTreeMap::new(),
+            nominated: BTreeMap::new(),
             validation: 0,
         }
     }
@@ -159,6 +161,7 @@ impl World {
             leases: &leases,
             available: &available,
             cloud_drift: &self.cloud_drift,
+            nominated: &self.nominated,
             snapshot: &self.snap,
             pools: &pools,
             opts: &SolveOptions::default(),
@@ -227,11 +230,25 @@ fn consolidate_after_waits_from_the_last_pod_change_and_never_keeps_every_node()
     w.snap.pods.remove(&PodKey::new("default", "web-1"));
     w.now += 10_000;
     let p = w.plan();
-    assert!(matches!(World::verdict(&p, "a"), Verdict::Keep(why) if why.contains("consolidateAfter is 30s")));
+    // The change is seen by this plan: the wait starts now.
+    assert_eq!(World::verdict(&p, "a"), Verdict::Settling { changed_ago: 0, after: 30_000 });
+    assert!(World::verdict(&p, "a").to_string().contains("its pods changed 0s ago; consolidateAfter is 30s"));
+    // Its NodeClaim's conditions: not consolidatable yet, with a message that does not tick.
+    let [c, d] = p.conditions("a").expect("conditions");
+    assert_eq!((c.kind.as_str(), c.status, c.reason.as_str()), ("Consolidatable", false, "Settling"));
+    assert_eq!(c.message, "its pods changed within its consolidateAfter (30s)");
+    assert_eq!((d.kind.as_str(), d.status), ("Drifted", false));
     w.now += 29_000;
-    assert_eq!(w.plan().proposal, None);
+    let p = w.plan();
+    assert_eq!(p.proposal, None);
+    assert_eq!(
+        p.conditions("a").map(|[c, _]| c.message),
+        Some("its pods changed within its consolidateAfter (30s)".into())
+    );
     w.now += 1_000;
-    assert_eq!(w.plan().proposal.map(|p| p.candidates), Some(vec!["a".to_string()]));
+    let p = w.plan();
+    assert_eq!(p.conditions("a").map(|[c, _]| (c.status, c.reason)), Some((true, "Consolidatable".into())));
+    assert_eq!(p.proposal.map(|p| p.candidates), Some(vec!["a".to_string()]));
     w.pool.disruption.consolidate_after = None;
     let never = w.plan();
     assert_eq!(never.proposal, None);
@@ -271,6 +288,9 @@ fn a_drifted_node_goes_one_per_command_empty_first_and_waits_for_its_budget() {
     assert_eq!((proposal.method, proposal.candidates.len()), (Method::Drift, 1));
     assert!(proposal.candidates[0].starts_with("idle"), "an empty node first");
     assert!(World::verdict(&plan, &proposal.candidates[0]).to_string().contains("template changed"));
+    let [_, drifted] = plan.conditions("busy").expect("conditions");
+    assert_eq!((drifted.status, drifted.reason.as_str()), (true, "NodePoolDrifted"));
+    assert_eq!(drifted.message, "the nodepool's template changed");
     w.budgets(vec![Budget { reasons: vec![DisruptionReason::Drifted], ..budget(BudgetNodes::Count(0)) }]);
     let blocked = w.plan();
     assert_eq!(blocked.proposal, None);
@@ -326,6 +346,7 @@ fn nothing_is_decided_on_an_unsynced_view() {
         leases: &leases,
         available: &available,
         cloud_drift: &drift,
+        nominated: &BTreeMap::new(),
         snapshot: &w.snap,
         pools: &[],
         opts: &SolveOptions::default(),
@@ -527,4 +548,55 @@ fn a_node_a_pending_pod_is_nominated_to_is_not_disrupted() {
     let plan = w.plan();
     assert_eq!(plan.proposal, None);
     assert!(World::verdict(&plan, "a").to_string().contains("pending pod default/preemptor is nominated to it"));
+}
+
+/// Karpenter's nomination window: a node the provisioner planned pending pods onto is not
+/// disrupted until the window ends, then it is (empty, it goes).
+#[test]
+fn a_node_the_provisioner_planned_pods_onto_is_not_disrupted_until_the_window_ends() {
+    let mut w = World::new();
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    w.node("a", &[]);
+    w.nominated.insert("node-a".into(), w.now + 20_000);
+    let plan = w.plan();
+    assert_eq!(plan.proposal, None);
+    let said = World::verdict(&plan, "a").to_string();
+    assert!(said.contains("pending pods were planned onto it (nominated until 1970-01-01T00:17:00Z)"), "{said}");
+    w.now += 20_000;
+    let plan = w.plan();
+    assert_eq!(plan.proposal.map(|p| p.candidates), Some(vec!["a".to_string()]), "the window is over");
+}
+
+/// Pending pods are in the consolidation's simulation, as Karpenter's: they keep the room
+/// they would take, so a node whose pods fit only in that room stays. Without them, it goes.
+#[test]
+fn pending_pods_keep_the_room_they_would_take_from_a_consolidation() {
+    let world = |pending: bool| {
+        let mut w = World::new();
+        w.pool.requirements.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["on-demand"]));
+        w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+        w.node("a", &[]);
+        pod_of(&mut w, "a", "web-a", 1_000);
+        w.node("b", &[]);
+        pod_of(&mut w, "b", "web-b", 200);
+        // b is not a candidate: only a's move is in question; it has room for 29 pods.
+        let mut b = w.snap.nodes["node-b"].as_ref().clone();
+        b.allocatable.set(crate::resources::ResourceName::Pods, 29);
+        w.snap.nodes.insert("node-b".into(), Arc::new(Node { do_not_disrupt: true, ..b }));
+        if pending {
+            let mut p = Pod::new("default", "waiting", ResourceList::cpu_mem(1_500, 256 << 20));
+            p.unschedulable = true;
+            w.snap.pods.insert(p.key.clone(), Arc::new(p));
+        }
+        w
+    };
+    let mut w = world(false);
+    let plan = w.plan();
+    let p = plan.proposal.clone().unwrap_or_else(|| panic!("a's pod fits on b: {:?}", plan.decisions));
+    assert_eq!((p.candidates, p.replacements.len()), (vec!["a".to_string()], 0));
+    let mut w = world(true);
+    let plan = w.plan();
+    assert_eq!(plan.proposal, None, "the pending pod takes b's room first");
+    let said = World::verdict(&plan, "a").to_string();
+    assert!(said.contains("no cheaper node"), "{said}");
 }
