@@ -53,8 +53,8 @@ pub struct NodeArgs {
     #[arg(long, value_name = "FILE")]
     pub disruption: Option<String>,
     /// The cluster to read (default: in a pod its service account, else KUBECONFIG, else
-    /// ~/.kube/config).
-    #[arg(long, env = "DOVETAIL_KUBECONFIG", conflicts_with = "disruption")]
+    /// ~/.kube/config); not read with `--disruption`.
+    #[arg(long, env = "DOVETAIL_KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// AWS region of the built-in catalog.
     #[arg(long, default_value = "us-east-1")]
