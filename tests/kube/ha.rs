@@ -43,6 +43,12 @@ spec:
     format!("{}---\n{}", pool("limited", &limited), pool("default", ""))
 }
 
+/// The vCPUs NodePool `pool`'s claims hold in a control node's ledger (`ledger status`).
+fn held_cpu(status: &serde_json::Value, pool: &str) -> u32 {
+    let millis = status["pools"][pool]["usage"]["cpu"].as_i64().unwrap_or_default();
+    u32::try_from(millis / 1000).unwrap_or_default()
+}
+
 /// A setting of the test from the environment (`loadtest`'s scripts/ha-loadtest sets them).
 fn setting(name: &str, default: u32) -> u32 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -444,7 +450,9 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
     group.leader(Duration::from_secs(30));
     let mut commits = Vec::new();
     let mut flowing = Vec::new();
-    let mut peak_cpu = 0;
+    // The limit's peak on moto (vCPUs running) and in the leader's ledger (vCPUs its claims
+    // hold, reservations included).
+    let (mut peak_cpu, mut peak_held) = (0, 0);
     let mut ns = String::new();
     for round in 1..=rounds {
         ns = format!("ha-aws-{round}");
@@ -459,9 +467,15 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
         env.kubectl(&["scale", "deployment", "inflate", "-n", &ns, "--replicas", &pods.to_string()]);
         let new = group.leader(Duration::from_secs(15));
         let led = first_after(&group.log(new), "ledger.lead: leading", killed_at).expect("the new leader's Lead line");
+        // Its first provisioning decision: new NodeClaims for pending pods, or pending pods
+        // left to the capacity in flight (the killed leader's claims, which the new leader
+        // takes over: once its Router counts them, a backlog they cover needs none).
         let mut decided = None;
         env.wait("the new leader's first provisioning decision", Duration::from_secs(30), |_| {
-            decided = first_after(&group.log(new), "nodepool.provision: computed new nodeclaim", killed_at);
+            let log = group.log(new);
+            let claims = first_after(&log, "nodepool.provision: computed new nodeclaim", killed_at);
+            let left = first_after(&log, "router.route: left pod(s) to existing or in-flight capacity", killed_at);
+            decided = claims.into_iter().chain(left).reduce(f64::min);
             decided.map(|_| ()).ok_or_else(|| group.logs())
         });
         let decided = decided.expect("decided");
@@ -479,6 +493,7 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
         let logs = || group.logs();
         env.wait(&format!("round {round}: every pod Running"), Duration::from_secs(300), |e| {
             peak_cpu = peak_cpu.max(fleet.check(e, false, &logs));
+            peak_held = peak_held.max(held_cpu(&group.status(new), "limited"));
             let running =
                 e.items(&["get", "pods", "-n", &ns]).iter().filter(|p| p["status"]["phase"] == "Running").count();
             let want = pods as usize;
@@ -511,12 +526,15 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
     }
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     eprintln!(
-        "{rounds} kills, {pods} pods each: Lead committed after {commits:.3?} s (max {:.3}); first decision after {flowing:.3?} s (max {:.3}); peak {peak_cpu} of {limit} vCPUs in NodePool limited",
+        "{rounds} kills, {pods} pods each: Lead committed after {commits:.3?} s (max {:.3}); first decision after {flowing:.3?} s (max {:.3}); NodePool limited peaked at {peak_held} of {limit} vCPUs held in the ledger, {peak_cpu} running on moto",
         max(&commits),
         max(&flowing),
     );
-    // The limit was reached (the check above is not vacuous): within one 8-vCPU node of it.
-    assert!(peak_cpu + 8 >= limit, "NodePool limited peaked at {peak_cpu} of {limit} vCPUs");
+    // The limit bound the leader's decisions (the fleet check above is not vacuous): its claims
+    // held it, within one 8-vCPU node. Held, not running: the claims a killed leader reserved
+    // and never created hold the limit until they are released (`create_grace`, 30 s, the
+    // time its create may still land), longer than a 200-pod round.
+    assert!(peak_held + 8 >= limit, "NodePool limited's claims held at most {peak_held} of {limit} vCPUs");
     // The goals, asserted where they are measured at load (scripts/ha-loadtest); speed is
     // for benchmarks, not for a CI run on a shared machine.
     if std::env::var_os("DOVETAIL_HA_ASSERT_TIMING").is_some() {
