@@ -286,10 +286,17 @@ async fn read_live(client: &kube::Client, name: &str) -> anyhow::Result<String> 
     if !decided {
         out.push_str("no decision yet: the controller has not planned disruption for its nodepool\n");
     }
-    // What was done about it, latest last.
-    let events: Api<k8s::Event> = Api::all(client.clone());
+    // What was done about it, latest last (the events of a NodeClaim are in `default`, as for
+    // any object without a namespace). Without them the decision still stands.
+    let events: Api<k8s::Event> = Api::namespaced(client.clone(), "default");
     let selector = format!("involvedObject.kind=NodeClaim,involvedObject.name={claim_name}");
-    let mut listed = events.list(&ListParams::default().fields(&selector)).await.context("listing events")?.items;
+    let mut listed = match events.list(&ListParams::default().fields(&selector)).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            out.push_str(&format!("(its events could not be read: {e})\n"));
+            Vec::new()
+        }
+    };
     listed.sort_by_key(event_time);
     for e in listed.iter().rev().take(5).rev() {
         out.push_str(&format!(

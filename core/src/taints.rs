@@ -142,17 +142,15 @@ pub fn tolerates_all(taints: &[Taint], tolerations: &[Toleration]) -> bool {
 }
 
 /// Taints a not-yet-initialized node carries while booting, which Karpenter ignores when
-/// simulating pods onto it.
+/// simulating pods onto it (matched by key and effect, as Karpenter's `MatchTaint`).
 pub fn is_known_ephemeral(t: &Taint) -> bool {
     matches!(
         (t.key.as_str(), t.effect),
         ("node.kubernetes.io/not-ready", Effect::NoSchedule | Effect::NoExecute)
             | ("node.kubernetes.io/unreachable", Effect::NoSchedule)
             | ("karpenter.sh/unregistered", Effect::NoExecute)
-    ) || (t.key == "node.cloudprovider.kubernetes.io/uninitialized"
-        && t.value == "true"
-        && t.effect == Effect::NoSchedule)
-        || t.key.starts_with("readiness.k8s.io/")
+            | ("node.cloudprovider.kubernetes.io/uninitialized", Effect::NoSchedule)
+    ) || t.key.starts_with("readiness.k8s.io/")
 }
 
 #[cfg(test)]

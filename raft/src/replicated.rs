@@ -99,7 +99,6 @@ impl RaftLedger {
         transport: Arc<dyn Transport>,
         clock: Arc<dyn Clock>,
     ) -> Result<RaftLedger, LedgerError> {
-        let config = Arc::new(settings.config()?);
         // A peer that could not be reached is tried again after a heartbeat, then within the
         // shortest election timeout (see `Backoff`).
         let backoff = Backoff::for_timing(
@@ -107,10 +106,22 @@ impl RaftLedger {
             Duration::from_millis(settings.election_timeout_min_ms),
             Duration::from_millis(settings.election_timeout_max_ms),
         );
+        // A node that starts calls no election until a leader has had the time to reach it:
+        // the leader tries a peer that was down for long only every `backoff.long`, and a
+        // control node restarted after such an absence would otherwise depose a healthy
+        // leader with its first election timeout.
+        let mut config = settings.config()?;
+        config.enable_elect = false;
+        let quiet = backoff.long + Duration::from_millis(settings.election_timeout_max_ms);
         let network = Network { id, transport, backoff };
-        let raft = Raft::new(id, config, network, log, machine.clone())
+        let raft = Raft::new(id, Arc::new(config), network, log, machine.clone())
             .await
             .map_err(|e| LedgerError::Unavailable { reason: format!("raft node {id} did not start: {e}") })?;
+        let electing = raft.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(quiet).await;
+            electing.runtime_config().elect(true);
+        });
         let (tx, rx) = watch::channel(Leadership { term: 0, leader: false, leader_id: None });
         let propose_timeout = Duration::from_millis(settings.propose_timeout_ms);
         let timing = Timing {

@@ -326,9 +326,11 @@ async fn describe_all(
         let page = loop {
             let call =
                 ec2.describe_instances().set_filters(filter.clone().map(|f| vec![f])).set_next_token(token.clone());
-            // Bounded in time too: a moto that stopped answering fails the test, not hangs it.
-            let sent = tokio::time::timeout(std::time::Duration::from_secs(60), call.send()).await;
-            let Ok(sent) = sent else { panic!("describe instances: moto did not answer within 60 s") };
+            // Bounded in time too: a moto that stopped answering fails the test, not hangs it. A
+            // page takes moto tens of seconds once it holds thousands of instances (round 14 of
+            // a 20 x 1,000 run waited over 60 s for one).
+            let sent = tokio::time::timeout(std::time::Duration::from_secs(300), call.send()).await;
+            let Ok(sent) = sent else { panic!("describe instances: moto did not answer within 300 s") };
             match sent {
                 Ok(out) => break out,
                 Err(e) if tries < 5 && e.raw_response().is_some_and(|r| r.status().is_server_error()) => {

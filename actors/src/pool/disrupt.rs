@@ -29,7 +29,8 @@ use actix::prelude::*;
 use dovetail_cluster::Snapshot;
 use dovetail_core::clock::to_millis;
 use dovetail_core::cluster::{Event, NodePatch, ObjectKind, StatusPatch};
-use dovetail_core::disruption::{self, Decision, Input, Memory, Plan, Progress, Proposal};
+use dovetail_core::disruption::candidates::Blocker;
+use dovetail_core::disruption::{self, Decision, Input, Memory, Plan, Progress, Proposal, Verdict};
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::{Claim, Command, Entry, Millis, Offering, Outcome, Step, Term};
 use dovetail_core::lifecycle::provider_id;
@@ -213,11 +214,12 @@ impl NodePoolActor {
     /// pool's node class; the answer replaces the last (an instance gone or back in line is
     /// forgotten). A failed check keeps the last answer and is retried at the next round.
     fn check_drift(&mut self, ctx: &mut Context<Self>) {
-        if self.drift_checking {
+        if self.drift_checking || self.retired {
             return;
         }
         self.drift_checking = true;
         let (ledger, cloud, node_class) = (self.ledger.clone(), self.cloud.clone(), self.node_class.clone());
+        let asked = node_class.clone();
         let name = self.pool.name.clone();
         let work = async move {
             let claims: Vec<(String, String)> = read_with(&*ledger, move |s| {
@@ -230,28 +232,43 @@ impl NodePoolActor {
             .map_err(|e| ("ledger", e.to_string()))?;
             let mut drifted = BTreeMap::new();
             if claims.is_empty() {
-                return Ok(drifted);
+                return Ok((drifted, None));
             }
             let live = cloud.list().await.map_err(|e| ("cloud", e.to_string()))?;
             let by_id: BTreeMap<&str, &dovetail_cloud::Instance> = live.iter().map(|i| (i.id.as_str(), i)).collect();
+            // An instance the provider cannot judge now is left out of this answer (said once,
+            // with how many), not the whole check.
+            let mut failed: Option<(usize, String)> = None;
             for (claim, id) in claims {
                 let Some(instance) = by_id.get(id.as_str()) else { continue };
-                if let Some(reason) =
-                    cloud.is_drifted(instance, &node_class).await.map_err(|e| ("cloud", e.to_string()))?
-                {
-                    drifted.insert(claim, reason.as_str().to_string());
+                match cloud.is_drifted(instance, &node_class).await {
+                    Ok(Some(reason)) => {
+                        drifted.insert(claim, reason.as_str().to_string());
+                    }
+                    Ok(None) => {}
+                    Err(e) => failed.get_or_insert((0, format!("instance {id}: {e}"))).0 += 1,
                 }
             }
-            Ok::<_, (&'static str, String)>(drifted)
+            Ok::<_, (&'static str, String)>((drifted, failed))
         };
-        ctx.spawn(work.into_actor(self).map(|checked, act, _| {
+        ctx.spawn(work.into_actor(self).map(move |checked, act, _| {
             act.drift_checking = false;
+            // The node class changed while it was asked: the answer is about the old one.
+            if act.node_class != asked {
+                return;
+            }
+            // Asked again after `drift_every` either way: a failure is not retried every round.
+            act.drift_checked = Some(act.clock.now_millis());
+            let pool = name_for(&act.pool.name);
             match checked {
-                Ok(drifted) => {
-                    act.drift_checked = Some(act.clock.now_millis());
+                Ok((drifted, failed)) => {
                     act.cloud_drift = drifted;
+                    if let Some((n, first)) = failed {
+                        let said = format!("{n} instance(s) not judged; {first}");
+                        act.errors.warn("check_drift", "cloud", &pool, &said);
+                    }
                 }
-                Err((kind, e)) => act.errors.warn("check_drift", kind, &name_for(&act.pool.name), &e),
+                Err((kind, e)) => act.errors.warn("check_drift", kind, &pool, &e),
             }
         }));
     }
@@ -328,10 +345,18 @@ impl NodePoolActor {
         }
         // Each decision on its NodeClaim (`Consolidatable`, `Drifted`), written only when it
         // changed: the messages carry no running clock.
-        for claim in plan.decisions.keys().filter(|c| !terminating.contains(*c)) {
+        // Karpenter says them of initialized claims only; `Drifted` once the cloud was asked.
+        let booting = |c: &String| {
+            plan.decisions.get(c).is_some_and(|d| matches!(d.verdict, Verdict::Blocked(Blocker::NotInitialized { .. })))
+        };
+        for claim in plan.decisions.keys().filter(|c| !terminating.contains(*c) && !booting(c)) {
             let Some(nc) = snap.nodeclaims.get(claim).filter(|nc| !nc.deleting) else { continue };
-            let Some(conditions) = plan.conditions(claim) else { continue };
-            let patch = StatusPatch { conditions: conditions.to_vec(), ..StatusPatch::default() };
+            let Some([consolidatable, drifted]) = plan.conditions(claim) else { continue };
+            let mut conditions = vec![consolidatable];
+            if self.drift_checked.is_some() {
+                conditions.push(drifted);
+            }
+            let patch = StatusPatch { conditions, ..StatusPatch::default() };
             if patch.apply(&nc.status).is_some() {
                 stale.push(Effect::new(claim, Action::PatchStatus(patch)));
             }

@@ -504,8 +504,9 @@ impl SimCluster {
             n.taints = update.taints;
             n.finalizers = update.finalizers;
             n.owner_claim = update.owner_claim;
-            // A NodePool's node is initialized once the lifecycle labels it (as the kube
-            // adapter reads it); a node put in by hand keeps what it was given.
+            // A NodePool's node (its label, or an owner claim) is initialized once the
+            // lifecycle labels it, as the kube adapter reads it; another keeps what it was
+            // given.
             if n.labels.contains_key(dovetail_core::labels::NODEPOOL) || n.owner_claim.is_some() {
                 n.initialized = Node::initialized_by(&n.labels, n.ready, true);
             }

@@ -198,9 +198,9 @@ impl Snapshot {
                         .retain(|t| !c.spec.startup_taints.iter().any(|s| s.key == t.key && s.effect == t.effect));
                 }
                 Some(_) => {}
-                // A NodePool's node with no NodeClaim is not managed (Karpenter's view): it
-                // counts once Ready.
-                None => node.initialized = n.initialized || n.ready,
+                // A node with no NodeClaim is not managed (Karpenter's view): nothing of it is
+                // in flight, every taint it has counts (a NotReady one takes no pods).
+                None => node.initialized = true,
             }
             nodes.push(node);
         }
@@ -474,14 +474,18 @@ mod tests {
         // d: its node is being deleted.
         snap.nodeclaims.insert("d".into(), claim("d", Some("aws:///z/i-d"), Some("ip-d")));
         snap.nodes.insert("ip-d".into(), node("ip-d", "aws:///z/i-d", true, true));
+        // z: no NodeClaim (not managed), NotReady: not in flight, its taints count.
+        let lost = Node { ready: false, ..node("ip-z", "aws:///z/i-z", false, false).as_ref().clone() };
+        snap.nodes.insert("ip-z".into(), Arc::new(lost));
 
         let nodes = snap.capacity_nodes();
         let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-        assert_eq!(names, ["ip-a", "ip-b", "c"], "each joined node once, as itself; none for a node going");
+        assert_eq!(names, ["ip-a", "ip-b", "ip-z", "c"], "each joined node once, as itself; none for a node going");
+        assert!(nodes[2].effective_taints().iter().any(|t| t.key == "node.kubernetes.io/not-ready"), "a lost node");
         let keys = |n: &Node| n.effective_taints().into_iter().map(|t| t.key).collect::<Vec<_>>();
         assert_eq!(keys(&nodes[0]), ["team"], "in flight: only the claim's own taints");
         assert_eq!(keys(&nodes[1]), booting.iter().map(|t| t.key.clone()).collect::<Vec<_>>(), "initialized: all");
-        assert_eq!(keys(&nodes[2]), ["team"]);
+        assert_eq!(keys(&nodes[3]), ["team"]);
     }
 
     #[test]

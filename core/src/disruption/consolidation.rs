@@ -77,9 +77,11 @@ fn worst_price(t: &InstanceType, claim: &NewClaim) -> Option<f64> {
 /// Where the candidates' pods would go: the solver's results over the cluster without their
 /// nodes, and the pods that move (the candidates' reschedulable pods, unbound). The cluster's
 /// pending pods are placed too, as Karpenter's simulation does: they keep the room they would
-/// take on the other nodes, and a new node only they need is not the move's (it is left out
-/// of the results, as are their errors; the placement order is not kept, and pod indices
-/// past the moved pods are pending pods').
+/// take on the other nodes (in-flight capacity included), and a new node only they need is not
+/// the move's (it is left out of the results, as are their errors; the placement order is not
+/// kept, and the claims list only the moved pods). A moved pod placed on a node not yet
+/// initialized is an error (Karpenter's `UninitializedNodeError`): a plan that needs capacity
+/// still booting is no plan.
 pub fn simulate(
     snap: &Snapshot,
     pools: &[PoolInput],
@@ -87,15 +89,8 @@ pub fn simulate(
     opts: &SolveOptions,
 ) -> (scheduling::Results, Vec<Pod>) {
     let removed: BTreeSet<&str> = candidates.iter().map(|c| c.node.name.as_str()).collect();
-    let nodes: Vec<crate::node::Node> = snap
-        .capacity_nodes()
-        .into_iter()
-        .filter(|n| !removed.contains(n.name.as_str()))
-        .map(|n| {
-            let unschedulable = n.unschedulable || !n.initialized;
-            crate::node::Node { unschedulable, ..n }
-        })
-        .collect();
+    let nodes: Vec<crate::node::Node> =
+        snap.capacity_nodes().into_iter().filter(|n| !removed.contains(n.name.as_str())).collect();
     let mut input = snap.scheduling_input(nodes, pools.to_vec());
     input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !removed.contains(n)));
     let mut pods: Vec<Pod> = candidates
@@ -106,9 +101,19 @@ pub fn simulate(
     let moved = pods.len();
     pods.extend(snap.provisionable().map(|p| p.as_ref().clone()));
     let mut results = scheduling::solve(&input, &pods, opts);
+    for e in &results.existing {
+        let Some(node) = input.nodes.get(e.node).filter(|n| !n.initialized) else { continue };
+        for &i in e.pods.iter().filter(|i| **i < moved) {
+            results.errors.push((i, format!("it would go to node {}, which is not initialized yet", node.name)));
+        }
+    }
+    results.errors.sort_by_key(|(i, _)| *i);
     if pods.len() > moved {
         results.errors.retain(|(i, _)| *i < moved);
         results.claims.retain(|c| c.pods.iter().any(|i| *i < moved));
+        for c in &mut results.claims {
+            c.pods.retain(|i| *i < moved);
+        }
         results.order.clear();
         pods.truncate(moved);
     }

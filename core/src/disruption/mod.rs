@@ -133,8 +133,9 @@ pub enum Verdict {
     BudgetExhausted { method: Method },
     /// Its pods changed `changed_ago` ms ago, within its `consolidateAfter` (`after` ms).
     Settling { changed_ago: Millis, after: Millis },
-    /// Consolidation found nothing `since_ago` ms ago and the cluster is as it was then.
-    Quiet { pods: usize, since_ago: Millis },
+    /// Consolidation found nothing `since_ago` ms ago and the cluster is as it was then;
+    /// `why` is what it said of the node then.
+    Quiet { why: String, since_ago: Millis },
     /// It is a candidate and stays: why.
     Keep(String),
 }
@@ -147,9 +148,10 @@ impl Verdict {
             Verdict::Settling { after, .. } => {
                 format!("its pods changed within its consolidateAfter ({}s)", after / 1000)
             }
-            Verdict::Quiet { pods, .. } => {
-                format!("it runs {pods} pods; no cheaper place for them was found and nothing changed since")
-            }
+            // What the round that simulated said: the message does not change until a round
+            // simulates again.
+            Verdict::Quiet { why, .. } => format!("kept: {why}"),
+            Verdict::Blocked(Blocker::Planned { .. }) => "not disruptable: pending pods were planned onto it".into(),
             Verdict::Disrupt { method, detail } => {
                 let detail = detail.split(" (validating").next().unwrap_or(detail);
                 format!("disrupting ({}): {detail}", method.as_str())
@@ -193,9 +195,9 @@ impl fmt::Display for Verdict {
             Verdict::Settling { changed_ago, after } => {
                 write!(f, "kept: its pods changed {}s ago; consolidateAfter is {}s", changed_ago / 1000, after / 1000)
             }
-            Verdict::Quiet { pods, since_ago } => write!(
+            Verdict::Quiet { why, since_ago } => write!(
                 f,
-                "kept: it runs {pods} pods; no consolidation was found {}s ago and nothing changed since",
+                "kept: {why} (no consolidation was found {}s ago and nothing changed since)",
                 since_ago / 1000
             ),
             Verdict::Keep(why) => write!(f, "kept: {why}"),
@@ -287,14 +289,16 @@ pub struct Memory {
     /// The cluster's shape (its nodes and their pods) when consolidation last found nothing,
     /// and when.
     quiet: Option<(u64, Millis)>,
+    /// What consolidation last said of each candidate it kept.
+    kept: BTreeMap<String, String>,
 }
 
 impl Memory {
     /// When the node's pods last changed, given their fingerprint now. A node seen for the
-    /// first time counts from now: what happened on it before is unknown, and waiting once
-    /// more is the safe side.
-    fn last_pod_event(&mut self, claim: &str, fingerprint: u64, now: Millis) -> Millis {
-        let e = self.pod_events.entry(claim.to_string()).or_insert((fingerprint, now));
+    /// first time counts from `seen` (what its NodeClaim says), else from now: what happened
+    /// on it before is unknown, and waiting once more is the safe side.
+    fn last_pod_event(&mut self, claim: &str, fingerprint: u64, now: Millis, seen: Option<Millis>) -> Millis {
+        let e = self.pod_events.entry(claim.to_string()).or_insert((fingerprint, seen.unwrap_or(now)));
         if e.0 != fingerprint {
             *e = (fingerprint, now);
         }
@@ -304,6 +308,7 @@ impl Memory {
     fn keep_only(&mut self, claims: &BTreeSet<&str>) {
         self.pod_events.retain(|c, _| claims.contains(c.as_str()));
         self.drifted_since.retain(|c, _| claims.contains(c.as_str()));
+        self.kept.retain(|c, _| claims.contains(c.as_str()));
     }
 }
 
@@ -389,7 +394,10 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
         let candidate = candidates::candidate(&pieces, lease, input.types, &pdbs, input.now, drift.is_some());
         let candidate = candidate.and_then(|c| match nominated.get(c.node.name.as_str()) {
             Some(p) => Err(Blocker::Nominated { pod: p.key.clone() }),
-            None => match input.nominated.get(&c.node.name).filter(|until| **until > input.now) {
+            None => match [&c.node.name, &claim.id]
+                .into_iter()
+                .find_map(|n| input.nominated.get(n).filter(|until| **until > input.now))
+            {
                 Some(until) => Err(Blocker::Planned { until: *until }),
                 None => Ok(c),
             },
@@ -403,7 +411,13 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
         };
         pool_totals.0 += c.price;
         pool_totals.1 += c.disruption_cost;
-        let last_event = memory.last_pod_event(&claim.id, fingerprint(pods), input.now);
+        // A node first seen whose NodeClaim says it is consolidatable (a leader before this one
+        // saw its pods still for consolidateAfter) does not wait again: Karpenter keeps that
+        // time on the NodeClaim too.
+        let seen = consolidate_after
+            .filter(|_| nodeclaim.is_some_and(|nc| nc.status.is("Consolidatable")))
+            .map(|after| input.now.saturating_sub(after));
+        let last_event = memory.last_pod_event(&claim.id, fingerprint(pods), input.now, seen);
         if let Some(d) = drift {
             let since = *memory.drifted_since.entry(claim.id.clone()).or_insert(input.now);
             drifted.push((since, c.is_empty(), c, d));
@@ -503,13 +517,17 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
         let quiet = memory.quiet.filter(|(s, at)| *s == shape && input.now.saturating_sub(*at) < CONSOLIDATION_RECHECK);
         if let (Some((_, since)), None) = (quiet, &out.proposal) {
             for c in &underused {
-                let verdict = Verdict::Quiet { pods: c.pods.len(), since_ago: input.now.saturating_sub(since) };
+                let why = memory.kept.get(&c.claim.id).cloned().unwrap_or_else(|| unplaced(c));
+                let verdict = Verdict::Quiet { why, since_ago: input.now.saturating_sub(since) };
                 out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
             }
         } else {
             let before = out.proposal.is_some();
             let verdicts = consolidate(input, &mut underused, &mut out, room, pool_totals);
             for (c, verdict) in underused.iter().zip(verdicts) {
+                if let Verdict::Keep(why) = &verdict {
+                    memory.kept.insert(c.claim.id.clone(), why.clone());
+                }
                 out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
             }
             // Nothing found with room to act: quiet until the shape changes.
@@ -624,6 +642,11 @@ fn validate(input: &Input<'_>, memory: &mut Memory, out: &mut Plan) {
     memory.pending = Some((pending, since));
 }
 
+/// What consolidation says of a candidate it found no move for.
+fn unplaced(c: &Candidate<'_>) -> String {
+    format!("it runs {} pods; no cheaper place for them was found", c.pods.len())
+}
+
 /// The consolidation methods over the settled candidates with pods: multi-node first (the
 /// longest prefix, by savings per disruption, that goes with at most one new node), then
 /// single-node, then (dovetail's, when neither found a move) a repack: the longest prefix of
@@ -637,10 +660,7 @@ fn consolidate(
     (total_price, total_cost): (f64, f64),
 ) -> Vec<Verdict> {
     underused.sort_by(|a, b| b.savings_ratio().total_cmp(&a.savings_ratio()).then_with(|| a.claim.id.cmp(&b.claim.id)));
-    let mut verdicts: Vec<Verdict> = underused
-        .iter()
-        .map(|c| Verdict::Keep(format!("it runs {} pods; no cheaper place for them was found", c.pods.len())))
-        .collect();
+    let mut verdicts: Vec<Verdict> = underused.iter().map(|c| Verdict::Keep(unplaced(c))).collect();
     if out.proposal.is_some() {
         verdicts.iter_mut().for_each(|v| *v = Verdict::Keep("another command goes first this round".into()));
         return verdicts;

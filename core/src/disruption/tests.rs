@@ -519,6 +519,10 @@ fn consolidation_is_not_simulated_again_while_nothing_changed() {
     let again = w.plan();
     let shown = World::verdict(&again, "a").to_string();
     assert!(shown.contains("no consolidation was found 60s ago and nothing changed since"), "{shown}");
+    // Its NodeClaim's message stays what the simulating round said: no write for a quiet round.
+    let message = |p: &Plan| p.conditions("a").map(|[c, _]| c.message);
+    assert_eq!(message(&again), message(&first));
+    assert!(message(&first).is_some_and(|m| m.starts_with("kept: no cheaper node")), "{:?}", message(&first));
     // A pod goes: simulated again, and now b's pod fits on a.
     w.snap.pods.remove(&PodKey::new("default", "big-a"));
     w.now += 1_000;
