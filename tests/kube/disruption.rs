@@ -91,6 +91,9 @@ fn a_scale_down_is_consolidated_within_the_budget_and_no_pod_is_evicted_against_
         if nodes <= 3 && going == 0 { Ok(()) } else { Err(format!("{nodes} nodes, {going} disrupting")) }
     });
     let first = first.expect("a node was disrupted");
+    eprintln!(
+        "scale-down: first node disrupting after {first:?}; {before} -> {last_nodes} nodes; at most {peak} at once"
+    );
     // consolidateAfter (10 s) + validation (15 s) + a planning period (10 s) + the look's lag.
     assert!(first <= Duration::from_secs(45), "the first node went after {first:?}");
     assert!(peak >= 1 && last_nodes < before, "{before} -> {last_nodes} nodes, peak {peak} disrupting");

@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use dovetail_cluster::Snapshot;
@@ -202,6 +203,14 @@ impl NodePoolActor {
         ctx.spawn(work.into_actor(self).map(move |planned, act, ctx| match planned {
             Err(memory) => act.disruption_memory = Some(memory),
             Ok(Planned { plan, memory, snapshot, commands, leased, terminating, not_ready, now }) => {
+                // A command under validation is proposed when its validation ends, not at the
+                // next period (Karpenter waits exactly its 15 s too).
+                if let Some(due) = memory.validation_due(to_millis(act.cfg.disruption.validation)) {
+                    let wait = Duration::from_millis(due.saturating_sub(now).max(1));
+                    if wait < act.cfg.disruption.every {
+                        ctx.run_later(wait, |act, ctx| act.disrupt(ctx));
+                    }
+                }
                 act.disruption_memory = Some(memory);
                 act.decisions = plan.decisions.clone();
                 let round = Round { plan, commands, leased, terminating, not_ready, now };

@@ -294,6 +294,12 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// When the command under validation may be proposed (it started `validation` ms
+    /// before), if one is: the caller plans again then rather than at its next period.
+    pub fn validation_due(&self, validation: Millis) -> Option<Millis> {
+        self.pending.as_ref().map(|(_, since)| since.saturating_add(validation))
+    }
+
     /// When the node's pods last changed, given their fingerprint now. A node seen for the
     /// first time counts from `seen` (what its NodeClaim says), else from now: what happened
     /// on it before is unknown, and waiting once more is the safe side.
