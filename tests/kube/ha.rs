@@ -316,7 +316,7 @@ struct Launched {
 /// (`dictionary changed size during iteration`, a 500): a page is asked again, at most 5 times.
 async fn describe_all(
     ec2: &aws_sdk_ec2::Client,
-    filter: Option<aws_sdk_ec2::types::Filter>,
+    filters: Vec<aws_sdk_ec2::types::Filter>,
 ) -> Vec<aws_sdk_ec2::types::Instance> {
     let mut all = Vec::new();
     let mut token: Option<String> = None;
@@ -324,8 +324,10 @@ async fn describe_all(
     for _ in 0..1_000 {
         let mut tries = 0;
         let page = loop {
-            let call =
-                ec2.describe_instances().set_filters(filter.clone().map(|f| vec![f])).set_next_token(token.clone());
+            let call = ec2
+                .describe_instances()
+                .set_filters((!filters.is_empty()).then(|| filters.clone()))
+                .set_next_token(token.clone());
             // Bounded in time too: a moto that stopped answering fails the test, not hangs it. A
             // page takes moto tens of seconds once it holds thousands of instances (round 14 of
             // a 20 x 1,000 run waited over 60 s for one).
@@ -350,10 +352,17 @@ async fn describe_all(
     panic!("describe instances: more than 1,000 pages");
 }
 
-/// moto's instances launched for NodeClaims since the test began (`known` are older ones).
-async fn claimed_instances(ec2: &aws_sdk_ec2::Client, known: &BTreeSet<String>) -> Vec<Launched> {
-    let tag = aws_sdk_ec2::types::Filter::builder().name("tag-key").values("karpenter.sh/nodeclaim").build();
-    describe_all(ec2, Some(tag))
+/// moto's instances launched for NodeClaims since the test began (`known` are older ones):
+/// in every state, or (`live_only`) those pending or running. moto keeps terminated instances
+/// and filters every page over all of them, so a listing of every state grows with the run's
+/// history; the live ones stay about one round's.
+async fn claimed_instances(ec2: &aws_sdk_ec2::Client, known: &BTreeSet<String>, live_only: bool) -> Vec<Launched> {
+    use aws_sdk_ec2::types::Filter;
+    let mut filters = vec![Filter::builder().name("tag-key").values("karpenter.sh/nodeclaim").build()];
+    if live_only {
+        filters.push(Filter::builder().name("instance-state-name").values("pending").values("running").build());
+    }
+    describe_all(ec2, filters)
         .await
         .iter()
         .filter(|i| !known.contains(i.instance_id().unwrap_or_default()))
@@ -374,7 +383,7 @@ async fn claimed_instances(ec2: &aws_sdk_ec2::Client, known: &BTreeSet<String>) 
 
 /// Every instance id moto has now.
 async fn all_instances(ec2: &aws_sdk_ec2::Client) -> BTreeSet<String> {
-    describe_all(ec2, None).await.iter().filter_map(|i| i.instance_id().map(str::to_string)).collect()
+    describe_all(ec2, Vec::new()).await.iter().filter_map(|i| i.instance_id().map(str::to_string)).collect()
 }
 
 /// What the fleet is checked against.
@@ -390,13 +399,16 @@ struct Fleet<'a> {
 }
 
 impl Fleet<'_> {
-    /// Checks the fleet against the cluster: no NodeClaim has two instances (counted over
-    /// every state: a duplicate terminated later was still launched), the vCPUs of NodePool
-    /// `limited`'s live instances are within its limit, and (when `settled`) every live
-    /// instance is a NodeClaim's and every NodeClaim has one. Returns `limited`'s vCPUs.
+    /// Checks the fleet against the cluster: no NodeClaim has two instances, the vCPUs of
+    /// NodePool `limited`'s live instances are within its limit, and (when `settled`) every
+    /// live instance is a NodeClaim's and every NodeClaim has one. Returns `limited`'s vCPUs.
+    /// Settled, the duplicates are counted over every state (a duplicate terminated later
+    /// was still launched); while a round runs, over the live instances only, so the polls
+    /// do not list the whole run's history each time (the round's settled check still sees
+    /// every instance it launched).
     fn check(&self, env: &Env, settled: bool, logs: &dyn Fn() -> String) -> u32 {
         let (vcpus, limit) = (&self.vcpus, self.limit);
-        let found = self.rt.block_on(claimed_instances(&self.ec2, &self.known));
+        let found = self.rt.block_on(claimed_instances(&self.ec2, &self.known, !settled));
         let mut by_claim: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for i in &found {
             by_claim.entry(i.claim.as_str()).or_default().push(i.id.as_str());
