@@ -201,6 +201,7 @@ pub fn explain_node(args: &NodeArgs, file: &str, now: Millis) -> anyhow::Result<
             opts: &opts,
             spot_to_spot: false,
             validation: 0,
+            max_commands: dovetail_actors::config::DisruptionConfig::default().max_commands,
             synced: true,
             now: at,
         };
@@ -216,7 +217,7 @@ pub fn explain_node(args: &NodeArgs, file: &str, now: Millis) -> anyhow::Result<
         bail!("no decision for node {:?}", args.name);
     };
     let mut out = format!("node {} (nodepool {pool_name}): {verdict}\n", args.name);
-    if let Some(p) = plan.proposal.as_ref().filter(|p| p.candidates.contains(claim)) {
+    if let Some(p) = plan.proposals.iter().find(|p| p.candidates.contains(claim)) {
         let others: Vec<&str> =
             claim_of.iter().filter(|(_, c)| p.candidates.contains(c)).map(|(n, _)| n.as_str()).collect();
         out.push_str(&format!(

@@ -100,6 +100,9 @@ pub struct DisruptionConfig {
     /// How often the cloud provider is asked which instances drifted from their node class
     /// (Karpenter re-checks each NodeClaim every 5 minutes).
     pub drift_every: Duration,
+    /// Consolidation commands a round may propose at most, each simulated with the ones
+    /// before it done and all within the budgets (Karpenter: one a round).
+    pub max_commands: usize,
 }
 
 impl Default for DisruptionConfig {
@@ -111,6 +114,7 @@ impl Default for DisruptionConfig {
             spot_to_spot: false,
             command_timeout: Duration::from_secs(600),
             drift_every: Duration::from_secs(300),
+            max_commands: 10,
         }
     }
 }

@@ -189,6 +189,7 @@ impl NodePoolActor {
                     opts: &cfg.solve,
                     spot_to_spot: cfg.disruption.spot_to_spot,
                     validation: to_millis(cfg.disruption.validation),
+                    max_commands: cfg.disruption.max_commands,
                     synced,
                     now,
                 };
@@ -342,7 +343,7 @@ impl NodePoolActor {
         // Stale taints: nodes of the pool no command holds and that are not terminating.
         let mut stale = Vec::new();
         let taint = disrupted_taint();
-        let proposed: BTreeSet<&String> = plan.proposal.iter().flat_map(|p| p.candidates.iter()).collect();
+        let proposed: BTreeSet<&String> = plan.proposals.iter().flat_map(|p| p.candidates.iter()).collect();
         let held = |c: &String| leased.contains(c) || terminating.contains(c) || proposed.contains(c);
         for (claim, _) in plan.decisions.iter().filter(|(c, _)| !held(c)) {
             let Some(node) = node_of(claim).and_then(|n| snap.nodes.get(&n).cloned()) else { continue };
@@ -377,8 +378,10 @@ impl NodePoolActor {
                 act.disruption_in_flight = act.disruption_in_flight.saturating_sub(1);
             }));
         }
-        if let Some(proposal) = plan.proposal {
-            self.propose_disruption(ctx, term, proposal, &plan.decisions, snap, (not_ready, now));
+        // Each command on its own: the ledger grants each within what the budgets leave after
+        // the ones before it.
+        for proposal in plan.proposals {
+            self.propose_disruption(ctx, term, proposal, &plan.decisions, snap, (not_ready.clone(), now));
         }
     }
 

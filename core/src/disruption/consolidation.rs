@@ -1,9 +1,9 @@
 //! Consolidation: whether a set of candidates can go (their pods fitting elsewhere), and with
 //! what (nothing, or one cheaper node), as Karpenter's `computeConsolidation`.
 //!
-//! The simulation runs the provisioning solve with the candidates' nodes taken out and their
-//! pods pending: every other node (initialized: a plan that needs an uninitialized node is no
-//! plan) may take them, and any NodePool may offer the one replacement. The decision:
+//! The simulation ([`super::simulation`]) places the candidates' pods with their nodes taken
+//! out: every other node (initialized: a plan that needs an uninitialized node is no plan)
+//! may take them, and any NodePool may offer the one replacement. The decision:
 //!
 //! - a pod that fits nowhere: no move;
 //! - no new node: **delete**;
@@ -18,16 +18,13 @@
 //!   least [`SPOT_TO_SPOT_MIN_TYPES`] spot types are cheaper; the launch is limited to the
 //!   cheapest of them, so the cloud cannot pick one that invites another consolidation.
 
-use std::collections::BTreeSet;
-
 use crate::catalog::{CapacityType, InstanceType};
-use crate::cluster::Snapshot;
 use crate::labels;
-use crate::pod::Pod;
 use crate::requirements::Requirement;
-use crate::scheduling::{self, NewClaim, PoolInput, SolveOptions};
+use crate::scheduling::{self, NewClaim, PoolInput};
 
 use super::candidates::Candidate;
+use super::simulation::Simulation;
 
 /// Karpenter's `MinInstanceTypesForSpotToSpotConsolidation`.
 pub const SPOT_TO_SPOT_MIN_TYPES: usize = 15;
@@ -74,70 +71,25 @@ fn worst_price(t: &InstanceType, claim: &NewClaim) -> Option<f64> {
         .reduce(f64::max)
 }
 
-/// Where the candidates' pods would go: the solver's results over the cluster without their
-/// nodes, and the pods that move (the candidates' reschedulable pods, unbound). The cluster's
-/// pending pods are placed too, as Karpenter's simulation does: they keep the room they would
-/// take on the other nodes (in-flight capacity included), and a new node only they need is not
-/// the move's (it is left out of the results, as are their errors; the placement order is not
-/// kept, and the claims list only the moved pods). A moved pod placed on a node not yet
-/// initialized is an error (Karpenter's `UninitializedNodeError`): a plan that needs capacity
-/// still booting is no plan.
-pub fn simulate(
-    snap: &Snapshot,
-    pools: &[PoolInput],
-    candidates: &[&Candidate<'_>],
-    opts: &SolveOptions,
-) -> (scheduling::Results, Vec<Pod>) {
-    let removed: BTreeSet<&str> = candidates.iter().map(|c| c.node.name.as_str()).collect();
-    let nodes: Vec<crate::node::Node> =
-        snap.capacity_nodes().into_iter().filter(|n| !removed.contains(n.name.as_str())).collect();
-    let mut input = snap.scheduling_input(nodes, pools.to_vec());
-    input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !removed.contains(n)));
-    let mut pods: Vec<Pod> = candidates
-        .iter()
-        .flat_map(|c| c.pods.iter())
-        .map(|p| Pod { node_name: None, nominated_node: None, ..p.as_ref().clone() })
-        .collect();
-    let moved = pods.len();
-    pods.extend(snap.provisionable().map(|p| p.as_ref().clone()));
-    let mut results = scheduling::solve(&input, &pods, opts);
-    for e in &results.existing {
-        let Some(node) = input.nodes.get(e.node).filter(|n| !n.initialized) else { continue };
-        for &i in e.pods.iter().filter(|i| **i < moved) {
-            results.errors.push((i, format!("it would go to node {}, which is not initialized yet", node.name)));
-        }
-    }
-    results.errors.sort_by_key(|(i, _)| *i);
-    if pods.len() > moved {
-        results.errors.retain(|(i, _)| *i < moved);
-        results.claims.retain(|c| c.pods.iter().any(|i| *i < moved));
-        for c in &mut results.claims {
-            c.pods.retain(|i| *i < moved);
-        }
-        results.order.clear();
-        pods.truncate(moved);
-    }
-    (results, pods)
-}
-
 /// Whether `candidates` can be consolidated, and how; the error says why not. `max_new` is
 /// how many new nodes the move may launch: 1 for Karpenter's methods, fewer than the
 /// candidates for a repack.
 pub fn consolidate(
-    snap: &Snapshot,
+    sim: &mut Simulation<'_>,
     pools: &[PoolInput],
     candidates: &[&Candidate<'_>],
-    opts: &SolveOptions,
     spot_to_spot: bool,
     max_new: usize,
 ) -> Result<Move, String> {
     let cost: f64 = candidates.iter().map(|c| c.price).sum();
     let ids: Vec<String> = candidates.iter().map(|c| c.claim.id.clone()).collect();
-    let (results, pods) = simulate(snap, pools, candidates, opts);
-    if let Some((i, why)) = results.errors.first() {
-        let pod = pods.get(*i).map(|p| p.key.to_string()).unwrap_or_default();
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let outcome = sim.try_move(&names)?;
+    if let Some((i, why)) = outcome.results.errors.first() {
+        let pod = outcome.pod(*i).map(|p| p.key.to_string()).unwrap_or_default();
         return Err(format!("pod {pod} would fit nowhere else: {why}"));
     }
+    let results = outcome.results;
     match results.claims.len() {
         0 => return Ok(Move { candidates: ids, replacements: Vec::new(), cost }),
         1 => {}
@@ -192,20 +144,22 @@ pub fn consolidate(
 }
 
 /// Karpenter's spot rules on a replacement: on-demand candidates are replaced with spot when
-/// the replacement allows both; spot candidates by spot only with spot-to-spot on. Returns
-/// whether every candidate is spot.
+/// the replacement allows both (so a spot shortage never becomes a dearer on-demand launch);
+/// spot candidates whose replacement may be spot are spot-to-spot, allowed only with the
+/// setting on, and then replaced by spot only. Returns whether every candidate is spot.
 fn spot_rules(candidates: &[&Candidate<'_>], claim: &mut NewClaim, spot_to_spot: bool) -> Result<bool, String> {
     let all_on_demand = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::OnDemand));
     let all_spot = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::Spot));
     let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
     let allows_spot = capacity.has(CapacityType::Spot.as_str());
     let allows_on_demand = capacity.has(CapacityType::OnDemand.as_str());
-    if all_on_demand && allows_spot && allows_on_demand {
+    if all_spot && allows_spot {
+        if !spot_to_spot {
+            return Err("spot-to-spot consolidation is off".into());
+        }
         claim.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in([CapacityType::Spot.as_str()]));
-    }
-    let spot_only = !claim.requirements.get(labels::CAPACITY_TYPE).has(CapacityType::OnDemand.as_str());
-    if all_spot && spot_only && !spot_to_spot {
-        return Err("spot-to-spot consolidation is off".into());
+    } else if all_on_demand && allows_spot && allows_on_demand {
+        claim.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in([CapacityType::Spot.as_str()]));
     }
     Ok(all_spot)
 }

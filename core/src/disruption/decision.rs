@@ -166,7 +166,9 @@ impl PartialEq for Proposal {
 pub struct Plan {
     /// Expired claims: terminate now.
     pub expired: Vec<String>,
-    pub proposal: Option<Proposal>,
+    /// Commands to propose, each on its own (their candidates do not overlap, and each was
+    /// simulated with the ones before it done).
+    pub proposals: Vec<Proposal>,
     /// Every claim's decision, by claim.
     pub decisions: BTreeMap<String, Decision>,
     /// Candidates whose pods have been still for their `consolidateAfter` (Karpenter's
@@ -177,6 +179,11 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The round's first command, if any.
+    pub fn first(&self) -> Option<&Proposal> {
+        self.proposals.first()
+    }
+
     /// What a claim's NodeClaim says of its decision, as Karpenter's conditions:
     /// `Consolidatable` (true once its pods have been still for `consolidateAfter`; the
     /// decision, without a running clock, as its message) and `Drifted` (true with the drift's

@@ -27,6 +27,7 @@ pub mod consolidation;
 pub mod cron;
 mod decision;
 pub mod drift;
+pub mod simulation;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -68,6 +69,9 @@ pub struct Input<'a> {
     /// How long an emptiness or consolidation command must keep being what the planner
     /// decides before it is proposed (Karpenter: 15 s); drift and expiration do not wait.
     pub validation: Millis,
+    /// How many consolidation commands a round may propose at most (each within the budget
+    /// left by the ones before it); 1 is Karpenter's one command a round.
+    pub max_commands: usize,
     /// With `false` nothing is decided.
     pub synced: bool,
     pub now: Millis,
@@ -75,8 +79,6 @@ pub struct Input<'a> {
 
 /// Candidates the multi-node method considers at most (Karpenter: 100).
 pub const MULTI_NODE_MAX: usize = 100;
-/// Single-node moves simulated per round at most (the rest wait for the next round).
-pub const SINGLE_NODE_TRIES: usize = 100;
 /// Karpenter's `BalancedK`: a balanced move must score at least `1/k`.
 pub const BALANCED_K: f64 = 2.0;
 /// A pool whose consolidation found nothing is not simulated again while the cluster's nodes
@@ -90,8 +92,8 @@ pub const CONSOLIDATION_RECHECK: Millis = 5 * 60_000;
 pub struct Memory {
     pod_events: BTreeMap<String, (u64, Millis)>,
     drifted_since: BTreeMap<String, Millis>,
-    /// The command being validated, and since when.
-    pending: Option<(Proposal, Millis)>,
+    /// The commands being validated, and since when.
+    pending: Vec<(Proposal, Millis)>,
     /// The cluster's shape (its nodes and their pods) when consolidation last found nothing,
     /// and when.
     quiet: Option<(u64, Millis)>,
@@ -103,7 +105,7 @@ impl Memory {
     /// When the command under validation may be proposed (it started `validation` ms
     /// before), if one is: the caller plans again then rather than at its next period.
     pub fn validation_due(&self, validation: Millis) -> Option<Millis> {
-        self.pending.as_ref().map(|(_, since)| since.saturating_add(validation))
+        self.pending.iter().map(|(_, since)| since.saturating_add(validation)).min()
     }
 
     /// When the node's pods last changed, given their fingerprint now. A node seen for the
@@ -232,6 +234,12 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
         let last_event = memory.last_pod_event(&claim.id, fingerprint(pods), input.now, seen);
         if let Some(d) = drift {
             let since = *memory.drifted_since.entry(claim.id.clone()).or_insert(input.now);
+            // Empty and settled, it is emptiness's first (Karpenter's first method takes every
+            // consolidatable empty node, drifted or not; drift gets what its budget leaves).
+            if c.is_empty() && consolidate_after.is_some_and(|after| input.now >= last_event.saturating_add(after)) {
+                out.consolidatable.insert(claim.id.clone());
+                empty.push(c.clone());
+            }
             drifted.push((since, c.is_empty(), c, d));
             continue;
         }
@@ -274,7 +282,7 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
         }
         if n > 0 {
-            out.proposal = Some(Proposal {
+            out.proposals.push(Proposal {
                 method: Method::Emptiness,
                 reason: DisruptionReason::Empty,
                 candidates: empty[..n].iter().map(|c| c.claim.id.clone()).collect(),
@@ -283,17 +291,33 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             });
         }
     }
-    // Drift: one node per command, empty ones first, then by how long they drifted. A node
-    // with pods goes only once the simulation finds where they go (new nodes launched first).
+    // The simulation, built once for every move this round may try (drift's and
+    // consolidation's), when any needs it.
     drifted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)).then_with(|| a.2.claim.id.cmp(&b.2.claim.id)));
     let drift_room = room(DisruptionReason::Drifted) > 0;
+    let shape = (!underused.is_empty()).then(|| cluster_shape(snap, &pods_by_node));
+    let quiet =
+        memory.quiet.filter(|(s, at)| Some(*s) == shape && input.now.saturating_sub(*at) < CONSOLIDATION_RECHECK);
+    let consolidating = out.proposals.is_empty() && !underused.is_empty() && quiet.is_none();
+    let drifting = out.proposals.is_empty() && drift_room && drifted.iter().any(|d| !d.1);
+    let prepared = (consolidating || drifting).then(|| {
+        let movers: Vec<simulation::Mover<'_>> =
+            drifted.iter().filter(|d| !d.1).map(|d| (&d.2).into()).chain(underused.iter().map(Into::into)).collect();
+        simulation::Prepared::new(snap, input.pools, &movers, input.opts)
+    });
+    let mut sim = prepared.as_ref().map(simulation::Prepared::simulation);
+    // Drift: one node per command, empty ones first, then by how long they drifted. A node
+    // with pods goes only once the simulation finds where they go (new nodes launched first).
     for (_, is_empty, c, d) in &drifted {
-        let verdict = if out.proposal.is_some() {
+        if out.proposals.iter().any(|p| p.method == Method::Emptiness && p.candidates.contains(&c.claim.id)) {
+            continue;
+        }
+        let verdict = if !out.proposals.is_empty() {
             Verdict::Keep(format!("drifted ({d}); another command goes first this round"))
         } else if !drift_room {
             Verdict::BudgetExhausted { method: Method::Drift }
         } else if *is_empty {
-            out.proposal = Some(Proposal {
+            out.proposals.push(Proposal {
                 method: Method::Drift,
                 reason: DisruptionReason::Drifted,
                 candidates: vec![c.claim.id.clone()],
@@ -302,40 +326,44 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             });
             Verdict::Disrupt { method: Method::Drift, detail: format!("drifted: {d}") }
         } else {
-            let (results, pods) = consolidation::simulate(snap, input.pools, &[c], input.opts);
-            if let Some((i, why)) = results.errors.first() {
-                let pod = pods.get(*i).map(|p| p.key.to_string()).unwrap_or_default();
-                Verdict::Keep(format!("drifted ({d}); pod {pod} would fit nowhere: {why}"))
-            } else {
-                let n = results.claims.len();
-                let detail = format!("drifted: {d}; its pods move to {n} new and existing nodes");
-                out.proposal = Some(Proposal {
-                    method: Method::Drift,
-                    reason: DisruptionReason::Drifted,
-                    candidates: vec![c.claim.id.clone()],
-                    replacements: results.claims,
-                    detail: detail.clone(),
-                });
-                Verdict::Disrupt { method: Method::Drift, detail }
+            match sim.as_mut().map(|s| s.try_move(&[c.claim.id.as_str()])) {
+                None => Verdict::Keep(format!("drifted ({d}); not simulated this round")),
+                Some(Err(why)) => Verdict::Keep(format!("drifted ({d}); {why}")),
+                Some(Ok(o)) => match o.results.errors.first() {
+                    Some((i, why)) => {
+                        let pod = o.pod(*i).map(|p| p.key.to_string()).unwrap_or_default();
+                        Verdict::Keep(format!("drifted ({d}); pod {pod} would fit nowhere: {why}"))
+                    }
+                    None => {
+                        let n = o.results.claims.len();
+                        let detail = format!("drifted: {d}; its pods move to {n} new and existing nodes");
+                        out.proposals.push(Proposal {
+                            method: Method::Drift,
+                            reason: DisruptionReason::Drifted,
+                            candidates: vec![c.claim.id.clone()],
+                            replacements: o.results.claims,
+                            detail: detail.clone(),
+                        });
+                        Verdict::Disrupt { method: Method::Drift, detail }
+                    }
+                },
             }
         };
         out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
     }
     // Consolidation: several nodes onto fewer (the longest prefix that holds), else one; not
     // simulated again while nothing changed since it last found nothing.
-    if !underused.is_empty() {
-        let shape = cluster_shape(snap, &pods_by_node);
+    if let Some(shape) = shape {
         let room = room(DisruptionReason::Underutilized);
-        let quiet = memory.quiet.filter(|(s, at)| *s == shape && input.now.saturating_sub(*at) < CONSOLIDATION_RECHECK);
-        if let (Some((_, since)), None) = (quiet, &out.proposal) {
+        if let Some((_, since)) = quiet.filter(|_| out.proposals.is_empty()) {
             for c in &underused {
                 let why = memory.kept.get(&c.claim.id).cloned().unwrap_or_else(|| unplaced(c));
                 let verdict = Verdict::Quiet { why, since_ago: input.now.saturating_sub(since) };
                 out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
             }
         } else {
-            let before = out.proposal.is_some();
-            let verdicts = consolidate(input, &mut underused, &mut out, room, pool_totals);
+            let before = !out.proposals.is_empty();
+            let verdicts = consolidate(input, sim.as_mut(), &mut underused, &mut out, room, pool_totals);
             for (c, verdict) in underused.iter().zip(verdicts) {
                 if let Verdict::Keep(why) = &verdict {
                     memory.kept.insert(c.claim.id.clone(), why.clone());
@@ -343,7 +371,7 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
                 out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
             }
             // Nothing found with room to act: quiet until the shape changes.
-            memory.quiet = (!before && out.proposal.is_none() && room > 0).then_some((shape, input.now));
+            memory.quiet = (!before && out.proposals.is_empty() && room > 0).then_some((shape, input.now));
         }
     }
     validate(input, memory, &mut out);
@@ -397,61 +425,55 @@ pub fn progress(state: &State, command: &DisruptionCommand, now: Millis, timeout
 
 /// Karpenter's validation: an emptiness or consolidation command is proposed only once the
 /// planner has decided the same for `validation` (emptiness may shrink to the nodes still
-/// empty); until then it waits, and its nodes' verdicts say so. Drift goes at once.
+/// empty); until then it waits, and its nodes' verdicts say so. Drift goes at once. Each
+/// command of a round is validated on its own.
 fn validate(input: &Input<'_>, memory: &mut Memory, out: &mut Plan) {
-    let Some(proposal) = out.proposal.take() else {
-        memory.pending = None;
-        return;
-    };
-    if proposal.method == Method::Drift || input.validation == 0 {
-        memory.pending = None;
-        out.proposal = Some(proposal);
-        return;
-    }
-    let validated = match &memory.pending {
-        Some((pending, since)) if input.now.saturating_sub(*since) >= input.validation => {
-            if proposal.method == Method::Emptiness && pending.method == Method::Emptiness {
+    let proposals = std::mem::take(&mut out.proposals);
+    let mut validated: Vec<Proposal> = Vec::new();
+    let mut waiting: Vec<(Proposal, Millis)> = Vec::new();
+    for proposal in proposals {
+        if proposal.method == Method::Drift || input.validation == 0 {
+            validated.push(proposal);
+            continue;
+        }
+        // The command under validation this one continues: the same, or (emptiness) the
+        // nodes still empty of the one before.
+        let emptiness = proposal.method == Method::Emptiness;
+        let prior = memory.pending.iter().find(|(p, _)| *p == proposal || (emptiness && p.method == Method::Emptiness));
+        let (command, since) = match prior {
+            Some((p, since)) if *p == proposal => (proposal, *since),
+            Some((p, since)) => {
                 let still: Vec<String> =
-                    proposal.candidates.iter().filter(|c| pending.candidates.contains(c)).cloned().collect();
-                (!still.is_empty()).then(|| Proposal { candidates: still, ..proposal.clone() })
-            } else {
-                (*pending == proposal).then(|| proposal.clone())
+                    proposal.candidates.iter().filter(|c| p.candidates.contains(c)).cloned().collect();
+                if still.is_empty() {
+                    (proposal, input.now)
+                } else {
+                    (Proposal { candidates: still, ..proposal }, *since)
+                }
             }
+            None => (proposal, input.now),
+        };
+        if input.now.saturating_sub(since) >= input.validation {
+            validated.push(command);
+        } else {
+            waiting.push((command, since));
         }
-        _ => None,
-    };
-    if let Some(p) = validated {
-        memory.pending = None;
-        for (claim, d) in out.decisions.iter_mut() {
-            if matches!(d.verdict, Verdict::Disrupt { .. }) && !p.candidates.contains(claim) {
-                d.verdict = Verdict::Keep("no longer part of the validated command".into());
-            }
-        }
-        out.proposal = Some(p);
-        return;
     }
-    // Still validating: the same command keeps its start; an emptiness command keeps the
-    // start for the nodes that stayed empty (new empty nodes wait for the next command).
-    let (pending, since) = match memory.pending.take() {
-        Some((pending, since)) if pending == proposal => (proposal, since),
-        Some((pending, since)) if pending.method == Method::Emptiness && proposal.method == Method::Emptiness => {
-            let still: Vec<String> =
-                proposal.candidates.iter().filter(|c| pending.candidates.contains(c)).cloned().collect();
-            if still.is_empty() { (proposal, input.now) } else { (Proposal { candidates: still, ..proposal }, since) }
-        }
-        _ => (proposal, input.now),
-    };
-    let acts_in = (since.saturating_add(input.validation)).saturating_sub(input.now);
     for (claim, d) in out.decisions.iter_mut() {
-        if let Verdict::Disrupt { detail, .. } = &mut d.verdict {
-            if pending.candidates.contains(claim) {
+        let Verdict::Disrupt { detail, .. } = &mut d.verdict else { continue };
+        if validated.iter().any(|p| p.candidates.contains(claim)) {
+            continue;
+        }
+        match waiting.iter().find(|(p, _)| p.candidates.contains(claim)) {
+            Some((_, since)) => {
+                let acts_in = since.saturating_add(input.validation).saturating_sub(input.now);
                 detail.push_str(&format!(" (validating: acts in {}s if it still holds)", acts_in.div_ceil(1000)));
-            } else {
-                d.verdict = Verdict::Keep("empty; waits for the command under validation".into());
             }
+            None => d.verdict = Verdict::Keep("empty; waits for the command under validation".into()),
         }
     }
-    memory.pending = Some((pending, since));
+    memory.pending = waiting;
+    out.proposals = validated;
 }
 
 /// The move of the longest prefix of `refs`, at least `shortest` long, that `attempt` finds
@@ -459,7 +481,7 @@ fn validate(input: &Input<'_>, memory: &mut Memory, out: &mut Plan) {
 fn longest_prefix(
     refs: &[&Candidate<'_>],
     shortest: usize,
-    attempt: impl Fn(&[&Candidate<'_>]) -> Result<consolidation::Move, String>,
+    mut attempt: impl FnMut(&[&Candidate<'_>]) -> Result<consolidation::Move, String>,
 ) -> Option<consolidation::Move> {
     let (mut lo, mut hi, mut best) = (shortest, refs.len(), None);
     while lo <= hi {
@@ -487,6 +509,7 @@ fn unplaced(c: &Candidate<'_>) -> String {
 /// verdict, in `underused`'s order (sorted here).
 fn consolidate(
     input: &Input<'_>,
+    sim: Option<&mut simulation::Simulation<'_>>,
     underused: &mut [Candidate<'_>],
     out: &mut Plan,
     room: usize,
@@ -494,7 +517,7 @@ fn consolidate(
 ) -> Vec<Verdict> {
     underused.sort_by(|a, b| b.savings_ratio().total_cmp(&a.savings_ratio()).then_with(|| a.claim.id.cmp(&b.claim.id)));
     let mut verdicts: Vec<Verdict> = underused.iter().map(|c| Verdict::Keep(unplaced(c))).collect();
-    if out.proposal.is_some() {
+    if !out.proposals.is_empty() {
         verdicts.iter_mut().for_each(|v| *v = Verdict::Keep("another command goes first this round".into()));
         return verdicts;
     }
@@ -503,7 +526,7 @@ fn consolidate(
         verdicts.iter_mut().for_each(|v| *v = Verdict::BudgetExhausted { method });
         return verdicts;
     }
-    let snap = input.snapshot;
+    let Some(sim) = sim else { return verdicts };
     let balanced = input.pool.disruption.consolidation_policy == ConsolidationPolicy::Balanced;
     // Karpenter's balanced score: the share of the pool's cost saved over the share of its
     // disruption cost spent.
@@ -519,31 +542,91 @@ fn consolidate(
             Err(format!("the balanced policy scores it {score:.2}, under {:.2}", 1.0 / BALANCED_K))
         }
     };
-    let attempt = |cands: &[&Candidate<'_>], max_new: usize| {
-        consolidation::consolidate(snap, input.pools, cands, input.opts, input.spot_to_spot, max_new)
+    let attempt = |sim: &mut simulation::Simulation<'_>, cands: &[&Candidate<'_>], max_new: usize| {
+        consolidation::consolidate(sim, input.pools, cands, input.spot_to_spot, max_new)
             .and_then(|m| worth(&m, cands).map(|()| m))
     };
     let max = underused.len().min(MULTI_NODE_MAX).min(room);
     let refs: Vec<&Candidate<'_>> = underused.iter().take(max).collect();
-    let mut best = longest_prefix(&refs, 2, |cands| attempt(cands, 1)).map(|m| (Method::MultiNodeConsolidation, m));
-    if best.is_none() {
-        for (i, c) in underused.iter().enumerate().take(SINGLE_NODE_TRIES) {
-            match attempt(&[c], 1) {
-                Ok(m) => {
-                    best = Some((Method::SingleNodeConsolidation, m));
-                    break;
-                }
-                Err(why) => verdicts[i] = Verdict::Keep(why),
-            }
+    let mut best =
+        longest_prefix(&refs, 2, |cands| attempt(sim, cands, 1)).map(|m| (Method::MultiNodeConsolidation, m));
+    // Every other candidate is simulated alone, so each gets its answer: the first (in
+    // Karpenter's order) that can go is the single-node command when no multi-node one was
+    // found; the others may follow as commands of their own (below).
+    let mut could = vec![false; underused.len()];
+    for (i, c) in underused.iter().enumerate() {
+        if best.as_ref().is_some_and(|(_, m)| m.candidates.contains(&c.claim.id)) {
+            continue;
         }
+        verdicts[i] = match attempt(sim, &[c], 1) {
+            Ok(m) if best.is_none() => {
+                best = Some((Method::SingleNodeConsolidation, m));
+                continue;
+            }
+            Ok(m) => {
+                could[i] = true;
+                Verdict::Keep(format!("{}; one consolidation at a time, it waits for a later round", describe(&m)))
+            }
+            Err(why) => Verdict::Keep(why),
+        };
     }
     // dovetail's repack, where no single replacement gets there: the longest prefix of at
     // least 3 candidates whose pods go onto fewer new nodes that cost less together.
     if best.is_none() {
-        best = longest_prefix(&refs, 3, |cands| attempt(cands, cands.len() - 1)).map(|m| (Method::Repack, m));
+        best = longest_prefix(&refs, 3, |cands| attempt(sim, cands, cands.len() - 1)).map(|m| (Method::Repack, m));
     }
-    let Some((method, m)) = best else { return verdicts };
-    let detail = match m.replacements.as_slice() {
+    let Some(first) = best else { return verdicts };
+    // More commands at once (dovetail's, up to `max_commands`, within the budget): each
+    // further single-node move is simulated again with the commands before it done, so
+    // together they hold.
+    let mut left = room.saturating_sub(first.1.candidates.len());
+    let mut chosen = vec![first];
+    if chosen[0].0 != Method::Repack && input.max_commands > 1 && left > 0 {
+        let mut done = chosen[0].1.candidates.clone();
+        for (i, c) in underused.iter().enumerate() {
+            if chosen.len() >= input.max_commands || left == 0 {
+                break;
+            }
+            if !could[i] {
+                continue;
+            }
+            let ids: Vec<&str> = done.iter().map(String::as_str).collect();
+            if let Err(why) = sim.keep(&ids) {
+                verdicts[i] = Verdict::Keep(why);
+                break;
+            }
+            done.clear();
+            match attempt(sim, &[c], 1) {
+                Ok(m) => {
+                    done.clone_from(&m.candidates);
+                    left -= 1;
+                    chosen.push((Method::SingleNodeConsolidation, m));
+                }
+                Err(why) => verdicts[i] = Verdict::Keep(format!("{why}, with the commands before it done")),
+            }
+        }
+    }
+    for (method, m) in chosen {
+        let detail = describe(&m);
+        for (c, v) in underused.iter().zip(verdicts.iter_mut()) {
+            if m.candidates.contains(&c.claim.id) {
+                *v = Verdict::Disrupt { method, detail: detail.clone() };
+            }
+        }
+        out.proposals.push(Proposal {
+            method,
+            reason: DisruptionReason::Underutilized,
+            candidates: m.candidates,
+            replacements: m.replacements.into_iter().map(|r| r.claim).collect(),
+            detail,
+        });
+    }
+    verdicts
+}
+
+/// A move in words.
+fn describe(m: &consolidation::Move) -> String {
+    match m.replacements.as_slice() {
         [] => format!("its pods fit on other nodes; saves ${:.4}/h", m.savings()),
         [r] => format!(
             "replaced by one cheaper node ({} types from ${:.4}/h); saves at least ${:.4}/h",
@@ -558,20 +641,7 @@ fn consolidate(
             rs.iter().map(|r| r.price).sum::<f64>(),
             m.savings()
         ),
-    };
-    for (c, v) in underused.iter().zip(verdicts.iter_mut()) {
-        if m.candidates.contains(&c.claim.id) {
-            *v = Verdict::Disrupt { method, detail: detail.clone() };
-        }
     }
-    out.proposal = Some(Proposal {
-        method,
-        reason: DisruptionReason::Underutilized,
-        candidates: m.candidates,
-        replacements: m.replacements.into_iter().map(|r| r.claim).collect(),
-        detail,
-    });
-    verdicts
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ struct World {
     nominated: BTreeMap<String, Millis>,
     /// The validation delay; 0 unless a test is about it.
     validation: Millis,
+    /// Commands a round may propose; 1 (Karpenter's) unless a test is about it.
+    max_commands: usize,
 }
 
 impl World {
@@ -54,6 +56,7 @@ impl World {
             cloud_drift: BTreeMap::new(),
             nominated: BTreeMap::new(),
             validation: 0,
+            max_commands: 1,
         }
     }
 
@@ -167,6 +170,7 @@ impl World {
             opts: &SolveOptions::default(),
             spot_to_spot: false,
             validation: self.validation,
+            max_commands: self.max_commands,
             synced: true,
             now: self.now,
         };
@@ -194,7 +198,7 @@ fn empty_nodes_go_once_settled_and_within_the_budget_and_every_node_gets_a_reaso
     assert_eq!(first.decisions.len(), 20, "every node has a decision");
     w.now += 1_000;
     let plan = w.plan();
-    let proposal = plan.proposal.clone().expect("emptiness proposes");
+    let proposal = plan.first().cloned().expect("emptiness proposes");
     assert_eq!(proposal.method, Method::Emptiness);
     assert_eq!(proposal.candidates.len(), 2, "10% of 20 nodes, rounded up");
     let exhausted = (0..5)
@@ -213,7 +217,7 @@ fn empty_nodes_go_once_settled_and_within_the_budget_and_every_node_gets_a_reaso
     });
     assert_eq!(out, crate::ledger::Outcome::Disrupting { refused: None });
     let after = w.plan();
-    assert_eq!(after.proposal, None);
+    assert_eq!(after.first(), None);
     let leased = &proposal.candidates[0];
     assert!(matches!(World::verdict(&after, leased), Verdict::Blocked(Blocker::Leased { .. })));
     let shown = after.decisions.get(leased).map(|d| d.verdict.to_string()).unwrap_or_default();
@@ -240,7 +244,7 @@ fn consolidate_after_waits_from_the_last_pod_change_and_never_keeps_every_node()
     assert_eq!((d.kind.as_str(), d.status), ("Drifted", false));
     w.now += 29_000;
     let p = w.plan();
-    assert_eq!(p.proposal, None);
+    assert_eq!(p.first(), None);
     assert_eq!(
         p.conditions("a").map(|[c, _]| c.message),
         Some("its pods changed within its consolidateAfter (30s)".into())
@@ -248,10 +252,10 @@ fn consolidate_after_waits_from_the_last_pod_change_and_never_keeps_every_node()
     w.now += 1_000;
     let p = w.plan();
     assert_eq!(p.conditions("a").map(|[c, _]| (c.status, c.reason)), Some((true, "Consolidatable".into())));
-    assert_eq!(p.proposal.map(|p| p.candidates), Some(vec!["a".to_string()]));
+    assert_eq!(p.first().map(|p| p.candidates.clone()), Some(vec!["a".to_string()]));
     w.pool.disruption.consolidate_after = None;
     let never = w.plan();
-    assert_eq!(never.proposal, None);
+    assert_eq!(never.first(), None);
     assert!(matches!(World::verdict(&never, "a"), Verdict::Keep(why) if why.contains("Never")));
 }
 
@@ -281,10 +285,10 @@ fn a_drifted_node_goes_one_per_command_empty_first_and_waits_for_its_budget() {
     w.node("busy", &["web-1"]);
     w.node("idle", &[]);
     w.node("idle2", &[]);
-    assert_eq!(w.plan().proposal, None, "nothing drifted");
+    assert_eq!(w.plan().first(), None, "nothing drifted");
     w.pool.labels.insert("team".into(), "payments".into());
     let plan = w.plan();
-    let proposal = plan.proposal.clone().expect("drift proposes");
+    let proposal = plan.first().cloned().expect("drift proposes");
     assert_eq!((proposal.method, proposal.candidates.len()), (Method::Drift, 1));
     assert!(proposal.candidates[0].starts_with("idle"), "an empty node first");
     assert!(World::verdict(&plan, &proposal.candidates[0]).to_string().contains("template changed"));
@@ -293,7 +297,7 @@ fn a_drifted_node_goes_one_per_command_empty_first_and_waits_for_its_budget() {
     assert_eq!(drifted.message, "the nodepool's template changed");
     w.budgets(vec![Budget { reasons: vec![DisruptionReason::Drifted], ..budget(BudgetNodes::Count(0)) }]);
     let blocked = w.plan();
-    assert_eq!(blocked.proposal, None);
+    assert_eq!(blocked.first(), None);
     assert!(matches!(World::verdict(&blocked, "idle"), Verdict::BudgetExhausted { method: Method::Drift }));
     // The cloud's drift counts the same way.
     let mut w2 = World::new();
@@ -352,6 +356,7 @@ fn nothing_is_decided_on_an_unsynced_view() {
         opts: &SolveOptions::default(),
         spot_to_spot: false,
         validation: 0,
+        max_commands: 1,
         synced: false,
         now: w.now,
     };
@@ -375,14 +380,14 @@ fn underused_nodes_are_consolidated_once_the_command_held_for_the_validation_del
         pod_of(&mut w, id, &format!("web-{id}"), 200);
     }
     let first = w.plan();
-    assert_eq!(first.proposal, None, "validating");
+    assert_eq!(first.first(), None, "validating");
     let shown = World::verdict(&first, "a").to_string();
     assert!(shown.contains("validating: acts in 15s"), "{shown}");
     w.now += 14_000;
-    assert_eq!(w.plan().proposal, None);
+    assert_eq!(w.plan().first(), None);
     w.now += 1_000;
     let plan = w.plan();
-    let p = plan.proposal.clone().expect("validated");
+    let p = plan.first().cloned().expect("validated");
     assert_eq!(p.method, Method::MultiNodeConsolidation);
     assert_eq!(p.candidates.len(), 3, "three nodes of one small pod each fold onto one");
     assert_eq!(p.replacements.len(), 1);
@@ -398,15 +403,15 @@ fn a_changed_command_starts_its_validation_again() {
         w.node(id, &[]);
         pod_of(&mut w, id, &format!("web-{id}"), 200);
     }
-    assert_eq!(w.plan().proposal, None);
+    assert_eq!(w.plan().first(), None);
     w.now += 10_000;
     // A pod lands on c: the three nodes now need a larger replacement, another command.
     pod_of(&mut w, "c", "web-late", 1_500);
-    assert_eq!(w.plan().proposal, None);
+    assert_eq!(w.plan().first(), None);
     w.now += 10_000;
-    assert_eq!(w.plan().proposal, None, "only 10 s since the command changed");
+    assert_eq!(w.plan().first(), None, "only 10 s since the command changed");
     w.now += 5_000;
-    assert!(w.plan().proposal.is_some());
+    assert!(w.plan().first().is_some());
 }
 
 #[test]
@@ -420,7 +425,7 @@ fn a_node_whose_pods_fit_nowhere_cheaper_stays_and_says_why() {
         pod_of(&mut w, id, &format!("big-{id}"), 1_500);
     }
     let plan = w.plan();
-    assert_eq!(plan.proposal, None);
+    assert_eq!(plan.first(), None);
     let shown = World::verdict(&plan, "a").to_string();
     assert!(shown.contains("no cheaper node"), "{shown}");
 }
@@ -435,7 +440,7 @@ fn when_empty_leaves_nodes_with_pods_alone() {
         pod_of(&mut w, id, &format!("web-{id}"), 200);
     }
     let plan = w.plan();
-    assert_eq!(plan.proposal, None);
+    assert_eq!(plan.first(), None);
     assert!(World::verdict(&plan, "a").to_string().contains("WhenEmpty"));
 }
 
@@ -550,7 +555,7 @@ fn a_node_a_pending_pod_is_nominated_to_is_not_disrupted() {
     p.nominated_node = Some("node-a".into());
     w.snap.pods.insert(p.key.clone(), Arc::new(p));
     let plan = w.plan();
-    assert_eq!(plan.proposal, None);
+    assert_eq!(plan.first(), None);
     assert!(World::verdict(&plan, "a").to_string().contains("pending pod default/preemptor is nominated to it"));
 }
 
@@ -563,12 +568,12 @@ fn a_node_the_provisioner_planned_pods_onto_is_not_disrupted_until_the_window_en
     w.node("a", &[]);
     w.nominated.insert("node-a".into(), w.now + 20_000);
     let plan = w.plan();
-    assert_eq!(plan.proposal, None);
+    assert_eq!(plan.first(), None);
     let said = World::verdict(&plan, "a").to_string();
     assert!(said.contains("pending pods were planned onto it (nominated until 1970-01-01T00:17:00Z)"), "{said}");
     w.now += 20_000;
     let plan = w.plan();
-    assert_eq!(plan.proposal.map(|p| p.candidates), Some(vec!["a".to_string()]), "the window is over");
+    assert_eq!(plan.first().map(|p| p.candidates.clone()), Some(vec!["a".to_string()]), "the window is over");
 }
 
 /// Pending pods are in the consolidation's simulation, as Karpenter's: they keep the room
@@ -596,11 +601,47 @@ fn pending_pods_keep_the_room_they_would_take_from_a_consolidation() {
     };
     let mut w = world(false);
     let plan = w.plan();
-    let p = plan.proposal.clone().unwrap_or_else(|| panic!("a's pod fits on b: {:?}", plan.decisions));
+    let p = plan.first().cloned().unwrap_or_else(|| panic!("a's pod fits on b: {:?}", plan.decisions));
     assert_eq!((p.candidates, p.replacements.len()), (vec!["a".to_string()], 0));
     let mut w = world(true);
     let plan = w.plan();
-    assert_eq!(plan.proposal, None, "the pending pod takes b's room first");
+    assert_eq!(plan.first(), None, "the pending pod takes b's room first");
     let said = World::verdict(&plan, "a").to_string();
     assert!(said.contains("no cheaper node"), "{said}");
+}
+
+#[test]
+fn several_commands_go_at_once_each_simulated_with_the_ones_before_it() {
+    let mut w = World::new();
+    // On-demand m5.large only: no replacement is ever cheaper, so moves are deletions.
+    w.pool.requirements.add(labels::INSTANCE_TYPE, crate::requirements::Requirement::is_in(["m5.large"]));
+    w.pool.requirements.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["on-demand"]));
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    // a's pod goes nowhere but a new node, no cheaper (so no multi-node prefix, which must
+    // start with a, holds);
+    // b's goes to c; c then receives it and is not a candidate; d's goes to c too, beside b's.
+    for (id, cpu) in [("a", 1900), ("b", 300), ("c", 300), ("d", 900)] {
+        w.node(id, &[]);
+        pod_of(&mut w, id, &format!("web-{id}"), cpu);
+        let name = format!("node-{id}");
+        let mut n = w.snap.nodes[&name].as_ref().clone();
+        n.allocatable.set(crate::resources::ResourceName::Pods, 29);
+        w.snap.nodes.insert(name, Arc::new(n));
+    }
+    let one = w.plan();
+    let ids = |plan: &Plan| -> Vec<Vec<String>> { plan.proposals.iter().map(|p| p.candidates.clone()).collect() };
+    assert_eq!(ids(&one), vec![vec!["b".to_string()]], "Karpenter's one command a round: {:?}", one.decisions);
+    assert!(World::verdict(&one, "d").to_string().contains("waits for a later round"), "{:?}", one.decisions);
+    w.max_commands = 10;
+    w.memory = Memory::default();
+    let many = w.plan();
+    assert_eq!(ids(&many), vec![vec!["b".to_string()], vec!["d".to_string()]], "{:?}", many.decisions);
+    assert!(many.proposals.iter().all(|p| p.method == Method::SingleNodeConsolidation && p.replacements.is_empty()));
+    let c = World::verdict(&many, "c").to_string();
+    assert!(c.contains("pods of a command of this round go to it"), "{c}");
+    assert!(World::verdict(&many, "a").to_string().contains("no cheaper node"), "{:?}", many.decisions);
+    // Within the budget: with room for one node, one command.
+    w.budgets(vec![budget(BudgetNodes::Count(1))]);
+    w.memory = Memory::default();
+    assert_eq!(ids(&w.plan()), vec![vec!["b".to_string()]]);
 }

@@ -44,6 +44,7 @@ mod right_size;
 pub(crate) mod scheduler;
 mod template;
 mod topology;
+pub(crate) mod trial;
 mod validate;
 mod view;
 

@@ -24,6 +24,8 @@ pub struct ExistingNode<'a> {
     pub host_ports: Vec<HostPort>,
     /// Pending pods placed here by this solve.
     pub pods: Vec<usize>,
+    /// Taken out of the cluster for a trial (`Scheduler::take_out`): it takes no pod.
+    pub out: bool,
 }
 
 impl<'a> ExistingNode<'a> {
@@ -56,7 +58,7 @@ impl<'a> ExistingNode<'a> {
             }
         }
         let remaining = node.allocatable.subtracted(&used).subtracted(&pending_daemons);
-        ExistingNode { node, index, taints, requirements, remaining, host_ports, pods: Vec::new() }
+        ExistingNode { node, index, taints, requirements, remaining, host_ports, pods: Vec::new(), out: false }
     }
 
     /// The requirements the node would have with the pod on it, if it can take it. Every
@@ -70,7 +72,7 @@ impl<'a> ExistingNode<'a> {
         data: &PodData,
         tolerations: &[taints::Toleration],
     ) -> Option<Requirements> {
-        if !data.requests.fits_in(&self.remaining) {
+        if self.out || !data.requests.fits_in(&self.remaining) {
             return None;
         }
         if taints::first_untolerated(&self.taints, tolerations).is_some() {

@@ -26,9 +26,16 @@ impl Scheduler<'_> {
     /// Splits the pods into those Karpenter ignores (with the reason) and the rest, in
     /// Karpenter's queue order: CPU, then memory descending, then creation, then name.
     pub fn validate_pods(&self) -> (HashMap<usize, String>, Vec<usize>) {
+        let all: Vec<usize> = (0..self.pods.len()).collect();
+        self.validate_subset(&all)
+    }
+
+    /// [`Scheduler::validate_pods`] of some of the pods.
+    pub fn validate_subset(&self, pods: &[usize]) -> (HashMap<usize, String>, Vec<usize>) {
         let mut errors: HashMap<usize, String> = HashMap::new();
         let mut queue: Vec<usize> = Vec::new();
-        for (i, p) in self.pods.iter().enumerate() {
+        for &i in pods {
+            let Some(p) = self.pods.get(i) else { continue };
             match validate(p) {
                 Ok(()) => queue.push(i),
                 Err(e) => {

@@ -50,6 +50,19 @@ pub struct Scheduler<'a> {
     pub(super) leftover_errors: HashMap<usize, String>,
     /// The dovetail packer's equivalence class of each pending pod (`u32::MAX`: none).
     pub(super) class_of: Vec<u32>,
+    /// While a trial runs, the existing nodes as they were before each change
+    /// (trials: `Scheduler::checkpoint`).
+    pub(super) trail: Option<Vec<Saved>>,
+}
+
+/// What an existing node was before a placement changed it (a trial's journal).
+pub(super) struct Saved {
+    pub(super) node: usize,
+    pub(super) remaining: ResourceList,
+    pub(super) requirements: crate::requirements::Requirements,
+    pub(super) host_ports: usize,
+    pub(super) pods: usize,
+    pub(super) out: bool,
 }
 
 impl<'a> Scheduler<'a> {
@@ -145,7 +158,22 @@ impl<'a> Scheduler<'a> {
             max_weight,
             leftover_errors: HashMap::new(),
             class_of: Vec::new(),
+            trail: None,
         }
+    }
+
+    /// Remembers existing node `n` as it is, when journaling.
+    pub(super) fn save_existing(&mut self, n: usize) {
+        let Some(trail) = &mut self.trail else { return };
+        let e = &self.existing[n];
+        trail.push(Saved {
+            node: n,
+            remaining: e.remaining.clone(),
+            requirements: e.requirements.clone(),
+            host_ports: e.host_ports.len(),
+            pods: e.pods.len(),
+            out: e.out,
+        });
     }
 
     /// Places a pod on an existing node and records it.
@@ -157,6 +185,7 @@ impl<'a> Scheduler<'a> {
         reqs: crate::requirements::Requirements,
     ) {
         let zone = pinned_zone(&reqs);
+        self.save_existing(n);
         self.existing[n].add(&mut self.topology, idx, &self.pods[idx], data, reqs);
         self.order.push(Placement { pod: idx, target: Target::Existing(self.existing[n].index), zone });
     }

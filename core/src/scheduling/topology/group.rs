@@ -89,8 +89,15 @@ pub struct TopologyGroup {
     pub(super) id: GroupKey,
     pub(super) min_domains: Option<i32>,
     pub(super) owners: BTreeSet<usize>,
+    /// How many running pods own it (an inverse anti-affinity: each running pod with the
+    /// term; they share the owner `usize::MAX`). A group whose running owners were all taken
+    /// out with their nodes, and that no pending pod owns, constrains nothing.
+    pub(super) bound_owners: u32,
     pub(super) domains: BTreeMap<String, i32>,
     pub(super) empty_domains: BTreeSet<String>,
+    /// The domains it was seeded with (NodePools' and instance types'): they stay known when
+    /// the nodes in them are taken out.
+    pub(super) seeded: BTreeSet<String>,
 }
 
 impl TopologyGroup {
@@ -99,13 +106,21 @@ impl TopologyGroup {
             id,
             min_domains,
             owners: BTreeSet::new(),
+            bound_owners: 0,
             domains: BTreeMap::new(),
             empty_domains: BTreeSet::new(),
+            seeded: BTreeSet::new(),
         };
         for d in seed {
             g.register(&d);
+            g.seeded.insert(d);
         }
         g
+    }
+
+    /// Whether anything owns it: a pod to place, or a running pod not taken out.
+    pub(super) fn active(&self) -> bool {
+        self.bound_owners > 0 || self.owners.iter().any(|o| *o != usize::MAX)
     }
 
     /// The topology key.
@@ -124,16 +139,51 @@ impl TopologyGroup {
         self.selects(pod) && self.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, allow_undefined))
     }
 
-    pub(super) fn register(&mut self, domain: &str) {
-        if !self.domains.contains_key(domain) {
-            self.domains.insert(domain.to_string(), 0);
-            self.empty_domains.insert(domain.to_string());
+    /// Makes a domain known (with no pods); returns whether it was not known before.
+    pub(super) fn register(&mut self, domain: &str) -> bool {
+        if self.domains.contains_key(domain) {
+            return false;
         }
+        self.domains.insert(domain.to_string(), 0);
+        self.empty_domains.insert(domain.to_string());
+        true
     }
 
-    pub(super) fn record(&mut self, domain: &str) {
-        *self.domains.entry(domain.to_string()).or_insert(0) += 1;
-        self.empty_domains.remove(domain);
+    /// Counts one more pod in a domain; returns the count before (`None`: not known).
+    pub(super) fn record(&mut self, domain: &str) -> Option<i32> {
+        let before = self.domains.get(domain).copied();
+        self.set_count(domain, Some(before.unwrap_or(0) + 1));
+        before
+    }
+
+    /// A domain's count (`None`: not known).
+    pub(super) fn count_of(&self, domain: &str) -> Option<i32> {
+        self.domains.get(domain).copied()
+    }
+
+    /// Sets a domain's count, or forgets the domain (`None`), keeping `empty_domains` the
+    /// domains counted at zero: how a change is undone.
+    pub(super) fn set_count(&mut self, domain: &str, count: Option<i32>) {
+        match count {
+            None => {
+                self.domains.remove(domain);
+                self.empty_domains.remove(domain);
+            }
+            Some(c) => {
+                if let Some(v) = self.domains.get_mut(domain) {
+                    *v = c;
+                } else {
+                    self.domains.insert(domain.to_string(), c);
+                }
+                if c == 0 {
+                    if !self.empty_domains.contains(domain) {
+                        self.empty_domains.insert(domain.to_string());
+                    }
+                } else {
+                    self.empty_domains.remove(domain);
+                }
+            }
+        }
     }
 
     fn count(&self, domain: &str) -> i64 {

@@ -7,8 +7,9 @@
 //! order, so every solve is deterministic.
 
 mod group;
+mod trail;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::labels::{self, Labels, SelectorOp, SelectorRequirement};
 use crate::pod::{InclusionPolicy, Pod, PodAffinityTerm, WhenUnsatisfiable};
@@ -20,6 +21,7 @@ use super::view::PodView;
 
 use group::{DomainGroup, GroupKey, NodeFilter};
 pub use group::{TopologyError, TopologyGroup, TopologyType};
+use trail::Undo;
 
 /// All topology groups of one solve.
 pub struct Topology<'a> {
@@ -34,6 +36,14 @@ pub struct Topology<'a> {
     domain_groups: HashMap<String, DomainGroup>,
     /// Node name -> (taints, requirements) of existing nodes, for counting bound pods.
     nodes: HashMap<&'a str, (Vec<Taint>, Requirements)>,
+    /// Running pods by their node (indices into the snapshot's bound pods, terminal ones
+    /// left out).
+    bound_by_node: HashMap<&'a str, Vec<usize>>,
+    /// Nodes taken out ([`Topology::take_out`]): their domains and running pods count no
+    /// more.
+    removed: HashSet<&'a str>,
+    /// While journaling ([`Topology::mark`]), how to undo every change since.
+    trail: Option<Vec<Undo<'a>>>,
 }
 
 impl<'a> Topology<'a> {
@@ -45,6 +55,15 @@ impl<'a> Topology<'a> {
             .iter()
             .map(|n| (n.name.as_str(), (n.taints.clone(), Requirements::from_labels(&n.labels))))
             .collect();
+        let mut bound_by_node: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, p) in snapshot.bound_pods.iter().enumerate() {
+            if let Some(n) = p.node_name.as_deref()
+                && !p.terminal
+            {
+                bound_by_node.entry(n).or_default().push(i);
+            }
+        }
+        let by_name: HashMap<&str, &crate::node::Node> = snapshot.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let mut t = Topology {
             snapshot,
             policy,
@@ -55,12 +74,15 @@ impl<'a> Topology<'a> {
             owned: HashMap::new(),
             domain_groups: HashMap::new(),
             nodes,
+            bound_by_node,
+            removed: HashSet::new(),
+            trail: None,
         };
         for pod in &snapshot.bound_pods {
             if !pod.has_required_pod_anti_affinity() || pod.terminal {
                 continue;
             }
-            let Some(node) = pod.node_name.as_deref().and_then(|n| snapshot.nodes.iter().find(|x| x.name == n)) else {
+            let Some(node) = pod.node_name.as_deref().and_then(|n| by_name.get(n)) else {
                 continue;
             };
             let view = PodView::new(pod);
@@ -134,12 +156,12 @@ impl<'a> Topology<'a> {
     pub fn update_like(&mut self, idx: usize, like: usize) {
         let owned = self.owned.get(&like).cloned().unwrap_or_default();
         for &g in &owned {
-            self.groups[g].owners.insert(idx);
+            self.own(false, g, idx, true);
         }
-        self.owned.insert(idx, owned);
-        for g in &mut self.inverse {
-            if g.owners.contains(&like) {
-                g.owners.insert(idx);
+        self.set_owned(idx, Some(owned));
+        for g in 0..self.inverse.len() {
+            if self.inverse[g].owners.contains(&like) {
+                self.own(true, g, idx, true);
             }
         }
     }
@@ -157,9 +179,9 @@ impl<'a> Topology<'a> {
     }
 
     pub fn update(&mut self, idx: usize, pod: &Pod, view: &PodView) {
-        if let Some(old) = self.owned.remove(&idx) {
+        if let Some(old) = self.set_owned(idx, None) {
             for g in old {
-                self.groups[g].owners.remove(&idx);
+                self.own(false, g, idx, false);
             }
         }
         let anti = match self.policy {
@@ -178,18 +200,15 @@ impl<'a> Topology<'a> {
                 None => {
                     let mut g = g;
                     self.count_domains(&mut g);
-                    self.groups.push(g);
-                    let i = self.groups.len() - 1;
-                    self.index.insert(self.groups[i].id.clone(), i);
-                    i
+                    self.push_group(false, g)
                 }
             };
-            self.groups[i].owners.insert(idx);
+            self.own(false, i, idx, true);
             if !owned.contains(&i) {
                 owned.push(i);
             }
         }
-        self.owned.insert(idx, owned);
+        self.set_owned(idx, Some(owned));
     }
 
     fn spread_groups(&mut self, pod: &Pod, view: &PodView) -> Vec<TopologyGroup> {
@@ -262,37 +281,46 @@ impl<'a> Topology<'a> {
         out
     }
 
+    /// The inverse anti-affinity group a pod's required anti-affinity term makes.
+    fn inverse_key(&self, pod: &Pod, term: &PodAffinityTerm) -> GroupKey {
+        GroupKey {
+            kind: TopologyType::PodAntiAffinity,
+            key: term.topology_key.clone(),
+            namespaces: self.namespaces_for(pod, term),
+            max_skew: i32::MAX,
+            node_filter: None,
+            selector: term.selector.clone(),
+        }
+    }
+
     fn update_inverse_anti_affinity(&mut self, idx: usize, pod: &Pod, view: &PodView, node_labels: Option<&Labels>) {
         for term in &view.anti_affinity.required {
-            let namespaces = self.namespaces_for(pod, term);
-            let id = GroupKey {
-                kind: TopologyType::PodAntiAffinity,
-                key: term.topology_key.clone(),
-                namespaces,
-                max_skew: i32::MAX,
-                node_filter: None,
-                selector: term.selector.clone(),
-            };
+            let id = self.inverse_key(pod, term);
             let i = match self.inverse_index.get(&id) {
                 Some(i) => *i,
                 None => {
                     let seed = self.domain_group(&term.topology_key).domains_for(&view.tolerations, true);
-                    self.inverse.push(TopologyGroup::new(id.clone(), None, seed));
-                    self.inverse_index.insert(id, self.inverse.len() - 1);
-                    self.inverse.len() - 1
+                    self.push_group(true, TopologyGroup::new(id, None, seed))
                 }
             };
-            let g = &mut self.inverse[i];
-            if let Some(d) = node_labels.and_then(|l| l.get(&g.id.key)) {
-                g.record(d);
+            if let Some(d) = node_labels.and_then(|l| l.get(&self.inverse[i].id.key)) {
+                let d = d.clone();
+                self.count(true, i, &d, 1);
             }
-            g.owners.insert(idx);
+            if idx == usize::MAX {
+                // Running pods share one owner id: their number says when none is left.
+                self.inverse[i].bound_owners += 1;
+            }
+            self.own(true, i, idx, true);
         }
     }
 
     /// Registers existing nodes' domains and counts the running pods the group selects.
     fn count_domains(&self, g: &mut TopologyGroup) {
         for n in &self.snapshot.nodes {
+            if self.removed.contains(n.name.as_str()) {
+                continue;
+            }
             let Some(d) = n.labels.get(&g.id.key) else { continue };
             let (taints, reqs) = &self.nodes[n.name.as_str()];
             if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, false)) {
@@ -300,20 +328,29 @@ impl<'a> Topology<'a> {
             }
         }
         for p in &self.snapshot.bound_pods {
-            if p.terminal || !g.selects(p) {
-                continue;
-            }
-            let Some(node_name) = p.node_name.as_deref() else { continue };
-            let Some((taints, reqs)) = self.nodes.get(node_name) else { continue };
-            let domain = match reqs.get_defined(&g.id.key) {
-                Some(r) if !r.is_complement() && r.values().len() == 1 => r.values()[0].clone(),
-                _ if g.id.key == labels::HOSTNAME => node_name.to_string(),
-                _ => continue,
-            };
-            if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, false)) {
+            if let Some(domain) = self.bound_domain(g, p) {
                 g.record(&domain);
             }
         }
+    }
+
+    /// The domain a running pod counts in for a group, if it counts (its node's, when the
+    /// node passes the group's filter and is not taken out).
+    fn bound_domain(&self, g: &TopologyGroup, p: &Pod) -> Option<String> {
+        if p.terminal || !g.selects(p) {
+            return None;
+        }
+        let node_name = p.node_name.as_deref()?;
+        if self.removed.contains(node_name) {
+            return None;
+        }
+        let (taints, reqs) = self.nodes.get(node_name)?;
+        let domain = match reqs.get_defined(&g.id.key) {
+            Some(r) if !r.is_complement() && r.values().len() == 1 => r.values()[0].clone(),
+            _ if g.id.key == labels::HOSTNAME => node_name.to_string(),
+            _ => return None,
+        };
+        g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, false)).then_some(domain)
     }
 
     /// Tightens `node_reqs` with every topology that constrains `pod` there (its own groups
@@ -332,7 +369,7 @@ impl<'a> Topology<'a> {
         let matching = owned
             .iter()
             .map(|i| &self.groups[*i])
-            .chain(self.inverse.iter().filter(|g| g.counts(pod, taints, node_reqs, allow_undefined)));
+            .chain(self.inverse.iter().filter(|g| g.active() && g.counts(pod, taints, node_reqs, allow_undefined)));
         for g in matching {
             let key = g.key();
             let pod_domains = pod_reqs.get(key);
@@ -354,7 +391,8 @@ impl<'a> Topology<'a> {
 
     /// Records that `pod` was placed on a node with these taints and requirements.
     pub fn record(&mut self, idx: usize, pod: &Pod, taints: &[Taint], reqs: &Requirements, allow_undefined: bool) {
-        for g in &mut self.groups {
+        for i in 0..self.groups.len() {
+            let g = &self.groups[i];
             if !g.counts(pod, taints, reqs, allow_undefined) {
                 continue;
             }
@@ -364,18 +402,19 @@ impl<'a> Topology<'a> {
             }
             if g.id.kind == TopologyType::PodAntiAffinity {
                 for d in domains.values() {
-                    g.record(d);
+                    self.count(false, i, d, 1);
                 }
             } else if domains.values().len() == 1 {
-                g.record(&domains.values()[0]);
+                self.count(false, i, &domains.values()[0], 1);
             }
         }
-        for g in &mut self.inverse {
+        for i in 0..self.inverse.len() {
+            let g = &self.inverse[i];
             if g.owners.contains(&idx) {
                 let domains = reqs.get(&g.id.key);
                 if !domains.is_complement() {
                     for d in domains.values() {
-                        g.record(d);
+                        self.count(true, i, d, 1);
                     }
                 }
             }
@@ -388,7 +427,7 @@ impl<'a> Topology<'a> {
     /// the packer pins them on its claims to keep every count exact.
     pub fn filter_keys(&self) -> BTreeSet<&str> {
         let mut keys = BTreeSet::new();
-        for g in self.groups.iter().chain(self.inverse.iter()) {
+        for g in self.groups.iter().chain(self.inverse.iter().filter(|g| g.active())) {
             let Some(f) = &g.id.node_filter else { continue };
             if f.affinity_policy == InclusionPolicy::Ignore {
                 continue;
@@ -416,20 +455,22 @@ impl<'a> Topology<'a> {
     /// Whether any topology constrains where this pod may go: groups it owns (its spread,
     /// affinity and anti-affinity) or inverse anti-affinities of other pods that select it.
     pub fn constrains(&self, idx: usize, pod: &Pod) -> bool {
-        self.owned.get(&idx).is_some_and(|g| !g.is_empty()) || self.inverse.iter().any(|g| g.selects(pod))
+        self.owned.get(&idx).is_some_and(|g| !g.is_empty()) || self.inverse.iter().any(|g| g.active() && g.selects(pod))
     }
 
     /// Whether some group (or some running pod's anti-affinity) selects this pod: moving it
     /// would change a count.
     pub fn selected(&self, pod: &Pod) -> bool {
-        self.groups.iter().chain(self.inverse.iter()).any(|g| g.selects(pod))
+        self.groups.iter().chain(self.inverse.iter().filter(|g| g.active())).any(|g| g.selects(pod))
     }
 
     /// Makes a domain (a new hostname) known to every group of that key.
     pub fn register(&mut self, key: &str, domain: &str) {
-        for g in self.groups.iter_mut().chain(self.inverse.iter_mut()) {
-            if g.id.key == key {
-                g.register(domain);
+        for inverse in [false, true] {
+            for i in 0..self.list(inverse).len() {
+                if self.list(inverse)[i].id.key == key {
+                    self.count(inverse, i, domain, 0);
+                }
             }
         }
     }

@@ -1,0 +1,272 @@
+//! The simulation's two promises, as properties over random clusters (nodes of four types in
+//! three zones, some still booting; pods with zone and hostname spread, zone affinity, and
+//! zone and hostname anti-affinity; pending pods; a pool limit):
+//!
+//! - a move tried after any number of others decides exactly as on a state built from
+//!   scratch for it;
+//! - a node taken out is as a node the cluster never had.
+
+use std::sync::{Arc, OnceLock};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::catalog::{Catalog, InstanceType, NodeClassSettings};
+use crate::cluster::{NodeClaim, NodeClaimStatus};
+use crate::labels::{self, LabelSelector};
+use crate::nodepool::{NodeClaimSpec, NodePool};
+use crate::pod::{PodAffinityTerm, TopologySpreadConstraint, WhenUnsatisfiable};
+use crate::requirements::{Requirement, Requirements};
+use crate::resources::{ResourceList, ResourceName};
+
+const TYPES: [&str; 4] = ["m5.large", "m5.xlarge", "c5.xlarge", "r5.large"];
+const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+
+fn types() -> &'static Arc<Vec<InstanceType>> {
+    static TYPES_: OnceLock<Arc<Vec<InstanceType>>> = OnceLock::new();
+    TYPES_.get_or_init(|| {
+        let c = Catalog::embedded("us-east-1").expect("catalog");
+        let all = c.instance_types(&NodeClassSettings::default(), None);
+        Arc::new(all.into_iter().filter(|t| TYPES.contains(&t.name.as_str())).collect())
+    })
+}
+
+/// A random pod: (cpu index, memory index, app, kind) where kind 0 is plain, 1 zone spread,
+/// 2 hostname spread, 3 zone affinity, 4 zone anti-affinity, 5 hostname anti-affinity.
+type PodSpec = (usize, usize, u8, u8);
+
+fn pod(name: &str, (cpu, mem, app, kind): PodSpec) -> Pod {
+    let cpus = [100, 250, 500, 1000];
+    let mems = [128, 512, 1024, 2048];
+    let mut p = Pod::new("default", name, ResourceList::cpu_mem(cpus[cpu % 4], mems[mem % 4] << 20));
+    let app = format!("app{}", app % 3);
+    p.labels.insert("app".into(), app.clone());
+    let selector = Some(LabelSelector::from_labels([("app", app.as_str())]));
+    let term = |key: &str| PodAffinityTerm {
+        selector: selector.clone(),
+        namespaces: Vec::new(),
+        namespace_selector: None,
+        topology_key: key.to_string(),
+    };
+    let spread = |key: &str| TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: key.to_string(),
+        when_unsatisfiable: WhenUnsatisfiable::DoNotSchedule,
+        selector: selector.clone(),
+        min_domains: None,
+        node_affinity_policy: None,
+        node_taints_policy: None,
+        match_label_keys: Vec::new(),
+    };
+    match kind % 6 {
+        1 => p.topology_spread.push(spread(labels::ZONE)),
+        2 => p.topology_spread.push(spread(labels::HOSTNAME)),
+        3 => p.pod_affinity.required.push(term(labels::ZONE)),
+        4 => p.pod_anti_affinity.required.push(term(labels::ZONE)),
+        5 => p.pod_anti_affinity.required.push(term(labels::HOSTNAME)),
+        _ => {}
+    }
+    p
+}
+
+/// A node: (type index, zone index, initialized, its pods).
+type NodeSpec = (usize, usize, bool, Vec<PodSpec>);
+
+struct World {
+    snap: Snapshot,
+    pools: Vec<PoolInput>,
+    /// Each node's claim id and name, with its pods.
+    nodes: Vec<(String, String, Vec<Arc<Pod>>)>,
+}
+
+fn world(nodes: &[NodeSpec], pending: &[PodSpec], limit_cpu: Option<i64>) -> World {
+    let mut snap = Snapshot::default();
+    let mut pool = NodePool::new("default", Requirements::new());
+    pool.requirements.add(labels::ZONE, Requirement::is_in(ZONES));
+    pool.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+    if let Some(cpu) = limit_cpu {
+        pool.limits = ResourceList::from_pairs([(ResourceName::Cpu, cpu * 1000)]);
+    }
+    let mut out = Vec::new();
+    for (i, (t, z, initialized, pods)) in nodes.iter().enumerate() {
+        let t = &types()[t % types().len()];
+        let zone = ZONES[z % 3];
+        let name = format!("node-{i}");
+        let claim = format!("claim-{i}");
+        let provider = crate::lifecycle::provider_id(zone, &format!("i-{i}"));
+        let mut labels: crate::labels::Labels = [
+            (labels::NODEPOOL.to_string(), "default".to_string()),
+            (labels::INSTANCE_TYPE.to_string(), t.name.clone()),
+            (labels::CAPACITY_TYPE.to_string(), "on-demand".to_string()),
+            (labels::ZONE.to_string(), zone.to_string()),
+            (labels::HOSTNAME.to_string(), name.clone()),
+        ]
+        .into_iter()
+        .collect();
+        if *initialized {
+            labels.insert(labels::INITIALIZED.to_string(), "true".to_string());
+        }
+        let node = Node {
+            name: name.clone(),
+            labels,
+            capacity: t.capacity.clone(),
+            allocatable: t.allocatable.clone(),
+            initialized: *initialized,
+            ready: true,
+            provider_id: Some(provider.clone()),
+            ..Node::default()
+        };
+        snap.nodes.insert(name.clone(), Arc::new(node));
+        let nc = NodeClaim {
+            name: claim.clone(),
+            spec: NodeClaimSpec { nodepool: "default".into(), ..NodeClaimSpec::default() },
+            finalizers: Vec::new(),
+            deleting: false,
+            status: NodeClaimStatus {
+                provider_id: Some(provider),
+                node_name: Some(name.clone()),
+                ..NodeClaimStatus::default()
+            },
+            resource_version: 1,
+        };
+        snap.nodeclaims.insert(claim.clone(), Arc::new(nc));
+        let mut bound = Vec::new();
+        for (k, spec) in pods.iter().enumerate() {
+            let mut p = pod(&format!("p-{i}-{k}"), *spec);
+            p.node_name = Some(name.clone());
+            let p = Arc::new(p);
+            snap.pods.insert(p.key.clone(), p.clone());
+            bound.push(p);
+        }
+        out.push((claim, name, bound));
+    }
+    for (k, spec) in pending.iter().enumerate() {
+        let mut p = pod(&format!("pending-{k}"), *spec);
+        p.unschedulable = true;
+        snap.pods.insert(p.key.clone(), Arc::new(p));
+    }
+    World { snap, pools: vec![PoolInput { pool, instance_types: types().clone() }], nodes: out }
+}
+
+/// A new claim in names: its pool, instance types, pods and launch (type, zone, price).
+type ClaimSummary = (usize, Vec<u32>, Vec<String>, Option<(usize, String, u64)>);
+
+/// An outcome in names: what two simulations must agree on.
+#[derive(Debug, PartialEq)]
+struct Summary {
+    errors: Vec<(String, String)>,
+    existing: Vec<(String, Vec<String>)>,
+    claims: Vec<ClaimSummary>,
+}
+
+fn summary(o: &Outcome) -> Summary {
+    let key = |i: &usize| o.pod(*i).map(|p| p.key.to_string()).unwrap_or_default();
+    let mut existing: Vec<(String, Vec<String>)> = o
+        .results
+        .existing
+        .iter()
+        .zip(&o.existing_nodes)
+        .map(|(e, n)| {
+            let mut pods: Vec<String> = e.pods.iter().map(key).collect();
+            pods.sort();
+            (n.clone(), pods)
+        })
+        .collect();
+    existing.sort();
+    let claims = o
+        .results
+        .claims
+        .iter()
+        .map(|c| {
+            let mut pods: Vec<String> = c.pods.iter().map(key).collect();
+            pods.sort();
+            let launch = c.launch.as_ref().map(|l| (l.instance_type, l.zone.clone(), (l.price * 1e6) as u64));
+            (c.pool, c.instance_types.clone(), pods, launch)
+        })
+        .collect();
+    Summary { errors: o.results.errors.iter().map(|(i, e)| (key(i), e.clone())).collect(), existing, claims }
+}
+
+fn pod_spec() -> impl Strategy<Value = PodSpec> {
+    (0..4usize, 0..4usize, 0..3u8, 0..6u8)
+}
+
+fn node_spec() -> impl Strategy<Value = NodeSpec> {
+    (0..4usize, 0..3usize, prop::bool::weighted(0.85), prop::collection::vec(pod_spec(), 0..5))
+}
+
+/// Each node's pods as a mover borrows them.
+fn refs(w: &World) -> Vec<Vec<&Arc<Pod>>> {
+    w.nodes.iter().map(|(_, _, pods)| pods.iter().collect()).collect()
+}
+
+fn movers<'a>(w: &'a World, refs: &'a [Vec<&'a Arc<Pod>>]) -> Vec<Mover<'a>> {
+    w.nodes.iter().zip(refs).map(|((claim, node, _), pods)| Mover { claim, node, pods }).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_move_tried_after_others_decides_as_on_a_state_built_for_it(
+        nodes in prop::collection::vec(node_spec(), 2..9),
+        pending in prop::collection::vec(pod_spec(), 0..4),
+        limit in prop::option::of(4i64..40),
+        moves in prop::collection::vec(prop::collection::btree_set(0..9usize, 1..4), 1..8),
+    ) {
+        let w = world(&nodes, &pending, limit);
+        let r = refs(&w);
+        let all = movers(&w, &r);
+        let prepared = Prepared::new(&w.snap, &w.pools, &all, &SolveOptions::default());
+        let mut sim = prepared.simulation();
+        for m in moves {
+            let names: Vec<&str> = m.iter().filter_map(|i| w.nodes.get(*i)).map(|(c, _, _)| c.as_str()).collect();
+            if names.is_empty() {
+                continue;
+            }
+            let tried = sim.try_move(&names).map(|o| summary(&o));
+            let built = fresh(&prepared, &names).map(|o| summary(&o));
+            prop_assert_eq!(tried, built, "move {:?}", names);
+        }
+    }
+
+    #[test]
+    fn a_node_taken_out_is_as_a_node_the_cluster_never_had(
+        nodes in prop::collection::vec(node_spec(), 2..9),
+        limit in prop::option::of(4i64..40),
+        moves in prop::collection::vec(prop::collection::btree_set(0..9usize, 1..4), 1..6),
+    ) {
+        let w = world(&nodes, &[], limit);
+        let r = refs(&w);
+        let all = movers(&w, &r);
+        let opts = SolveOptions::default();
+        let prepared = Prepared::new(&w.snap, &w.pools, &all, &opts);
+        let mut sim = prepared.simulation();
+        for m in moves {
+            let chosen: Vec<Mover<'_>> = m.iter().filter_map(|i| all.get(*i).copied()).collect();
+            if chosen.is_empty() {
+                continue;
+            }
+            let names: Vec<&str> = chosen.iter().map(|c| c.claim).collect();
+            let tried = sim.try_move(&names).map(|o| summary(&o));
+            let never = summary(&absent(&w.snap, &w.pools, &chosen, &opts));
+            prop_assert_eq!(tried, Ok(never), "move {:?}", names);
+        }
+    }
+}
+
+#[test]
+fn pending_pods_keep_their_room_and_the_node_they_go_to_is_not_consolidated() {
+    // Two m5.large nodes, one with a small pod; a pending pod that fits on the first.
+    let nodes: Vec<NodeSpec> = vec![(0, 0, true, vec![(0, 0, 0, 0)]), (0, 0, true, vec![(0, 0, 1, 0)])];
+    let w = world(&nodes, &[(3, 3, 2, 0)], None);
+    let r = refs(&w);
+    let all = movers(&w, &r);
+    let prepared = Prepared::new(&w.snap, &w.pools, &all, &SolveOptions::default());
+    let mut sim = prepared.simulation();
+    let first = sim.try_move(&["claim-0"]).expect_err("the pending pod goes to node-0");
+    assert!(first.contains("pending pod default/pending-0"), "{first}");
+    let second = sim.try_move(&["claim-1"]).expect("node-1 takes no pending pod");
+    assert!(second.results.errors.is_empty(), "{:?}", second.results.errors);
+    assert_eq!(second.existing_nodes, vec!["node-0".to_string()], "its pod joins node-0 beside the pending one");
+}

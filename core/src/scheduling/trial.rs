@@ -1,0 +1,159 @@
+//! Trials on a built solve state: take nodes out, place some pods with Karpenter's per-pod
+//! loop, read what happened, and undo it all. Disruption's simulation builds the cluster's
+//! state once a round (templates, existing nodes, topology, the pending pods placed) and
+//! tries every move on it this way, instead of building the state again per move.
+//!
+//! A trial changes the state only through the parity loop's placements and
+//! [`Scheduler::take_out`]; [`Checkpoint`] keeps what those change (the planned claims, the
+//! pools' remaining limits and the placement order wholesale, since they are small; the
+//! existing nodes a placement touched, and the topology's journal), so that
+//! [`Scheduler::rollback`] leaves the state exactly as [`Scheduler::checkpoint`] found it.
+//! The dovetail packer and `improve` are not for trials: they change the state in ways this
+//! does not journal.
+
+use std::collections::HashMap;
+
+use crate::resources::{ResourceList, ResourceName};
+
+use super::nodes::PlannedNode;
+use super::output::{ExistingPlacement, NewClaim, Target};
+use super::scheduler::Scheduler;
+use super::{SolveOptions, launch, right_size};
+
+/// The state to roll back to.
+pub struct Checkpoint {
+    topology: usize,
+    existing: usize,
+    planned: Vec<PlannedNode>,
+    remaining: Vec<Option<ResourceList>>,
+    order: usize,
+    warnings: usize,
+    next_hostname: usize,
+    pin_cursor: usize,
+}
+
+/// What a trial's pods did.
+#[derive(Clone, Debug, Default)]
+pub struct TrialResults {
+    /// New claims holding any of the trial's pods (those pods only), finalized and with
+    /// their launch.
+    pub claims: Vec<NewClaim>,
+    /// The trial's pods placed on existing nodes (node index into the snapshot's nodes).
+    pub existing: Vec<ExistingPlacement>,
+    /// The trial's pods that could not be placed, with the reason, by pod index.
+    pub errors: Vec<(usize, String)>,
+}
+
+impl<'a> Scheduler<'a> {
+    /// Starts journaling (if it was not) and returns the state to roll back to.
+    pub fn checkpoint(&mut self) -> Checkpoint {
+        let existing = self.trail.get_or_insert_with(Vec::new).len();
+        Checkpoint {
+            topology: self.topology.mark(),
+            existing,
+            planned: self.planned.clone(),
+            remaining: self.remaining.clone(),
+            order: self.order.len(),
+            warnings: self.warnings.len(),
+            next_hostname: self.next_hostname,
+            pin_cursor: self.pin_cursor,
+        }
+    }
+
+    /// Leaves the state as `checkpoint` found it.
+    pub fn rollback(&mut self, cp: Checkpoint) {
+        self.topology.rollback(cp.topology);
+        if let Some(trail) = &mut self.trail {
+            while trail.len() > cp.existing {
+                let Some(s) = trail.pop() else { break };
+                let n = &mut self.existing[s.node];
+                n.remaining = s.remaining;
+                n.requirements = s.requirements;
+                n.host_ports.truncate(s.host_ports);
+                n.pods.truncate(s.pods);
+                n.out = s.out;
+            }
+        }
+        self.planned = cp.planned;
+        self.remaining = cp.remaining;
+        self.order.truncate(cp.order);
+        self.warnings.truncate(cp.warnings);
+        self.next_hostname = cp.next_hostname;
+        self.pin_cursor = cp.pin_cursor;
+    }
+
+    /// Takes the snapshot's node `index` out of the cluster: no pod goes there, its running
+    /// pods leave the topology's counts, and its pool's limits get its capacity back, as if
+    /// the snapshot had never had it.
+    pub fn take_out(&mut self, index: usize) {
+        let Some(n) = self.existing.iter().position(|e| e.index == index) else { return };
+        if self.existing[n].out {
+            return;
+        }
+        self.save_existing(n);
+        self.existing[n].out = true;
+        let node = self.existing[n].node;
+        self.topology.take_out(node);
+        let Some(pool) = node.nodepool() else { return };
+        for (t, template) in self.templates.iter().enumerate() {
+            if template.pool.name != pool {
+                continue;
+            }
+            if let Some(r) = &mut self.remaining[t] {
+                let mut cap = node.capacity.clone();
+                cap.set(ResourceName::Nodes, 1);
+                for (name, v) in cap.iter() {
+                    if r.contains(name) {
+                        r.add_amount(name.clone(), v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Places `pods` (indices into the solve's pods) with Karpenter's per-pod loop, in its
+    /// queue order; returns the reason of each pod left unplaced.
+    pub fn place(&mut self, pods: &[usize]) -> HashMap<usize, String> {
+        let (mut errors, queue) = self.validate_subset(pods);
+        errors.extend(self.run_queue(queue));
+        errors
+    }
+
+    /// Seals the planned claims holding any of `pods` (a move kept for good): they take no
+    /// more pods, and keep what they hold of their pools' limits.
+    pub fn seal(&mut self, pods: &[usize]) {
+        let ours: std::collections::HashSet<usize> = pods.iter().copied().collect();
+        self.planned.retain(|c| !c.pods.iter().any(|p| ours.contains(p)));
+    }
+
+    /// What `pods` did since `cp`: the new claims holding any of them (finalized, launched,
+    /// with only those pods), their placements on existing nodes, and their errors.
+    pub fn trial_results(&self, cp: &Checkpoint, pods: &[usize], errors: &HashMap<usize, String>) -> TrialResults {
+        let ours: std::collections::HashSet<usize> = pods.iter().copied().collect();
+        let mut errs: HashMap<usize, String> =
+            errors.iter().filter(|(i, _)| ours.contains(i)).map(|(i, e)| (*i, e.clone())).collect();
+        let mut existing: Vec<ExistingPlacement> = Vec::new();
+        for p in &self.order[cp.order..] {
+            if let Target::Existing(node) = p.target
+                && ours.contains(&p.pod)
+            {
+                match existing.iter_mut().find(|e| e.node == node) {
+                    Some(e) => e.pods.push(p.pod),
+                    None => existing.push(ExistingPlacement { node, pods: vec![p.pod] }),
+                }
+            }
+        }
+        let opts: &SolveOptions = self.opts;
+        let mut finalized: Vec<right_size::Finalized> = right_size::finalize_all(self, opts, &mut errs)
+            .into_iter()
+            .filter(|f| f.claim.pods.iter().any(|p| ours.contains(p)))
+            .collect();
+        for f in &mut finalized {
+            f.claim.pods.retain(|p| ours.contains(p));
+        }
+        launch::choose_all(&self.templates, &mut finalized, opts);
+        let mut errors: Vec<(usize, String)> = errs.into_iter().filter(|(i, _)| ours.contains(i)).collect();
+        errors.sort_by_key(|(i, _)| *i);
+        TrialResults { claims: finalized.into_iter().map(|f| f.claim).collect(), existing, errors }
+    }
+}
