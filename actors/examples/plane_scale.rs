@@ -127,6 +127,7 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
                 requests: ResourceList::cpu_mem(3_800 / per_node, (12_288 << 20) / per_node),
                 ..Pod::default()
             },
+            pick: Default::default(),
         });
     }
     workloads.step(&cluster, 0);

@@ -396,12 +396,12 @@ mod pool {
 
     const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 
-    struct World {
-        cloud: Arc<SimCloud>,
-        cluster: Arc<SimCluster>,
-        ledger: Arc<InProcess>,
-        clock: Arc<ManualClock>,
-        pool: Addr<NodePoolActor>,
+    pub(crate) struct World {
+        pub(crate) cloud: Arc<SimCloud>,
+        pub(crate) cluster: Arc<SimCluster>,
+        pub(crate) ledger: Arc<InProcess>,
+        pub(crate) clock: Arc<ManualClock>,
+        pub(crate) pool: Addr<NodePoolActor>,
         errors: Arc<Errors>,
         unplaced: mpsc::Receiver<Unplaced>,
     }
@@ -462,7 +462,42 @@ mod pool {
         World { cloud: sim, cluster, ledger: inner, clock, pool, errors, unplaced }
     }
 
-    fn pods(n: usize, cpu_milli: i64) -> Vec<Pod> {
+    /// A second NodePool actor for `pool` over the world's cloud, cluster and ledger (with
+    /// zone actors of its own): two actors of one pool acting at once, as a deposed leader's
+    /// and its successor's would.
+    /// Also returns what it hands back to the Router (kept open for the test's length).
+    pub(crate) fn another_actor(
+        w: &World,
+        pool: NodePool,
+        config: Config,
+    ) -> (Addr<NodePoolActor>, mpsc::Receiver<Unplaced>) {
+        let (cloud, ledger): (Arc<dyn CloudProvider>, Arc<dyn Ledger>) = (w.cloud.clone(), w.ledger.clone());
+        let zones = ZONES
+            .iter()
+            .map(|z| {
+                let a = ZoneActor::new(ZoneConfig::new(z), cloud.clone(), ledger.clone(), w.clock.clone()).start();
+                (z.to_string(), a)
+            })
+            .collect();
+        let (router, unplaced) = forward::<Unplaced>();
+        let (executor, errors) = executor(w.cluster.clone(), ledger.clone());
+        let wiring = PoolWiring {
+            view: w.cluster.clone(),
+            cluster: w.cluster.clone(),
+            ledger,
+            clock: w.clock.clone(),
+            zones,
+            router: router.recipient(),
+            executor,
+            errors,
+            config: Arc::new(config),
+            cloud,
+            nominations: Default::default(),
+        };
+        (NodePoolActor::new(pool, types(), node_class(), wiring).start(), unplaced)
+    }
+
+    pub(crate) fn pods(n: usize, cpu_milli: i64) -> Vec<Pod> {
         (0..n)
             .map(|i| Pod {
                 key: PodKey::new("default", &format!("web-{i}")),
@@ -474,19 +509,19 @@ mod pool {
             .collect()
     }
 
-    fn m5_large_on_demand(limits: ResourceList) -> NodePool {
+    pub(crate) fn m5_large_on_demand(limits: ResourceList) -> NodePool {
         let mut reqs = Requirements::new();
         reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large"]));
         reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
         NodePool { limits, ..NodePool::new("default", reqs) }
     }
 
-    fn provision(pods: Vec<Pod>) -> Provision {
+    pub(crate) fn provision(pods: Vec<Pod>) -> Provision {
         Provision { causes: Vec::new(), pods }
     }
 
     /// Waits (bounded) until every ledger claim is launched and `n` exist.
-    async fn launched(w: &World, n: usize) -> State {
+    pub(crate) async fn launched(w: &World, n: usize) -> State {
         for _ in 0..400 {
             let s = state(w.ledger.as_ref()).await;
             if s.claims().len() == n && s.claims().values().all(|c| matches!(c.state, ClaimState::Launched { .. })) {
@@ -511,7 +546,7 @@ mod pool {
     }
 
     /// Registers every instance's node (the kubelets) and reconciles until all are initialized.
-    async fn register_all(w: &World) {
+    pub(crate) async fn register_all(w: &World) {
         for reg in registrations(&w.cloud.list().await.expect("list")) {
             w.cluster.register(&reg).expect("register");
         }
@@ -1130,7 +1165,7 @@ mod pool {
     }
 
     /// Plans disruption and reconciles (bounded) until `done` holds of the ledger.
-    async fn disrupt_until(w: &World, what: &str, done: impl Fn(&State) -> bool) -> State {
+    pub(crate) async fn disrupt_until(w: &World, what: &str, done: impl Fn(&State) -> bool) -> State {
         for _ in 0..300 {
             w.pool.send(Disrupt).await.expect("mailbox");
             w.pool.send(Reconcile).await.expect("mailbox");
@@ -1150,6 +1185,16 @@ mod pool {
     }
 
     async fn disrupting_world_with(pool: NodePool, budgets: Vec<Budget>) -> World {
+        disrupting_world_full(pool, budgets, None, false).await
+    }
+
+    /// The same with a rate budget and Karpenter's `SpotToSpotConsolidation` setting.
+    pub(crate) async fn disrupting_world_full(
+        pool: NodePool,
+        budgets: Vec<Budget>,
+        rate: Option<dovetail_core::disruption::budget::Rate>,
+        spot_to_spot: bool,
+    ) -> World {
         let clock = Arc::new(ManualClock::new());
         let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
         let ledger = Arc::new(InProcess::new());
@@ -1159,14 +1204,11 @@ mod pool {
             Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() },
         )
         .await;
-        propose(
-            ledger.as_ref(),
-            clock.now_millis(),
-            Command::SetBudgets { pool: pool.name.clone(), budgets, rate: None },
-        )
-        .await;
+        propose(ledger.as_ref(), clock.now_millis(), Command::SetBudgets { pool: pool.name.clone(), budgets, rate })
+            .await;
         let mut config = Config::default();
         config.disruption.enabled = true;
+        config.disruption.spot_to_spot = spot_to_spot;
         config.disruption.every = Duration::from_secs(3600);
         let (c, l): (Arc<dyn CloudProvider>, Arc<dyn Ledger>) = (cloud.clone(), ledger.clone());
         start_over(pool, c, l, Arc::new(SimCluster::new()), clock, config, (cloud, ledger))
@@ -1398,6 +1440,9 @@ mod pool {
         assert_eq!(said.message, "the node class drifted (NodeClassDrift)");
     }
 }
+
+#[path = "plane/disruption.rs"]
+mod disruption;
 
 mod router {
     use crate::common::{executor, node_class, propose, state, types};
@@ -1733,6 +1778,7 @@ mod integration {
                 name: format!("app{i}"),
                 replicas: u32::try_from(n).expect("replicas"),
                 template: Pod { requests: ResourceList::cpu_mem(*cpu, *mem), ..Pod::default() },
+                pick: Default::default(),
             });
         }
         let mut registrar = Registrar::new(0);
@@ -1849,6 +1895,7 @@ mod integration {
             name: "app".into(),
             replicas: 2,
             template: Pod { requests: ResourceList::cpu_mem(500, 1 << 30), ..Pod::default() },
+            pick: Default::default(),
         });
         // No kubelet: the claim's node never registers.
         let mut first = None;
@@ -1909,6 +1956,7 @@ mod integration {
             name: "left".into(),
             replicas: 3,
             template: Pod { requests: ResourceList::cpu_mem(500, 1 << 30), ..Pod::default() },
+            pick: Default::default(),
         });
         workloads.step(&cluster, clock.now_millis());
         cluster.schedule();
@@ -1932,6 +1980,7 @@ mod integration {
             name: "new".into(),
             replicas: 1,
             template: Pod { requests: ResourceList::cpu_mem(7_000, 1 << 30), ..Pod::default() },
+            pick: Default::default(),
         });
         workloads.step(&cluster, clock.now_millis());
         cluster.schedule();
@@ -2028,12 +2077,14 @@ mod integration {
             name: "web".into(),
             replicas: 6,
             template: web,
+            pick: Default::default(),
         });
         workloads.apply_deployment(Deployment {
             namespace: "default".into(),
             name: "cache".into(),
             replicas: 2,
             template: cache,
+            pick: Default::default(),
         });
         let plane = start_plane(&pools, config(100), cloud.clone(), &cluster, &ledger, &clock);
         let mut registrar = Registrar::new(0);

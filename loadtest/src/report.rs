@@ -47,6 +47,8 @@ pub struct Report {
     pub r_plan_end: Option<f64>,
     /// Nodes a disruption command terminated (emptiness, drift, consolidation).
     pub nodes_disrupted: u64,
+    /// How fast they went.
+    pub disruption_rate: Option<DisruptionRate>,
     pub peak_at_ms: u64,
     pub peak_pods: usize,
     /// Pod decisions (placed on existing or in-flight capacity, or sent to a NodePool) and
@@ -69,6 +71,32 @@ pub struct Report {
     pub samples: Vec<Sample>,
 }
 
+/// Nodes disrupted per minute: over the span from the first disruption to the last, and the
+/// most in any minute (from the counts at every tick).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct DisruptionRate {
+    pub first_ms: u64,
+    pub last_ms: u64,
+    pub per_minute: f64,
+    pub max_per_minute: u64,
+}
+
+impl DisruptionRate {
+    /// From `(time, nodes disrupted so far)` at each tick the count grew.
+    pub fn of(counts: &[(u64, u64)]) -> Option<DisruptionRate> {
+        let (&(first_ms, _), &(last_ms, total)) = (counts.first()?, counts.last()?);
+        // Counted from zero: the first tick's disruptions are in the span.
+        let before = 0;
+        let minutes = ((last_ms - first_ms) as f64 / 60_000.0).max(1.0);
+        let mut max = 0;
+        for (i, &(at, n)) in counts.iter().enumerate() {
+            let start = counts[..i].iter().rev().find(|(t, _)| at.saturating_sub(*t) >= 60_000).map_or(before, |c| c.1);
+            max = max.max(n - start);
+        }
+        Some(DisruptionRate { first_ms, last_ms, per_minute: (total - before) as f64 / minutes, max_per_minute: max })
+    }
+}
+
 /// What the faults did over a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FaultCounts {
@@ -88,6 +116,12 @@ type Series = (&'static str, RGBColor, fn(&Sample) -> f64);
 
 fn hours(ms: u64) -> f64 {
     ms as f64 / 3.6e6
+}
+
+/// A time of the run as `h:mm:ss`.
+fn hms(ms: u64) -> String {
+    let s = ms / 1000;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
 fn opt_ms(v: Option<u64>) -> String {
@@ -130,6 +164,16 @@ impl Report {
             opt_r(self.r_plan_end)
         );
         let _ = writeln!(t, "nodes disrupted  {}", self.nodes_disrupted);
+        if let Some(r) = &self.disruption_rate {
+            let _ = writeln!(
+                t,
+                "disruption rate  {:.2} nodes/min from {} to {} (at most {} in a minute)",
+                r.per_minute,
+                hms(r.first_ms),
+                hms(r.last_ms),
+                r.max_per_minute
+            );
+        }
         let l = &self.latency_ms;
         let _ = writeln!(
             t,
@@ -273,5 +317,22 @@ impl Report {
         }
         root.present()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DisruptionRate;
+
+    #[test]
+    fn the_disruption_rate_spans_first_to_last_and_finds_the_busiest_minute() {
+        assert_eq!(DisruptionRate::of(&[]), None);
+        // 2 at 0 s, 5 at 30 s, 6 at 90 s, 10 at 300 s.
+        let r = DisruptionRate::of(&[(0, 2), (30_000, 5), (90_000, 6), (300_000, 10)]).expect("a rate");
+        assert_eq!((r.first_ms, r.last_ms), (0, 300_000));
+        assert!((r.per_minute - 2.0).abs() < 1e-9, "10 nodes over 5 minutes: {r:?}");
+        assert_eq!(r.max_per_minute, 5, "the first minute's five (0 to 30 s)");
+        let one = DisruptionRate::of(&[(60_000, 3)]).expect("a rate");
+        assert_eq!((one.per_minute, one.max_per_minute), (3.0, 3), "one burst counts as a minute");
     }
 }

@@ -29,7 +29,7 @@ use dovetail_raft::{InProcess, Ledger, propose_now};
 
 use crate::ha::{ControlNodes, Group, Turn};
 use crate::report::FaultCounts;
-use crate::report::{Report, Sample};
+use crate::report::{DisruptionRate, Report, Sample};
 use crate::scenario::{FaultKind, Ice, Scenario, Workload};
 
 /// The plane's clock on tokio's time: virtual when tokio's clock is paused.
@@ -175,6 +175,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let mut next_sample = 0;
     // The moment the most pods were bound, for R.
     let mut peak: Option<(u64, Vec<Pod>, f64)> = None;
+    // Nodes disrupted so far, each tick it grew: for the disruption rate.
+    let mut disruptions: Vec<(u64, u64)> = Vec::new();
     let steps = sc.duration / sc.tick + 1;
     for _ in 0..steps {
         let now = ms(clock.as_ref());
@@ -207,6 +209,17 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         if let Some(g) = &mut group {
             g.observe(instances.iter().filter_map(|i| Some((i.claim.as_deref()?, i.id.as_str()))));
             g.step().await.map_err(RunError::Ledger)?;
+        }
+        if sc.disruption {
+            let mut total = 0;
+            for p in plane.pools.values() {
+                if let Ok(stats) = p.send(GetPoolStats).await {
+                    total += stats.disrupted;
+                }
+            }
+            if disruptions.last().is_none_or(|(_, n)| *n < total) {
+                disruptions.push((now, total));
+            }
         }
         if now >= next_sample {
             next_sample = now.saturating_add(sc.sample);
@@ -324,6 +337,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         r_end: r_of(&end_pods, end_price),
         r_plan_end,
         nodes_disrupted: disrupted,
+        disruption_rate: DisruptionRate::of(&disruptions),
         r_peak: r_of(&peak_pods, peak_price),
         peak_at_ms: peak_at,
         peak_pods: peak_pods.len(),
@@ -383,11 +397,14 @@ fn apply(workloads: &mut Workloads, w: &Workload) {
                 name: name.clone(),
                 replicas: *replicas,
                 template: pod(*cpu_milli, *memory),
+                pick: Default::default(),
             });
         }
         // Checked at parse time: the Deployment exists.
-        Workload::Scale { namespace, name, replicas } => {
-            let _ = workloads.scale(namespace, name, *replicas);
+        Workload::Scale { namespace, name, replicas, pick } => {
+            if let Err(e) = workloads.scale(namespace, name, *replicas, *pick) {
+                tracing::warn!(deployment = %format!("{namespace}/{name}"), error = %e, "loadtest.scale: not scaled");
+            }
         }
         Workload::Job { namespace, name, parallelism, completions, run_for, cpu_milli, memory } => {
             workloads.apply_job(Job {

@@ -15,13 +15,15 @@ pub const DEFAULT: &str = include_str!("../scenarios/default.yaml");
 pub const SMALL: &str = include_str!("../scenarios/small.yaml");
 
 /// The scenarios shipped in the binary, by name.
-pub const BUILTIN: [(&str, &str); 6] = [
+pub const BUILTIN: [(&str, &str); 8] = [
     ("default", DEFAULT),
     ("small", SMALL),
     ("ci", include_str!("../scenarios/ci.yaml")),
     ("1k-nodes", include_str!("../scenarios/1k-nodes.yaml")),
     ("10k-nodes", include_str!("../scenarios/10k-nodes.yaml")),
     ("spot-storm", include_str!("../scenarios/spot-storm.yaml")),
+    ("churn", include_str!("../scenarios/churn.yaml")),
+    ("churn-rate", include_str!("../scenarios/churn-rate.yaml")),
 ];
 
 /// A shipped scenario's text.
@@ -160,6 +162,25 @@ pub struct ScaleSpec {
     #[serde(default = "default_namespace")]
     pub namespace: String,
     pub replicas: u32,
+    /// Which pods a scale-down removes: `newest` (the default) or `random` (pods of one age,
+    /// as Kubernetes ranks them since 1.22).
+    #[serde(default)]
+    pub pick: PickSpec,
+    /// The seed of a random pick (default 1).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PickSpec {
+    #[default]
+    Newest,
+    Random,
+}
+
+fn default_seed() -> u64 {
+    1
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -267,6 +288,7 @@ pub enum Workload {
         namespace: String,
         name: String,
         replicas: u32,
+        pick: dovetail_cluster::sim::Pick,
     },
     Job {
         namespace: String,
@@ -389,7 +411,11 @@ impl Scenario {
                             format!("no Deployment {}/{} before it", s.namespace, s.name),
                         ));
                     }
-                    Workload::Scale { namespace: s.namespace.clone(), name: s.name.clone(), replicas: s.replicas }
+                    let pick = match s.pick {
+                        PickSpec::Newest => dovetail_cluster::sim::Pick::Newest,
+                        PickSpec::Random => dovetail_cluster::sim::Pick::Random(s.seed),
+                    };
+                    Workload::Scale { namespace: s.namespace.clone(), name: s.name.clone(), replicas: s.replicas, pick }
                 }
                 Action::Job(j) => Workload::Job {
                     namespace: j.namespace.clone(),

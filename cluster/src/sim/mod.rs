@@ -25,7 +25,7 @@ use crate::{ClusterError, ClusterView, ClusterWriter, NodeClaim, NodeClaimStatus
 /// Events kept (the newest), for tests and reports.
 const EVENTS_KEPT: usize = 10_000;
 
-pub use workloads::{Deployment, Job, JobStatus, Registrar, WorkloadStep, Workloads};
+pub use workloads::{Deployment, Job, JobStatus, Pick, Registrar, WorkloadStep, Workloads};
 
 /// The sim cluster.
 pub struct SimCluster {

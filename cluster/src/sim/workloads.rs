@@ -19,6 +19,20 @@ pub struct Deployment {
     pub replicas: u32,
     /// The pod template (its key is ignored; pods are named `<name>-<n>`).
     pub template: Pod,
+    /// Which pods a scale-down removes.
+    pub pick: Pick,
+}
+
+/// Which pods a Deployment's scale-down removes (after the pending ones, always first).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pick {
+    /// The newest first, as the ReplicaSet controller ranks pods of different ages.
+    #[default]
+    Newest,
+    /// In an order drawn from the pod names and the seed: pods of one age, as a scale-up
+    /// makes them, are ranked by their UIDs since Kubernetes 1.22 (LogarithmicScaleDown),
+    /// which is no order at all.
+    Random(u64),
 }
 
 /// A Job: runs pods, `parallelism` at a time, each for `run_for_ms` once bound, until
@@ -104,13 +118,14 @@ impl Workloads {
         }
     }
 
-    /// Sets a Deployment's replicas.
-    pub fn scale(&mut self, namespace: &str, name: &str, replicas: u32) -> Result<(), ClusterError> {
+    /// Sets a Deployment's replicas, and which pods a scale-down removes.
+    pub fn scale(&mut self, namespace: &str, name: &str, replicas: u32, pick: Pick) -> Result<(), ClusterError> {
         let d = self
             .deployments
             .get_mut(&(namespace.to_string(), name.to_string()))
             .ok_or_else(|| ClusterError::NotFound { kind: "deployment", name: format!("{namespace}/{name}") })?;
         d.spec.replicas = replicas;
+        d.spec.pick = pick;
         Ok(())
     }
 
@@ -163,15 +178,26 @@ impl Workloads {
                     create.push(pod);
                 }
             } else if d.pods.len() > want {
-                // Pending first, then the newest (a later name breaks a tie: it was made later).
-                let mut ranked: Vec<(bool, std::cmp::Reverse<(i64, &PodKey)>)> = d
+                // Pending first, then the newest (a later name breaks a tie: it was made
+                // later), or in the seeded order.
+                let rank = |p: &Pod| match d.spec.pick {
+                    Pick::Newest => std::cmp::Reverse(i128::from(p.creation)),
+                    Pick::Random(seed) => {
+                        let mut h = dovetail_core::shared::Fnv::default();
+                        h.write_u64(seed);
+                        h.write(p.key.namespace.as_bytes());
+                        h.write(p.key.name.as_bytes());
+                        std::cmp::Reverse(i128::from(h.finish()))
+                    }
+                };
+                let mut ranked: Vec<(bool, std::cmp::Reverse<i128>, std::cmp::Reverse<&PodKey>)> = d
                     .pods
                     .iter()
                     .filter_map(|k| snap.pods.get(k))
-                    .map(|p| (p.node_name.is_some(), std::cmp::Reverse((p.creation, &p.key))))
+                    .map(|p| (p.node_name.is_some(), rank(p), std::cmp::Reverse(&p.key)))
                     .collect();
                 ranked.sort();
-                let excess: Vec<PodKey> = ranked.iter().take(d.pods.len() - want).map(|(_, r)| r.0.1.clone()).collect();
+                let excess: Vec<PodKey> = ranked.iter().take(d.pods.len() - want).map(|r| r.2.0.clone()).collect();
                 for k in &excess {
                     d.pods.remove(k);
                 }
@@ -269,7 +295,13 @@ mod tests {
     }
 
     fn deployment(replicas: u32) -> Deployment {
-        Deployment { namespace: "default".into(), name: "web".into(), replicas, template: template() }
+        Deployment {
+            namespace: "default".into(),
+            name: "web".into(),
+            replicas,
+            template: template(),
+            pick: Pick::Newest,
+        }
     }
 
     fn owned(c: &SimCluster) -> Vec<std::sync::Arc<Pod>> {
@@ -292,11 +324,11 @@ mod tests {
         assert_eq!(w.step(&c, 2).created, 1);
         assert_eq!(owned(&c).len(), 4);
         // Down to 1: the pending ones go first, then the newer running one.
-        w.scale("default", "web", 1).expect("scale");
+        w.scale("default", "web", 1, Pick::Newest).expect("scale");
         assert_eq!(w.step(&c, 3).deleted, 3);
         let left: Vec<String> = owned(&c).iter().map(|p| p.key.name.clone()).collect();
         assert_eq!(left, vec!["web-00000".to_string()]);
-        assert!(w.scale("default", "nope", 1).is_err());
+        assert!(w.scale("default", "nope", 1, Pick::Newest).is_err());
     }
 
     #[test]
