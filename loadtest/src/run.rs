@@ -217,7 +217,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
                     total += stats.disrupted;
                 }
             }
-            if disruptions.last().is_none_or(|(_, n)| *n < total) {
+            if total > disruptions.last().map_or(0, |(_, n)| *n) {
                 disruptions.push((now, total));
             }
         }
