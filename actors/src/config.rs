@@ -223,6 +223,9 @@ impl Config {
         if self.disruption.every.is_zero() || self.disruption.command_timeout.is_zero() {
             return bad("disruption", "every and command_timeout must be positive");
         }
+        if self.disruption.max_commands == 0 {
+            return bad("disruption.max_commands", "must be at least 1 (1 is Karpenter's one command a round)");
+        }
         self.lifecycle.validate().map_err(|e| ConfigError { field: "lifecycle", reason: e.to_string() })
     }
 }
@@ -243,5 +246,8 @@ mod tests {
         let mut c = Config::default();
         c.window.idle = 0;
         assert_eq!(c.validate().map_err(|e| e.field), Err("window"));
+        let mut c = Config::default();
+        c.disruption.max_commands = 0;
+        assert_eq!(c.validate().map_err(|e| e.field), Err("disruption.max_commands"));
     }
 }

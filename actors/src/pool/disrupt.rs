@@ -378,23 +378,32 @@ impl NodePoolActor {
                 act.disruption_in_flight = act.disruption_in_flight.saturating_sub(1);
             }));
         }
-        // Each command on its own: the ledger grants each within what the budgets leave after
-        // the ones before it.
+        // The round's commands in order, each granted by the ledger within what the budgets
+        // leave after the ones before it, stopping at the first refused (each was simulated
+        // with the ones before it done).
+        let mut chain = Vec::new();
         for proposal in plan.proposals {
-            self.propose_disruption(ctx, term, proposal, &plan.decisions, snap, (not_ready.clone(), now));
+            match self.disruption_command(proposal, &plan.decisions, snap, not_ready.clone()) {
+                Some(c) => chain.push(c),
+                None => break,
+            }
+        }
+        if !chain.is_empty() {
+            self.stats.commands_proposed += chain.len() as u64;
+            self.propose_chain(ctx, term, chain, now);
         }
     }
 
-    /// Proposes a command; once granted, taints its candidates and creates its replacements.
-    fn propose_disruption(
+    /// A proposal as a ledger command, with its effects once granted: its candidates
+    /// tainted, its replacements' NodeClaims created, an event on each candidate. `None`
+    /// when a replacement has no zone (said as an error).
+    fn disruption_command(
         &mut self,
-        ctx: &mut Context<Self>,
-        term: Term,
         proposal: Proposal,
         decisions: &BTreeMap<String, Decision>,
         snap: &Snapshot,
-        (not_ready, now): (Vec<String>, Millis),
-    ) {
+        not_ready: Vec<String>,
+    ) -> Option<(Command, Vec<Effect>)> {
         let zones: Vec<String> = self.zones.keys().cloned().collect();
         let input = PoolInput { pool: self.pool.clone(), instance_types: self.types.clone() };
         let mut replacements = Vec::new();
@@ -405,7 +414,7 @@ impl NodePoolActor {
                 Some(p) => replacements.push(p),
                 None => {
                     self.errors.note("disrupt", "no_zone", &format!("nodepool/{pool}"), &"a replacement has no zone");
-                    return;
+                    return None;
                 }
             }
         }
@@ -439,8 +448,7 @@ impl NodePoolActor {
             replacements: replacements.into_iter().map(|r| r.reserve).collect(),
             not_ready,
         };
-        self.stats.commands_proposed += 1;
-        self.propose_then_run(ctx, term, cmd, effects, now);
+        Some((cmd, effects))
     }
 
     /// Proposes `command` in `term`; runs `effects` only if it committed and applied.
@@ -452,42 +460,25 @@ impl NodePoolActor {
         effects: Vec<Effect>,
         now: Millis,
     ) {
+        self.propose_chain(ctx, term, vec![(command, effects)], now);
+    }
+
+    /// Proposes `chain` in order in `term`, each command's effects run once it applied, and
+    /// stops at the first that did not: a round's commands were simulated each with the ones
+    /// before it done.
+    fn propose_chain(&mut self, ctx: &mut Context<Self>, term: Term, chain: Vec<(Command, Vec<Effect>)>, now: Millis) {
         let (ledger, errors, pool, executor) =
             (self.ledger.clone(), self.errors.clone(), self.pool.name.clone(), self.executor.clone());
         self.disruption_in_flight += 1;
         let work = async move {
-            let what = command_name(&command);
-            let outcome = match ledger.propose(Entry { term, at: now, command }).await {
-                Ok(c) => c.outcome,
-                Err(e) => {
-                    errors.warn(what, "ledger", &format!("nodepool/{pool}"), &e);
-                    return false;
+            let mut any = false;
+            for (command, effects) in chain {
+                if !propose_one((&*ledger, &errors, &pool, &executor), term, now, command, effects).await {
+                    break;
                 }
-            };
-            let applied = match &outcome {
-                Outcome::Disrupting { refused: Some(why) } => {
-                    errors.note(what, "refused", &format!("nodepool/{pool}"), why);
-                    false
-                }
-                Outcome::Advanced { rejected } => {
-                    for (claim, why) in rejected {
-                        errors.note(what, "rejected", &format!("nodeclaim/{claim}"), why);
-                    }
-                    true
-                }
-                Outcome::Fenced { .. } | Outcome::Rejected { .. } => false,
-                _ => true,
-            };
-            // Effects of a claim whose step the ledger rejected are dropped.
-            let rejected: BTreeSet<&str> = match &outcome {
-                Outcome::Advanced { rejected } => rejected.iter().map(|(c, _)| c.as_str()).collect(),
-                _ => BTreeSet::new(),
-            };
-            let effects: Vec<Effect> = effects.into_iter().filter(|e| !rejected.contains(e.claim.as_str())).collect();
-            if applied && !effects.is_empty() {
-                executor.run(term, effects).await;
+                any = true;
             }
-            applied
+            any
         };
         ctx.spawn(work.into_actor(self).map(|applied, act, _| {
             act.disruption_in_flight = act.disruption_in_flight.saturating_sub(1);
@@ -496,6 +487,54 @@ impl NodePoolActor {
             }
         }));
     }
+}
+
+/// Proposes one command; runs its effects if it committed and applied. Returns whether it
+/// applied.
+async fn propose_one(
+    (ledger, errors, pool, executor): (
+        &dyn dovetail_raft::Ledger,
+        &crate::errors::Errors,
+        &str,
+        &crate::executor::Executor,
+    ),
+    term: Term,
+    now: Millis,
+    command: Command,
+    effects: Vec<Effect>,
+) -> bool {
+    let what = command_name(&command);
+    let outcome = match ledger.propose(Entry { term, at: now, command }).await {
+        Ok(c) => c.outcome,
+        Err(e) => {
+            errors.warn(what, "ledger", &format!("nodepool/{pool}"), &e);
+            return false;
+        }
+    };
+    let applied = match &outcome {
+        Outcome::Disrupting { refused: Some(why) } => {
+            errors.note(what, "refused", &format!("nodepool/{pool}"), why);
+            false
+        }
+        Outcome::Advanced { rejected } => {
+            for (claim, why) in rejected {
+                errors.note(what, "rejected", &format!("nodeclaim/{claim}"), why);
+            }
+            true
+        }
+        Outcome::Fenced { .. } | Outcome::Rejected { .. } => false,
+        _ => true,
+    };
+    // Effects of a claim whose step the ledger rejected are dropped.
+    let rejected: BTreeSet<&str> = match &outcome {
+        Outcome::Advanced { rejected } => rejected.iter().map(|(c, _)| c.as_str()).collect(),
+        _ => BTreeSet::new(),
+    };
+    let effects: Vec<Effect> = effects.into_iter().filter(|e| !rejected.contains(e.claim.as_str())).collect();
+    if applied && !effects.is_empty() {
+        executor.run(term, effects).await;
+    }
+    applied
 }
 
 fn command_name(c: &Command) -> &'static str {

@@ -144,8 +144,10 @@ async fn a_budget_binds_only_the_reasons_it_names() {
     w.cluster.delete_pods(&keys[..1]);
     w.pool.send(Disrupt).await.expect("mailbox");
     w.clock.advance(Duration::from_secs(15));
-    let s = disrupt_until(&w, "the empty node goes", |s| s.claims().len() == 1).await;
-    assert!(s.disruptions().values().all(|d| d.reason != DisruptionReason::Drifted), "{:?}", s.disruptions());
+    let s = disrupt_until(&w, "a command", |s| !s.disruptions().is_empty()).await;
+    let cmd = s.disruptions().values().next().cloned().expect("a command");
+    assert_eq!(cmd.reason, DisruptionReason::Empty, "emptiness's, not drift's: {cmd:?}");
+    disrupt_until(&w, "the empty node goes", |s| s.claims().len() == 1).await;
     let s = rounds(&w, 5).await;
     assert_eq!(s.claims().len(), 1, "the drifted node with a pod stays: drift's budget is zero");
     let decisions = said(&w).await;
@@ -299,9 +301,10 @@ async fn several_underused_nodes_go_in_one_multi_node_command() {
     disrupt_until(&w, "two gone", |s| s.claims().len() == 1).await;
 }
 
-/// One node of `capacity` m5.xlarge whose pod shrank; then the pool is widened to m5.large
-/// of both capacity types (requirements are not part of drift's hash: no drift).
-async fn widened(capacity: CapacityType, spot_to_spot: bool) -> World {
+/// One node of `capacity` m5.xlarge whose pod shrank; then the pool is widened to both
+/// capacity types and m5.large (or, `every_family`, every c, m and r type), requirements
+/// not being part of drift's hash (no drift).
+async fn widened(capacity: CapacityType, spot_to_spot: bool, every_family: bool) -> World {
     let pool = |types: &[&str], capacity: &[&str]| {
         let mut reqs = Requirements::new();
         reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(types.iter().copied()));
@@ -312,30 +315,37 @@ async fn widened(capacity: CapacityType, spot_to_spot: bool) -> World {
     let w = disrupting_world_full(pool(&["m5.xlarge"], &[capacity.as_str()]), all, None, spot_to_spot).await;
     nodes(&w, 1, 3000).await;
     shrink(&w, |_, _| {});
-    let wide = pool(&["m5.large", "m5.xlarge"], &["spot", "on-demand"]);
+    let mut wide = pool(&["m5.large", "m5.xlarge"], &["spot", "on-demand"]);
+    if every_family {
+        wide.requirements.remove(labels::INSTANCE_TYPE);
+        wide.requirements.add(labels::INSTANCE_CATEGORY, Requirement::is_in(["c", "m", "r"]));
+    }
     w.pool.send(Reconfigure { pool: wide, types: types(), node_class: node_class() }).await.expect("mailbox");
     w
+}
+
+/// The replacement NodeClaim's spec once the command's effects made it.
+async fn replacement_spec(w: &World, claim: &str) -> dovetail_core::nodepool::NodeClaimSpec {
+    for _ in 0..100 {
+        if let Some(nc) = w.cluster.snapshot().nodeclaims.get(claim) {
+            return nc.spec.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no NodeClaim {claim} within 1 s");
 }
 
 /// Karpenter's spot rules, on-demand: an on-demand node is replaced by spot when the pool
 /// allows it (a spot shortage then never becomes a dearer on-demand launch).
 #[actix_rt::test]
 async fn an_on_demand_node_is_replaced_with_spot() {
-    let w = widened(CapacityType::OnDemand, false).await;
+    let w = widened(CapacityType::OnDemand, false, false).await;
     w.pool.send(Disrupt).await.expect("mailbox");
     w.clock.advance(Duration::from_secs(15));
     let s = disrupt_until(&w, "a command", |s| !s.disruptions().is_empty()).await;
     let cmd = s.disruptions().values().next().cloned().expect("a command");
     assert_eq!(cmd.replacements.len(), 1);
-    let mut spec = None;
-    for _ in 0..100 {
-        spec = w.cluster.snapshot().nodeclaims.get(&cmd.replacements[0]).map(|nc| nc.spec.clone());
-        if spec.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let spec = spec.expect("the replacement's NodeClaim");
+    let spec = replacement_spec(&w, &cmd.replacements[0]).await;
     let capacity = spec.requirements.get(labels::CAPACITY_TYPE);
     assert!(capacity.has("spot") && !capacity.has("on-demand"), "{capacity}");
 }
@@ -344,12 +354,12 @@ async fn an_on_demand_node_is_replaced_with_spot() {
 /// consolidation is on, and then only when at least 15 spot types are cheaper.
 #[actix_rt::test]
 async fn a_spot_node_is_replaced_by_spot_only_with_spot_to_spot_and_15_cheaper_types() {
-    let w = widened(CapacityType::Spot, false).await;
+    let w = widened(CapacityType::Spot, false, false).await;
     let s = rounds(&w, 5).await;
     assert!(s.disruptions().is_empty(), "{:?}", s.disruptions());
     let decisions = said(&w).await;
     assert!(decisions.iter().any(|v| v.contains("spot-to-spot consolidation is off")), "{decisions:?}");
-    let w = widened(CapacityType::Spot, true).await;
+    let w = widened(CapacityType::Spot, true, false).await;
     let s = rounds(&w, 5).await;
     assert!(s.disruptions().is_empty(), "{:?}", s.disruptions());
     let decisions = said(&w).await;
@@ -359,6 +369,24 @@ async fn a_spot_node_is_replaced_by_spot_only_with_spot_to_spot_and_15_cheaper_t
         "the spot node stays: {:?}",
         s.claims()
     );
+}
+
+/// Spot-to-spot, when it may: with the setting on and at least 15 spot types cheaper than the
+/// node, it is replaced by spot, the launch limited to the 15 cheapest.
+#[actix_rt::test]
+async fn a_spot_node_is_replaced_by_one_of_the_15_cheapest_spot_types_with_spot_to_spot() {
+    let w = widened(CapacityType::Spot, true, true).await;
+    w.pool.send(Disrupt).await.expect("mailbox");
+    w.clock.advance(Duration::from_secs(15));
+    let s = disrupt_until(&w, "a command", |s| !s.disruptions().is_empty()).await;
+    let cmd = s.disruptions().values().next().cloned().expect("a command");
+    assert_eq!(cmd.replacements.len(), 1);
+    let spec = replacement_spec(&w, &cmd.replacements[0]).await;
+    let capacity = spec.requirements.get(labels::CAPACITY_TYPE);
+    assert!(capacity.has("spot") && !capacity.has("on-demand"), "{capacity}");
+    let its = spec.requirements.get(labels::INSTANCE_TYPE);
+    assert_eq!(its.values().len(), 15, "the 15 cheapest: {its}");
+    assert!(!its.has("m5.xlarge"), "none of them the node's own type: {its}");
 }
 
 /// Budgets and limits hold whatever the order of events, with two NodePool actors of one

@@ -12,11 +12,12 @@
 //!   the m cost (at worst: each new node's dearest kept type), with the same spot rules;
 //! - one new node: **replace**, if some of its instance types launch for less than the
 //!   candidates cost together (their worst-case price: the dearest offering the replacement may
-//!   land on). On-demand candidates are replaced with spot when the replacement allows it, so a
-//!   spot shortage never becomes a dearer on-demand launch. Spot candidates are replaced by
-//!   spot only with spot-to-spot consolidation on, and then (for one candidate) only when at
-//!   least [`SPOT_TO_SPOT_MIN_TYPES`] spot types are cheaper; the launch is limited to the
-//!   cheapest of them, so the cloud cannot pick one that invites another consolidation.
+//!   land on). A replacement that allows both spot and on-demand is pinned to spot, so a spot
+//!   shortage never becomes a dearer on-demand launch. Spot candidates whose replacement may be
+//!   spot are replaced by spot only with spot-to-spot consolidation on, and then (for one
+//!   candidate) only when at least [`SPOT_TO_SPOT_MIN_TYPES`] spot types are cheaper; the
+//!   launch is limited to the cheapest of them, so the cloud cannot pick one that invites
+//!   another consolidation.
 
 use crate::catalog::{CapacityType, InstanceType};
 use crate::labels;
@@ -143,12 +144,12 @@ pub fn consolidate(
     Ok(Move { candidates: ids, replacements: vec![replacement], cost })
 }
 
-/// Karpenter's spot rules on a replacement: on-demand candidates are replaced with spot when
-/// the replacement allows both (so a spot shortage never becomes a dearer on-demand launch);
-/// spot candidates whose replacement may be spot are spot-to-spot, allowed only with the
-/// setting on, and then replaced by spot only. Returns whether every candidate is spot.
+/// Karpenter's spot rules on a replacement: candidates that are all spot, whose replacement
+/// may be spot, are spot-to-spot, allowed only with the setting on, and then replaced by spot
+/// only; any other replacement that allows both spot and on-demand is pinned to spot (its
+/// types were kept by their spot price, so a spot shortage never becomes a dearer on-demand
+/// launch). Returns whether every candidate is spot.
 fn spot_rules(candidates: &[&Candidate<'_>], claim: &mut NewClaim, spot_to_spot: bool) -> Result<bool, String> {
-    let all_on_demand = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::OnDemand));
     let all_spot = candidates.iter().all(|c| c.capacity_type == Some(CapacityType::Spot));
     let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
     let allows_spot = capacity.has(CapacityType::Spot.as_str());
@@ -158,7 +159,7 @@ fn spot_rules(candidates: &[&Candidate<'_>], claim: &mut NewClaim, spot_to_spot:
             return Err("spot-to-spot consolidation is off".into());
         }
         claim.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in([CapacityType::Spot.as_str()]));
-    } else if all_on_demand && allows_spot && allows_on_demand {
+    } else if allows_spot && allows_on_demand {
         claim.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in([CapacityType::Spot.as_str()]));
     }
     Ok(all_spot)

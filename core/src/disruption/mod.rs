@@ -10,39 +10,50 @@
 //! - [`drift`]: whether a node still matches its NodePool and NodeClass.
 //! - [`consolidation`]: whether candidates can go with their pods moved elsewhere, and with
 //!   what replacement.
+//! - [`simulation`]: where moved pods go, on a solve state built once a round.
+//! - `choice`: which consolidation commands a round proposes; `validation`: Karpenter's 15 s.
 //!
 //! [`plan`] is the planner the NodePool actors call: pure, from the pool's claims as
 //! committed, the ledger's leases and allowances, the cluster snapshot and `now`, it returns
-//! the expired claims to terminate (forceful, not budgeted), at most one command to propose
-//! (its method's reason, candidates and replacements) and a [`Decision`] for every node, with
-//! the reason (what `explain` prints).
+//! the expired claims to terminate (forceful, not budgeted), the commands to propose (each
+//! with its method's reason, candidates and replacements: one, or with `max_commands` several
+//! consolidation commands, each simulated with the ones before it done) and a [`Decision`]
+//! for every node, with the reason (what `explain` prints).
 //!
 //! Methods run in Karpenter's order and the first that finds something wins the round:
 //! emptiness, drift, then consolidation (multi-node, single-node, then dovetail's repack of m
-//! nodes onto n < m new ones, where a single replacement cannot get there). Expiration is not a method of the loop: an expired
-//! claim is terminated whatever the budgets say.
+//! nodes onto n < m new ones, where a single replacement cannot get there). Expiration is not
+//! a method of the loop: an expired claim is terminated whatever the budgets say.
 pub mod budget;
 pub mod candidates;
+mod choice;
 pub mod consolidation;
 pub mod cron;
 mod decision;
 pub mod drift;
+mod memory;
+mod progress;
 pub mod simulation;
+mod validation;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use crate::catalog::InstanceType;
 use crate::clock::to_millis;
 use crate::cluster::Snapshot;
-use crate::ledger::{Claim, ClaimState, DisruptionCommand, Millis, State};
+use crate::ledger::{Claim, Millis};
 use crate::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::pod::Pod;
 use crate::scheduling::{PoolInput, SolveOptions};
 
 use candidates::{Blocker, Candidate, PdbIndex, Pieces};
+use choice::{consolidate, unplaced};
 pub use decision::{Decision, Method, Plan, Proposal, Verdict};
 use drift::Drift;
+pub use memory::Memory;
+use memory::{cluster_shape, fingerprint};
+pub use progress::{Progress, progress};
+use validation::validate;
 
 /// What the planner reads.
 pub struct Input<'a> {
@@ -85,73 +96,6 @@ pub const BALANCED_K: f64 = 2.0;
 /// and their pods stay as they were, for at most this long (Karpenter's consolidation state,
 /// force-refreshed every 5 minutes).
 pub const CONSOLIDATION_RECHECK: Millis = 5 * 60_000;
-
-/// What the planner remembers between rounds: when each node last saw its pods change (the
-/// start of its `consolidateAfter` wait), and since when each drifted.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Memory {
-    pod_events: BTreeMap<String, (u64, Millis)>,
-    drifted_since: BTreeMap<String, Millis>,
-    /// The commands being validated, and since when.
-    pending: Vec<(Proposal, Millis)>,
-    /// The cluster's shape (its nodes and their pods) when consolidation last found nothing,
-    /// and when.
-    quiet: Option<(u64, Millis)>,
-    /// What consolidation last said of each candidate it kept.
-    kept: BTreeMap<String, String>,
-}
-
-impl Memory {
-    /// When the command under validation may be proposed (it started `validation` ms
-    /// before), if one is: the caller plans again then rather than at its next period.
-    pub fn validation_due(&self, validation: Millis) -> Option<Millis> {
-        self.pending.iter().map(|(_, since)| since.saturating_add(validation)).min()
-    }
-
-    /// When the node's pods last changed, given their fingerprint now. A node seen for the
-    /// first time counts from `seen` (what its NodeClaim says), else from now: what happened
-    /// on it before is unknown, and waiting once more is the safe side.
-    fn last_pod_event(&mut self, claim: &str, fingerprint: u64, now: Millis, seen: Option<Millis>) -> Millis {
-        let e = self.pod_events.entry(claim.to_string()).or_insert((fingerprint, seen.unwrap_or(now)));
-        if e.0 != fingerprint {
-            *e = (fingerprint, now);
-        }
-        e.1
-    }
-
-    fn keep_only(&mut self, claims: &BTreeSet<&str>) {
-        self.pod_events.retain(|c, _| claims.contains(c.as_str()));
-        self.drifted_since.retain(|c, _| claims.contains(c.as_str()));
-        self.kept.retain(|c, _| claims.contains(c.as_str()));
-    }
-}
-
-/// The cluster's shape as consolidation sees it: every node (name, initialized, deleting) and
-/// the pods bound to it. Consolidation's answer cannot change while this does not.
-fn cluster_shape(snap: &Snapshot, pods_by_node: &BTreeMap<&str, Vec<&Arc<Pod>>>) -> u64 {
-    let mut h = crate::shared::Fnv::default();
-    let no_pods = Vec::new();
-    for n in snap.nodes.values() {
-        h.write(n.name.as_bytes());
-        h.write_u64(u64::from(n.initialized) | u64::from(n.deleting) << 1 | u64::from(n.do_not_disrupt) << 2);
-        h.write_u64(fingerprint(pods_by_node.get(n.name.as_str()).unwrap_or(&no_pods)));
-    }
-    h.finish()
-}
-
-/// A fingerprint of the pods bound to a node (their keys): changes when one comes or goes.
-fn fingerprint(pods: &[&Arc<Pod>]) -> u64 {
-    let mut keys: Vec<&crate::pod::PodKey> = pods.iter().map(|p| &p.key).collect();
-    keys.sort();
-    let mut h = crate::shared::Fnv::default();
-    for k in keys {
-        h.write(k.namespace.as_bytes());
-        h.write(&[0]);
-        h.write(k.name.as_bytes());
-        h.write(&[0]);
-    }
-    h.finish()
-}
 
 /// Plans one round of disruption for a pool.
 pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
@@ -236,9 +180,19 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             let since = *memory.drifted_since.entry(claim.id.clone()).or_insert(input.now);
             // Empty and settled, it is emptiness's first (Karpenter's first method takes every
             // consolidatable empty node, drifted or not; drift gets what its budget leaves).
-            if c.is_empty() && consolidate_after.is_some_and(|after| input.now >= last_event.saturating_add(after)) {
+            // With pods, consolidation may take it too (Karpenter's consolidation does not
+            // skip drifted nodes: drift's budget may be spent), as a graceful method: only
+            // if no pod-level block holds it.
+            let settled = consolidate_after.is_some_and(|after| input.now >= last_event.saturating_add(after));
+            if settled {
                 out.consolidatable.insert(claim.id.clone());
-                empty.push(c.clone());
+                if c.is_empty() {
+                    empty.push(c.clone());
+                } else if input.pool.disruption.consolidation_policy != ConsolidationPolicy::WhenEmpty
+                    && let Ok(graceful) = candidates::candidate(&pieces, lease, input.types, &pdbs, input.now, false)
+                {
+                    underused.push(graceful);
+                }
             }
             drifted.push((since, c.is_empty(), c, d));
             continue;
@@ -298,11 +252,20 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
     let shape = (!underused.is_empty()).then(|| cluster_shape(snap, &pods_by_node));
     let quiet =
         memory.quiet.filter(|(s, at)| Some(*s) == shape && input.now.saturating_sub(*at) < CONSOLIDATION_RECHECK);
-    let consolidating = out.proposals.is_empty() && !underused.is_empty() && quiet.is_none();
+    let consolidating = out.proposals.is_empty()
+        && !underused.is_empty()
+        && quiet.is_none()
+        && room(DisruptionReason::Underutilized) > 0;
     let drifting = out.proposals.is_empty() && drift_room && drifted.iter().any(|d| !d.1);
     let prepared = (consolidating || drifting).then(|| {
-        let movers: Vec<simulation::Mover<'_>> =
-            drifted.iter().filter(|d| !d.1).map(|d| (&d.2).into()).chain(underused.iter().map(Into::into)).collect();
+        let mut seen = BTreeSet::new();
+        let movers: Vec<simulation::Mover<'_>> = drifted
+            .iter()
+            .filter(|d| !d.1)
+            .map(|d| (&d.2).into())
+            .chain(underused.iter().map(Into::into))
+            .filter(|m: &simulation::Mover<'_>| seen.insert(m.claim))
+            .collect();
         simulation::Prepared::new(snap, input.pools, &movers, input.opts)
     });
     let mut sim = prepared.as_ref().map(simulation::Prepared::simulation);
@@ -326,7 +289,15 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             });
             Verdict::Disrupt { method: Method::Drift, detail: format!("drifted: {d}") }
         } else {
-            match sim.as_mut().map(|s| s.try_move(&[c.claim.id.as_str()])) {
+            // Drift goes on where pods on their way would go (Karpenter's drift skips only
+            // nominated nodes): that move is simulated from scratch without the node.
+            let id = c.claim.id.as_str();
+            let tried = match (sim.as_mut(), prepared.as_ref()) {
+                (Some(s), Some(p)) if s.blocked(id).is_some() => Some(p.without(&[id])),
+                (Some(s), _) => Some(s.try_move(&[id])),
+                _ => None,
+            };
+            match tried {
                 None => Verdict::Keep(format!("drifted ({d}); not simulated this round")),
                 Some(Err(why)) => Verdict::Keep(format!("drifted ({d}); {why}")),
                 Some(Ok(o)) => match o.results.errors.first() {
@@ -355,8 +326,10 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
     // simulated again while nothing changed since it last found nothing.
     if let Some(shape) = shape {
         let room = room(DisruptionReason::Underutilized);
+        // A drifted node keeps drift's verdict unless consolidation takes it.
+        let drifted_ids: BTreeSet<String> = drifted.iter().map(|d| d.2.claim.id.clone()).collect();
         if let Some((_, since)) = quiet.filter(|_| out.proposals.is_empty()) {
-            for c in &underused {
+            for c in underused.iter().filter(|c| !drifted_ids.contains(&c.claim.id)) {
                 let why = memory.kept.get(&c.claim.id).cloned().unwrap_or_else(|| unplaced(c));
                 let verdict = Verdict::Quiet { why, since_ago: input.now.saturating_sub(since) };
                 out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
@@ -368,6 +341,9 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
                 if let Verdict::Keep(why) = &verdict {
                     memory.kept.insert(c.claim.id.clone(), why.clone());
                 }
+                if drifted_ids.contains(&c.claim.id) && !matches!(verdict, Verdict::Disrupt { .. }) {
+                    continue;
+                }
                 out.decisions.insert(c.claim.id.clone(), decide(c, verdict));
             }
             // Nothing found with room to act: quiet until the shape changes.
@@ -376,272 +352,6 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
     }
     validate(input, memory, &mut out);
     out
-}
-
-/// What a disruption command under way needs now (Karpenter's `waitOrTerminate`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Progress {
-    /// Some replacement is not initialized yet.
-    Waiting,
-    /// Every replacement is initialized (or there are none): these candidates (those not
-    /// terminating yet) may be deleted.
-    Terminate(Vec<String>),
-    /// It cannot complete: it ends and its candidates are released (untainted).
-    RollBack(String),
-    /// Every candidate is terminating: nothing more to do (the ledger forgets the command once
-    /// they are gone).
-    Done,
-}
-
-/// Where a command stands, from the ledger's state at `now`; a command whose replacements are
-/// not all initialized after `timeout` is rolled back.
-pub fn progress(state: &State, command: &DisruptionCommand, now: Millis, timeout: Millis) -> Progress {
-    let waiting: Vec<String> = command
-        .candidates
-        .iter()
-        .filter(|c| state.claim(c).is_some_and(|c| !c.state.is_terminating()))
-        .cloned()
-        .collect();
-    if waiting.is_empty() {
-        return Progress::Done;
-    }
-    let mut pending = 0;
-    for r in &command.replacements {
-        match state.claim(r).map(|c| &c.state) {
-            None => return Progress::RollBack(format!("replacement {r} is gone")),
-            Some(ClaimState::Terminating { .. }) => return Progress::RollBack(format!("replacement {r} failed")),
-            Some(ClaimState::Initialized { .. }) => {}
-            Some(_) => pending += 1,
-        }
-    }
-    if pending == 0 {
-        return Progress::Terminate(waiting);
-    }
-    if now.saturating_sub(command.at) >= timeout {
-        return Progress::RollBack(format!("{pending} replacements were not initialized within {}s", timeout / 1000));
-    }
-    Progress::Waiting
-}
-
-/// Karpenter's validation: an emptiness or consolidation command is proposed only once the
-/// planner has decided the same for `validation` (emptiness may shrink to the nodes still
-/// empty); until then it waits, and its nodes' verdicts say so. Drift goes at once. Each
-/// command of a round is validated on its own.
-fn validate(input: &Input<'_>, memory: &mut Memory, out: &mut Plan) {
-    let proposals = std::mem::take(&mut out.proposals);
-    let mut validated: Vec<Proposal> = Vec::new();
-    let mut waiting: Vec<(Proposal, Millis)> = Vec::new();
-    for proposal in proposals {
-        if proposal.method == Method::Drift || input.validation == 0 {
-            validated.push(proposal);
-            continue;
-        }
-        // The command under validation this one continues: the same, or (emptiness) the
-        // nodes still empty of the one before.
-        let emptiness = proposal.method == Method::Emptiness;
-        let prior = memory.pending.iter().find(|(p, _)| *p == proposal || (emptiness && p.method == Method::Emptiness));
-        let (command, since) = match prior {
-            Some((p, since)) if *p == proposal => (proposal, *since),
-            Some((p, since)) => {
-                let still: Vec<String> =
-                    proposal.candidates.iter().filter(|c| p.candidates.contains(c)).cloned().collect();
-                if still.is_empty() {
-                    (proposal, input.now)
-                } else {
-                    (Proposal { candidates: still, ..proposal }, *since)
-                }
-            }
-            None => (proposal, input.now),
-        };
-        if input.now.saturating_sub(since) >= input.validation {
-            validated.push(command);
-        } else {
-            waiting.push((command, since));
-        }
-    }
-    for (claim, d) in out.decisions.iter_mut() {
-        let Verdict::Disrupt { detail, .. } = &mut d.verdict else { continue };
-        if validated.iter().any(|p| p.candidates.contains(claim)) {
-            continue;
-        }
-        match waiting.iter().find(|(p, _)| p.candidates.contains(claim)) {
-            Some((_, since)) => {
-                let acts_in = since.saturating_add(input.validation).saturating_sub(input.now);
-                detail.push_str(&format!(" (validating: acts in {}s if it still holds)", acts_in.div_ceil(1000)));
-            }
-            None => d.verdict = Verdict::Keep("empty; waits for the command under validation".into()),
-        }
-    }
-    memory.pending = waiting;
-    out.proposals = validated;
-}
-
-/// The move of the longest prefix of `refs`, at least `shortest` long, that `attempt` finds
-/// one for (a binary search: a longer prefix is tried only when a shorter one holds).
-fn longest_prefix(
-    refs: &[&Candidate<'_>],
-    shortest: usize,
-    mut attempt: impl FnMut(&[&Candidate<'_>]) -> Result<consolidation::Move, String>,
-) -> Option<consolidation::Move> {
-    let (mut lo, mut hi, mut best) = (shortest, refs.len(), None);
-    while lo <= hi {
-        let mid = (lo + hi) / 2;
-        match attempt(&refs[..mid]) {
-            Ok(m) => {
-                best = Some(m);
-                lo = mid + 1;
-            }
-            Err(_) => hi = mid - 1,
-        }
-    }
-    best
-}
-
-/// What consolidation says of a candidate it found no move for.
-fn unplaced(c: &Candidate<'_>) -> String {
-    format!("it runs {} pods; no cheaper place for them was found", c.pods.len())
-}
-
-/// The consolidation methods over the settled candidates with pods: multi-node first (the
-/// longest prefix, by savings per disruption, that goes with at most one new node), then
-/// single-node, then (dovetail's, when neither found a move) a repack: the longest prefix of
-/// at least 3 that goes onto fewer new nodes costing less together. Returns each candidate's
-/// verdict, in `underused`'s order (sorted here).
-fn consolidate(
-    input: &Input<'_>,
-    sim: Option<&mut simulation::Simulation<'_>>,
-    underused: &mut [Candidate<'_>],
-    out: &mut Plan,
-    room: usize,
-    (total_price, total_cost): (f64, f64),
-) -> Vec<Verdict> {
-    underused.sort_by(|a, b| b.savings_ratio().total_cmp(&a.savings_ratio()).then_with(|| a.claim.id.cmp(&b.claim.id)));
-    let mut verdicts: Vec<Verdict> = underused.iter().map(|c| Verdict::Keep(unplaced(c))).collect();
-    if !out.proposals.is_empty() {
-        verdicts.iter_mut().for_each(|v| *v = Verdict::Keep("another command goes first this round".into()));
-        return verdicts;
-    }
-    if room == 0 {
-        let method = Method::SingleNodeConsolidation;
-        verdicts.iter_mut().for_each(|v| *v = Verdict::BudgetExhausted { method });
-        return verdicts;
-    }
-    let Some(sim) = sim else { return verdicts };
-    let balanced = input.pool.disruption.consolidation_policy == ConsolidationPolicy::Balanced;
-    // Karpenter's balanced score: the share of the pool's cost saved over the share of its
-    // disruption cost spent.
-    let worth = |m: &consolidation::Move, cands: &[&Candidate<'_>]| -> Result<(), String> {
-        if !balanced || total_price <= 0.0 || total_cost <= 0.0 {
-            return Ok(());
-        }
-        let spent: f64 = cands.iter().map(|c| c.disruption_cost).sum();
-        let score = (m.savings() / total_price) / (spent / total_cost);
-        if score >= 1.0 / BALANCED_K {
-            Ok(())
-        } else {
-            Err(format!("the balanced policy scores it {score:.2}, under {:.2}", 1.0 / BALANCED_K))
-        }
-    };
-    let attempt = |sim: &mut simulation::Simulation<'_>, cands: &[&Candidate<'_>], max_new: usize| {
-        consolidation::consolidate(sim, input.pools, cands, input.spot_to_spot, max_new)
-            .and_then(|m| worth(&m, cands).map(|()| m))
-    };
-    let max = underused.len().min(MULTI_NODE_MAX).min(room);
-    let refs: Vec<&Candidate<'_>> = underused.iter().take(max).collect();
-    let mut best =
-        longest_prefix(&refs, 2, |cands| attempt(sim, cands, 1)).map(|m| (Method::MultiNodeConsolidation, m));
-    // Every other candidate is simulated alone, so each gets its answer: the first (in
-    // Karpenter's order) that can go is the single-node command when no multi-node one was
-    // found; the others may follow as commands of their own (below).
-    let mut could = vec![false; underused.len()];
-    for (i, c) in underused.iter().enumerate() {
-        if best.as_ref().is_some_and(|(_, m)| m.candidates.contains(&c.claim.id)) {
-            continue;
-        }
-        verdicts[i] = match attempt(sim, &[c], 1) {
-            Ok(m) if best.is_none() => {
-                best = Some((Method::SingleNodeConsolidation, m));
-                continue;
-            }
-            Ok(m) => {
-                could[i] = true;
-                Verdict::Keep(format!("{}; one consolidation at a time, it waits for a later round", describe(&m)))
-            }
-            Err(why) => Verdict::Keep(why),
-        };
-    }
-    // dovetail's repack, where no single replacement gets there: the longest prefix of at
-    // least 3 candidates whose pods go onto fewer new nodes that cost less together.
-    if best.is_none() {
-        best = longest_prefix(&refs, 3, |cands| attempt(sim, cands, cands.len() - 1)).map(|m| (Method::Repack, m));
-    }
-    let Some(first) = best else { return verdicts };
-    // More commands at once (dovetail's, up to `max_commands`, within the budget): each
-    // further single-node move is simulated again with the commands before it done, so
-    // together they hold.
-    let mut left = room.saturating_sub(first.1.candidates.len());
-    let mut chosen = vec![first];
-    if chosen[0].0 != Method::Repack && input.max_commands > 1 && left > 0 {
-        let mut done = chosen[0].1.candidates.clone();
-        for (i, c) in underused.iter().enumerate() {
-            if chosen.len() >= input.max_commands || left == 0 {
-                break;
-            }
-            if !could[i] {
-                continue;
-            }
-            let ids: Vec<&str> = done.iter().map(String::as_str).collect();
-            if let Err(why) = sim.keep(&ids) {
-                verdicts[i] = Verdict::Keep(why);
-                break;
-            }
-            done.clear();
-            match attempt(sim, &[c], 1) {
-                Ok(m) => {
-                    done.clone_from(&m.candidates);
-                    left -= 1;
-                    chosen.push((Method::SingleNodeConsolidation, m));
-                }
-                Err(why) => verdicts[i] = Verdict::Keep(format!("{why}, with the commands before it done")),
-            }
-        }
-    }
-    for (method, m) in chosen {
-        let detail = describe(&m);
-        for (c, v) in underused.iter().zip(verdicts.iter_mut()) {
-            if m.candidates.contains(&c.claim.id) {
-                *v = Verdict::Disrupt { method, detail: detail.clone() };
-            }
-        }
-        out.proposals.push(Proposal {
-            method,
-            reason: DisruptionReason::Underutilized,
-            candidates: m.candidates,
-            replacements: m.replacements.into_iter().map(|r| r.claim).collect(),
-            detail,
-        });
-    }
-    verdicts
-}
-
-/// A move in words.
-fn describe(m: &consolidation::Move) -> String {
-    match m.replacements.as_slice() {
-        [] => format!("its pods fit on other nodes; saves ${:.4}/h", m.savings()),
-        [r] => format!(
-            "replaced by one cheaper node ({} types from ${:.4}/h); saves at least ${:.4}/h",
-            r.claim.instance_types.len(),
-            r.price,
-            m.savings()
-        ),
-        rs => format!(
-            "{} nodes repacked onto {} new ones costing at most ${:.4}/h together; saves at least ${:.4}/h",
-            m.candidates.len(),
-            rs.len(),
-            rs.iter().map(|r| r.price).sum::<f64>(),
-            m.savings()
-        ),
-    }
 }
 
 #[cfg(test)]

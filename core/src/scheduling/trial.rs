@@ -20,12 +20,16 @@ use super::output::{ExistingPlacement, NewClaim, Target};
 use super::scheduler::Scheduler;
 use super::{SolveOptions, launch, right_size};
 
-/// The state to roll back to.
+/// The state to roll back to: where the journals stood, and the small parts of the state
+/// kept whole.
 pub struct Checkpoint {
+    /// The topology's journal length.
     topology: usize,
+    /// The existing nodes' journal length.
     existing: usize,
     planned: Vec<PlannedNode>,
     remaining: Vec<Option<ResourceList>>,
+    /// Lengths of the placement order and the warnings.
     order: usize,
     warnings: usize,
     next_hostname: usize,
@@ -82,10 +86,11 @@ impl<'a> Scheduler<'a> {
         self.pin_cursor = cp.pin_cursor;
     }
 
-    /// Takes the snapshot's node `index` out of the cluster: no pod goes there, its running
-    /// pods leave the topology's counts, and its pool's limits get its capacity back, as if
-    /// the snapshot had never had it.
-    pub fn take_out(&mut self, index: usize) {
+    /// Takes the snapshot's node `index` out of the cluster: no pod goes there and its running
+    /// pods leave the topology's counts, as if the snapshot had never had it; with
+    /// `give_back`, its pool's limits get its capacity back too (without, its holdings stay
+    /// counted: a node that goes only later).
+    pub fn take_out(&mut self, index: usize, give_back: bool) {
         let Some(n) = self.existing.iter().position(|e| e.index == index) else { return };
         if self.existing[n].out {
             return;
@@ -94,7 +99,7 @@ impl<'a> Scheduler<'a> {
         self.existing[n].out = true;
         let node = self.existing[n].node;
         self.topology.take_out(node);
-        let Some(pool) = node.nodepool() else { return };
+        let Some(pool) = node.nodepool().filter(|_| give_back) else { return };
         for (t, template) in self.templates.iter().enumerate() {
             if template.pool.name != pool {
                 continue;
@@ -144,6 +149,8 @@ impl<'a> Scheduler<'a> {
             }
         }
         let opts: &SolveOptions = self.opts;
+        // Only the claims holding the trial's pods are finalized (the pods on their way hold
+        // sealed claims of their own, not in `planned`).
         let mut finalized: Vec<right_size::Finalized> = right_size::finalize_all(self, opts, &mut errs)
             .into_iter()
             .filter(|f| f.claim.pods.iter().any(|p| ours.contains(p)))

@@ -4,35 +4,43 @@
 //! Karpenter builds a fresh scheduler for every candidate it simulates (about 900 ms each on
 //! a large cluster). Here the cluster's solve state (the NodePools' templates, every node
 //! with what is left on it, the topology counts) is built once, [`Prepared`] then
-//! [`Simulation`], with the cluster's pending pods placed first: they keep the room they
-//! would take, and a candidate they would go to is not consolidated (as a node the
-//! provisioner nominated is not). Each move is then a trial on that state
-//! (`scheduling::trial`): its candidates taken out (no pod goes there, their running pods
-//! leave the topology counts, their pools' limits get their capacity back), their pods
-//! placed by Karpenter's per-pod loop, the outcome read, and every change undone. A move
-//! costs what its own pods cost to place, not what the cluster costs to build.
+//! [`Simulation`], with the pods already on their way placed first: the cluster's pending
+//! pods, and the pods of nodes being disrupted (those nodes taken out, as Karpenter's
+//! simulation leaves deleting nodes out and schedules their pods). Those pods keep the room
+//! they would take, and a candidate they would go to is not consolidated (as a node the
+//! provisioner nominated is not); the new nodes they would need take no moved pod. Each move
+//! is then a trial on that state (`scheduling::trial`): its candidates taken out (no pod goes
+//! there, their running pods leave the topology counts, their pools' limits get their
+//! capacity back), their pods placed by Karpenter's per-pod loop, the outcome read, and every
+//! change undone. A move costs what its own pods cost to place, not what the cluster costs to
+//! build.
 //!
-//! A trial decides as a state built from scratch for it would (`Simulation::fresh` builds
-//! one; the property tests compare them), and a node taken out is as a node the snapshot
-//! never had.
+//! The property tests hold a trial to what a state built from scratch decides: after other
+//! trials, as on a state built for it; after moves kept for good ([`Simulation::keep`]), as
+//! on a cluster where those moves were made; and a node taken out as a node the cluster
+//! never had ([`Prepared::without`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::cluster::Snapshot;
 use crate::node::Node;
+use crate::plane::disrupted_taint;
 use crate::pod::Pod;
 use crate::scheduling::scheduler::Scheduler;
 use crate::scheduling::trial::TrialResults;
 use crate::scheduling::{self, PoolInput, SolveOptions};
 
-use super::candidates::Candidate;
+use super::candidates::{Candidate, is_reschedulable};
 
 /// What a move takes out: a candidate's claim, its node, and the pods that must move.
 #[derive(Clone, Copy, Debug)]
 pub struct Mover<'a> {
+    /// The candidate's claim id: how moves name it.
     pub claim: &'a str,
+    /// Its node's name.
     pub node: &'a str,
+    /// The pods that must move when it goes (its reschedulable pods).
     pub pods: &'a [&'a Arc<Pod>],
 }
 
@@ -43,12 +51,14 @@ impl<'a> From<&'a Candidate<'a>> for Mover<'a> {
 }
 
 /// The inputs of a round's simulation: the cluster as the solver sees it, and the pods it
-/// places (the pending pods first, then each candidate's pods, unbound).
+/// places (the pods on their way first, then each candidate's pods, unbound).
 pub struct Prepared {
     input: scheduling::Snapshot,
     pods: Vec<Pod>,
-    /// How many of `pods` are the cluster's pending pods.
+    /// How many of `pods` are on their way (pending, or on a node being disrupted).
     pending: usize,
+    /// Nodes being disrupted (indices into `input.nodes`): out of the cluster from the start.
+    disrupting: Vec<usize>,
     /// Per candidate (by claim id): its node's index in `input.nodes` and its pods' range in
     /// `pods`.
     candidates: HashMap<String, (Option<usize>, std::ops::Range<usize>)>,
@@ -74,37 +84,100 @@ impl Outcome {
     }
 }
 
+/// Whether a node is being disrupted: deleting, or tainted `karpenter.sh/disrupted` (a
+/// command holds it). Its pods are on their way elsewhere.
+fn disrupting(n: &Node) -> bool {
+    let taint = disrupted_taint();
+    n.deleting || n.taints.iter().any(|t| t.key == taint.key && t.effect == taint.effect)
+}
+
 impl Prepared {
     /// The round's inputs: every node of the cluster (candidates included), the NodePools
-    /// with their instance types, the pending pods, and the candidates' pods.
+    /// with their instance types, the pods on their way, and the candidates' pods.
     pub fn new(snap: &Snapshot, pools: &[PoolInput], candidates: &[Mover<'_>], opts: &SolveOptions) -> Self {
         let nodes = snap.capacity_nodes();
         let input = snap.scheduling_input(nodes, pools.to_vec());
         let mut pods: Vec<Pod> = snap.provisionable().map(|p| p.as_ref().clone()).collect();
+        let going: HashSet<&str> = snap.nodes.values().filter(|n| disrupting(n)).map(|n| n.name.as_str()).collect();
+        if !going.is_empty() {
+            let moving = snap
+                .pods
+                .values()
+                .filter(|p| p.node_name.as_deref().is_some_and(|n| going.contains(n)) && is_reschedulable(p));
+            pods.extend(moving.map(|p| unbound(p)));
+        }
         let pending = pods.len();
         let at: HashMap<&str, usize> = input.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let disrupting: Vec<usize> = going.iter().filter_map(|n| at.get(n).copied()).collect();
         let mut ranges = HashMap::new();
         for c in candidates {
             let start = pods.len();
             pods.extend(c.pods.iter().map(|p| unbound(p)));
             ranges.insert(c.claim.to_string(), (at.get(c.node).copied(), start..pods.len()));
         }
-        Prepared { input, pods, pending, candidates: ranges, opts: opts.clone() }
+        Prepared { input, pods, pending, disrupting, candidates: ranges, opts: opts.clone() }
     }
 
-    /// The simulation: the solve state built, the pending pods placed.
+    /// The simulation: the solve state built, the pods on their way placed.
     pub fn simulation(&self) -> Simulation<'_> {
         let mut state = Scheduler::new(&self.input, &self.pods, &self.opts);
+        for &n in &self.disrupting {
+            // Their holdings stay counted against their pools' limits until they are gone,
+            // as the ledger counts them.
+            state.take_out(n, false);
+        }
         let pending: Vec<usize> = (0..self.pending).collect();
         let _unplaced = state.place(&pending);
-        // The nodes the pending pods went to: not consolidated while they are on their way.
+        // The new nodes they need are theirs: a moved pod does not ride on one.
+        state.seal(&pending);
+        // The nodes they went to: not consolidated while they are on their way.
         let mut taken = HashMap::new();
         for e in &state.existing {
             if let Some(&p) = e.pods.first() {
                 taken.insert(e.index, p);
             }
         }
-        Simulation { prepared: self, state, taken, kept: Default::default(), receiving: Default::default() }
+        Simulation { prepared: self, state, taken, kept: HashSet::new(), receiving: HashSet::new() }
+    }
+
+    /// The move simulated from scratch on the cluster without the candidates' nodes (and
+    /// the pods on them): the pods on their way placed first, then the candidates' pods.
+    /// What a trial of a candidate the pods on their way would go to cannot tell (drift goes
+    /// on there; consolidation does not); and what a trial of any move must match when
+    /// nothing is on its way.
+    pub fn without(&self, candidates: &[&str]) -> Result<Outcome, String> {
+        let mut removed: HashSet<&str> = HashSet::new();
+        let mut moved: Vec<usize> = Vec::new();
+        for c in dedup(candidates) {
+            let Some((node, range)) = self.candidates.get(c) else {
+                return Err(format!("candidate {c} was not prepared"));
+            };
+            if let Some(n) = node.and_then(|n| self.input.nodes.get(n)) {
+                removed.insert(n.name.as_str());
+            }
+            moved.extend(range.clone());
+        }
+        let mut input = self.input.clone();
+        input.nodes.retain(|n| !removed.contains(n.name.as_str()));
+        input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !removed.contains(n)));
+        let pods: Vec<Pod> =
+            self.pods[..self.pending].iter().chain(moved.iter().filter_map(|&i| self.pods.get(i))).cloned().collect();
+        let mut state = Scheduler::new(&input, &pods, &self.opts);
+        let at: HashMap<&str, usize> = input.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        for n in &self.disrupting {
+            if let Some(&i) = self.input.nodes.get(*n).and_then(|n| at.get(n.name.as_str())) {
+                state.take_out(i, false);
+            }
+        }
+        let pending: Vec<usize> = (0..self.pending).collect();
+        let _unplaced = state.place(&pending);
+        state.seal(&pending);
+        let ours: Vec<usize> = (self.pending..pods.len()).collect();
+        let cp = state.checkpoint();
+        let errors = state.place(&ours);
+        let mut results = state.trial_results(&cp, &ours, &errors);
+        uninitialized(&input.nodes, &mut results);
+        Ok(outcome(results, &input.nodes, &pods, &ours))
     }
 }
 
@@ -113,28 +186,52 @@ fn unbound(p: &Pod) -> Pod {
     Pod { node_name: None, nominated_node: None, ..p.clone() }
 }
 
+/// The claim ids, each once, in order.
+fn dedup<'a>(candidates: &[&'a str]) -> Vec<&'a str> {
+    let mut seen = HashSet::new();
+    candidates.iter().copied().filter(|c| seen.insert(*c)).collect()
+}
+
 /// A round's simulation state, on which moves are tried one after another.
 pub struct Simulation<'p> {
     prepared: &'p Prepared,
     state: Scheduler<'p>,
-    /// Nodes pending pods were placed on, with one such pod.
+    /// Nodes the pods on their way were placed on, with one such pod.
     taken: HashMap<usize, usize>,
     /// Candidates whose moves were kept ([`Simulation::keep`]).
-    kept: std::collections::HashSet<String>,
+    kept: HashSet<String>,
     /// Nodes that kept moves placed pods on: not candidates of a later move (its trial moves
     /// a node's own pods only).
-    receiving: std::collections::HashSet<usize>,
+    receiving: HashSet<usize>,
 }
 
+/// Where a kept move's pods went: each pod's key, and the existing node it went to (`None`:
+/// a new node).
+pub type Placed = Vec<(crate::pod::PodKey, Option<String>)>;
+
 impl Simulation<'_> {
+    /// Why a candidate cannot be moved this round, if it cannot: pods on their way go to
+    /// it, a kept move put pods on it, or it went with a kept move.
+    pub fn blocked(&self, candidate: &str) -> Option<String> {
+        let p = self.prepared;
+        if self.kept.contains(candidate) {
+            return Some(format!("candidate {candidate} goes with a command of this round already"));
+        }
+        let (node, _) = p.candidates.get(candidate)?;
+        let n = (*node)?;
+        if let Some(&pod) = self.taken.get(&n) {
+            return Some(format!("pending pod {} would go to it", p.pods[pod].key));
+        }
+        self.receiving.contains(&n).then(|| "pods of a command of this round go to it".to_string())
+    }
+
     /// Where the pods of `candidates` (claim ids) would go with their nodes taken out. `Err`:
-    /// a candidate the pending pods would go to (that pod's key), or one the round did not
-    /// prepare.
+    /// a candidate that is [`Simulation::blocked`], or one the round did not prepare.
     pub fn try_move(&mut self, candidates: &[&str]) -> Result<Outcome, String> {
         let (nodes, pods) = self.resolve(candidates)?;
         let cp = self.state.checkpoint();
         for &n in &nodes {
-            self.state.take_out(n);
+            self.state.take_out(n, true);
         }
         let errors = self.state.place(&pods);
         let mut results = self.state.trial_results(&cp, &pods, &errors);
@@ -144,49 +241,52 @@ impl Simulation<'_> {
         Ok(outcome(results, &p.input.nodes, &p.pods, &pods))
     }
 
-    /// Makes a move for good: the candidates stay out and their pods where they went, and a
-    /// new node the move needs takes no other move's pods. The moves tried after it are tried
-    /// with it done.
-    pub fn keep(&mut self, candidates: &[&str]) -> Result<(), String> {
+    /// Makes a move for good: the candidates stay out and their pods where they went, a new
+    /// node the move needs takes no other move's pods, and the candidates' holdings stay
+    /// counted against their pools' limits (the ledger frees them only once they are gone).
+    /// The moves tried after it are tried with it done. Returns where its pods went; `Err`
+    /// when it does not hold (a pod left unplaced: the caller tried it first).
+    pub fn keep(&mut self, candidates: &[&str]) -> Result<Placed, String> {
         let (nodes, pods) = self.resolve(candidates)?;
         for &n in &nodes {
-            self.state.take_out(n);
+            self.state.take_out(n, false);
         }
         let mark = self.state.order.len();
-        let _unplaced = self.state.place(&pods);
+        let unplaced = self.state.place(&pods);
+        if let Some((i, why)) = unplaced.iter().next() {
+            let pod = self.prepared.pods.get(*i).map(|p| p.key.to_string()).unwrap_or_default();
+            return Err(format!("kept move of {candidates:?} left pod {pod} unplaced: {why}"));
+        }
+        let mut placed = Placed::new();
         for p in &self.state.order[mark..] {
-            if let scheduling::Target::Existing(n) = p.target {
-                self.receiving.insert(n);
+            let key = self.prepared.pods[p.pod].key.clone();
+            match p.target {
+                scheduling::Target::Existing(n) => {
+                    self.receiving.insert(n);
+                    placed.push((key, self.prepared.input.nodes.get(n).map(|n| n.name.clone())));
+                }
+                scheduling::Target::Planned(_) => placed.push((key, None)),
             }
         }
         self.state.seal(&pods);
         self.kept.extend(candidates.iter().map(|c| c.to_string()));
-        Ok(())
+        Ok(placed)
     }
 
     /// The candidates' nodes (indices into the solve's nodes) and pods (indices into its
-    /// pods); `Err` for a candidate pending pods would go to, one not prepared, or one a kept
-    /// move took already.
+    /// pods), each candidate once; `Err` for a candidate that is blocked or not prepared.
     fn resolve(&self, candidates: &[&str]) -> Result<(Vec<usize>, Vec<usize>), String> {
         let p = self.prepared;
         let mut nodes = Vec::with_capacity(candidates.len());
         let mut pods: Vec<usize> = Vec::new();
-        for c in candidates {
-            if self.kept.contains(*c) {
-                return Err(format!("candidate {c} goes with a command of this round already"));
+        for c in dedup(candidates) {
+            if let Some(why) = self.blocked(c) {
+                return Err(why);
             }
-            let Some((node, range)) = p.candidates.get(*c) else {
+            let Some((node, range)) = p.candidates.get(c) else {
                 return Err(format!("candidate {c} was not prepared"));
             };
-            if let Some(n) = node {
-                if let Some(&pod) = self.taken.get(n) {
-                    return Err(format!("pending pod {} would go to it", p.pods[pod].key));
-                }
-                if self.receiving.contains(n) {
-                    return Err("pods of a command of this round go to it".into());
-                }
-                nodes.push(*n);
-            }
+            nodes.extend(*node);
             pods.extend(range.clone());
         }
         Ok((nodes, pods))
@@ -217,24 +317,6 @@ fn outcome(results: TrialResults, nodes: &[Node], all: &[Pod], pods: &[usize]) -
 #[cfg(test)]
 pub fn fresh(prepared: &Prepared, candidates: &[&str]) -> Result<Outcome, String> {
     prepared.simulation().try_move(candidates)
-}
-
-/// The move simulated on a cluster that never had the candidates' nodes or pods: their
-/// pods are the only pods placed (for clusters with no pending pods).
-#[cfg(test)]
-pub fn absent(snap: &Snapshot, pools: &[PoolInput], candidates: &[Mover<'_>], opts: &SolveOptions) -> Outcome {
-    let removed: std::collections::BTreeSet<&str> = candidates.iter().map(|c| c.node).collect();
-    let nodes: Vec<Node> = snap.capacity_nodes().into_iter().filter(|n| !removed.contains(n.name.as_str())).collect();
-    let mut input = snap.scheduling_input(nodes, pools.to_vec());
-    input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !removed.contains(n)));
-    let pods: Vec<Pod> = candidates.iter().flat_map(|c| c.pods.iter()).map(|p| unbound(p)).collect();
-    let mut state = Scheduler::new(&input, &pods, opts);
-    let all: Vec<usize> = (0..pods.len()).collect();
-    let cp = state.checkpoint();
-    let errors = state.place(&all);
-    let mut results = state.trial_results(&cp, &all, &errors);
-    uninitialized(&input.nodes, &mut results);
-    outcome(results, &input.nodes, &pods, &all)
 }
 
 #[cfg(test)]

@@ -1,10 +1,13 @@
-//! The simulation's two promises, as properties over random clusters (nodes of four types in
-//! three zones, some still booting; pods with zone and hostname spread, zone affinity, and
-//! zone and hostname anti-affinity; pending pods; a pool limit):
+//! The simulation's promises, as properties over random clusters (nodes of four types in
+//! three zones and a fourth no NodePool offers, some still booting, in an untainted pool and
+//! a tainted one; pods with zone and hostname spread, a zone spread honouring taints, zone
+//! affinity, zone and hostname anti-affinity, and tolerating the taint; pending pods; a pool
+//! limit):
 //!
 //! - a move tried after any number of others decides exactly as on a state built from
 //!   scratch for it;
-//! - a node taken out is as a node the cluster never had.
+//! - a node taken out is as a node the cluster never had;
+//! - a move tried after others were kept decides as on the cluster where they were made.
 
 use std::sync::{Arc, OnceLock};
 
@@ -20,7 +23,9 @@ use crate::requirements::{Requirement, Requirements};
 use crate::resources::{ResourceList, ResourceName};
 
 const TYPES: [&str; 4] = ["m5.large", "m5.xlarge", "c5.xlarge", "r5.large"];
-const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+/// The pools offer the first three; nodes may also be in the fourth (a domain no seed knows).
+const ZONES: [&str; 4] = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"];
+const TAINT: &str = "dedicated";
 
 fn types() -> &'static Arc<Vec<InstanceType>> {
     static TYPES_: OnceLock<Arc<Vec<InstanceType>>> = OnceLock::new();
@@ -32,7 +37,9 @@ fn types() -> &'static Arc<Vec<InstanceType>> {
 }
 
 /// A random pod: (cpu index, memory index, app, kind) where kind 0 is plain, 1 zone spread,
-/// 2 hostname spread, 3 zone affinity, 4 zone anti-affinity, 5 hostname anti-affinity.
+/// 2 hostname spread, 3 zone affinity, 4 zone anti-affinity, 5 hostname anti-affinity, 6 a
+/// zone spread honouring taints (`nodeTaintsPolicy: Honor`), 7 plain and tolerating the
+/// tainted pool's taint.
 type PodSpec = (usize, usize, u8, u8);
 
 fn pod(name: &str, (cpu, mem, app, kind): PodSpec) -> Pod {
@@ -58,8 +65,13 @@ fn pod(name: &str, (cpu, mem, app, kind): PodSpec) -> Pod {
         node_taints_policy: None,
         match_label_keys: Vec::new(),
     };
-    match kind % 6 {
+    match kind % 8 {
         1 => p.topology_spread.push(spread(labels::ZONE)),
+        6 => p.topology_spread.push(TopologySpreadConstraint {
+            node_taints_policy: Some(crate::pod::InclusionPolicy::Honor),
+            ..spread(labels::ZONE)
+        }),
+        7 => p.tolerations.push(crate::taints::Toleration::exists(TAINT, None)),
         2 => p.topology_spread.push(spread(labels::HOSTNAME)),
         3 => p.pod_affinity.required.push(term(labels::ZONE)),
         4 => p.pod_anti_affinity.required.push(term(labels::ZONE)),
@@ -69,8 +81,12 @@ fn pod(name: &str, (cpu, mem, app, kind): PodSpec) -> Pod {
     p
 }
 
-/// A node: (type index, zone index, initialized, its pods).
-type NodeSpec = (usize, usize, bool, Vec<PodSpec>);
+/// A node: (type index, zone index, initialized, in the tainted pool, its pods).
+type NodeSpec = (usize, usize, bool, bool, Vec<PodSpec>);
+
+fn taint() -> crate::taints::Taint {
+    crate::taints::Taint { key: TAINT.into(), value: "x".into(), effect: crate::taints::Effect::NoSchedule }
+}
 
 struct World {
     snap: Snapshot,
@@ -81,21 +97,27 @@ struct World {
 
 fn world(nodes: &[NodeSpec], pending: &[PodSpec], limit_cpu: Option<i64>) -> World {
     let mut snap = Snapshot::default();
-    let mut pool = NodePool::new("default", Requirements::new());
-    pool.requirements.add(labels::ZONE, Requirement::is_in(ZONES));
-    pool.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
-    if let Some(cpu) = limit_cpu {
-        pool.limits = ResourceList::from_pairs([(ResourceName::Cpu, cpu * 1000)]);
-    }
+    let pool = |name: &str| {
+        let mut pool = NodePool::new(name, Requirements::new());
+        pool.requirements.add(labels::ZONE, Requirement::is_in(ZONES[..3].iter().copied()));
+        pool.requirements.add(labels::CAPACITY_TYPE, Requirement::is_in(["on-demand"]));
+        if let Some(cpu) = limit_cpu {
+            pool.limits = ResourceList::from_pairs([(ResourceName::Cpu, cpu * 1000)]);
+        }
+        pool
+    };
+    let (untainted, mut tainted) = (pool("default"), pool("tainted"));
+    tainted.taints.push(taint());
     let mut out = Vec::new();
-    for (i, (t, z, initialized, pods)) in nodes.iter().enumerate() {
+    for (i, (t, z, initialized, in_tainted, pods)) in nodes.iter().enumerate() {
         let t = &types()[t % types().len()];
-        let zone = ZONES[z % 3];
+        let zone = ZONES[z % 4];
+        let pool_name = if *in_tainted { "tainted" } else { "default" };
         let name = format!("node-{i}");
         let claim = format!("claim-{i}");
         let provider = crate::lifecycle::provider_id(zone, &format!("i-{i}"));
         let mut labels: crate::labels::Labels = [
-            (labels::NODEPOOL.to_string(), "default".to_string()),
+            (labels::NODEPOOL.to_string(), pool_name.to_string()),
             (labels::INSTANCE_TYPE.to_string(), t.name.clone()),
             (labels::CAPACITY_TYPE.to_string(), "on-demand".to_string()),
             (labels::ZONE.to_string(), zone.to_string()),
@@ -114,12 +136,13 @@ fn world(nodes: &[NodeSpec], pending: &[PodSpec], limit_cpu: Option<i64>) -> Wor
             initialized: *initialized,
             ready: true,
             provider_id: Some(provider.clone()),
+            taints: if *in_tainted { vec![taint()] } else { Vec::new() },
             ..Node::default()
         };
         snap.nodes.insert(name.clone(), Arc::new(node));
         let nc = NodeClaim {
             name: claim.clone(),
-            spec: NodeClaimSpec { nodepool: "default".into(), ..NodeClaimSpec::default() },
+            spec: NodeClaimSpec { nodepool: pool_name.into(), ..NodeClaimSpec::default() },
             finalizers: Vec::new(),
             deleting: false,
             status: NodeClaimStatus {
@@ -145,7 +168,8 @@ fn world(nodes: &[NodeSpec], pending: &[PodSpec], limit_cpu: Option<i64>) -> Wor
         p.unschedulable = true;
         snap.pods.insert(p.key.clone(), Arc::new(p));
     }
-    World { snap, pools: vec![PoolInput { pool, instance_types: types().clone() }], nodes: out }
+    let pools = [untainted, tainted].into_iter().map(|pool| PoolInput { pool, instance_types: types().clone() });
+    World { snap, pools: pools.collect(), nodes: out }
 }
 
 /// A new claim in names: its pool, instance types, pods and launch (type, zone, price).
@@ -188,11 +212,17 @@ fn summary(o: &Outcome) -> Summary {
 }
 
 fn pod_spec() -> impl Strategy<Value = PodSpec> {
-    (0..4usize, 0..4usize, 0..3u8, 0..6u8)
+    (0..4usize, 0..4usize, 0..3u8, 0..8u8)
 }
 
 fn node_spec() -> impl Strategy<Value = NodeSpec> {
-    (0..4usize, 0..3usize, prop::bool::weighted(0.85), prop::collection::vec(pod_spec(), 0..5))
+    (
+        0..4usize,
+        prop_oneof![4 => 0..3usize, 1 => Just(3usize)],
+        prop::bool::weighted(0.85),
+        prop::bool::weighted(0.25),
+        prop::collection::vec(pod_spec(), 0..5),
+    )
 }
 
 /// Each node's pods as a mover borrows them.
@@ -243,14 +273,67 @@ proptest! {
         let prepared = Prepared::new(&w.snap, &w.pools, &all, &opts);
         let mut sim = prepared.simulation();
         for m in moves {
-            let chosen: Vec<Mover<'_>> = m.iter().filter_map(|i| all.get(*i).copied()).collect();
-            if chosen.is_empty() {
+            let names: Vec<&str> = m.iter().filter_map(|i| all.get(*i)).map(|c| c.claim).collect();
+            if names.is_empty() {
                 continue;
             }
-            let names: Vec<&str> = chosen.iter().map(|c| c.claim).collect();
             let tried = sim.try_move(&names).map(|o| summary(&o));
-            let never = summary(&absent(&w.snap, &w.pools, &chosen, &opts));
-            prop_assert_eq!(tried, Ok(never), "move {:?}", names);
+            let never = prepared.without(&names).map(|o| summary(&o));
+            prop_assert_eq!(tried, never, "move {:?}", names);
+        }
+    }
+
+    #[test]
+    fn a_move_tried_after_others_were_kept_decides_as_on_the_cluster_where_they_were_made(
+        nodes in prop::collection::vec(node_spec(), 3..9),
+        kept in prop::collection::vec(prop::collection::btree_set(0..9usize, 1..3), 1..3),
+        moves in prop::collection::vec(prop::collection::btree_set(0..9usize, 1..3), 1..5),
+    ) {
+        // No pending pods (they were placed before the moves were kept) and no limit (a kept
+        // move's candidates still hold theirs).
+        let w = world(&nodes, &[], None);
+        let r = refs(&w);
+        let all = movers(&w, &r);
+        let opts = SolveOptions::default();
+        let prepared = Prepared::new(&w.snap, &w.pools, &all, &opts);
+        let mut sim = prepared.simulation();
+        // The cluster as the kept moves leave it: their nodes gone, their pods where they went.
+        let mut made = w.snap.clone();
+        for k in kept {
+            let names: Vec<&str> = k.iter().filter_map(|i| all.get(*i)).map(|c| c.claim).collect();
+            let Ok(outcome) = sim.try_move(&names) else { continue };
+            // Only moves onto existing nodes: a kept move's new nodes are not in the cluster.
+            if !outcome.results.errors.is_empty() || !outcome.results.claims.is_empty() {
+                continue;
+            }
+            let placed = sim.keep(&names).map_err(TestCaseError::fail)?;
+            for m in k.iter().filter_map(|i| all.get(*i)) {
+                made.nodes.remove(m.node);
+                made.nodeclaims.remove(m.claim);
+            }
+            for (key, node) in placed {
+                let node = node.ok_or_else(|| TestCaseError::fail("a kept move placed a pod on a new node"))?;
+                let mut p = made.pods.get(&key).map(|p| p.as_ref().clone()).ok_or_else(|| TestCaseError::fail("pod"))?;
+                p.node_name = Some(node);
+                made.pods.insert(key, Arc::new(p));
+            }
+        }
+        let left: Vec<Mover<'_>> = all.iter().filter(|m| made.nodes.contains_key(m.node)).copied().collect();
+        let scratch = Prepared::new(&made, &w.pools, &left, &opts);
+        for m in moves {
+            let names: Vec<&str> = m.iter().filter_map(|i| left.get(*i)).map(|c| c.claim).collect();
+            if names.is_empty() {
+                continue;
+            }
+            // A node a kept move put pods on moves with them on the made cluster, not in the
+            // simulation (its pods there are the kept move's): those are refused here.
+            let tried = sim.try_move(&names);
+            if let Err(why) = &tried {
+                prop_assert!(why.contains("command of this round"), "{}", why);
+                continue;
+            }
+            let built = scratch.simulation().try_move(&names).map(|o| summary(&o));
+            prop_assert_eq!(tried.map(|o| summary(&o)), built, "move {:?}", names);
         }
     }
 }
@@ -258,7 +341,7 @@ proptest! {
 #[test]
 fn pending_pods_keep_their_room_and_the_node_they_go_to_is_not_consolidated() {
     // Two m5.large nodes, one with a small pod; a pending pod that fits on the first.
-    let nodes: Vec<NodeSpec> = vec![(0, 0, true, vec![(0, 0, 0, 0)]), (0, 0, true, vec![(0, 0, 1, 0)])];
+    let nodes: Vec<NodeSpec> = vec![(0, 0, true, false, vec![(0, 0, 0, 0)]), (0, 0, true, false, vec![(0, 0, 1, 0)])];
     let w = world(&nodes, &[(3, 3, 2, 0)], None);
     let r = refs(&w);
     let all = movers(&w, &r);

@@ -44,6 +44,11 @@ pub struct Topology<'a> {
     removed: HashSet<&'a str>,
     /// While journaling ([`Topology::mark`]), how to undo every change since.
     trail: Option<Vec<Undo<'a>>>,
+    /// The snapshot's nodes by hostname (indices): whether another node keeps a hostname
+    /// known when one is taken out.
+    hostnames: HashMap<&'a str, Vec<usize>>,
+    /// The snapshot's nodes by their value of a label key, built per key when needed.
+    labelled: HashMap<String, HashMap<String, Vec<usize>>>,
 }
 
 impl<'a> Topology<'a> {
@@ -64,6 +69,10 @@ impl<'a> Topology<'a> {
             }
         }
         let by_name: HashMap<&str, &crate::node::Node> = snapshot.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let mut hostnames: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, n) in snapshot.nodes.iter().enumerate() {
+            hostnames.entry(n.hostname()).or_default().push(i);
+        }
         let mut t = Topology {
             snapshot,
             policy,
@@ -77,6 +86,8 @@ impl<'a> Topology<'a> {
             bound_by_node,
             removed: HashSet::new(),
             trail: None,
+            hostnames,
+            labelled: HashMap::new(),
         };
         for pod in &snapshot.bound_pods {
             if !pod.has_required_pod_anti_affinity() || pod.terminal {

@@ -111,6 +111,20 @@ impl<'a> Topology<'a> {
         i
     }
 
+    /// Indexes the snapshot's nodes by their value of `key`, once.
+    fn index_label(&mut self, key: &str) {
+        if self.labelled.contains_key(key) {
+            return;
+        }
+        let mut by_value: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, n) in self.snapshot.nodes.iter().enumerate() {
+            if let Some(v) = n.labels.get(key) {
+                by_value.entry(v.clone()).or_default().push(i);
+            }
+        }
+        self.labelled.insert(key.to_string(), by_value);
+    }
+
     /// Starts journaling (if it was not) and returns the point to roll back to.
     pub fn mark(&mut self) -> usize {
         self.trail.get_or_insert_with(Vec::new).len()
@@ -186,22 +200,27 @@ impl<'a> Topology<'a> {
                 if let Some(d) = node.labels.get(&term.topology_key) {
                     self.count(true, g, d, -1);
                 }
-                self.inverse[g].bound_owners = self.inverse[g].bound_owners.saturating_sub(1);
-                self.journal(Undo::BoundOwner { group: g });
+                if self.inverse[g].bound_owners > 0 {
+                    self.inverse[g].bound_owners -= 1;
+                    self.journal(Undo::BoundOwner { group: g });
+                }
             }
         }
         self.removed.insert(name);
         self.journal(Undo::Removed(name));
-        // Its domains, where nothing else keeps them known.
-        let others = |key: &str, d: &str| -> bool {
-            snapshot.nodes.iter().any(|n| {
-                n.name != name
-                    && !self.removed.contains(n.name.as_str())
-                    && (n.labels.get(key).is_some_and(|v| v == d) || (key == labels::HOSTNAME && n.hostname() == d))
-            })
-        };
+        // Its domains, where nothing else keeps them known: a seed, a pod counted there, or
+        // another node of the cluster that makes it known as the node did (its label, when
+        // it passes a group's node filter, for the groups that count nodes' domains; its
+        // hostname for every group of the hostname key).
+        let keys: Vec<String> = self.groups.iter().map(|g| g.key().to_string()).collect();
+        for key in &keys {
+            self.index_label(key);
+        }
+        let removed = &self.removed;
+        let live =
+            |i: &usize| snapshot.nodes.get(*i).is_some_and(|n| n.name != name && !removed.contains(n.name.as_str()));
+        let host_elsewhere = self.hostnames.get(node.hostname()).is_some_and(|ns| ns.iter().any(live));
         let mut forget: Vec<(bool, usize, String)> = Vec::new();
-        let mut kept: HashMap<(String, String), bool> = HashMap::new();
         for inverse in [false, true] {
             for (i, g) in self.list(inverse).iter().enumerate() {
                 let key = g.key();
@@ -211,9 +230,17 @@ impl<'a> Topology<'a> {
                     if g.count_of(d) != Some(0) || g.seeded.contains(d) {
                         continue;
                     }
-                    let k = (key.to_string(), d.to_string());
-                    let keep = *kept.entry(k).or_insert_with(|| others(key, d));
-                    if !keep {
+                    let by_host = key == labels::HOSTNAME && host_elsewhere && d == node.hostname();
+                    let by_label = !inverse
+                        && self.labelled.get(key).and_then(|v| v.get(d)).is_some_and(|ns| {
+                            ns.iter().filter(|i| live(i)).any(|&i| {
+                                let n = &snapshot.nodes[i];
+                                self.nodes.get(n.name.as_str()).is_some_and(|(taints, reqs)| {
+                                    g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, false))
+                                })
+                            })
+                        });
+                    if !by_host && !by_label {
                         forget.push((inverse, i, d.to_string()));
                     }
                 }

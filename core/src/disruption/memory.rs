@@ -1,0 +1,82 @@
+//! What the planner remembers between rounds, and the fingerprints it compares.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::Proposal;
+use crate::cluster::Snapshot;
+use crate::ledger::Millis;
+use crate::pod::Pod;
+
+/// What the planner remembers between rounds: when each node last saw its pods change (the
+/// start of its `consolidateAfter` wait), and since when each drifted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Memory {
+    pub(super) pod_events: BTreeMap<String, (u64, Millis)>,
+    pub(super) drifted_since: BTreeMap<String, Millis>,
+    /// The commands being validated, and since when.
+    pub(super) pending: Vec<(Proposal, Millis)>,
+    /// The cluster's shape (its nodes and their pods) when consolidation last found nothing,
+    /// and when.
+    pub(super) quiet: Option<(u64, Millis)>,
+    /// What consolidation last said of each candidate it kept.
+    pub(super) kept: BTreeMap<String, String>,
+}
+
+impl Memory {
+    /// When the command under validation may be proposed (it started `validation` ms
+    /// before), if one is: the caller plans again then rather than at its next period.
+    pub fn validation_due(&self, validation: Millis) -> Option<Millis> {
+        self.pending.iter().map(|(_, since)| since.saturating_add(validation)).min()
+    }
+
+    /// When the node's pods last changed, given their fingerprint now. A node seen for the
+    /// first time counts from `seen` (what its NodeClaim says), else from now: what happened
+    /// on it before is unknown, and waiting once more is the safe side.
+    pub(super) fn last_pod_event(
+        &mut self,
+        claim: &str,
+        fingerprint: u64,
+        now: Millis,
+        seen: Option<Millis>,
+    ) -> Millis {
+        let e = self.pod_events.entry(claim.to_string()).or_insert((fingerprint, seen.unwrap_or(now)));
+        if e.0 != fingerprint {
+            *e = (fingerprint, now);
+        }
+        e.1
+    }
+
+    pub(super) fn keep_only(&mut self, claims: &BTreeSet<&str>) {
+        self.pod_events.retain(|c, _| claims.contains(c.as_str()));
+        self.drifted_since.retain(|c, _| claims.contains(c.as_str()));
+        self.kept.retain(|c, _| claims.contains(c.as_str()));
+    }
+}
+
+/// The cluster's shape as consolidation sees it: every node (name, initialized, deleting) and
+/// the pods bound to it. Consolidation's answer cannot change while this does not.
+pub(super) fn cluster_shape(snap: &Snapshot, pods_by_node: &BTreeMap<&str, Vec<&Arc<Pod>>>) -> u64 {
+    let mut h = crate::shared::Fnv::default();
+    let no_pods = Vec::new();
+    for n in snap.nodes.values() {
+        h.write(n.name.as_bytes());
+        h.write_u64(u64::from(n.initialized) | u64::from(n.deleting) << 1 | u64::from(n.do_not_disrupt) << 2);
+        h.write_u64(fingerprint(pods_by_node.get(n.name.as_str()).unwrap_or(&no_pods)));
+    }
+    h.finish()
+}
+
+/// A fingerprint of the pods bound to a node (their keys): changes when one comes or goes.
+pub(super) fn fingerprint(pods: &[&Arc<Pod>]) -> u64 {
+    let mut keys: Vec<&crate::pod::PodKey> = pods.iter().map(|p| &p.key).collect();
+    keys.sort();
+    let mut h = crate::shared::Fnv::default();
+    for k in keys {
+        h.write(k.namespace.as_bytes());
+        h.write(&[0]);
+        h.write(k.name.as_bytes());
+        h.write(&[0]);
+    }
+    h.finish()
+}
