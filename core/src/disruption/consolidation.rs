@@ -85,7 +85,10 @@ pub fn consolidate(
     let cost: f64 = candidates.iter().map(|c| c.price).sum();
     let ids: Vec<String> = candidates.iter().map(|c| c.claim.id.clone()).collect();
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let outcome = sim.try_move(&names)?;
+    let outcome = sim.try_move_within(&names, Some(max_new))?;
+    if outcome.capped {
+        return Err(format!("its pods would need more than {max_new} new nodes"));
+    }
     if let Some((i, why)) = outcome.results.errors.first() {
         let pod = outcome.pod(*i).map(|p| p.key.to_string()).unwrap_or_default();
         return Err(format!("pod {pod} would fit nowhere else: {why}"));

@@ -94,6 +94,9 @@ impl Scheduler<'_> {
                 Ok(()) => {
                     placed += 1;
                     errors.remove(&idx);
+                    if self.claim_cap.is_some_and(|cap| self.planned.len() > cap) {
+                        break;
+                    }
                 }
                 Err(e) => {
                     if let Some(c) = c

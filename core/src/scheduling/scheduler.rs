@@ -53,6 +53,9 @@ pub struct Scheduler<'a> {
     /// While a trial runs, the existing nodes as they were before each change
     /// (trials: `Scheduler::checkpoint`).
     pub(super) trail: Option<Vec<Saved>>,
+    /// A trial's bound on the new claims it may plan: the per-pod loop stops once it is
+    /// passed (the move is no move then, and its remaining pods need not be tried).
+    pub(super) claim_cap: Option<usize>,
 }
 
 /// What an existing node was before a placement changed it (a trial's journal).
@@ -159,6 +162,7 @@ impl<'a> Scheduler<'a> {
             leftover_errors: HashMap::new(),
             class_of: Vec::new(),
             trail: None,
+            claim_cap: None,
         }
     }
 

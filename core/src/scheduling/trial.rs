@@ -119,9 +119,29 @@ impl<'a> Scheduler<'a> {
     /// Places `pods` (indices into the solve's pods) with Karpenter's per-pod loop, in its
     /// queue order; returns the reason of each pod left unplaced.
     pub fn place(&mut self, pods: &[usize]) -> HashMap<usize, String> {
+        self.place_within(pods, None).0
+    }
+
+    /// [`Scheduler::place`], stopping once more than `cap` new claims are planned (when
+    /// planned claims start empty, as in a trial): the pods not tried then are unplaced with
+    /// that reason, and the second value says whether it stopped so.
+    pub fn place_within(&mut self, pods: &[usize], cap: Option<usize>) -> (HashMap<usize, String>, bool) {
         let (mut errors, queue) = self.validate_subset(pods);
+        self.claim_cap = cap;
         errors.extend(self.run_queue(queue));
-        errors
+        self.claim_cap = None;
+        let capped = cap.is_some_and(|cap| self.planned.len() > cap);
+        if capped {
+            let placed: std::collections::HashSet<usize> = self.order.iter().map(|p| p.pod).collect();
+            for &p in pods {
+                if !placed.contains(&p) {
+                    errors
+                        .entry(p)
+                        .or_insert_with(|| format!("it would need more than {} new nodes", cap.unwrap_or(0)));
+                }
+            }
+        }
+        (errors, capped)
     }
 
     /// Seals the planned claims holding any of `pods` (a move kept for good): they take no

@@ -75,6 +75,8 @@ pub struct Outcome {
     pub pods: Vec<Pod>,
     /// Indices into `pods` by the solve's pod index.
     index: HashMap<usize, usize>,
+    /// The move needed more new nodes than it was allowed, and was not placed to the end.
+    pub capped: bool,
 }
 
 impl Outcome {
@@ -228,17 +230,26 @@ impl Simulation<'_> {
     /// Where the pods of `candidates` (claim ids) would go with their nodes taken out. `Err`:
     /// a candidate that is [`Simulation::blocked`], or one the round did not prepare.
     pub fn try_move(&mut self, candidates: &[&str]) -> Result<Outcome, String> {
+        self.try_move_within(candidates, None)
+    }
+
+    /// [`Simulation::try_move`] for a move that may launch at most `max_new` new nodes: the
+    /// trial stops as soon as its pods need more (`Outcome::capped`), instead of placing the
+    /// rest for nothing.
+    pub fn try_move_within(&mut self, candidates: &[&str], max_new: Option<usize>) -> Result<Outcome, String> {
         let (nodes, pods) = self.resolve(candidates)?;
         let cp = self.state.checkpoint();
         for &n in &nodes {
             self.state.take_out(n, true);
         }
-        let errors = self.state.place(&pods);
+        let (errors, capped) = self.state.place_within(&pods, max_new);
         let mut results = self.state.trial_results(&cp, &pods, &errors);
         self.state.rollback(cp);
         let p = self.prepared;
         uninitialized(&p.input.nodes, &mut results);
-        Ok(outcome(results, &p.input.nodes, &p.pods, &pods))
+        let mut o = outcome(results, &p.input.nodes, &p.pods, &pods);
+        o.capped = capped;
+        Ok(o)
     }
 
     /// Makes a move for good: the candidates stay out and their pods where they went, a new
@@ -309,7 +320,8 @@ fn outcome(results: TrialResults, nodes: &[Node], all: &[Pod], pods: &[usize]) -
     let index = pods.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     let existing_nodes =
         results.existing.iter().map(|e| nodes.get(e.node).map(|n| n.name.clone()).unwrap_or_default()).collect();
-    Outcome { results, existing_nodes, pods: pods.iter().filter_map(|&i| all.get(i).cloned()).collect(), index }
+    let pods = pods.iter().filter_map(|&i| all.get(i).cloned()).collect();
+    Outcome { results, existing_nodes, pods, index, capped: false }
 }
 
 /// The same move simulated on a state built from scratch for it (no trial before it, no

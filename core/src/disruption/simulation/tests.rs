@@ -353,3 +353,27 @@ fn pending_pods_keep_their_room_and_the_node_they_go_to_is_not_consolidated() {
     assert!(second.results.errors.is_empty(), "{:?}", second.results.errors);
     assert_eq!(second.existing_nodes, vec!["node-0".to_string()], "its pod joins node-0 beside the pending one");
 }
+
+#[test]
+fn a_move_that_needs_more_new_nodes_than_allowed_stops_at_the_first_too_many() {
+    // One m5.xlarge with five 1-vCPU pods and no other node: they need two new nodes (the
+    // largest type holds three).
+    let nodes: Vec<NodeSpec> = vec![(1, 0, true, false, vec![(3, 0, 0, 0); 5])];
+    let w = world(&nodes, &[], None);
+    let r = refs(&w);
+    let all = movers(&w, &r);
+    let prepared = Prepared::new(&w.snap, &w.pools, &all, &SolveOptions::default());
+    let mut sim = prepared.simulation();
+    let free = sim.try_move(&["claim-0"]).expect("prepared");
+    assert_eq!((free.capped, free.results.claims.len(), free.results.errors.len()), (false, 2, 0));
+    let capped = sim.try_move_within(&["claim-0"], Some(1)).expect("prepared");
+    assert!(capped.capped, "{:?}", capped.results);
+    assert!(!capped.results.errors.is_empty(), "the pods not tried are unplaced");
+    assert!(
+        capped.results.errors.iter().all(|(_, e)| e.contains("more than 1 new nodes")),
+        "{:?}",
+        capped.results.errors
+    );
+    // Undone as any trial: the same move, unbounded, decides as before.
+    assert_eq!(summary(&sim.try_move(&["claim-0"]).expect("prepared")), summary(&free));
+}
