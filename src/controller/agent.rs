@@ -162,6 +162,11 @@ impl Agent {
         self.seen.retain(|p, _| live.contains(p));
         let nodes = snap.nodes_by_provider_id();
         let mut sim_nodes: BTreeSet<String> = BTreeSet::new();
+        // Heartbeats and registrations are written many at once (a kubelet each, as a
+        // cluster's kubelets do): one at a time, a pass over 2,000 nodes took tens of seconds
+        // and new nodes waited behind the heartbeats of old ones.
+        let mut renewals: Vec<String> = Vec::new();
+        let mut creates: Vec<(String, k8s_openapi::api::core::v1::Node)> = Vec::new();
         for node in snap.nodes.values().filter(|n| n.labels.contains_key(SIM_LABEL)) {
             let ours = node.provider_id.as_ref().is_some_and(|p| live.contains(p));
             if !ours {
@@ -196,7 +201,7 @@ impl Agent {
             let due =
                 self.renewed.get(&node.name).is_none_or(|at| now.saturating_sub(*at) >= self.config.renew_every_ms);
             if due || !node.ready {
-                self.renew(&node.name, now).await;
+                renewals.push(node.name.clone());
             }
         }
         self.renewed.retain(|n, _| sim_nodes.contains(n));
@@ -232,13 +237,7 @@ impl Agent {
                 },
             });
             match serde_json::from_value(body) {
-                Ok(node) => match self.cluster.create_node(&node).await {
-                    Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {
-                        self.wrote("node_create");
-                        self.renew(&name, now).await;
-                    }
-                    Err(e) => self.failed("register", &format!("node {name}"), &e),
-                },
+                Ok(node) => creates.push((name, node)),
                 Err(e) => self.failed(
                     "register",
                     &format!("node {name}"),
@@ -246,13 +245,55 @@ impl Agent {
                 ),
             }
         }
+        // New nodes first: they hold pods waiting for capacity.
+        let cluster = &self.cluster;
+        let registered = at_once(creates.into_iter().map(|(name, node)| {
+            let cluster = cluster.clone();
+            async move {
+                let r = match cluster.create_node(&node).await {
+                    Ok(_) | Err(ClusterError::AlreadyExists { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                (name, r)
+            }
+        }))
+        .await;
+        for (name, r) in registered {
+            match r {
+                Ok(()) => {
+                    self.wrote("node_create");
+                    renewals.insert(0, name);
+                }
+                Err(e) => self.failed("register", &format!("node {name}"), &e),
+            }
+        }
         self.pods(&snap, &sim_nodes, now).await;
+        let cluster = &self.cluster;
+        let renewed = at_once(renewals.into_iter().map(|name| {
+            let cluster = cluster.clone();
+            async move {
+                let r = renew(&cluster, &name, now).await;
+                (name, r)
+            }
+        }))
+        .await;
+        for (name, r) in renewed {
+            match r {
+                Ok(()) => {
+                    self.wrote("node_status");
+                    self.wrote("lease");
+                    self.renewed.insert(name, now);
+                }
+                Err((action, e)) => self.failed(action, &format!("node {name}"), &e),
+            }
+        }
     }
 
     /// Pods on the agent's nodes: started once bound, removed once deleted.
     async fn pods(&mut self, snap: &Snapshot, sim_nodes: &BTreeSet<String>, now: u64) {
         let time = rfc3339(now);
         self.started.retain(|k| snap.pods.get(k).is_some_and(|p| p.started_at.is_none()));
+        let mut starts: Vec<PodKey> = Vec::new();
         for pod in snap.pods.values() {
             let Some(node) = pod.node_name.as_deref() else { continue };
             if !sim_nodes.contains(node) {
@@ -268,42 +309,74 @@ impl Agent {
             if pod.started_at.is_some() || pod.terminal || self.started.contains(&pod.key) {
                 continue;
             }
-            let cond = |t: &str| json!({ "type": t, "status": "True", "lastTransitionTime": time });
-            let patch = json!({ "status": {
-                "phase": "Running",
-                "startTime": time,
-                "hostIP": "127.0.0.1",
-                "podIP": "127.0.0.1",
-                "conditions": [cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
-            }});
-            match self.cluster.patch_status_raw("pod", &pod.key, &patch).await {
-                Ok(_) => {
+            starts.push(pod.key.clone());
+        }
+        let cond = |t: &str| json!({ "type": t, "status": "True", "lastTransitionTime": time });
+        let patch = json!({ "status": {
+            "phase": "Running",
+            "startTime": time,
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "conditions": [cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
+        }});
+        let cluster = &self.cluster;
+        let started = at_once(starts.into_iter().map(|key| {
+            let (cluster, patch) = (cluster.clone(), patch.clone());
+            async move {
+                let r = cluster.patch_status_raw("pod", &key, &patch).await.map(|_| ());
+                (key, r)
+            }
+        }))
+        .await;
+        for (key, r) in started {
+            match r {
+                Ok(()) => {
                     self.wrote("pod_status");
-                    self.started.insert(pod.key.clone());
+                    self.started.insert(key);
                 }
                 Err(ClusterError::NotFound { .. }) => {}
-                Err(e) => self.failed("start", &format!("pod {}", pod.key), &e),
+                Err(e) => self.failed("start", &format!("pod {key}"), &e),
             }
         }
     }
+}
 
-    /// The node's Ready heartbeat and Lease.
-    async fn renew(&mut self, name: &str, now: u64) {
-        let time = rfc3339(now);
-        let patch = json!({ "status": { "conditions": [ready_condition(&time)] } });
-        match self.cluster.patch_status_raw("node", &PodKey::new("", name), &patch).await {
-            Ok(_) => self.wrote("node_status"),
-            Err(e) => {
-                self.failed("heartbeat", &format!("node {name}"), &e);
-                return;
+/// Writes at once, at most.
+const WRITES_AT_ONCE: usize = 32;
+
+/// Runs `writes`, at most [`WRITES_AT_ONCE`] in flight; their results in completion order.
+async fn at_once<F>(writes: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    let mut out = Vec::new();
+    let mut writes = writes.peekable();
+    while writes.peek().is_some() || !set.is_empty() {
+        while set.len() < WRITES_AT_ONCE {
+            match writes.next() {
+                Some(w) => {
+                    set.spawn(w);
+                }
+                None => break,
             }
         }
-        match self.cluster.renew_lease(name, now).await {
-            Ok(()) => self.wrote("lease"),
-            Err(e) => self.failed("renew", &format!("lease {name}"), &e),
+        match set.join_next().await {
+            Some(Ok(r)) => out.push(r),
+            Some(Err(e)) => tracing::warn!(error = %e, "node agent: a write task failed"),
+            None => break,
         }
-        self.renewed.insert(name.to_string(), now);
     }
+    out
+}
+
+/// A node's Ready heartbeat and Lease; the failed action with its error.
+async fn renew(cluster: &KubeCluster, name: &str, now: u64) -> Result<(), (&'static str, ClusterError)> {
+    let time = rfc3339(now);
+    let patch = json!({ "status": { "conditions": [ready_condition(&time)] } });
+    cluster.patch_status_raw("node", &PodKey::new("", name), &patch).await.map_err(|e| ("heartbeat", e))?;
+    cluster.renew_lease(name, now).await.map_err(|e| ("renew", e))
 }
 
 fn ready_condition(time: &str) -> serde_json::Value {
