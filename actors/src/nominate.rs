@@ -2,11 +2,18 @@
 //! pending pods to, each until its window ends. Disruption does not take a nominated node:
 //! the pods planned onto it are on their way there (kube-scheduler binds them once it is
 //! ready), and removing it would only send them back pending.
+//!
+//! Each pod planned onto capacity is also held there (by pod): the Router solves only the
+//! pods of a batch, so a later batch would otherwise see an in-flight NodeClaim sized for
+//! pods still pending as free, and plan other pods onto it too. While a pod is pending and
+//! its hold runs, later solves count it on its node as if bound (Karpenter's provisioner gets
+//! the same by solving every pending pod at each batch).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use dovetail_core::ledger::Millis;
+use dovetail_core::pod::PodKey;
 
 /// The nominations, shared by the Router (which nominates) and the NodePool actors (which
 /// read them when they plan disruption). Entries past their end are dropped on each write, so
@@ -14,6 +21,8 @@ use dovetail_core::ledger::Millis;
 #[derive(Clone, Debug, Default)]
 pub struct Nominations {
     inner: Arc<Mutex<HashMap<String, Millis>>>,
+    /// Each held pod: the node (or in-flight NodeClaim) it was planned onto, and until when.
+    holds: Arc<Mutex<HashMap<PodKey, (String, Millis)>>>,
 }
 
 impl Nominations {
@@ -25,6 +34,22 @@ impl Nominations {
             let end = m.entry(n.to_string()).or_insert(until);
             *end = (*end).max(until);
         }
+    }
+
+    /// Holds each pod on its node (or in-flight NodeClaim) until `until`; a pod held again is
+    /// held where it was planned last.
+    pub fn hold(&self, pods: impl IntoIterator<Item = (PodKey, String)>, now: Millis, until: Millis) {
+        let mut m = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        m.retain(|_, (_, end)| *end > now);
+        for (pod, node) in pods {
+            m.insert(pod, (node, until));
+        }
+    }
+
+    /// The holds still running at `now`: each pod and its node.
+    pub fn held(&self, now: Millis) -> Vec<(PodKey, String)> {
+        let m = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        m.iter().filter(|(_, (_, end))| *end > now).map(|(p, (n, _))| (p.clone(), n.clone())).collect()
     }
 
     /// The nominations still running at `now`, by node name.
@@ -60,5 +85,20 @@ mod tests {
         assert_eq!(window(10_000, 0), 20_000, "Karpenter's");
         assert_eq!(window(1_000, 0), 10_000);
         assert_eq!(window(10_000, 30_000), 40_000, "a resend and its batch");
+    }
+
+    #[test]
+    fn a_hold_runs_until_its_end_and_the_last_plan_wins() {
+        let n = Nominations::default();
+        let (a, b) = (PodKey::new("ns", "a"), PodKey::new("ns", "b"));
+        n.hold([(a.clone(), "claim-1".to_string()), (b.clone(), "claim-1".to_string())], 0, 20_000);
+        n.hold([(b.clone(), "node-2".to_string())], 5_000, 25_000);
+        let mut held = n.held(10_000);
+        held.sort();
+        assert_eq!(held, vec![(a.clone(), "claim-1".to_string()), (b.clone(), "node-2".to_string())]);
+        assert_eq!(n.held(20_000), vec![(b, "node-2".to_string())]);
+        assert!(n.held(25_000).is_empty());
+        n.hold([], 30_000, 50_000);
+        assert_eq!(n.holds.lock().map(|m| m.len()).unwrap_or(usize::MAX), 0, "ended holds dropped at the next write");
     }
 }

@@ -173,8 +173,10 @@ impl Router {
         if pods.is_empty() {
             return;
         }
+        let held = if with_existing { self.nominations.held(self.clock.now_millis()) } else { Vec::new() };
         let input = RouteInput {
             snap: self.cluster.snapshot(),
+            held,
             pods,
             causes,
             with_existing,
@@ -204,6 +206,7 @@ impl Router {
             let now = self.clock.now_millis();
             let until = now.saturating_add(self.nomination);
             self.nominations.nominate(r.nominated.iter().map(String::as_str), now, until);
+            self.nominations.hold(r.left, now, until);
         }
         // At a batch close, arrivals of pods neither routed now nor queued again are dropped
         // (bound, deleted, or left unschedulable by an earlier batch: a resend restarts their
@@ -328,6 +331,8 @@ struct Job {
 /// What a route reads, moved off the arbiter.
 struct RouteInput {
     snap: Arc<dovetail_cluster::Snapshot>,
+    /// Pods planned onto capacity earlier and the node each was planned onto.
+    held: Vec<(PodKey, String)>,
     pods: Vec<Pod>,
     causes: Vec<Cause>,
     with_existing: bool,
@@ -348,13 +353,15 @@ struct Routed {
     solved: Vec<(Job, Vec<Pod>, scheduling::Results)>,
     /// The nodes (and in-flight NodeClaims) pods were left to.
     nominated: Vec<String>,
+    /// Each pod left to capacity and its node.
+    left: Vec<(PodKey, String)>,
 }
 
 /// The route's work proportional to its pods: the pods as the cluster has them now (one
 /// view for every group: a batch that waited must not provision for pods the scheduler has
 /// placed meanwhile), grouped by the pools still open to them, each group solved.
 fn route_off_thread(r: RouteInput) -> Routed {
-    let RouteInput { snap, pods: queued, causes: queued_causes, with_existing, offers, pools, opts, batch } = r;
+    let RouteInput { snap, held, pods: queued, causes: queued_causes, with_existing, offers, pools, opts, batch } = r;
     let snap = &snap;
     // (the pod as the cluster has it, its index in `queued`)
     let live: Vec<(&Arc<Pod>, usize)> = queued
@@ -375,7 +382,9 @@ fn route_off_thread(r: RouteInput) -> Routed {
         everywhere_tried: Vec::new(),
         solved: Vec::new(),
         nominated: Vec::new(),
+        left: Vec::new(),
     };
+    let holding = held_pods(snap, &held, &out.live, &nodes);
     for (open, group) in groups {
         let pods: Vec<Pod> = group.iter().map(|&k| live[k].0.as_ref().clone()).collect();
         // Untraced senders send no causes; none are made up for them.
@@ -390,12 +399,48 @@ fn route_off_thread(r: RouteInput) -> Routed {
             continue;
         }
         let inputs: Vec<PoolInput> = open.iter().map(|&i| pools[i].clone()).collect();
-        let snapshot = snap.scheduling_input(nodes.clone(), inputs);
+        let mut snapshot = snap.scheduling_input(nodes.clone(), inputs);
+        snapshot.bound_pods.extend(holding.iter().cloned());
         let simulating = decisions.children(|d| tracing::info_span!(parent: d, "router.simulate", pods = pods.len()));
         let results = scheduling::solve(&snapshot, &pods, &opts);
-        let left = results.existing.iter().filter(|e| !e.pods.is_empty());
-        out.nominated.extend(left.filter_map(|e| snapshot.nodes.get(e.node).map(|n| n.name.clone())));
+        for e in results.existing.iter().filter(|e| !e.pods.is_empty()) {
+            let Some(node) = snapshot.nodes.get(e.node) else { continue };
+            out.nominated.push(node.name.clone());
+            out.left.extend(e.pods.iter().filter_map(|&i| Some((pods.get(i)?.key.clone(), node.name.clone()))));
+        }
         out.solved.push((Job { open, decisions, simulating }, pods, results));
+    }
+    out
+}
+
+/// The held pods still pending and not in this batch, each as bound to the node it was
+/// planned onto (an in-flight NodeClaim's by the node it joined as, once it has), so that a
+/// solve does not plan other pods onto capacity they are on their way to. Holds on capacity
+/// gone (deleted, or a claim whose launch failed) count for nothing.
+fn held_pods(
+    snap: &dovetail_cluster::Snapshot,
+    held: &[(PodKey, String)],
+    batch: &std::collections::HashSet<PodKey>,
+    nodes: &[dovetail_core::node::Node],
+) -> Vec<Arc<Pod>> {
+    if held.is_empty() || nodes.is_empty() {
+        return Vec::new();
+    }
+    let capacity: std::collections::HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let mut out = Vec::new();
+    for (key, node) in held {
+        if batch.contains(key) {
+            continue;
+        }
+        let Some(pod) = snap.pods.get(key).filter(|p| p.node_name.is_none() && !p.terminal) else { continue };
+        let joined = snap.nodeclaims.get(node).and_then(|c| c.status.node_name.as_deref());
+        let Some(on) = joined.filter(|n| capacity.contains(n)).or(Some(node.as_str()).filter(|n| capacity.contains(n)))
+        else {
+            continue;
+        };
+        let mut p = pod.as_ref().clone();
+        p.node_name = Some(on.to_string());
+        out.push(Arc::new(p));
     }
     out
 }

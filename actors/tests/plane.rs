@@ -1453,7 +1453,7 @@ mod router {
     use dovetail_actors::config::Config;
     use dovetail_actors::errors::Errors;
     use dovetail_actors::pool::{NodePoolActor, PoolWiring};
-    use dovetail_actors::router::{GetRouterStats, PodsPending, RoutedPool, Router};
+    use dovetail_actors::router::{GetRouterStats, PodsPending, RoutedPool, Router, RouterStats};
     use dovetail_actors::zone::{ZoneActor, ZoneConfig};
     use dovetail_cloud::CloudProvider;
     use dovetail_cloud::sim::{SimCloud, SimConfig};
@@ -1500,6 +1500,7 @@ mod router {
         let config = Arc::new(Config { window: window.clone(), ..Config::default() });
         let (pools, zones): (Vec<NodePool>, Vec<String>) =
             (pools.to_vec(), zones.iter().map(|z| z.to_string()).collect());
+        let nominations = dovetail_actors::nominate::Nominations::default();
         Router::create(move |ctx| {
             let routed = pools
                 .iter()
@@ -1515,7 +1516,7 @@ mod router {
                         errors: errors.clone(),
                         config: config.clone(),
                         cloud: cloud.clone(),
-                        nominations: Default::default(),
+                        nominations: nominations.clone(),
                     };
                     let actor = NodePoolActor::new(p.clone(), types(), node_class(), wiring).start();
                     let mut input_pool = p.clone();
@@ -1523,15 +1524,22 @@ mod router {
                     RoutedPool { input: PoolInput { pool: input_pool, instance_types: types() }, actor }
                 })
                 .collect();
-            Router::new(window, cl.clone(), ck.clone(), routed).configured(&config, Arc::new(Errors::new()))
+            Router::new(window, cl.clone(), ck.clone(), routed)
+                .configured(&config, Arc::new(Errors::new()))
+                .nominating(nominations)
         })
     }
 
     /// `n` pending pods of 1.5 vCPU (one per m5.large), in the cluster.
     fn web_pods(cluster: &SimCluster, n: usize) -> Vec<Pod> {
+        named_pods(cluster, "web", n)
+    }
+
+    /// `n` pending pods `<prefix>-<i>` of 1.5 vCPU, in the cluster.
+    fn named_pods(cluster: &SimCluster, prefix: &str, n: usize) -> Vec<Pod> {
         let pods: Vec<Pod> = (0..n)
             .map(|i| Pod {
-                key: PodKey::new("default", &format!("web-{i}")),
+                key: PodKey::new("default", &format!("{prefix}-{i}")),
                 requests: ResourceList::cpu_mem(1500, 1 << 30),
                 unschedulable: true,
                 ..Pod::default()
@@ -1631,6 +1639,86 @@ mod router {
             dovetail_cluster::ClusterView::snapshot(cluster.as_ref()).nodeclaims.is_empty(),
             "no claim for placed pods"
         );
+    }
+    /// Waits (at most 10 s) until the router has decided `decided` pods in all (left to
+    /// capacity, routed, or unschedulable) and the cluster has `claims` NodeClaims.
+    async fn settled(router: &Addr<Router>, cluster: &SimCluster, decided: u64, claims: usize) -> RouterStats {
+        let mut stats = router.send(GetRouterStats).await.expect("stats");
+        for _ in 0..400 {
+            let made = dovetail_cluster::ClusterView::snapshot(cluster).nodeclaims.len();
+            if stats.on_existing + stats.routed + stats.unschedulable >= decided && made >= claims {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            stats = router.send(GetRouterStats).await.expect("stats");
+        }
+        stats
+    }
+
+    /// A Router over one pool, m5.large only, in one zone.
+    async fn one_pool() -> (Arc<SimCluster>, Addr<Router>) {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cluster = Arc::new(SimCluster::new());
+        let window = BatchWindow { idle: 50, max: 500, adaptive: None };
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let ledger = Arc::new(InProcess::new());
+        let limits = ResourceList::new();
+        propose(ledger.as_ref(), clock.now_millis(), Command::SetPool { pool: "default".into(), limits }).await;
+        let router =
+            start_router(&cluster, &ledger, &cloud, &clock, &[pool("default", 0, None)], &["us-east-1a"], window);
+        (cluster, router)
+    }
+
+    /// Pods planned onto an in-flight NodeClaim (sized for them) hold it while they are
+    /// pending: a later batch of other pods does not see it as free and gets its own claims
+    /// (counted twice, those pods would wait for the feed's resend for theirs).
+    #[actix_rt::test]
+    async fn pods_pending_on_an_in_flight_claim_hold_it_against_a_later_batch() {
+        let (cluster, router) = one_pool().await;
+        let first = named_pods(&cluster, "first", 2);
+        router.send(PodsPending { pods: first.clone(), backlog: false }).await.expect("mailbox");
+        let stats = settled(&router, &cluster, 2, 2).await;
+        assert_eq!((stats.routed, stats.on_existing), (2, 0), "{stats:?}");
+        // The first pods are still pending (nothing binds them): their claims are theirs.
+        let second = named_pods(&cluster, "second", 2);
+        router.send(PodsPending { pods: second, backlog: false }).await.expect("mailbox");
+        let stats = settled(&router, &cluster, 4, 4).await;
+        assert_eq!((stats.batches, stats.routed, stats.on_existing), (2, 4, 0), "{stats:?}");
+        let claims = dovetail_cluster::ClusterView::snapshot(cluster.as_ref()).nodeclaims.len();
+        assert_eq!(claims, 4, "one m5.large per pod");
+        // The first pods sent again (a resend): they do not hold against themselves, and are
+        // left on the claims there are, not provisioned for again.
+        router.send(PodsPending { pods: first, backlog: false }).await.expect("mailbox");
+        let stats = settled(&router, &cluster, 6, 4).await;
+        assert_eq!((stats.batches, stats.routed, stats.on_existing), (3, 4, 2), "{stats:?}");
+        assert_eq!(dovetail_cluster::ClusterView::snapshot(cluster.as_ref()).nodeclaims.len(), 4);
+    }
+
+    /// The same for a running node: a pod left to a node's last room holds it.
+    #[actix_rt::test]
+    async fn a_pod_left_to_a_nodes_room_holds_it_against_a_later_batch() {
+        let (cluster, router) = one_pool().await;
+        let room = ResourceList::from_pairs([
+            (ResourceName::Cpu, 2_000),
+            (ResourceName::Memory, 8 << 30),
+            (ResourceName::Pods, 110),
+        ]);
+        cluster.apply_node(dovetail_core::node::Node {
+            name: "n1".into(),
+            capacity: room.clone(),
+            allocatable: room,
+            initialized: true,
+            ready: true,
+            ..Default::default()
+        });
+        let first = named_pods(&cluster, "first", 1);
+        router.send(PodsPending { pods: first, backlog: false }).await.expect("mailbox");
+        let stats = settled(&router, &cluster, 1, 0).await;
+        assert_eq!((stats.routed, stats.on_existing), (0, 1), "{stats:?}");
+        let second = named_pods(&cluster, "second", 1);
+        router.send(PodsPending { pods: second, backlog: false }).await.expect("mailbox");
+        let stats = settled(&router, &cluster, 2, 1).await;
+        assert_eq!((stats.routed, stats.on_existing), (1, 1), "the node's room is the first pod's: {stats:?}");
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use actix::prelude::*;
 use dovetail_cloud::{LaunchBatch, LaunchRequest};
 use dovetail_cluster::ClusterView;
-use dovetail_core::clock::Clock;
+use dovetail_core::clock::{Clock, to_millis};
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::{Command, Denial, Entry, Offering, Outcome, Step, Term};
 use dovetail_core::plane::{Names, capacity_types, launch_order};
@@ -22,6 +22,7 @@ use super::{NodePoolActor, Traced};
 use crate::config::Config;
 use crate::errors::Errors;
 use crate::executor::{Done, Executor};
+use crate::nominate;
 use crate::trace::{self, Cause};
 use crate::zone::Launch;
 
@@ -58,6 +59,8 @@ struct RoundCtx {
     busy: Arc<Mutex<BTreeSet<String>>>,
     term: Term,
     seed: u64,
+    /// Where the round's pods are held on their claims (see [`crate::nominate`]).
+    nominations: crate::nominate::Nominations,
 }
 
 impl Handler<Provision> for NodePoolActor {
@@ -140,6 +143,7 @@ impl Handler<Provision> for NodePoolActor {
             busy: self.busy.clone(),
             term: leadership.term,
             seed: self.names.next_u64(),
+            nominations: self.nominations.clone(),
         };
         let work = round(rc, msg.pods, simulating);
         ctx.spawn(work.into_actor(self).map(move |done, act, ctx| {
@@ -420,6 +424,16 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> 
     if let Ok(mut busy) = rc.busy.lock() {
         busy.extend(granted.iter().map(|c| c.reserve.id.clone()));
     }
+    // Each claim's pods are held on it before it can show in the cluster's view: a Router
+    // batch of other pods must not see it as free capacity while they are pending.
+    let until = now.saturating_add(nominate::window(rc.cfg.window.max, to_millis(rc.cfg.feed.resend)));
+    rc.nominations.hold(
+        granted
+            .iter()
+            .flat_map(|c| c.pods.iter().filter_map(|&i| Some((pods.get(i)?.key.clone(), c.nodeclaim.name.clone())))),
+        now,
+        until,
+    );
     // The NodeClaims, created in the term the reservation committed in.
     let effects: Vec<Effect> = granted
         .iter()
