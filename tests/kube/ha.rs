@@ -353,9 +353,10 @@ async fn describe_all(
 }
 
 /// moto's instances launched for NodeClaims since the test began (`known` are older ones):
-/// in every state, or (`live_only`) those pending or running. moto keeps terminated instances
-/// and filters every page over all of them, so a listing of every state grows with the run's
-/// history; the live ones stay about one round's.
+/// in every state, or (`live_only`) those pending or running. moto filters every page over
+/// every instance it holds, terminated ones too; under scripts/moto-server it forgets them after
+/// `DOVETAIL_MOTO_TERMINATED_TTL` (EC2's hour by default, 10 minutes in scripts/ha-loadtest:
+/// longer than a round, so a round's settled check still sees each of its instances).
 async fn claimed_instances(ec2: &aws_sdk_ec2::Client, known: &BTreeSet<String>, live_only: bool) -> Vec<Launched> {
     use aws_sdk_ec2::types::Filter;
     let mut filters = vec![Filter::builder().name("tag-key").values("karpenter.sh/nodeclaim").build()];
