@@ -24,6 +24,10 @@ EVERY = min(30.0, max(1.0, TTL / 4))
 def forget_terminated():
     # instance id -> when it was first seen terminated (moto keeps no such time)
     terminated_since = {}
+    # instance ids whose reservation went at the last pass: their tags go at this one. A
+    # DescribeInstances that filtered by tag before the reservation went renders the instances
+    # it kept afterwards, with their tags read again; they must still be there then.
+    untag = []
     while True:
         time.sleep(EVERY)
         now = time.monotonic()
@@ -31,7 +35,16 @@ def forget_terminated():
             for account in list(ec2_backends.keys()):
                 for region in list(ec2_backends[account].keys()):
                     backend = ec2_backends[account][region]
-                    # moto's readers iterate a copy of the dict: deleting from it is safe.
+                    for i in untag:
+                        backend.tags.pop(i, None)
+            untag = []
+            for account in list(ec2_backends.keys()):
+                for region in list(ec2_backends[account].keys()):
+                    backend = ec2_backends[account][region]
+                    # moto's readers of instances and of tags iterate copies of these dicts
+                    # (all_reservations, describe_tags), so deleting from them is safe for
+                    # them; the Tagging API's iter_tagged_resources iterates the reservations
+                    # directly (dovetail does not call it).
                     for rid, reservation in list(backend.reservations.items()):
                         instances = list(reservation.instances)
                         if not instances or any(i.state != "terminated" for i in instances):
@@ -42,7 +55,7 @@ def forget_terminated():
                         backend.reservations.pop(rid, None)
                         for i in instances:
                             terminated_since.pop(i.id, None)
-                            backend.tags.pop(i.id, None)
+                            untag.append(i.id)
         except Exception as e:  # a pass that failed is tried again at the next
             print(f"moto_server.py: forgetting terminated instances failed: {e!r}", file=sys.stderr, flush=True)
 

@@ -16,8 +16,11 @@ use dovetail_core::ledger::Millis;
 use dovetail_core::pod::PodKey;
 
 /// The nominations, shared by the Router (which nominates) and the NodePool actors (which
-/// read them when they plan disruption). Entries past their end are dropped on each write, so
-/// it holds at most the nodes nominated within one window.
+/// read them when they plan disruption), and the holds: each pod planned onto capacity (by the
+/// Router onto existing or in-flight capacity, by a NodePool actor onto the claims it creates),
+/// which the Router's later solves count there while the pod is pending. Entries past their
+/// end are dropped on each write, so it holds at most what was nominated or held within one
+/// window.
 #[derive(Clone, Debug, Default)]
 pub struct Nominations {
     inner: Arc<Mutex<HashMap<String, Millis>>>,

@@ -94,9 +94,14 @@ pub struct Router {
     /// When each pod not yet decided arrived.
     arrived: BTreeMap<PodKey, Millis>,
     stats: RouterStats,
-    /// The nodes pods were left to, for disruption to leave alone, and for how long.
+    /// The nodes pods were left to, for disruption to leave alone, and for how long; and
+    /// the pods planned onto capacity, held there while pending.
     nominations: Nominations,
     nomination: Millis,
+    /// A batch is being solved against existing and in-flight capacity.
+    routing: bool,
+    /// A batch closed while one was being solved: it closes when that one is done.
+    deferred: bool,
 }
 
 impl Router {
@@ -124,6 +129,8 @@ impl Router {
             stats: RouterStats::default(),
             nominations: Nominations::default(),
             nomination,
+            routing: false,
+            deferred: false,
         }
     }
 
@@ -142,9 +149,12 @@ impl Router {
         self
     }
 
-    /// A restart: the timer went with the old context; the queued pods stay.
+    /// A restart: the timer and a route under way went with the old context; the queued
+    /// pods stay.
     pub(crate) fn restarting(&mut self) {
         self.timer = None;
+        self.routing = false;
+        self.deferred = false;
     }
 
     /// (Re)arms the timer for the batch's closing time.
@@ -173,10 +183,15 @@ impl Router {
         if pods.is_empty() {
             return;
         }
-        let held = if with_existing { self.nominations.held(self.clock.now_millis()) } else { Vec::new() };
+        // The snapshot before the holds: a claim it shows had its pods' holds recorded before
+        // it was created, so they are read below (off the arbiter).
+        let snap = self.cluster.snapshot();
+        if with_existing {
+            self.routing = true;
+        }
         let input = RouteInput {
-            snap: self.cluster.snapshot(),
-            held,
+            snap,
+            holds: with_existing.then(|| (self.nominations.clone(), self.clock.now_millis())),
             pods,
             causes,
             with_existing,
@@ -196,6 +211,12 @@ impl Router {
                 Err(e) => act.errors.warn("route", "panic", "router", &e),
             }
             act.rearm_if_requeued(ctx);
+            if with_existing {
+                act.routing = false;
+                if std::mem::take(&mut act.deferred) {
+                    act.close(ctx);
+                }
+            }
         }));
     }
 
@@ -313,6 +334,12 @@ impl Router {
             }));
             return;
         }
+        if self.routing {
+            // One batch is solved against the cluster's capacity at a time: this one waits for
+            // the one under way, whose pods then hold what they were planned onto.
+            self.deferred = true;
+            return;
+        }
         self.batch.close();
         self.stats.batches += 1;
         self.offers.clear();
@@ -331,8 +358,8 @@ struct Job {
 /// What a route reads, moved off the arbiter.
 struct RouteInput {
     snap: Arc<dovetail_cluster::Snapshot>,
-    /// Pods planned onto capacity earlier and the node each was planned onto.
-    held: Vec<(PodKey, String)>,
+    /// Where pods planned onto capacity earlier are held, and now (with existing capacity).
+    holds: Option<(Nominations, Millis)>,
     pods: Vec<Pod>,
     causes: Vec<Cause>,
     with_existing: bool,
@@ -361,7 +388,7 @@ struct Routed {
 /// view for every group: a batch that waited must not provision for pods the scheduler has
 /// placed meanwhile), grouped by the pools still open to them, each group solved.
 fn route_off_thread(r: RouteInput) -> Routed {
-    let RouteInput { snap, held, pods: queued, causes: queued_causes, with_existing, offers, pools, opts, batch } = r;
+    let RouteInput { snap, holds, pods: queued, causes: queued_causes, with_existing, offers, pools, opts, batch } = r;
     let snap = &snap;
     // (the pod as the cluster has it, its index in `queued`)
     let live: Vec<(&Arc<Pod>, usize)> = queued
@@ -384,7 +411,8 @@ fn route_off_thread(r: RouteInput) -> Routed {
         nominated: Vec::new(),
         left: Vec::new(),
     };
-    let holding = held_pods(snap, &held, &out.live, &nodes);
+    let held = holds.map(|(n, now)| n.held(now)).unwrap_or_default();
+    let holding = snap.held_as_bound(&held, &out.live, &nodes);
     for (open, group) in groups {
         let pods: Vec<Pod> = group.iter().map(|&k| live[k].0.as_ref().clone()).collect();
         // Untraced senders send no causes; none are made up for them.
@@ -409,38 +437,6 @@ fn route_off_thread(r: RouteInput) -> Routed {
             out.left.extend(e.pods.iter().filter_map(|&i| Some((pods.get(i)?.key.clone(), node.name.clone()))));
         }
         out.solved.push((Job { open, decisions, simulating }, pods, results));
-    }
-    out
-}
-
-/// The held pods still pending and not in this batch, each as bound to the node it was
-/// planned onto (an in-flight NodeClaim's by the node it joined as, once it has), so that a
-/// solve does not plan other pods onto capacity they are on their way to. Holds on capacity
-/// gone (deleted, or a claim whose launch failed) count for nothing.
-fn held_pods(
-    snap: &dovetail_cluster::Snapshot,
-    held: &[(PodKey, String)],
-    batch: &std::collections::HashSet<PodKey>,
-    nodes: &[dovetail_core::node::Node],
-) -> Vec<Arc<Pod>> {
-    if held.is_empty() || nodes.is_empty() {
-        return Vec::new();
-    }
-    let capacity: std::collections::HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    let mut out = Vec::new();
-    for (key, node) in held {
-        if batch.contains(key) {
-            continue;
-        }
-        let Some(pod) = snap.pods.get(key).filter(|p| p.node_name.is_none() && !p.terminal) else { continue };
-        let joined = snap.nodeclaims.get(node).and_then(|c| c.status.node_name.as_deref());
-        let Some(on) = joined.filter(|n| capacity.contains(n)).or(Some(node.as_str()).filter(|n| capacity.contains(n)))
-        else {
-            continue;
-        };
-        let mut p = pod.as_ref().clone();
-        p.node_name = Some(on.to_string());
-        out.push(Arc::new(p));
     }
     out
 }

@@ -206,7 +206,7 @@ impl NodePoolActor {
             Ok(Planned { plan, memory, snapshot, commands, leased, terminating, not_ready, now }) => {
                 // A command under validation is proposed when its validation ends, not at the
                 // next period (Karpenter waits exactly its 15 s too).
-                if let Some(due) = memory.validation_due(to_millis(act.cfg.disruption.validation)) {
+                if let Some(due) = memory.validation_due(to_millis(act.cfg.disruption.validation), now) {
                     let wait = Duration::from_millis(due.saturating_sub(now).max(1));
                     if wait < act.cfg.disruption.every {
                         ctx.run_later(wait, |act, ctx| act.disrupt(ctx));

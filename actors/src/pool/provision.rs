@@ -60,7 +60,7 @@ struct RoundCtx {
     term: Term,
     seed: u64,
     /// Where the round's pods are held on their claims (see [`crate::nominate`]).
-    nominations: crate::nominate::Nominations,
+    nominations: nominate::Nominations,
 }
 
 impl Handler<Provision> for NodePoolActor {
@@ -426,12 +426,15 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> 
     }
     // Each claim's pods are held on it before it can show in the cluster's view: a Router
     // batch of other pods must not see it as free capacity while they are pending.
-    let until = now.saturating_add(nominate::window(rc.cfg.window.max, to_millis(rc.cfg.feed.resend)));
+    // The window runs from now, not from the round's start (planning and the reservation
+    // took a while).
+    let held_at = rc.clock.now_millis();
+    let until = held_at.saturating_add(nominate::window(rc.cfg.window.max, to_millis(rc.cfg.feed.resend)));
     rc.nominations.hold(
         granted
             .iter()
             .flat_map(|c| c.pods.iter().filter_map(|&i| Some((pods.get(i)?.key.clone(), c.nodeclaim.name.clone())))),
-        now,
+        held_at,
         until,
     );
     // The NodeClaims, created in the term the reservation committed in.

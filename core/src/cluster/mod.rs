@@ -225,6 +225,38 @@ impl Snapshot {
         nodes
     }
 
+    /// Pods planned onto capacity earlier (`held`: each pod and the node or NodeClaim it was
+    /// planned onto), each as bound there: those still pending, not in `skip` (pods being
+    /// solved now), whose capacity is among `nodes` (what [`Snapshot::capacity_nodes`] gave).
+    /// A NodeClaim whose node joined is that node, matched as `capacity_nodes` matches it (by
+    /// provider id, then by the claim's node name). A solve given these does not plan other
+    /// pods onto capacity they are on their way to; holds on capacity gone count for nothing.
+    pub fn held_as_bound(&self, held: &[(PodKey, String)], skip: &HashSet<PodKey>, nodes: &[Node]) -> Vec<Arc<Pod>> {
+        if held.is_empty() || nodes.is_empty() {
+            return Vec::new();
+        }
+        let capacity: HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        let by_provider: HashMap<&str, &str> =
+            nodes.iter().filter_map(|n| Some((n.provider_id.as_deref()?, n.name.as_str()))).collect();
+        let mut out = Vec::new();
+        for (key, node) in held {
+            if skip.contains(key) {
+                continue;
+            }
+            let Some(pod) = self.pods.get(key).filter(|p| p.node_name.is_none() && !p.terminal) else { continue };
+            let claim = self.nodeclaims.get(node);
+            let joined = claim
+                .and_then(|c| c.status.provider_id.as_deref())
+                .and_then(|p| by_provider.get(p).copied())
+                .or_else(|| claim.and_then(|c| c.status.node_name.as_deref()));
+            let Some(on) = joined.into_iter().chain([node.as_str()]).find(|n| capacity.contains(n)) else { continue };
+            let mut p = pod.as_ref().clone();
+            p.node_name = Some(on.to_string());
+            out.push(Arc::new(p));
+        }
+        out
+    }
+
     /// One key per node and per NodeClaim (its kind and name, hashed), with whether it is
     /// being deleted: what a pending pod may have been counted against. A key gone since an
     /// earlier look, or newly marked for deletion, means capacity went away, so the pods counted
@@ -436,6 +468,57 @@ mod tests {
             },
             resource_version: 1,
         })
+    }
+
+    /// Held pods count where they were planned while pending: on an in-flight claim as
+    /// itself, on a claim that joined as its node (found by provider id before the claim names
+    /// it); not once bound, deleted, finished, being solved again, or when their capacity went.
+    #[test]
+    fn held_pods_are_bound_to_their_capacity_only_while_it_and_they_are_there() {
+        let mut snap = Snapshot::default();
+        snap.nodeclaims.insert("flying".into(), claim("flying", Some("aws:///z/i-1"), None));
+        snap.nodeclaims.insert("joined".into(), claim("joined", Some("aws:///z/i-2"), None));
+        let node =
+            Node { name: "ip-2".into(), provider_id: Some("aws:///z/i-2".into()), ready: true, ..Node::default() };
+        snap.nodes.insert("ip-2".into(), Arc::new(node));
+        let pod = |name: &str, on: Option<&str>, terminal: bool| {
+            let mut p = Pod::new("default", name, ResourceList::new());
+            p.node_name = on.map(Into::into);
+            p.terminal = terminal;
+            Arc::new(p)
+        };
+        for p in [
+            pod("a", None, false),
+            pod("b", None, false),
+            pod("c", Some("ip-2"), false),
+            pod("e", None, false),
+            pod("f", None, false),
+            pod("g", None, true),
+        ] {
+            snap.pods.insert(p.key.clone(), p);
+        }
+        let key = |n: &str| PodKey::new("default", n);
+        let held: Vec<(PodKey, String)> = [
+            ("a", "flying"), // in flight: as the claim
+            ("b", "joined"), // joined: as its node
+            ("c", "flying"), // bound meanwhile
+            ("d", "flying"), // deleted
+            ("e", "gone"),   // its claim went
+            ("f", "flying"), // being solved again
+            ("g", "flying"), // finished
+        ]
+        .iter()
+        .map(|(p, n)| (key(p), n.to_string()))
+        .collect();
+        let skip: HashSet<PodKey> = [key("f")].into_iter().collect();
+        let nodes = snap.capacity_nodes();
+        let bound: Vec<(String, Option<String>)> = snap
+            .held_as_bound(&held, &skip, &nodes)
+            .iter()
+            .map(|p| (p.key.name.clone(), p.node_name.clone()))
+            .collect();
+        assert_eq!(bound, vec![("a".into(), Some("flying".into())), ("b".into(), Some("ip-2".into()))]);
+        assert!(snap.held_as_bound(&held, &skip, &[]).is_empty(), "no capacity, nothing held");
     }
 
     /// A node that joined (Ready, as the agent and kubelets make them) and is not yet
