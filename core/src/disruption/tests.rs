@@ -645,3 +645,21 @@ fn several_commands_go_at_once_each_simulated_with_the_ones_before_it() {
     w.memory = Memory::default();
     assert_eq!(ids(&w.plan()), vec![vec!["b".to_string()]]);
 }
+
+/// A command whose own validation ended but that waits for the one before it in its round's
+/// chain is due with that one, not at once: the caller would otherwise plan again at every
+/// tick of its clock until the first is due.
+#[test]
+fn a_command_waiting_only_for_the_one_before_it_is_due_with_that_one() {
+    let p = |c: &str| Proposal {
+        method: Method::SingleNodeConsolidation,
+        reason: DisruptionReason::Underutilized,
+        candidates: vec![c.to_string()],
+        replacements: vec![],
+        detail: String::new(),
+    };
+    // b has validated since 0 s; a, before it in the chain, started at 20 s.
+    let m = Memory { pending: vec![(p("a"), 20_000), (p("b"), 0)], ..Memory::default() };
+    assert_eq!(m.validation_due(15_000, 25_000), Some(35_000));
+    assert_eq!(m.validation_due(15_000, 35_000), None, "nothing waits past now");
+}
