@@ -70,6 +70,12 @@ pub fn window(batch_max: Millis, resend: Millis) -> Millis {
     batch_max.saturating_mul(2).max(10_000).max(resend.saturating_add(batch_max))
 }
 
+/// The nomination (and hold) window of the plane's settings: [`window`] of its batch window's
+/// longest wait and its feed's resend.
+pub fn window_of(cfg: &crate::config::Config) -> Millis {
+    window(cfg.window.max, dovetail_core::clock::to_millis(cfg.feed.resend))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -144,7 +144,7 @@ impl Router {
     pub fn configured(mut self, cfg: &crate::config::Config, errors: Arc<Errors>) -> Self {
         self.solve = cfg.solve.clone();
         self.mailbox = cfg.mailboxes.router;
-        self.nomination = crate::nominate::window(cfg.window.max, to_millis(cfg.feed.resend));
+        self.nomination = crate::nominate::window_of(cfg);
         self.errors = errors;
         self
     }

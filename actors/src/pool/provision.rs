@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use actix::prelude::*;
 use dovetail_cloud::{LaunchBatch, LaunchRequest};
 use dovetail_cluster::ClusterView;
-use dovetail_core::clock::{Clock, to_millis};
+use dovetail_core::clock::Clock;
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::{Command, Denial, Entry, Offering, Outcome, Step, Term};
 use dovetail_core::plane::{Names, capacity_types, launch_order};
@@ -429,7 +429,7 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> 
     // The window runs from now, not from the round's start (planning and the reservation
     // took a while).
     let held_at = rc.clock.now_millis();
-    let until = held_at.saturating_add(nominate::window(rc.cfg.window.max, to_millis(rc.cfg.feed.resend)));
+    let until = held_at.saturating_add(nominate::window_of(&rc.cfg));
     rc.nominations.hold(
         granted
             .iter()
