@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dovetail_core::clock::Clock;
@@ -83,7 +84,7 @@ pub struct RaftLedger {
     raft: Raft<TypeConfig>,
     machine: Machine,
     leadership: watch::Receiver<Leadership>,
-    publish: Arc<watch::Sender<Leadership>>,
+    publish: Arc<Publish>,
     watcher: tokio::task::JoinHandle<()>,
     propose_timeout: Duration,
 }
@@ -129,7 +130,7 @@ impl RaftLedger {
             lease_ms: settings.election_timeout_min_ms,
             lead_timeout: propose_timeout,
         };
-        let tx = Arc::new(tx);
+        let tx = Arc::new(Publish { tx, stopped: AtomicBool::new(false) });
         let watcher = tokio::spawn(watch_leadership(id, raft.clone(), tx.clone(), clock, timing));
         Ok(RaftLedger { id, raft, machine, leadership: rx, publish: tx, watcher, propose_timeout })
     }
@@ -162,7 +163,7 @@ impl RaftLedger {
     /// Stops the node (its stores stay as they are on disk). The watch says it leads nothing
     /// before anything stops.
     pub async fn shutdown(&self) {
-        self.publish.send_if_modified(|l| set(l, l.term, false, None));
+        self.publish.stop();
         self.watcher.abort();
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(node = self.id, error = %e, "ledger.shutdown: the raft core did not stop cleanly");
@@ -199,13 +200,7 @@ impl Timing {
     clippy::disallowed_methods,
     reason = "the lease is measured on openraft's own clock (tokio's Instant), which millis_since_quorum_ack comes from"
 )]
-async fn watch_leadership(
-    id: NodeId,
-    raft: Raft<TypeConfig>,
-    tx: Arc<watch::Sender<Leadership>>,
-    clock: Arc<dyn Clock>,
-    timing: Timing,
-) {
+async fn watch_leadership(id: NodeId, raft: Raft<TypeConfig>, tx: Arc<Publish>, clock: Arc<dyn Clock>, timing: Timing) {
     let mut metrics = raft.metrics();
     let mut led: Option<u64> = None;
     let mut lease_end: Option<tokio::time::Instant> = None;
@@ -216,13 +211,13 @@ async fn watch_leadership(
             (m.current_term, m.state, m.current_leader, m.millis_since_quorum_ack)
         };
         let mut wait = timing.heartbeat;
-        if term >= tx.borrow().term {
+        if term >= tx.term() {
             if state == ServerState::Leader && leader == Some(id) {
                 if led == Some(term) {
                     lease_end = timing.lease_end(observed, since_ack);
                 } else {
                     // Not acting in this term until its Lead commits.
-                    tx.send_if_modified(|l| set(l, term, false, Some(id.to_string())));
+                    tx.set(term, false, Some(id.to_string()));
                     lease_end = None;
                     let entry = Entry { term, at: clock.now_millis(), command: Command::Lead };
                     let write = raft.client_write(WireEntry::encode(&entry));
@@ -250,12 +245,12 @@ async fn watch_leadership(
             } else {
                 led = None;
                 lease_end = None;
-                tx.send_if_modified(|l| set(l, term, false, leader.map(|n| n.to_string())));
+                tx.set(term, false, leader.map(|n| n.to_string()));
             }
         }
         if led == Some(term) {
             let held = lease_end.is_some_and(|end| tokio::time::Instant::now() < end);
-            if tx.send_if_modified(|l| set(l, term, held, Some(id.to_string()))) {
+            if tx.set(term, held, Some(id.to_string())) {
                 tracing::info!(node = id, raft.term = term, held, "ledger.lease");
             }
         }
@@ -270,12 +265,40 @@ async fn watch_leadership(
             changed = metrics.changed() => {
                 if changed.is_err() {
                     // The node stopped: it leads nothing.
-                    tx.send_if_modified(|l| set(l, l.term, false, None));
+                    tx.stop();
                     return;
                 }
             }
             () = tokio::time::sleep_until(until) => {}
         }
+    }
+}
+
+/// The leadership watch's sending side. Once stopped it publishes nothing more: the watcher
+/// task may still be in its last poll on another thread when `shutdown` aborts it, and must not
+/// say "leader" again after the shutdown said "nothing". The flag is read and set under the
+/// watch's lock, so no write can slip between them.
+struct Publish {
+    tx: watch::Sender<Leadership>,
+    stopped: AtomicBool,
+}
+
+impl Publish {
+    /// Publishes (term, leader, leader_id), unless stopped; whether the watch changed.
+    fn set(&self, term: u64, leader: bool, leader_id: Option<String>) -> bool {
+        self.tx.send_if_modified(|l| !self.stopped.load(Ordering::SeqCst) && set(l, term, leader, leader_id))
+    }
+
+    /// Publishes "leads nothing" and stops publishing.
+    fn stop(&self) {
+        self.tx.send_if_modified(|l| {
+            self.stopped.store(true, Ordering::SeqCst);
+            set(l, l.term, false, None)
+        });
+    }
+
+    fn term(&self) -> u64 {
+        self.tx.borrow().term
     }
 }
 
