@@ -134,7 +134,8 @@ fn a_missing_file_is_an_error_not_a_panic() {
 #[test]
 fn the_shipped_example_plans_cleanly() {
     // Read when the test runs (a build cached from another checkout would point there).
-    let root = env!("CARGO_MANIFEST_DIR");
+    #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
     let example = format!("{root}/examples/web.yaml");
     let out = dovetail(&["plan", "-f", &example, "-o", "json"], None);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -146,7 +147,8 @@ fn the_shipped_example_plans_cleanly() {
 
 #[test]
 fn simulate_runs_a_scenario_file_and_writes_its_report() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
     let scenario = format!("{root}/loadtest/scenarios/small.yaml");
     let out_dir = std::env::temp_dir().join(format!("dovetail-cli-sim-{}", std::process::id()));
     let out_arg = out_dir.to_string_lossy().to_string();
@@ -187,7 +189,8 @@ fn loadtest_runs_the_ci_scenario_on_the_wall_clock_and_checks_its_thresholds() {
     assert!(stdout.contains("pods placed      300 of 300"), "{stdout}");
     let _ = std::fs::remove_dir_all(&out_dir);
     // A scenario whose thresholds cannot be met fails, naming each.
-    let root = env!("CARGO_MANIFEST_DIR");
+    #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
     let text = std::fs::read_to_string(format!("{root}/loadtest/scenarios/ci.yaml")).expect("ci scenario");
     let strict = text.replace("max_decision_p99: 3s", "max_decision_p99: 1ms").replace("duration: 20s", "duration: 5s");
     let dir = std::env::temp_dir().join(format!("dovetail-cli-strict-{}", std::process::id()));
@@ -203,7 +206,8 @@ fn loadtest_runs_the_ci_scenario_on_the_wall_clock_and_checks_its_thresholds() {
 
 #[test]
 fn simulate_replays_a_trace_with_arrivals_and_departures_or_as_one_batch() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
     let full = std::fs::read_to_string(format!("{root}/core/data/traces/openb_default.csv")).expect("trace");
     let dir = std::env::temp_dir().join(format!("dovetail-cli-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -278,7 +282,8 @@ fn launched_and_bound(t: &Trace<'_>, root: &otlp::Span) -> bool {
 
 #[test]
 fn simulate_exports_one_connected_trace_per_decision_over_grpc_and_http_protobuf() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
     let scenario = format!("{root}/loadtest/scenarios/small.yaml");
     for wire in [otlp::Wire::Grpc, otlp::Wire::HttpProtobuf] {
         let receiver = otlp::Receiver::start(wire);
@@ -362,7 +367,11 @@ fn otlp_settings_are_checked_only_when_an_endpoint_is_set() {
 /// headless Service that also publishes pods not ready yet.
 #[test]
 fn the_ha_overlay_renders_a_statefulset_of_three_behind_a_headless_service() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/overlays/ha");
+    #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
+    let dir = std::path::PathBuf::from(
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string()),
+    )
+    .join("deploy/overlays/ha");
     let out = std::process::Command::new("kubectl").arg("kustomize").arg(&dir).output().expect("kubectl runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_slice(&out.stdout)

@@ -53,8 +53,16 @@ fn getting_started() -> Option<(Env, std::sync::MutexGuard<'static, ()>, String)
     Some((env, serial, applied))
 }
 
+#[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
 fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // The checkout the tests run in (cargo sets it at run time), not the one the binary was
+    // built in: a build cache moved between checkouts keeps the old path in `env!`.
+    static REPO: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    REPO.get_or_init(|| {
+        std::path::PathBuf::from(
+            std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string()),
+        )
+    })
 }
 
 impl Env {

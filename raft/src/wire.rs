@@ -1017,7 +1017,12 @@ mod tests {
     #[allow(clippy::disallowed_methods, reason = "a test's switch to write its fixtures, read nowhere else")]
     fn fixture(name: &str, text: &str, current: &str) -> String {
         if std::env::var_os("DOVETAIL_WRITE_LEDGER_FIXTURES").is_some() {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+            #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
+            let path = std::path::PathBuf::from(
+                std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string()),
+            )
+            .join("tests/fixtures")
+            .join(name);
             std::fs::write(&path, current).expect("fixture written");
             return current.to_string();
         }
