@@ -119,6 +119,39 @@ impl Default for DisruptionConfig {
     }
 }
 
+/// The interruption queue consumers (the drain timing is `lifecycle.interruption`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct InterruptionConfig {
+    /// Long-pollers per queue to start with.
+    pub consumers: usize,
+    /// Long-pollers per queue at most: one more starts while receives come back full (ten
+    /// messages), and an extra one stops after an empty receive.
+    pub max_consumers: usize,
+    /// How long a receive waits for messages (SQS long polling: at most 20 s).
+    pub wait: Duration,
+    /// How long a consumer pauses after an empty receive (a queue without long polling, like
+    /// the sim's, answers at once).
+    pub idle_pause: Duration,
+    /// How long a received message stays hidden from other consumers: it is deleted once its
+    /// action committed, or seen again after this (at-least-once).
+    pub visibility: Duration,
+    /// Batches the handler holds at once; consumers wait beyond it (backpressure).
+    pub mailbox: usize,
+}
+
+impl Default for InterruptionConfig {
+    fn default() -> Self {
+        InterruptionConfig {
+            consumers: 2,
+            max_consumers: 16,
+            wait: Duration::from_secs(20),
+            idle_pause: Duration::from_millis(200),
+            visibility: Duration::from_secs(60),
+            mailbox: 64,
+        }
+    }
+}
+
 /// Everything the plane's actors are configured with.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -155,6 +188,7 @@ pub struct Config {
     pub rename_attempts: u32,
     pub solve: SolveOptions,
     pub disruption: DisruptionConfig,
+    pub interruption: InterruptionConfig,
 }
 
 impl Default for Config {
@@ -176,6 +210,7 @@ impl Default for Config {
             rename_attempts: 3,
             solve: SolveOptions::default(),
             disruption: DisruptionConfig::default(),
+            interruption: InterruptionConfig::default(),
         }
     }
 }
@@ -226,6 +261,19 @@ impl Config {
         if self.disruption.max_commands == 0 {
             return bad("disruption.max_commands", "must be at least 1 (1 is Karpenter's one command a round)");
         }
+        let i = &self.interruption;
+        if i.consumers == 0 || i.max_consumers < i.consumers {
+            return bad("interruption.consumers", "must be positive, and max_consumers at least as many");
+        }
+        if i.wait > Duration::from_secs(20) {
+            return bad("interruption.wait", "SQS long polling waits 20 s at most");
+        }
+        if i.idle_pause.is_zero() || i.mailbox == 0 {
+            return bad("interruption", "idle_pause and mailbox must be positive");
+        }
+        if i.visibility < Duration::from_secs(1) {
+            return bad("interruption.visibility", "must be at least 1 s (SQS counts it in seconds)");
+        }
         self.lifecycle.validate().map_err(|e| ConfigError { field: "lifecycle", reason: e.to_string() })
     }
 }
@@ -249,5 +297,8 @@ mod tests {
         let mut c = Config::default();
         c.disruption.max_commands = 0;
         assert_eq!(c.validate().map_err(|e| e.field), Err("disruption.max_commands"));
+        let mut c = Config::default();
+        c.interruption.max_consumers = 1;
+        assert_eq!(c.validate().map_err(|e| e.field), Err("interruption.consumers"));
     }
 }

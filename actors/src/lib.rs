@@ -9,6 +9,8 @@
 //!   planners of `core`.
 //! - [`zone::ZoneActor`]: one per availability zone, the only caller of launch and terminate
 //!   for its zone.
+//! - [`interruption::InterruptionActor`]: EC2's interruption events from the queues'
+//!   consumers: nodes tainted at once, their pods' capacity launched on the warning.
 //! - [`executor::Executor`]: runs the cluster effects planners ask for, fenced by the term.
 //! - [`nominate::Nominations`]: the nodes the Router planned pending pods onto, which
 //!   disruption leaves alone for Karpenter's nomination window.
@@ -28,6 +30,7 @@ pub mod config;
 pub mod errors;
 pub mod executor;
 pub mod feed;
+pub mod interruption;
 pub mod kubelet;
 pub mod limiter;
 pub mod nominate;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use dovetail_cloud::limits::ApiLimits;
-use dovetail_cloud::{CloudProvider, NodeClass};
+use dovetail_cloud::{CloudProvider, InterruptionQueue, NodeClass};
 use dovetail_cluster::{ClusterView, ClusterWriter};
 use dovetail_core::catalog::InstanceType;
 use dovetail_core::clock::Clock;
@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::errors::Errors;
 use crate::executor::Executor;
 use crate::feed::PendingFeed;
+use crate::interruption::{InterruptionActor, InterruptionWiring, SetPools};
 use crate::limiter::RegionLimiter;
 use crate::pool::{NodePoolActor, PoolWiring, Reconfigure, Retire};
 use crate::router::{RemovePool, RoutedPool, Router, SetPool};
@@ -60,6 +61,12 @@ pub struct Plane {
     pub executor: Executor,
     /// What a pool actor started at run time is wired to.
     wiring: PoolWiring,
+    /// The pools as routed (the interruption actor sizes replacements with them).
+    routed: BTreeMap<String, (PoolInput, Addr<NodePoolActor>)>,
+    /// The interruption actor, once queues are given ([`Plane::consume_interruptions`]).
+    pub interruption: Option<Addr<InterruptionActor>>,
+    /// Stops the queue consumers when sent `true` or dropped with the plane.
+    stop_consumers: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Supervised for ZoneActor {
@@ -148,6 +155,9 @@ impl Plane {
             errors: errors.clone(),
             executor,
             wiring,
+            routed: BTreeMap::new(),
+            interruption: None,
+            stop_consumers: None,
         };
         // The pools are routed to before the feed sends the first pods.
         for (pool, types, node_class) in cfg.pools {
@@ -198,13 +208,63 @@ impl Plane {
         };
         let mut input = pool;
         input.requirements.add(labels::ZONE, Requirement::is_in(w.zones.keys().map(String::as_str)));
-        self.router.do_send(SetPool(RoutedPool { input: PoolInput { pool: input, instance_types: types }, actor }));
+        let input = PoolInput { pool: input, instance_types: types };
+        self.routed.insert(input.pool.name.clone(), (input.clone(), actor.clone()));
+        self.router.do_send(SetPool(RoutedPool { input, actor }));
+        self.tell_interruption();
+    }
+
+    /// Starts handling interruption events from `queues`: the [`InterruptionActor`] and the
+    /// queues' consumers (only the leader receives). Once; a second call does nothing.
+    pub fn consume_interruptions(&mut self, queues: Vec<Arc<dyn InterruptionQueue>>) {
+        if self.interruption.is_some() || queues.is_empty() {
+            return;
+        }
+        let w = &self.wiring;
+        let wiring = InterruptionWiring {
+            queues: queues.clone(),
+            ledger: w.ledger.clone(),
+            view: w.view.clone(),
+            clock: w.clock.clone(),
+            executor: w.executor.clone(),
+            errors: w.errors.clone(),
+            cfg: w.config.clone(),
+            zones: w.zones.keys().cloned().collect(),
+        };
+        let actor = InterruptionActor::new(wiring).start();
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let parts = (w.clock.clone(), w.errors.clone(), w.config.interruption.clone());
+        crate::interruption::consume::start(&queues, actor.clone(), w.ledger.leadership(), parts, rx);
+        self.interruption = Some(actor);
+        self.stop_consumers = Some(tx);
+        self.tell_interruption();
+    }
+
+    /// Stops the queue consumers (messages received and not yet acted on come back after
+    /// the visibility timeout).
+    pub fn stop_consumers(&mut self) {
+        if let Some(tx) = self.stop_consumers.take()
+            && tx.send(true).is_err()
+        {
+            tracing::debug!("interruption consumers had stopped already");
+        }
+    }
+
+    fn tell_interruption(&self) {
+        if let Some(actor) = &self.interruption
+            && let Err(e) = actor.try_send(SetPools(self.routed.clone()))
+        {
+            self.errors.warn("set_pools", "mailbox", "interruption", &e);
+        }
     }
 
     /// Stops provisioning for a NodePool (deleted, invalid, or its NodeClass gone); its actor
     /// keeps its claims' lifecycle until [`Plane::stop_pool`].
-    pub fn retire_pool(&self, name: &str) {
+    pub fn retire_pool(&mut self, name: &str) {
         self.router.do_send(RemovePool(name.to_string()));
+        if self.routed.remove(name).is_some() {
+            self.tell_interruption();
+        }
         if let Some(actor) = self.pools.get(name) {
             actor.do_send(Retire);
         }

@@ -18,6 +18,7 @@
 //!   round of new claims), [`lifecycle`] (a NodeClaim's life from launch to termination) and [`plane`] (batch windows, zone choice, claim names,
 //!   liveness, drain order, the feed's resend bookkeeping).
 //! - [`disruption`]: disruption budgets (and, as they land, the disruption methods).
+//! - [`interruption`]: EC2's interruption events parsed, and what they ask of the plane.
 //! - [`shared`]: values many objects hold one copy of (an interner for the caches).
 //! - [`workload`]: the benchmark workloads, generated from a seed.
 
@@ -26,6 +27,7 @@ pub mod clock;
 pub mod cluster;
 pub mod disruption;
 pub mod effect;
+pub mod interruption;
 pub mod labels;
 pub mod ledger;
 pub mod lifecycle;

@@ -60,6 +60,12 @@ pub struct Report {
     pub relaunched: u64,
     /// What the scenario's faults did.
     pub faults: FaultCounts,
+    /// What the interruption pipeline did (a run with an interruption queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interruptions: Option<InterruptionCounts>,
+    /// The most pods pending at a sample once a sample had none (a gap a fault caused);
+    /// `None` when no sample had none.
+    pub pending_after_settle_max: Option<usize>,
     /// Every error the plane met, by `<action>/<kind>` (expected ones included: refused
     /// evictions, throttled calls, conflicts a re-read resolved...).
     pub errors: std::collections::BTreeMap<String, u64>,
@@ -100,8 +106,12 @@ impl DisruptionRate {
 /// What the faults did over a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FaultCounts {
-    /// Spot instances EC2 reclaimed after their two-minute warning.
+    /// Spot interruption warnings EC2 sent.
+    pub warned: u64,
+    /// Spot instances EC2 reclaimed after their two-minute warning (still running then).
     pub interrupted: u64,
+    /// Warned instances already gone when EC2 came for them: drained and terminated first.
+    pub gone_before_reclaim: u64,
     /// Instances gone with a lost zone.
     pub zone_lost: u64,
     /// Claims whose node went away under them (deleted when its instance was gone), which
@@ -109,6 +119,17 @@ pub struct FaultCounts {
     pub nodes_lost: u64,
     /// EC2 calls the sim cloud throttled.
     pub throttled: u64,
+}
+
+/// The interruption actor's counts over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct InterruptionCounts {
+    pub received: u64,
+    pub acted: u64,
+    pub duplicates: u64,
+    pub replacements: u64,
+    pub replacements_denied: u64,
+    pub pods_on_existing: u64,
 }
 
 /// A plotted series: its name, colour and value.
@@ -190,9 +211,19 @@ impl Report {
         if *f != FaultCounts::default() {
             let _ = writeln!(
                 t,
-                "faults           {} spot reclaimed, {} lost with a zone, {} nodes lost and replaced, {} calls throttled",
-                f.interrupted, f.zone_lost, f.nodes_lost, f.throttled
+                "faults           {} spot warnings, {} reclaimed running, {} gone before the reclaim, {} lost with a zone, {} nodes lost and replaced, {} calls throttled",
+                f.warned, f.interrupted, f.gone_before_reclaim, f.zone_lost, f.nodes_lost, f.throttled
             );
+        }
+        if let Some(i) = &self.interruptions {
+            let _ = writeln!(
+                t,
+                "interruptions    {} messages, {} nodes acted on, {} duplicates, {} replacements launched ({} denied), {} pods fit existing nodes",
+                i.received, i.acted, i.duplicates, i.replacements, i.replacements_denied, i.pods_on_existing
+            );
+        }
+        if let Some(n) = self.pending_after_settle_max {
+            let _ = writeln!(t, "pending          at most {n} at a sample after the first with none pending");
         }
         if let Some(rss) = self.peak_rss_mib {
             let _ = writeln!(t, "peak RSS         {rss:.0} MiB (whole process)");

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dovetail_actors::config::Config;
+use dovetail_actors::interruption::GetInterruptionStats;
 use dovetail_actors::kubelet::registrations;
 use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
 use dovetail_actors::pool::GetPoolStats;
@@ -28,8 +29,8 @@ use dovetail_core::scheduling::{self, PoolInput};
 use dovetail_raft::{InProcess, Ledger, propose_now};
 
 use crate::ha::{ControlNodes, Group, Turn};
-use crate::report::FaultCounts;
 use crate::report::{DisruptionRate, Report, Sample};
+use crate::report::{FaultCounts, InterruptionCounts};
 use crate::scenario::{FaultKind, Ice, Scenario, Workload};
 
 /// The plane's clock on tokio's time: virtual when tokio's clock is paused.
@@ -156,7 +157,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     }
     let mut config = Config { window: sc.window.clone(), ..Config::default() };
     config.disruption.enabled = sc.disruption;
-    let plane = Plane::start(
+    let mut plane = Plane::start(
         PlaneConfig { zones: sc.zones.clone(), pools: pools.clone(), limits, config },
         Seams {
             cloud: cloud.clone(),
@@ -167,6 +168,9 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         },
     )
     .map_err(|e| RunError::Config(e.to_string()))?;
+    // EC2's interruption events, from the sim cloud's queue (SQS's semantics in memory).
+    let queue: Arc<dyn dovetail_cloud::InterruptionQueue> = cloud.queue();
+    plane.consume_interruptions(vec![queue]);
     let mut workloads = Workloads::new();
     let mut registrar = Registrar::new(sc.registration_delay);
     let mut next_event = 0;
@@ -273,6 +277,18 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         }
     }
     let throttled = cloud.stats().throttled;
+    let interruptions = match &plane.interruption {
+        Some(actor) => actor.send(GetInterruptionStats).await.ok().map(|i| InterruptionCounts {
+            received: i.received.values().sum(),
+            acted: i.acted,
+            duplicates: i.duplicates,
+            replacements: i.replacements,
+            replacements_denied: i.replacements_denied,
+            pods_on_existing: i.pods_on_existing,
+        }),
+        None => None,
+    };
+    plane.stop_consumers();
     let control = match &group {
         Some(g) => {
             let report = g.report(sc.window.max);
@@ -345,12 +361,27 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         latency_ms: Percentiles::of(&latency),
         claims_created,
         relaunched,
-        faults: FaultCounts { interrupted: faults.interrupted, zone_lost: faults.zone_lost, nodes_lost, throttled },
+        faults: FaultCounts {
+            warned: faults.warned,
+            interrupted: faults.interrupted,
+            gone_before_reclaim: faults.due.saturating_sub(faults.interrupted),
+            zone_lost: faults.zone_lost,
+            nodes_lost,
+            throttled,
+        },
+        interruptions,
+        pending_after_settle_max: pending_after_settle(&samples),
         errors: plane.errors.counts(),
         peak_rss_mib: peak_rss_mib(),
         control,
         samples,
     })
+}
+
+/// The most pods pending at a sample after the first sample with none pending.
+fn pending_after_settle(samples: &[Sample]) -> Option<usize> {
+    let settled = samples.iter().position(|s| s.pending == 0)?;
+    Some(samples[settled..].iter().map(|s| s.pending).max().unwrap_or(0))
 }
 
 /// $/hour of the instances (`+ 0.0`: an empty f64 sum is -0.0).
@@ -430,6 +461,9 @@ struct Faults {
     spot_rate: f64,
     /// Spot instances warned, with when EC2 takes each back (two minutes after the warning).
     reclaims: Vec<(u64, String)>,
+    warned: u64,
+    /// Warnings whose reclaim came due.
+    due: u64,
     interrupted: u64,
     zone_lost: u64,
 }
@@ -450,6 +484,8 @@ impl Faults {
             throttle: None,
             spot_rate: 0.0,
             reclaims: Vec::new(),
+            warned: 0,
+            due: 0,
             interrupted: 0,
             zone_lost: 0,
         }
@@ -496,11 +532,14 @@ impl Faults {
             cloud.set_spot_interruption_rate(spot_rate);
         }
         let due = now.saturating_add(SPOT_WARNING_MS);
-        self.reclaims.extend(cloud.tick().into_iter().map(|id| (due, id)));
+        let warned = cloud.tick();
+        self.warned += warned.len() as u64;
+        self.reclaims.extend(warned.into_iter().map(|id| (due, id)));
         let (now_due, later): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.reclaims).into_iter().partition(|(at, _)| *at <= now);
         self.reclaims = later;
         let ids: Vec<String> = now_due.into_iter().map(|(_, id)| id).collect();
+        self.due += ids.len() as u64;
         self.interrupted += cloud.reclaim(&ids) as u64;
     }
 }
@@ -587,13 +626,17 @@ faults:
         let report = sys.block_on(async { run(&sc, &RunOptions::default(), &mut Count(0)).await }).expect("run");
         let f = report.faults;
         let t = report.text(None);
-        assert!(f.interrupted > 0 && f.zone_lost > 0 && f.throttled > 0, "{t}");
+        assert!(f.warned > 0 && f.zone_lost > 0 && f.throttled > 0, "{t}");
+        // Every warning was acted on: the node drained and terminated before EC2 came for it.
+        let i = report.interruptions.expect("the interruption pipeline ran");
+        assert_eq!((f.interrupted, f.gone_before_reclaim), (0, f.warned.min(i.received)), "{t}");
+        assert!(i.acted > 0 && i.acted <= i.received, "{t}");
         assert!(f.nodes_lost >= f.interrupted, "every reclaimed node was noticed: {t}");
         // Throttled calls wait for the retry-after (at most 30 s) instead of being asked again
         // every reconcile: about 100 claims over the 5-minute window. Asking every second made
         // 28,000 throttled calls.
         assert!(f.throttled < 3_000, "{t}");
-        assert!(t.contains("spot reclaimed"), "{t}");
+        assert!(t.contains("spot warnings") && t.contains("interruptions"), "{t}");
         assert_eq!((report.pods, report.pods_bound, report.pods_pending), (300, 300, 0), "{t}");
         // Nothing of the lost nodes is left behind: the nodes running are the claims alive.
         assert_eq!(report.nodes, report.samples.last().map_or(0, |s| s.nodes), "{t}");

@@ -20,6 +20,9 @@ use dovetail_core::nodepool::{Budget, BudgetNodes, DisruptionReason};
 use dovetail_core::resources::{ResourceList, ResourceName};
 use serde::{Deserialize, Serialize};
 
+mod interruption;
+pub use interruption::{InterruptionV1, NoticeV1, ReplacementV1};
+
 /// Why a record did not decode into the ledger's types.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -29,6 +32,8 @@ pub enum WireError {
     Reason(String),
     #[error("budget nodes {0:?} is neither a count nor a percentage")]
     BudgetNodes(String),
+    #[error("unknown interruption kind {0:?}")]
+    InterruptionKind(String),
 }
 
 /// A ledger entry, as stored in the log and replicated.
@@ -107,28 +112,30 @@ fn reason(s: &str) -> Result<DisruptionReason, WireError> {
     DisruptionReason::parse(s).ok_or_else(|| WireError::Reason(s.to_string()))
 }
 
+fn request(r: &ClaimRequest) -> ClaimRequestV1 {
+    ClaimRequestV1 {
+        id: r.id.clone(),
+        zone: r.zone.clone(),
+        resources: resources(&r.resources),
+        price_per_hour: r.price_per_hour,
+    }
+}
+
+fn claim_request(r: &ClaimRequestV1) -> ClaimRequest {
+    ClaimRequest {
+        id: r.id.clone(),
+        zone: r.zone.clone(),
+        resources: resource_list(&r.resources),
+        price_per_hour: r.price_per_hour,
+    }
+}
+
 fn requests(claims: &[ClaimRequest]) -> Vec<ClaimRequestV1> {
-    claims
-        .iter()
-        .map(|r| ClaimRequestV1 {
-            id: r.id.clone(),
-            zone: r.zone.clone(),
-            resources: resources(&r.resources),
-            price_per_hour: r.price_per_hour,
-        })
-        .collect()
+    claims.iter().map(request).collect()
 }
 
 fn claim_requests(claims: &[ClaimRequestV1]) -> Vec<ClaimRequest> {
-    claims
-        .iter()
-        .map(|r| ClaimRequest {
-            id: r.id.clone(),
-            zone: r.zone.clone(),
-            resources: resource_list(&r.resources),
-            price_per_hour: r.price_per_hour,
-        })
-        .collect()
+    claims.iter().map(claim_request).collect()
 }
 
 /// A disruption budget (`nodes` as the NodePool writes it: `"10%"` or `"3"`).
@@ -246,6 +253,13 @@ pub enum CommandV1 {
     EndDisruption {
         command: String,
     },
+    Interrupt {
+        notices: Vec<NoticeV1>,
+    },
+    ReplaceInterrupted {
+        instances: Vec<String>,
+        replacements: Vec<ReplacementV1>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -325,6 +339,7 @@ pub enum DenialV1 {
     GlobalCap { resource: String },
     SpendCap,
     DuplicateId,
+    Unneeded,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -337,6 +352,7 @@ pub enum OutcomeV1 {
     Rejected { reason: String },
     Fenced { term: Term },
     Disrupting { refused: Option<String> },
+    Interrupted { recorded: Vec<String>, duplicates: Vec<String> },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -376,6 +392,10 @@ pub struct StateV1 {
     /// Disruption commands under way (absent in what versions before disruption wrote).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub disruptions: BTreeMap<String, DisruptionV1>,
+    /// Interruptions recorded, by instance (absent in what versions before interruption
+    /// handling wrote).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub interruptions: BTreeMap<String, InterruptionV1>,
     pub term: Term,
     pub now: Millis,
     pub applied: u64,
@@ -432,6 +452,13 @@ impl From<&Command> for CommandV1 {
                 not_ready: not_ready.clone(),
             },
             Command::EndDisruption { command } => CommandV1::EndDisruption { command: command.clone() },
+            Command::Interrupt { notices } => {
+                CommandV1::Interrupt { notices: notices.iter().map(NoticeV1::from).collect() }
+            }
+            Command::ReplaceInterrupted { instances, replacements } => CommandV1::ReplaceInterrupted {
+                instances: instances.clone(),
+                replacements: replacements.iter().map(ReplacementV1::from).collect(),
+            },
         }
     }
 }
@@ -481,6 +508,13 @@ impl CommandV1 {
                 not_ready: not_ready.clone(),
             },
             CommandV1::EndDisruption { command } => Command::EndDisruption { command: command.clone() },
+            CommandV1::Interrupt { notices } => {
+                Command::Interrupt { notices: notices.iter().map(NoticeV1::to_core).collect::<Result<_, _>>()? }
+            }
+            CommandV1::ReplaceInterrupted { instances, replacements } => Command::ReplaceInterrupted {
+                instances: instances.clone(),
+                replacements: replacements.iter().map(ReplacementV1::to_core).collect(),
+            },
         })
     }
 }
@@ -644,6 +678,7 @@ impl From<&Denial> for DenialV1 {
             Denial::GlobalCap { resource } => DenialV1::GlobalCap { resource: resource.as_str().to_string() },
             Denial::SpendCap => DenialV1::SpendCap,
             Denial::DuplicateId => DenialV1::DuplicateId,
+            Denial::Unneeded => DenialV1::Unneeded,
         }
     }
 }
@@ -656,6 +691,7 @@ impl DenialV1 {
             DenialV1::GlobalCap { resource } => Denial::GlobalCap { resource: ResourceName::parse(resource) },
             DenialV1::SpendCap => Denial::SpendCap,
             DenialV1::DuplicateId => Denial::DuplicateId,
+            DenialV1::Unneeded => Denial::Unneeded,
         }
     }
 }
@@ -675,6 +711,9 @@ impl From<&Outcome> for OutcomeV1 {
             Outcome::Rejected { reason } => OutcomeV1::Rejected { reason: reason.clone() },
             Outcome::Fenced { term } => OutcomeV1::Fenced { term: *term },
             Outcome::Disrupting { refused } => OutcomeV1::Disrupting { refused: refused.clone() },
+            Outcome::Interrupted { recorded, duplicates } => {
+                OutcomeV1::Interrupted { recorded: recorded.clone(), duplicates: duplicates.clone() }
+            }
         }
     }
 }
@@ -694,6 +733,9 @@ impl OutcomeV1 {
             OutcomeV1::Rejected { reason } => Outcome::Rejected { reason: reason.clone() },
             OutcomeV1::Fenced { term } => Outcome::Fenced { term: *term },
             OutcomeV1::Disrupting { refused } => Outcome::Disrupting { refused: refused.clone() },
+            OutcomeV1::Interrupted { recorded, duplicates } => {
+                Outcome::Interrupted { recorded: recorded.clone(), duplicates: duplicates.clone() }
+            }
         }
     }
 }
@@ -743,6 +785,7 @@ impl From<StateParts> for StateV1 {
                     (id.clone(), v)
                 })
                 .collect(),
+            interruptions: interruption::records(&p.interruptions),
             term: p.term,
             now: p.now,
             applied: p.applied,
@@ -811,6 +854,7 @@ impl StateV1 {
             batches,
             unavailable,
             disruptions,
+            interruptions: interruption::to_records(&self.interruptions)?,
             term: self.term,
             now: self.now,
             applied: self.applied,
@@ -819,7 +863,7 @@ impl StateV1 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use dovetail_core::ledger::ClaimState;
 
@@ -831,7 +875,7 @@ mod tests {
         Offering { instance_type: t.into(), zone: zone.into(), capacity_type: ct }
     }
 
-    fn m5_large() -> ResourceList {
+    pub(super) fn m5_large() -> ResourceList {
         ResourceList::from_pairs([
             (ResourceName::Cpu, 2000),
             (ResourceName::Memory, 8 << 30),
@@ -841,7 +885,7 @@ mod tests {
     }
 
     /// A log that uses every command, step, claim state, denial and outcome of version 1.
-    fn entries() -> Vec<Entry> {
+    pub(super) fn entries() -> Vec<Entry> {
         let e = |term, at, command| Entry { term, at, command };
         let launched = |batch: &str, instance: &str, ct| Step::Launched {
             batch: batch.into(),
@@ -1015,7 +1059,7 @@ mod tests {
     /// Writes the fixtures when `DOVETAIL_WRITE_LEDGER_FIXTURES` is set (once, when a version
     /// is introduced); otherwise reads them.
     #[allow(clippy::disallowed_methods, reason = "a test's switch to write its fixtures, read nowhere else")]
-    fn fixture(name: &str, text: &str, current: &str) -> String {
+    pub(super) fn fixture(name: &str, text: &str, current: &str) -> String {
         if std::env::var_os("DOVETAIL_WRITE_LEDGER_FIXTURES").is_some() {
             #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
             let path = std::path::PathBuf::from(
@@ -1048,6 +1092,7 @@ mod tests {
                 Outcome::Rejected { .. } => "rejected",
                 Outcome::Fenced { .. } => "fenced",
                 Outcome::Disrupting { .. } => "disrupting",
+                Outcome::Interrupted { .. } => "interrupted",
             })
             .collect();
         assert_eq!(kinds.len(), 9, "{kinds:?}");

@@ -155,6 +155,11 @@ impl NodePoolActor {
                     }
                     commands.push((id.clone(), cmd.candidates.clone(), disruption::progress(s, cmd, now, timeout)));
                 }
+                // An interrupted claim is EC2's to take: no method disrupts it, and its taint
+                // is not stale.
+                for (claim, (record, _)) in dovetail_core::interruption::interrupted_claims(s, &name) {
+                    leases.entry(claim).or_insert_with(|| format!("interruption/{}", record.kind));
+                }
                 let unavailable: BTreeSet<Offering> = s.unavailable(now).cloned().collect();
                 (claims, available, leases, commands, (unavailable, not_ready))
             })

@@ -116,10 +116,11 @@ impl NodePoolActor {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 let unavailable: BTreeSet<Offering> = s.unavailable(now).cloned().collect();
-                (claims, batches, unavailable)
+                let interrupted = dovetail_core::interruption::interrupted_claims(s, &name);
+                (claims, batches, (unavailable, interrupted))
             })
             .await;
-            let (claims, batches, unavailable) = match read {
+            let (claims, batches, (unavailable, interrupted)) = match read {
                 Ok(r) => r,
                 Err(e) => {
                     errors.warn("read_claims", "ledger", &pool, &e);
@@ -145,6 +146,7 @@ impl NodePoolActor {
                     zones: &zones,
                     unavailable: &unavailable,
                     busy: &busy,
+                    interrupted: &interrupted,
                 };
                 let plan = reconcile(&input, &cfg.lifecycle, &mut memory);
                 Planned { plan, memory, snapshot, synced, live }

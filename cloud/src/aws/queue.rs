@@ -13,6 +13,8 @@ use crate::{BoxFuture, CloudError, InterruptionQueue, QueueMessage};
 pub struct SqsQueue {
     sqs: Client,
     url: String,
+    /// The visibility timeout each receive asks for (the queue's own when `None`).
+    visibility: Option<Duration>,
 }
 
 fn sqs_error<E, R>(action: &str, err: SdkError<E, R>) -> CloudError
@@ -27,7 +29,7 @@ where
 impl SqsQueue {
     /// The queue at `url`, on the SDK configuration of [`super::sdk_config`].
     pub fn new(sdk: &aws_config::SdkConfig, url: &str) -> Self {
-        SqsQueue { sqs: Client::new(sdk), url: url.to_string() }
+        SqsQueue { sqs: Client::new(sdk), url: url.to_string(), visibility: None }
     }
 
     /// The queue named `name` (GetQueueUrl).
@@ -38,11 +40,18 @@ impl SqsQueue {
             what: format!("interruption queue {name}"),
             reason: "GetQueueUrl returned no URL".into(),
         })?;
-        Ok(SqsQueue { sqs, url: url.to_string() })
+        Ok(SqsQueue { sqs, url: url.to_string(), visibility: None })
     }
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Each receive hides its messages for `visibility` (whole seconds, at least 1), instead
+    /// of the queue's default.
+    pub fn with_visibility(mut self, visibility: Duration) -> Self {
+        self.visibility = Some(visibility);
+        self
     }
 }
 
@@ -55,6 +64,7 @@ impl InterruptionQueue for SqsQueue {
                 .queue_url(&self.url)
                 .max_number_of_messages(max.clamp(1, 10) as i32)
                 .wait_time_seconds(wait.as_secs().min(20) as i32)
+                .set_visibility_timeout(self.visibility.map(|v| v.as_secs().clamp(1, 43_200) as i32))
                 .send()
                 .await
                 .map_err(|e| sqs_error("ReceiveMessage", e))?;

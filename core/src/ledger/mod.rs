@@ -16,10 +16,12 @@
 //! effects (which run only after their intent committed in the current term) never run.
 //! The async `Ledger` seam and its implementations live in `dovetail-raft`.
 
+mod interrupt;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use interrupt::INTERRUPTION_MEMORY;
 pub use types::*;
 
 use crate::catalog::CapacityType;
@@ -40,6 +42,10 @@ pub struct State {
     unavailable: BTreeMap<Offering, Millis>,
     /// Disruption commands granted and not ended, by id.
     disruptions: BTreeMap<String, DisruptionCommand>,
+    /// Interruptions recorded, by instance (see [`Command::Interrupt`]).
+    interruptions: BTreeMap<String, Interruption>,
+    /// Derived from `claims` and `interruptions` (not stored in snapshots).
+    index: interrupt::Index,
     /// The highest term applied.
     term: Term,
     /// The latest proposer time applied (entries are clamped to it: time never goes back).
@@ -62,6 +68,7 @@ pub struct StateParts {
     /// until an entry sweeps them).
     pub unavailable: BTreeMap<Offering, Millis>,
     pub disruptions: BTreeMap<String, DisruptionCommand>,
+    pub interruptions: BTreeMap<String, Interruption>,
     pub term: Term,
     pub now: Millis,
     pub applied: u64,
@@ -103,6 +110,7 @@ impl State {
             batches: self.batches,
             unavailable: self.unavailable,
             disruptions: self.disruptions,
+            interruptions: self.interruptions,
             term: self.term,
             now: self.now,
             applied: self.applied,
@@ -111,6 +119,7 @@ impl State {
 
     /// The state with these parts, as [`State::into_parts`] gave them (a snapshot restored).
     pub fn from_parts(p: StateParts) -> State {
+        let index = interrupt::Index::build(&p.interruptions, &p.claims);
         State {
             pools: p.pools,
             caps: p.caps,
@@ -120,6 +129,8 @@ impl State {
             batches: p.batches,
             unavailable: p.unavailable,
             disruptions: p.disruptions,
+            interruptions: p.interruptions,
+            index,
             term: p.term,
             now: p.now,
             applied: p.applied,
@@ -307,6 +318,9 @@ impl State {
                     resources.set(ResourceName::Nodes, 1);
                     self.hold(&c.pool, &resources, c.price_per_hour);
                     let claim = Claim { resources, reserved_at: at, changed_at: at, ..c.clone() };
+                    if let Some(instance) = claim.state.instance() {
+                        self.index.by_instance.insert(instance.to_string(), c.id.clone());
+                    }
                     self.claims.insert(c.id.clone(), claim);
                     granted.push(c.id.clone());
                 }
@@ -327,6 +341,10 @@ impl State {
             Command::EndDisruption { command } => {
                 self.disruptions.remove(command);
                 Outcome::Done
+            }
+            Command::Interrupt { notices } => self.interrupt(at, notices),
+            Command::ReplaceInterrupted { instances, replacements } => {
+                self.replace_interrupted(at, instances, replacements)
             }
             Command::MarkUnavailable { offerings, until } => {
                 if *until > at {
@@ -663,14 +681,21 @@ impl State {
                     return reject("Gone");
                 }
                 let (pool, resources, price) = (claim.pool.clone(), claim.resources.clone(), claim.price_per_hour);
+                if let Some(instance) = claim.state.instance() {
+                    self.index.by_instance.remove(instance);
+                }
                 self.release(&pool, &resources, price);
                 self.claims.remove(id);
+                self.index.forget_claim(&pool, id);
                 return Ok(());
             }
         };
         if let Some(c) = self.claims.get_mut(id)
             && c.state != next
         {
+            if let Some(instance) = next.instance() {
+                self.index.by_instance.insert(instance.to_string(), id.to_string());
+            }
             c.state = next;
             c.changed_at = at;
         }
@@ -679,16 +704,16 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     const GIB: i64 = 1 << 30;
 
-    fn entry(at: Millis, command: Command) -> Entry {
+    pub(super) fn entry(at: Millis, command: Command) -> Entry {
         Entry { term: 1, at, command }
     }
 
-    fn req(id: &str, cpu: i64, price: f64) -> ClaimRequest {
+    pub(super) fn req(id: &str, cpu: i64, price: f64) -> ClaimRequest {
         ClaimRequest {
             id: id.into(),
             zone: "us-east-1a".into(),
@@ -897,7 +922,7 @@ mod tests {
     }
 
     /// A pool `name` with `n` initialized claims `name-0`.. of 2 cpu at $0.1/h.
-    fn initialized_pool(s: &mut State, name: &str, n: usize, limits: ResourceList) {
+    pub(super) fn initialized_pool(s: &mut State, name: &str, n: usize, limits: ResourceList) {
         s.apply(&entry(0, Command::SetPool { pool: name.into(), limits }));
         let ids: Vec<String> = (0..n).map(|i| format!("{name}-{i}")).collect();
         s.apply(&entry(1, reserve(name, ids.iter().map(|id| req(id, 2, 0.1)).collect())));

@@ -327,6 +327,66 @@ pub enum Command {
     EndDisruption {
         command: String,
     },
+    /// One batch of interruption notices (a queue batch's, never one entry per message). Each
+    /// instance is recorded once: a notice for an instance recorded already is a duplicate
+    /// and changes nothing (at-least-once delivery is harmless), unless it acts where the
+    /// recorded one did not (a spot warning after a rebalance recommendation) or brings the
+    /// deadline forward. A spot warning's offering is marked unavailable.
+    Interrupt {
+        notices: Vec<Notice>,
+    },
+    /// The capacity for interrupted instances' pods, sized for `instances` together: each
+    /// replacement is reserved in its pool against the limits and caps with the pool's
+    /// interrupted claims' holdings taken off (they go within minutes whatever is decided;
+    /// budgets do not apply: the disruption is EC2's). Only instances recorded as acting,
+    /// with a live claim and not sized before, are sized by this entry; a replacement that
+    /// serves none of them is [`Denial::Unneeded`] (another proposer sized them first).
+    ReplaceInterrupted {
+        instances: Vec<String>,
+        replacements: Vec<Replacement>,
+    },
+}
+
+/// A replacement for interrupted instances' pods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replacement {
+    pub pool: String,
+    pub claim: ClaimRequest,
+    /// The instances whose pods it takes.
+    pub serves: Vec<String>,
+}
+
+/// An instance EC2 is taking back (or warns about), as the proposer resolved it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Notice {
+    pub instance: String,
+    pub kind: crate::interruption::Kind,
+    /// The claim whose instance it is; `None` for an instance that is not the cluster's
+    /// (recorded all the same, so that its redeliveries are known).
+    pub claim: Option<String>,
+    /// When EC2 takes the instance: the drain ends by then.
+    pub deadline: Millis,
+    /// Whether the claim is to be replaced and drained (false: recorded only, as a
+    /// rebalance recommendation is by default).
+    pub acts: bool,
+    /// An offering to mark unavailable, until when (a spot interruption's).
+    pub unavailable: Option<(Offering, Millis)>,
+}
+
+/// An interruption the ledger recorded, by instance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Interruption {
+    pub kind: crate::interruption::Kind,
+    pub claim: Option<String>,
+    pub acts: bool,
+    /// When it was recorded (the entry's time).
+    pub at: Millis,
+    pub deadline: Millis,
+    /// Whether its replacements were sized ([`Command::ReplaceInterrupted`]; none may have
+    /// been needed).
+    pub sized: bool,
+    /// The replacement claims granted for its pods.
+    pub replacements: Vec<String>,
 }
 
 /// A command with the proposer's term and timestamp.
@@ -351,6 +411,8 @@ pub enum Denial {
     SpendCap,
     /// A live claim has this id already.
     DuplicateId,
+    /// An interruption replacement none of whose instances is left to size.
+    Unneeded,
 }
 
 impl fmt::Display for Denial {
@@ -361,6 +423,7 @@ impl fmt::Display for Denial {
             Denial::GlobalCap { resource } => write!(f, "global cap on {resource} reached"),
             Denial::SpendCap => f.write_str("global $/hour cap reached"),
             Denial::DuplicateId => f.write_str("a live claim has this id"),
+            Denial::Unneeded => f.write_str("the instances it serves were sized already"),
         }
     }
 }
@@ -385,6 +448,12 @@ pub enum Outcome {
     /// Of a [`Command::Disrupt`]: `None` when granted, else why not (nothing changed).
     Disrupting {
         refused: Option<String>,
+    },
+    /// Of a [`Command::Interrupt`]: the instances recorded (or whose record changed), and
+    /// the duplicates (nothing changed).
+    Interrupted {
+        recorded: Vec<String>,
+        duplicates: Vec<String>,
     },
     /// Nothing changed; the command was not valid in this state.
     Rejected {

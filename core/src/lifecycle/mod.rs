@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::catalog::InstanceType;
 use crate::cluster::{Event, NodeClaim, ObjectKind, Snapshot, TERMINATION_FINALIZER};
 use crate::effect::{Action, Effect};
-use crate::ledger::{BatchRecord, Claim, ClaimState, Millis, Offering, Step};
+use crate::ledger::{BatchRecord, Claim, ClaimState, Interruption, Millis, Offering, Step};
 
 use crate::node::Node;
 use crate::plane::Liveness;
@@ -50,11 +50,18 @@ pub struct Config {
     /// How long a reserved claim may have no NodeClaim before its round is taken as cut off
     /// (a restart between the reservation and the create) and the claim released.
     pub create_grace: Millis,
+    /// When an interrupted claim starts draining, and how long it has.
+    pub interruption: crate::interruption::Settings,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { liveness: Liveness::default(), lost_grace: 30_000, create_grace: 30_000 }
+        Config {
+            liveness: Liveness::default(),
+            lost_grace: 30_000,
+            create_grace: 30_000,
+            interruption: crate::interruption::Settings::default(),
+        }
     }
 }
 
@@ -70,6 +77,13 @@ impl Config {
         }
         if self.create_grace == 0 {
             return bad("create_grace", "must be positive (a round creates its NodeClaims after it reserves them)");
+        }
+        let i = &self.interruption;
+        if i.spot_notice == 0 || i.drain_lead > i.spot_notice {
+            return bad("interruption.drain_lead", "must be at most interruption.spot_notice (EC2's two minutes)");
+        }
+        if i.replace_timeout == 0 {
+            return bad("interruption.replace_timeout", "must be positive");
         }
         Ok(())
     }
@@ -127,6 +141,9 @@ pub struct Input<'a> {
     pub unavailable: &'a BTreeSet<Offering>,
     /// Claims a provisioning round of this actor is still reserving or creating: left alone.
     pub busy: &'a BTreeSet<String>,
+    /// The pool's interrupted claims (acting records, by claim), with whether every
+    /// replacement granted for each is ready ([`crate::interruption::interrupted_claims`]).
+    pub interrupted: &'a BTreeMap<String, (Interruption, bool)>,
 }
 
 /// The planner's answer.
@@ -428,6 +445,15 @@ fn plan_claim(
     if let Some((reason, message)) = deleted(cx) {
         plan.step(id, Step::Terminating);
         plan.event(id, ObjectKind::NodeClaim, id, false, reason, message);
+        return;
+    }
+    if let Some((record, ready)) = input.interrupted.get(id)
+        && crate::interruption::drain_now(record, *ready, input.now, &cfg.interruption)
+    {
+        plan.step(id, Step::Terminating);
+        let why = if *ready && record.sized { "its replacements are ready" } else { "its deadline is near" };
+        let message = format!("nodeclaim {id} draining on {} ({why})", record.kind);
+        plan.event(id, ObjectKind::NodeClaim, id, false, "InterruptionDraining", message);
         return;
     }
     if let Some(expired) = cfg.liveness.check(&cx.state, cx.claim.reserved_at, input.now) {

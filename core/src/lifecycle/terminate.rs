@@ -34,11 +34,18 @@ pub(super) fn terminating(
                 let patch = NodePatch { add_taints: vec![taint], ..NodePatch::default() };
                 plan.effect(id, Action::PatchNode { node: node.name.clone(), patch });
             }
-            // The terminationGracePeriod runs from when the claim started terminating.
-            let deadline = cx
+            // The terminationGracePeriod runs from when the claim started terminating; an
+            // interruption's deadline (EC2 takes the instance then) comes first if sooner.
+            let grace = cx
                 .nc()
                 .and_then(|nc| nc.spec.termination_grace_period)
                 .map(|tgp| cx.changed_at.saturating_add(crate::clock::to_millis(tgp)));
+            let interruption =
+                input.interrupted.get(id).map(|(r, _)| r.deadline).filter(|d| *d != crate::interruption::NO_DEADLINE);
+            let deadline = match (grace, interruption) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let pods = pods.map(|v| v.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).unwrap_or_default();
             let step = drain_step(pods, cx.now, deadline);
             if !step.is_done() {

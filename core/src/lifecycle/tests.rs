@@ -159,6 +159,7 @@ impl World {
             zones: &zones,
             unavailable: &self.unavailable,
             busy: &self.busy,
+            interrupted: &crate::interruption::interrupted_claims(&self.ledger, POOL),
         };
         reconcile(&input, &Config::default(), &mut self.memory)
     }
@@ -705,4 +706,78 @@ proptest! {
         w.synced = false;
         prop_assert!(w.plan().is_empty());
     }
+}
+
+/// A spot warning for `claim`'s instance `instance` at `w.now`, and (with `replacement`) the
+/// capacity for its pods reserved.
+fn interrupt(w: &mut World, claim: &str, instance: &str, replacement: Option<&str>) {
+    let notice = crate::ledger::Notice {
+        instance: instance.into(),
+        kind: crate::interruption::Kind::SpotInterrupted,
+        claim: Some(claim.into()),
+        deadline: w.now + 120_000,
+        acts: true,
+        unavailable: None,
+    };
+    w.propose(Command::Interrupt { notices: vec![notice] });
+    let replacements = replacement
+        .map(|id| crate::ledger::Replacement {
+            pool: POOL.into(),
+            claim: ClaimRequest {
+                id: id.into(),
+                zone: ZONE.into(),
+                resources: ResourceList::cpu_mem(2000, 8 << 30),
+                price_per_hour: 96_000,
+            },
+            serves: vec![instance.into()],
+        })
+        .into_iter()
+        .collect();
+    w.propose(Command::ReplaceInterrupted { instances: vec![instance.into()], replacements });
+}
+
+#[test]
+fn an_interrupted_node_drains_once_its_replacement_is_ready() {
+    let mut w = World::new();
+    w.claim("default-a", vec![launched("i-1")]);
+    let node = w.node("i-1");
+    let plan = w.plan();
+    w.apply(&plan);
+    let pod = w.pod_on("web-0", &node);
+    interrupt(&mut w, "default-a", "i-1", Some("default-r"));
+    w.now += 10_000;
+    let plan = w.plan();
+    assert!(!plan.steps.contains(&("default-a".into(), Step::Terminating)), "its replacement is not ready");
+    for s in [launched("i-2"), Step::Registered, Step::Initialized] {
+        w.step("default-r", s);
+    }
+    let plan = w.plan();
+    assert!(plan.steps.contains(&("default-a".into(), Step::Terminating)), "{:?}", plan.steps);
+    assert!(has(&plan, |a| matches!(a, Action::Event(e) if e.reason == "InterruptionDraining")));
+    assert!(has(&plan, |a| matches!(a, Action::Evict(p) if *p == pod)), "evicted while there is time");
+}
+
+#[test]
+fn an_interrupted_node_drains_by_its_deadline_without_its_replacement() {
+    let mut w = World::new();
+    w.claim("default-a", vec![launched("i-1")]);
+    let node = w.node("i-1");
+    let plan = w.plan();
+    w.apply(&plan);
+    let pod = w.pod_on("web-0", &node);
+    let warned = w.now;
+    interrupt(&mut w, "default-a", "i-1", Some("default-r"));
+    w.now = warned + 120_000 - 45_001;
+    assert!(!w.plan().steps.contains(&("default-a".into(), Step::Terminating)));
+    w.now += 1;
+    let plan = w.plan();
+    assert!(plan.steps.contains(&("default-a".into(), Step::Terminating)), "the drain lead reached");
+    assert!(has(&plan, |a| matches!(a, Action::Evict(p) if *p == pod)));
+    w.apply(&plan);
+    // The pod was evicted in the world; put it back as if its PDB refused: at the deadline
+    // less its 30 s grace it is deleted, PDBs or not.
+    let pod = w.pod_on("web-0", &node);
+    w.now = warned + 120_000 - 30_000;
+    let plan = w.plan();
+    assert!(has(&plan, |a| matches!(a, Action::DeletePod(p) if *p == pod)), "{:?}", plan.effects);
 }

@@ -1,0 +1,147 @@
+//! The capacity an interrupted node's pods need, launched on the warning rather than after
+//! the instance is gone: the provisioning solve places the nodes' reschedulable pods on the
+//! cluster without those nodes (existing room first, as Karpenter's provisioner would once
+//! they were pending), and the new claims it makes are the replacements. A replacement is
+//! sized by its pods, not copied from the node it replaces.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use crate::cluster::Snapshot;
+use crate::disruption::candidates::is_reschedulable;
+use crate::pod::Pod;
+use crate::scheduling::{self, NewClaim, PoolInput, SolveOptions};
+
+/// An interrupted node: its instance (what the ledger records) and its node's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Going {
+    pub instance: String,
+    pub node: String,
+}
+
+/// What [`size`] found.
+#[derive(Debug, Default)]
+pub struct Sizing {
+    /// New claims, each with the instances whose pods it takes.
+    pub claims: Vec<(NewClaim, Vec<String>)>,
+    /// Pods that fit on existing room (no new capacity needed for them).
+    pub on_existing: usize,
+    /// Pods no capacity can take, with why (they will be pending, as on Karpenter).
+    pub unplaced: Vec<(String, String)>,
+    /// NodePools that could not take part, and why.
+    pub warnings: Vec<String>,
+}
+
+/// Sizes the capacity for `going`'s pods: the cluster without those nodes (nor their pods),
+/// the NodePools `pools`, the pods placed by [`scheduling::solve`]. The new claims keep the
+/// order the solve made them in.
+pub fn size(snap: &Snapshot, pools: &[PoolInput], going: &[Going], opts: &SolveOptions) -> Sizing {
+    let nodes: BTreeSet<&str> = going.iter().map(|g| g.node.as_str()).collect();
+    let instance_of: BTreeMap<&str, &str> = going.iter().map(|g| (g.node.as_str(), g.instance.as_str())).collect();
+    // Their pods, unbound, with where each came from.
+    let mut pods: Vec<Pod> = Vec::new();
+    let mut from: Vec<&str> = Vec::new();
+    for p in snap.pods.values() {
+        let Some(node) = p.node_name.as_deref().filter(|n| nodes.contains(n)) else { continue };
+        if !is_reschedulable(p) {
+            continue;
+        }
+        pods.push(Pod { node_name: None, nominated_node: None, ..p.as_ref().clone() });
+        from.push(instance_of.get(node).copied().unwrap_or_default());
+    }
+    if pods.is_empty() {
+        return Sizing::default();
+    }
+    let capacity: Vec<_> = snap.capacity_nodes().into_iter().filter(|n| !nodes.contains(n.name.as_str())).collect();
+    let mut input = snap.scheduling_input(capacity, pools.to_vec());
+    let leaving: HashSet<&str> = nodes.iter().copied().collect();
+    input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !leaving.contains(n)));
+    let results = scheduling::solve(&input, &pods, opts);
+    let on_existing = results.existing.iter().map(|e| e.pods.len()).sum();
+    let claims = results
+        .claims
+        .into_iter()
+        .map(|c| {
+            let serves: BTreeSet<String> = c.pods.iter().filter_map(|&i| from.get(i)).map(|s| s.to_string()).collect();
+            (c, serves.into_iter().collect())
+        })
+        .collect();
+    let unplaced =
+        results.errors.into_iter().filter_map(|(i, why)| Some((pods.get(i)?.key.to_string(), why))).collect();
+    Sizing { claims, on_existing, unplaced, warnings: results.warnings }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use crate::catalog::{Catalog, NodeClassSettings};
+    use crate::labels;
+    use crate::node::Node;
+    use crate::nodepool::NodePool;
+    use crate::requirements::Requirements;
+    use crate::resources::{ResourceList, ResourceName};
+
+    const ZONE: &str = "us-east-1a";
+
+    fn node(snap: &mut Snapshot, name: &str, pods: usize) {
+        let n = Node {
+            name: name.into(),
+            labels: [
+                (labels::NODEPOOL.to_string(), "default".to_string()),
+                (labels::INSTANCE_TYPE.to_string(), "m5.large".to_string()),
+                (labels::CAPACITY_TYPE.to_string(), "spot".to_string()),
+                (labels::ZONE.to_string(), ZONE.to_string()),
+            ]
+            .into_iter()
+            .collect(),
+            allocatable: ResourceList::from_pairs([
+                (ResourceName::Cpu, 1930),
+                (ResourceName::Memory, 7 << 30),
+                (ResourceName::Pods, 29),
+            ]),
+            initialized: true,
+            ready: true,
+            provider_id: Some(crate::lifecycle::provider_id(ZONE, &format!("i-{name}"))),
+            ..Node::default()
+        };
+        snap.nodes.insert(name.into(), Arc::new(n));
+        for i in 0..pods {
+            let mut p = Pod::new("default", &format!("{name}-{i}"), ResourceList::cpu_mem(300, 256 << 20));
+            p.node_name = Some(name.into());
+            snap.pods.insert(p.key.clone(), Arc::new(p));
+        }
+    }
+
+    fn pools() -> Vec<PoolInput> {
+        let c = Catalog::embedded("us-east-1").expect("catalog");
+        let types: Vec<_> = c
+            .instance_types(&NodeClassSettings::default(), None)
+            .into_iter()
+            .filter(|t| t.name == "m5.large" || t.name == "m5.xlarge")
+            .collect();
+        vec![PoolInput { pool: NodePool::new("default", Requirements::new()), instance_types: Arc::new(types) }]
+    }
+
+    #[test]
+    fn the_pods_go_to_existing_room_first_and_the_rest_to_new_claims_naming_their_instance() {
+        let mut snap = Snapshot::default();
+        node(&mut snap, "a", 6);
+        node(&mut snap, "b", 5);
+        let going = [Going { instance: "i-a".into(), node: "a".into() }];
+        let s = size(&snap, &pools(), &going, &SolveOptions::default());
+        assert_eq!(s.on_existing, 1, "one 300m pod fits b's 430m");
+        let on_new: usize = s.claims.iter().map(|(c, _)| c.pods.len()).sum();
+        assert_eq!(on_new, 5);
+        assert!(s.claims.iter().all(|(_, serves)| serves == &["i-a".to_string()]));
+        assert!(s.unplaced.is_empty(), "{:?}", s.unplaced);
+        // Both going: nothing is left to fit on; b's pods are counted against b's instance.
+        let both = [going[0].clone(), Going { instance: "i-b".into(), node: "b".into() }];
+        let s = size(&snap, &pools(), &both, &SolveOptions::default());
+        assert_eq!(s.on_existing, 0);
+        assert_eq!(s.claims.iter().map(|(c, _)| c.pods.len()).sum::<usize>(), 11);
+        let served: BTreeSet<&str> = s.claims.iter().flat_map(|(_, v)| v.iter().map(String::as_str)).collect();
+        assert_eq!(served, ["i-a", "i-b"].into_iter().collect());
+        assert!(size(&snap, &pools(), &[], &SolveOptions::default()).claims.is_empty());
+    }
+}
