@@ -81,6 +81,8 @@ impl Supervised for NodePoolActor {
     }
 }
 
+impl Supervised for InterruptionActor {}
+
 impl Supervised for Router {
     fn restarting(&mut self, _: &mut Context<Self>) {
         Router::restarting(self);
@@ -231,7 +233,7 @@ impl Plane {
             cfg: w.config.clone(),
             zones: w.zones.keys().cloned().collect(),
         };
-        let actor = InterruptionActor::new(wiring).start();
+        let actor = Supervisor::start(move |_| InterruptionActor::new(wiring));
         let (tx, rx) = tokio::sync::watch::channel(false);
         let parts = (w.clock.clone(), w.errors.clone(), w.config.interruption.clone());
         crate::interruption::consume::start(&queues, actor.clone(), w.ledger.leadership(), parts, rx);
