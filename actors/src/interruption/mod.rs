@@ -285,6 +285,8 @@ enum NotActed {
     Ledger(String),
     #[error("the term is over (fenced at term {0})")]
     Fenced(Term),
+    #[error("sizing the replacements panicked: {0}")]
+    Sizing(String),
 }
 
 impl Work {
@@ -359,15 +361,15 @@ impl Work {
         // 3. The capacity their pods need, sized off the actor thread.
         let pools: Vec<PoolInput> = self.pools.values().map(|(p, _)| p.clone()).collect();
         let opts = self.cfg.solve.clone();
-        let sizing_going = going.clone();
-        let sizing = tokio::task::spawn_blocking(move || interruption::size(&snap, &pools, &sizing_going, &opts))
+        let instances: Vec<String> = going.iter().map(|g| g.instance.clone()).collect();
+        let sized_on = snap.clone();
+        let sizing = tokio::task::spawn_blocking(move || interruption::size(&sized_on, &pools, &going, &opts))
             .await
-            .map_err(|e| NotActed::Ledger(format!("sizing panicked: {e}")))?;
+            .map_err(|e| NotActed::Sizing(e.to_string()))?;
         acted.on_existing = sizing.on_existing as u64;
         for (pod, why) in &sizing.unplaced {
             self.errors.note("size_replacements", "unplaced", &format!("pod/{pod}"), why);
         }
-        let snap = self.view.snapshot();
         let mut replacements = Vec::new();
         let mut creates = Vec::new();
         let pool_list: Vec<&(PoolInput, Addr<NodePoolActor>)> = self.pools.values().collect();
@@ -387,7 +389,6 @@ impl Work {
             creates.push((pool.clone(), planned.nodeclaim));
             replacements.push(Replacement { pool, claim: planned.reserve, serves: serves.clone() });
         }
-        let instances: Vec<String> = going.iter().map(|g| g.instance.clone()).collect();
         let outcome = self
             .propose(term, self.clock.now_millis(), Command::ReplaceInterrupted { instances, replacements })
             .await?;
