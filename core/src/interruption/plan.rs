@@ -150,7 +150,7 @@ pub fn drain_now(record: &Interruption, ready: bool, now: Millis, s: &Settings) 
 /// longer): what the lifecycle drains by.
 pub fn interrupted_claims(state: &State, pool: &str) -> BTreeMap<String, (Interruption, bool)> {
     let mut out = BTreeMap::new();
-    for c in state.claims_of(pool) {
+    for c in state.interrupted_in(pool) {
         let Some(r) = state.interruption_of(&c.id).filter(|r| r.acts) else { continue };
         let ready = r
             .replacements

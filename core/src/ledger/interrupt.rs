@@ -77,6 +77,12 @@ impl State {
         self.interruptions.get(instance).filter(|r| r.claim.as_deref() == Some(claim))
     }
 
+    /// The live claims of `pool` interrupted by an acting notice (the index the ledger keeps
+    /// for replacements: no scan of the pool's claims).
+    pub fn interrupted_in<'a>(&'a self, pool: &str) -> impl Iterator<Item = &'a Claim> + 'a {
+        self.index.interrupted.get(pool).into_iter().flatten().filter_map(|id| self.claims.get(id))
+    }
+
     /// Every interruption recorded, by instance.
     pub fn interruptions(&self) -> &BTreeMap<String, Interruption> {
         &self.interruptions
@@ -184,11 +190,9 @@ impl State {
         }
         let Some(p) = self.pools.get(pool) else { return Err(Denial::UnknownPool) };
         let (mut freed, mut freed_price) = (ResourceList::new(), 0u64);
-        if let Some(set) = self.index.interrupted.get(pool) {
-            for c in set.iter().filter_map(|c| self.claims.get(c)) {
-                freed.add(&c.resources);
-                freed_price = freed_price.saturating_add(c.price_per_hour);
-            }
+        for c in self.interrupted_in(pool) {
+            freed.add(&c.resources);
+            freed_price = freed_price.saturating_add(c.price_per_hour);
         }
         let usage = p.usage.subtracted(&freed);
         let total = self.total.subtracted(&freed);
