@@ -1123,6 +1123,9 @@ mod ha;
 #[path = "kube/disruption.rs"]
 mod disruption;
 
+#[path = "kube/interruption.rs"]
+mod interruption;
+
 #[path = "../cloud/tests/conformance/ami_seed.rs"]
 mod ami_seed;
 
@@ -1164,6 +1167,20 @@ async fn seed_moto(endpoint: &str, minor: &str) -> (aws_sdk_ec2::Client, aws_sdk
     let ssm = aws_sdk_ssm::Client::new(&sdk);
     ami_seed::seed_ami_parameters(&ec2, &ssm, minor, AMI_PARAMETERS).await;
     (ec2, aws_sdk_iam::Client::new(&sdk))
+}
+
+/// The SDK configuration of the test's clients of moto at `endpoint`.
+async fn moto_sdk(endpoint: &str) -> aws_config::SdkConfig {
+    let cfg = dovetail_cloud::aws::AwsConfig {
+        region: Some("us-east-1".into()),
+        endpoint: Some(endpoint.into()),
+        credentials: Some(dovetail_cloud::aws::StaticCredentials {
+            access_key_id: "testing".into(),
+            secret_access_key: "testing".into(),
+        }),
+        ..dovetail_cloud::aws::AwsConfig::default()
+    };
+    dovetail_cloud::aws::sdk_config(&cfg).await
 }
 
 /// The test process's moto server, seeded for the API server's Kubernetes version ([`seed_moto`]):
@@ -1212,7 +1229,33 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
     }
     assert!(exited.is_some_and(|s| !s.success()), "it exits with an error\n{}", refused.log());
     assert!(refused.log().contains("--cluster-ca-bundle"), "{}", refused.log());
-    let ctl = Controller::start_aws(&env, "aws", &endpoint, &["--ami-parameter-prefix", AMI_PARAMETERS]);
+    // An interruption queue that does not exist stops the start, named.
+    let mut no_queue =
+        Controller::start_aws(&env, "aws-no-queue", &endpoint, &["--interruption-queue", "no-such-queue"]);
+    let mut exited = None;
+    for _ in 0..600 {
+        exited = no_queue.child.try_wait().expect("wait");
+        if exited.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(exited.is_some_and(|s| !s.success()), "it exits with an error\n{}", no_queue.log());
+    assert!(no_queue.log().contains("--interruption-queue no-such-queue"), "{}", no_queue.log());
+    // Karpenter's queue, named after the cluster.
+    let sqs = aws_sdk_sqs::Client::new(&rt.block_on(moto_sdk(&endpoint)));
+    let queue_url = rt
+        .block_on(sqs.create_queue().queue_name("dovetail-test").send())
+        .expect("create queue")
+        .queue_url()
+        .expect("queue url")
+        .to_string();
+    let ctl = Controller::start_aws(
+        &env,
+        "aws",
+        &endpoint,
+        &["--ami-parameter-prefix", AMI_PARAMETERS, "--interruption-queue", "dovetail-test"],
+    );
     // The getting-started class names a role the account does not have yet: the NodePool
     // says so instead of launching what could not join.
     env.wait("the missing role reported", Duration::from_secs(60), |e| match condition(e, "default", "Ready") {
@@ -1264,6 +1307,56 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
         let zone = c["metadata"]["labels"]["topology.kubernetes.io/zone"].as_str().unwrap_or_default();
         assert!(SUBNET_ZONES.contains(&zone), "{name} launched in {zone}, where the class has no subnet");
     }
+    // A spot interruption warning for the second NodeClaim's instance, through the queue: the
+    // claim is interrupted (it never registered: no pods to replace) and goes, its instance
+    // terminated, the message deleted.
+    let second = name_of(&claims[1]);
+    let (instance, _) = rt.block_on(instances_of(&ec2, &second)).into_iter().next().expect("its instance");
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let origin = dovetail_cloud::events::Origin {
+        event_id: "e-aws",
+        account: "123456789012",
+        region: "us-east-1",
+        unix_seconds: unix,
+    };
+    let warning =
+        dovetail_cloud::events::event(dovetail_cloud::events::EventKind::SpotInterruption, &instance, &origin);
+    rt.block_on(sqs.send_message().queue_url(&queue_url).message_body(warning).send()).expect("send");
+    env.wait(
+        "the interrupted NodeClaim gone, its instance terminated, the message deleted",
+        Duration::from_secs(90),
+        |e| {
+            let left = e.items(&["get", "nodeclaims"]).iter().any(|c| name_of(c) == second);
+            let found = rt.block_on(instances_of(&ec2, &second));
+            let terminated = found.iter().all(|(_, s)| s == "terminated" || s == "shutting-down");
+            let attrs = rt
+                .block_on(
+                    sqs.get_queue_attributes()
+                        .queue_url(&queue_url)
+                        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+                        .send(),
+                )
+                .expect("queue attributes");
+            let depth: u64 = attrs
+                .attributes()
+                .map(|a| {
+                    [
+                        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages,
+                        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+                    ]
+                    .iter()
+                    .filter_map(|k| a.get(k).and_then(|v| v.parse::<u64>().ok()))
+                    .sum()
+                })
+                .unwrap_or(0);
+            if !left && terminated && depth == 0 {
+                Ok(())
+            } else {
+                Err(format!("left {left}, {found:?}, {depth} messages\n{}", ctl.log()))
+            }
+        },
+    );
+    assert!(ctl.log().contains("interruption queue found"), "{}", ctl.log());
     // The class deleted while NodeClaims still name it: its profile stays (their instances use
     // it). Passes of the NodePool loop run meanwhile: the pool reports its class missing, and
     // its NodeClaims' lifecycle goes on without it.

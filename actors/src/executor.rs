@@ -233,7 +233,7 @@ impl Executor {
 
     async fn run_claim(&self, term: Term, list: Vec<(usize, Effect)>) -> Vec<(usize, Effect, Done)> {
         let (pods, rest): (Vec<_>, Vec<_>) =
-            list.into_iter().partition(|(_, e)| matches!(e.action, Action::Evict(_) | Action::DeletePod(_)));
+            list.into_iter().partition(|(_, e)| matches!(e.action, Action::Evict(_) | Action::DeletePod { .. }));
         let mut out = Vec::with_capacity(pods.len() + rest.len());
         for (i, e) in rest {
             let done = self.run_one(term, &e).await;
@@ -357,7 +357,7 @@ impl Executor {
             }
             Action::DeleteNode { node } => gone_is_fine(w.delete_node(node).await),
             Action::Evict(pod) => gone_is_fine(w.evict(pod).await),
-            Action::DeletePod(pod) => gone_is_fine(w.delete_pod(pod).await),
+            Action::DeletePod { pod, grace_seconds } => gone_is_fine(w.delete_pod(pod, *grace_seconds).await),
             Action::Event(e) => w.record_event(e.clone()).await.map(|()| true).map_err(Stop::Failed),
             Action::Launch { .. } | Action::Terminate { .. } => {
                 Err(Stop::Failed(ClusterError::Unavailable { reason: format!("{} is a cloud effect", effect.kind()) }))
@@ -430,7 +430,7 @@ impl Drop for InFlightGuard<'_> {
 fn object_of(e: &Effect) -> String {
     match &e.action {
         Action::PatchNode { node, .. } | Action::DeleteNode { node } => format!("node/{node}"),
-        Action::Evict(p) | Action::DeletePod(p) => format!("pod/{p}"),
+        Action::Evict(p) | Action::DeletePod { pod: p, .. } => format!("pod/{p}"),
         Action::Event(ev) => format!("event/{}", ev.name),
         _ => format!("nodeclaim/{}", e.claim),
     }
@@ -642,8 +642,9 @@ mod tests {
         fn delete_pod<'a>(
             &'a self,
             p: &'a dovetail_core::pod::PodKey,
+            grace_seconds: Option<i64>,
         ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
-            self.inner.delete_pod(p)
+            self.inner.delete_pod(p, grace_seconds)
         }
         fn record_event(
             &self,

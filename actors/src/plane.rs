@@ -81,7 +81,11 @@ impl Supervised for NodePoolActor {
     }
 }
 
-impl Supervised for InterruptionActor {}
+impl Supervised for InterruptionActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        InterruptionActor::restarting(self);
+    }
+}
 
 impl Supervised for Router {
     fn restarting(&mut self, _: &mut Context<Self>) {

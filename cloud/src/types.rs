@@ -148,6 +148,9 @@ pub struct QueueMessage {
     pub receipt: String,
     /// The EventBridge event, as JSON.
     pub body: String,
+    /// When it was sent to the queue, milliseconds since the Unix epoch (SQS's
+    /// `SentTimestamp`; on the cloud's clock for the sim), when the queue says.
+    pub sent: Option<u64>,
 }
 
 /// The labels an instance type gives its nodes: every requirement with exactly one value.

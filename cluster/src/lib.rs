@@ -157,8 +157,13 @@ pub trait ClusterWriter: Send + Sync {
     /// Evicts a pod through the eviction API: refused while a PDB selecting it allows no
     /// disruption.
     fn evict<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>>;
-    /// Deletes a pod directly, bypassing PDBs (a drain past its terminationGracePeriod).
-    fn delete_pod<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>>;
+    /// Deletes a pod directly, bypassing PDBs (a drain past its terminationGracePeriod), with
+    /// `grace_seconds` instead of the pod's own grace period when set.
+    fn delete_pod<'a>(
+        &'a self,
+        pod: &'a PodKey,
+        grace_seconds: Option<i64>,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>>;
     /// Records a Kubernetes Event.
     fn record_event(&self, event: Event) -> BoxFuture<'_, Result<(), ClusterError>>;
 }

@@ -40,8 +40,9 @@ pub enum Action {
     DeleteNode { node: String },
     /// Evict a pod through the eviction API (PodDisruptionBudgets respected).
     Evict(PodKey),
-    /// Delete a pod, bypassing PDBs (a drain past its terminationGracePeriod).
-    DeletePod(PodKey),
+    /// Delete a pod, bypassing PDBs (a drain past its terminationGracePeriod, or an
+    /// interruption's deadline), with this grace period in seconds (`None`: the pod's own).
+    DeletePod { pod: PodKey, grace_seconds: Option<i64> },
     /// Launch the claim's instance in `zone` (a re-drive carries the batch the ledger
     /// recorded, whose instances are looked up first).
     Launch { zone: String, batch: Option<LaunchBatch> },
@@ -68,7 +69,7 @@ impl Effect {
             Action::Launched { .. } => format!("status/{c}"),
             Action::PatchNode { node, .. } => format!("node/{node}"),
             Action::DeleteNode { node } => format!("delete-node/{node}"),
-            Action::Evict(p) | Action::DeletePod(p) => format!("pod/{p}"),
+            Action::Evict(p) | Action::DeletePod { pod: p, .. } => format!("pod/{p}"),
             Action::Launch { .. } => format!("launch/{c}"),
             Action::Terminate { .. } => format!("terminate/{c}"),
             Action::Event(e) => format!("event/{c}/{}", e.reason),
@@ -86,7 +87,7 @@ impl Effect {
             Action::PatchNode { .. } => "patch_node",
             Action::DeleteNode { .. } => "delete_node",
             Action::Evict(_) => "evict",
-            Action::DeletePod(_) => "delete_pod",
+            Action::DeletePod { .. } => "delete_pod",
             Action::Launch { .. } => "launch",
             Action::Terminate { .. } => "terminate",
             Action::Event(_) => "event",

@@ -607,6 +607,17 @@ pub fn drain_step<'a>(pods: impl IntoIterator<Item = &'a Pod>, now: Millis, dead
     step
 }
 
+/// The grace period to delete a pod with when the node goes at `deadline`: the time left
+/// (whole seconds, at least 1), when that is shorter than the pod's own grace period, so the
+/// pod is told to stop before EC2 takes its instance; `None` (the pod's own) otherwise. An
+/// interruption's two-minute warning shortens a 5-minute grace period to what is left.
+pub fn shortened_grace(p: &Pod, now: Millis, deadline: Option<Millis>) -> Option<i64> {
+    let left = deadline?.saturating_sub(now) / 1000;
+    let own = p.termination_grace_seconds.unwrap_or(DEFAULT_POD_GRACE_SECONDS);
+    let left = i64::try_from(left).unwrap_or(i64::MAX).max(1);
+    (left < own).then_some(left)
+}
+
 /// A latency histogram in milliseconds with bounded memory: log-spaced buckets, each about 5%
 /// wide (exact below 20 ms), up to about 28 hours. Percentiles are the upper edge of their
 /// bucket, so they overstate by at most one bucket.

@@ -122,7 +122,7 @@ pub struct FaultCounts {
 }
 
 /// The interruption actor's counts over a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct InterruptionCounts {
     pub received: u64,
     pub acted: u64,
@@ -130,6 +130,32 @@ pub struct InterruptionCounts {
     pub replacements: u64,
     pub replacements_denied: u64,
     pub pods_on_existing: u64,
+    /// Per instance acted on, from its message's sending to its node tainted and to its
+    /// replacements created (their pools asked to launch), ms.
+    pub sent_to_taint: crate::run::Percentiles,
+    pub sent_to_replacement: crate::run::Percentiles,
+    /// Runs of the interruption actor (each acts on the batches that arrived during the one
+    /// before).
+    pub runs: u64,
+    /// The scenario's `interruption_burst`, when it has one.
+    pub burst: Option<BurstCounts>,
+}
+
+/// An interruption burst, measured: what the benchmark reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct BurstCounts {
+    /// Messages sent, each for a different instance.
+    pub messages: u64,
+    /// Messages handled a second: `messages` over the time from the first sent to the last
+    /// deleted.
+    pub handled_per_second: f64,
+    /// Per instance with replacements, from its message's sending to the cloud's launch of
+    /// its first replacement (the launch call made), ms.
+    pub sent_to_launch: crate::run::Percentiles,
+    /// Instances of the burst the ledger has recorded as interrupted (one record each).
+    pub recorded: u64,
+    /// Messages still in the queue at the end (visible or hidden).
+    pub left_in_queue: u64,
 }
 
 /// A plotted series: its name, colour and value.
@@ -221,6 +247,27 @@ impl Report {
                 "interruptions    {} messages, {} nodes acted on, {} duplicates, {} replacements launched ({} denied), {} pods fit existing nodes",
                 i.received, i.acted, i.duplicates, i.replacements, i.replacements_denied, i.pods_on_existing
             );
+            let p = |v: &crate::run::Percentiles| {
+                format!("p50 {} / p99 {} / max {}", opt_ms(v.p50), opt_ms(v.p99), opt_ms(v.max))
+            };
+            let _ = writeln!(
+                t,
+                "                 sent to taint {}, sent to replacement {}, {} runs",
+                p(&i.sent_to_taint),
+                p(&i.sent_to_replacement),
+                i.runs
+            );
+            if let Some(b) = &i.burst {
+                let _ = writeln!(
+                    t,
+                    "burst            {} messages, {:.0} handled/s, sent to launch {}, {} recorded, {} left in the queue",
+                    b.messages,
+                    b.handled_per_second,
+                    p(&b.sent_to_launch),
+                    b.recorded,
+                    b.left_in_queue
+                );
+            }
         }
         if let Some(n) = self.pending_after_settle_max {
             let _ = writeln!(t, "pending          at most {n} at a sample after the first with none pending");

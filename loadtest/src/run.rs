@@ -277,6 +277,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         }
     }
     let throttled = cloud.stats().throttled;
+    let burst = burst_counts(&faults, &plane, ledger.as_ref(), &cloud).await;
     let interruptions = match &plane.interruption {
         Some(actor) => actor.send(GetInterruptionStats).await.ok().map(|i| InterruptionCounts {
             received: i.received.values().sum(),
@@ -285,6 +286,10 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             replacements: i.replacements,
             replacements_denied: i.replacements_denied,
             pods_on_existing: i.pods_on_existing,
+            sent_to_taint: Percentiles::of(&i.sent_to_taint),
+            sent_to_replacement: Percentiles::of(&i.sent_to_replacement),
+            runs: i.runs,
+            burst,
         }),
         None => None,
     };
@@ -389,6 +394,55 @@ fn price_per_hour(instances: &[dovetail_cloud::Instance]) -> f64 {
     instances.iter().map(|i| i.price).sum::<f64>() + 0.0
 }
 
+/// The burst's figures (none without one): its rate from the first message sent to the last
+/// deleted, each instance's time from its message to its first replacement's launch (the
+/// cloud's record of it), and what the ledger and the queue hold at the end.
+async fn burst_counts(
+    faults: &Faults,
+    plane: &Plane,
+    ledger: &dyn Ledger,
+    cloud: &SimCloud,
+) -> Option<crate::report::BurstCounts> {
+    let first = *faults.burst_sent.values().min()?;
+    let epoch = to_millis(DEFAULT_EPOCH);
+    let stats = plane.interruption.as_ref()?.send(GetInterruptionStats).await.ok()?;
+    let messages = faults.burst_sent.len() as u64;
+    let span_ms = stats.last_deleted.saturating_sub(epoch).saturating_sub(first).max(1);
+    let launched: BTreeMap<String, u64> = cloud
+        .instances()
+        .into_iter()
+        .filter_map(|i| Some((i.claim?, u64::try_from(i.launched_at.as_millis()).ok()?.saturating_sub(epoch))))
+        .collect();
+    let sent = faults.burst_sent.clone();
+    let read = dovetail_raft::read_with(ledger, move |s| {
+        let mut to_launch = Latencies::default();
+        let mut recorded = 0u64;
+        for (instance, at) in &sent {
+            let Some(r) = s.interruption(instance) else { continue };
+            recorded += 1;
+            if let Some(first_launch) = r.replacements.iter().filter_map(|c| launched.get(c)).min() {
+                to_launch.record(first_launch.saturating_sub(*at));
+            }
+        }
+        (to_launch, recorded)
+    })
+    .await;
+    let (to_launch, recorded) = match read {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "loadtest.burst: the ledger could not be read");
+            (Latencies::default(), 0)
+        }
+    };
+    Some(crate::report::BurstCounts {
+        messages,
+        handled_per_second: messages as f64 * 1000.0 / span_ms as f64,
+        sent_to_launch: Percentiles::of(&to_launch),
+        recorded,
+        left_in_queue: cloud.queue().len() as u64,
+    })
+}
+
 /// The process's peak RSS (VmHWM), MiB; `None` off Linux.
 pub fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -466,6 +520,10 @@ struct Faults {
     due: u64,
     interrupted: u64,
     zone_lost: u64,
+    /// The burst's messages: each instance sent one, with when (scenario ms); and how many
+    /// each burst fault sent.
+    burst_sent: BTreeMap<String, u64>,
+    burst_counts: Vec<u64>,
 }
 
 /// EC2's request buckets multiplied by `factor` (EC2's own at 1).
@@ -488,7 +546,36 @@ impl Faults {
             due: 0,
             interrupted: 0,
             zone_lost: 0,
+            burst_sent: BTreeMap::new(),
+            burst_counts: vec![0; n],
         }
+    }
+
+    /// Sends this tick's share of an interruption burst: `per_second` a second, each for a
+    /// live instance not sent one yet, in turn a spot warning, a scheduled change and a state
+    /// change to `stopping`.
+    fn burst(&mut self, i: usize, (messages, per_second): (u64, u64), cloud: &SimCloud, tick: u64, now: u64) {
+        use dovetail_cloud::events::EventKind;
+        let left = messages.saturating_sub(self.burst_counts[i]);
+        let share = per_second.saturating_mul(tick).div_ceil(1000).max(1).min(left);
+        if share == 0 {
+            return;
+        }
+        let kinds = [EventKind::SpotInterruption, EventKind::ScheduledChange, EventKind::StateChange("stopping")];
+        let mut sent = 0u64;
+        for inst in cloud.instances() {
+            if sent >= share {
+                break;
+            }
+            if inst.claim.is_none() || self.burst_sent.contains_key(&inst.id) {
+                continue;
+            }
+            let n = self.burst_sent.len();
+            cloud.inject(kinds[n % kinds.len()], &inst.id);
+            self.burst_sent.insert(inst.id.clone(), now);
+            sent += 1;
+        }
+        self.burst_counts[i] += sent;
     }
 
     /// Starts and ends the faults at `now`, and plays EC2's side of the active ones.
@@ -499,6 +586,9 @@ impl Faults {
             match &f.kind {
                 FaultKind::Throttle { factor } if on => throttle = Some(throttle.map_or(*factor, |t| t.min(*factor))),
                 FaultKind::SpotInterruptions { per_hour } if on => spot_rate += per_hour,
+                FaultKind::InterruptionBurst { messages, per_second } if on => {
+                    self.burst(i, (*messages, *per_second), cloud, sc.tick, now);
+                }
                 _ => {}
             }
             if on == self.active[i] {
@@ -519,7 +609,9 @@ impl Faults {
                         self.zone_lost += cloud.reclaim(&cloud.instances_in(zone)) as u64;
                     }
                 }
-                FaultKind::Throttle { .. } | FaultKind::SpotInterruptions { .. } => {}
+                FaultKind::Throttle { .. }
+                | FaultKind::SpotInterruptions { .. }
+                | FaultKind::InterruptionBurst { .. } => {}
             }
         }
         if throttle != self.throttle {

@@ -15,7 +15,7 @@ pub const DEFAULT: &str = include_str!("../scenarios/default.yaml");
 pub const SMALL: &str = include_str!("../scenarios/small.yaml");
 
 /// The scenarios shipped in the binary, by name.
-pub const BUILTIN: [(&str, &str); 8] = [
+pub const BUILTIN: [(&str, &str); 10] = [
     ("default", DEFAULT),
     ("small", SMALL),
     ("ci", include_str!("../scenarios/ci.yaml")),
@@ -24,6 +24,8 @@ pub const BUILTIN: [(&str, &str); 8] = [
     ("spot-storm", include_str!("../scenarios/spot-storm.yaml")),
     ("churn", include_str!("../scenarios/churn.yaml")),
     ("churn-rate", include_str!("../scenarios/churn-rate.yaml")),
+    ("interruption-burst", include_str!("../scenarios/interruption-burst.yaml")),
+    ("interruption-paced", include_str!("../scenarios/interruption-paced.yaml")),
 ];
 
 /// A shipped scenario's text.
@@ -220,6 +222,19 @@ pub struct FaultSpec {
     /// interruption queue) and is reclaimed when it runs out.
     #[serde(default)]
     pub spot_interruptions: Option<RateSpec>,
+    /// A burst of interruption messages (the benchmark): from `at`, `per_second`
+    /// messages a second, each for a different live instance, in turn a spot interruption
+    /// warning, an AWS Health scheduled change and a state change to `stopping`, until
+    /// `messages` were sent or `until`.
+    #[serde(default)]
+    pub interruption_burst: Option<BurstSpec>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BurstSpec {
+    pub messages: u64,
+    pub per_second: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -333,6 +348,10 @@ pub enum FaultKind {
     SpotInterruptions {
         per_hour: f64,
     },
+    InterruptionBurst {
+        messages: u64,
+        per_second: u64,
+    },
 }
 
 /// Offerings with no capacity.
@@ -445,7 +464,33 @@ impl Scenario {
                     Err(err(&field(k), format!("{z} is not one of zones")))
                 }
             };
+            let burst = fault.interruption_burst.as_ref();
+            let kinds = [
+                fault.ice.is_some(),
+                fault.throttle.is_some(),
+                fault.zone_lost.is_some(),
+                fault.spot_interruptions.is_some(),
+                burst.is_some(),
+            ];
             let kind = match (&fault.ice, &fault.throttle, &fault.zone_lost, &fault.spot_interruptions) {
+                _ if kinds.iter().filter(|k| **k).count() != 1 => {
+                    return Err(err(
+                        &format!("faults[{i}]"),
+                        "exactly one of ice, throttle, zone_lost, spot_interruptions, interruption_burst".into(),
+                    ));
+                }
+                (None, None, None, None) => {
+                    let Some(b) = burst else {
+                        return Err(err(&format!("faults[{i}]"), "no kind".into()));
+                    };
+                    if b.messages == 0 || b.per_second == 0 {
+                        return Err(err(
+                            &field("interruption_burst"),
+                            format!("messages {} and per_second {}: both at least 1", b.messages, b.per_second),
+                        ));
+                    }
+                    FaultKind::InterruptionBurst { messages: b.messages, per_second: b.per_second }
+                }
                 (Some(ice), None, None, None) => {
                     use dovetail_core::catalog::CapacityType;
                     let capacity_types = match ice.capacity_type.as_deref() {
@@ -481,7 +526,7 @@ impl Scenario {
                 _ => {
                     return Err(err(
                         &format!("faults[{i}]"),
-                        "exactly one of ice, throttle, zone_lost, spot_interruptions".into(),
+                        "exactly one of ice, throttle, zone_lost, spot_interruptions, interruption_burst".into(),
                     ));
                 }
             };
@@ -573,7 +618,7 @@ mod tests {
 
     #[test]
     fn faults_of_every_kind_parse_and_a_fault_has_exactly_one_kind() {
-        let faults = "faults:\n  - {at: 0s, until: 20m, ice: {zone: us-east-1a, capacity_type: on-demand}}\n  - {at: 1h, until: 1h10m, throttle: {factor: 0.01}}\n  - {at: 2h, until: 3h, zone_lost: {zone: us-east-1c}}\n  - {at: 4h, until: 5h, spot_interruptions: {per_hour: 2}}\n";
+        let faults = "faults:\n  - {at: 0s, until: 20m, ice: {zone: us-east-1a, capacity_type: on-demand}}\n  - {at: 1h, until: 1h10m, throttle: {factor: 0.01}}\n  - {at: 2h, until: 3h, zone_lost: {zone: us-east-1c}}\n  - {at: 4h, until: 5h, spot_interruptions: {per_hour: 2}}\n  - {at: 5h, until: 6h, interruption_burst: {messages: 300, per_second: 100}}\n";
         let text = format!(
             "name: f\nzones: [us-east-1a, us-east-1c]\nduration: 6h\ncluster: |\n{}\n{faults}",
             indent(SMALL_POOL)
@@ -584,7 +629,10 @@ mod tests {
         assert_eq!(kinds[1], &FaultKind::Throttle { factor: 0.01 });
         assert_eq!(kinds[2], &FaultKind::ZoneLost { zone: "us-east-1c".into() });
         assert_eq!(kinds[3], &FaultKind::SpotInterruptions { per_hour: 2.0 });
+        assert_eq!(kinds[4], &FaultKind::InterruptionBurst { messages: 300, per_second: 100 });
         assert_eq!((s.faults[2].from, s.faults[2].until), (7_200_000, 10_800_000));
+        let e = Scenario::parse(&text.replace("per_second: 100", "per_second: 0")).expect_err("a rate of 0");
+        assert_eq!(e.field, "faults[4].interruption_burst", "{e}");
         let two = text.replace("throttle: {factor: 0.01}", "throttle: {factor: 0.01}, zone_lost: {zone: us-east-1a}");
         let e = Scenario::parse(&two).expect_err("two kinds");
         assert_eq!(e.field, "faults[1]", "{e}");

@@ -148,9 +148,24 @@ async fn serve(s: Settings) -> Result<(), String> {
             (catalog, Some(provider))
         }
     };
+    // The interruption queues, found once (a name that is not a queue stops the start here,
+    // named); every term's plane consumes them while it leads.
+    let mut queues: Vec<Arc<dyn dovetail_cloud::InterruptionQueue>> = Vec::new();
+    if let Some(provider) = &aws {
+        let visibility = Config::default().interruption.visibility;
+        for name in &s.interruption_queues {
+            let q = provider
+                .interruption_queue(name)
+                .await
+                .map_err(|e| format!("--interruption-queue {name}: {e}"))?
+                .with_visibility(visibility);
+            tracing::info!(queue = %name, url = %q.url(), "interruption queue found");
+            queues.push(Arc::new(q));
+        }
+    }
     // Followers read ahead what the EC2NodeClasses resolve to, for the leader they may become.
     let warming = aws.clone().map(|aws| tokio::spawn(warm_classes(cluster.clone(), aws, ledger.leadership())));
-    let term_ctx = Acting { s, cluster, ledger: ledger.clone(), clock, catalog, aws, metrics };
+    let term_ctx = Acting { s, cluster, ledger: ledger.clone(), clock, catalog, aws, metrics, queues };
     // Only the leader acts: each term it leads in, the plane runs on an arbiter of its own,
     // stopped (every actor and task on it) and joined as soon as this node no longer leads in
     // that term, before anything else may start. Followers keep their caches synced and their
@@ -322,6 +337,8 @@ struct Acting {
     catalog: Catalog,
     aws: Option<Arc<dovetail_cloud::aws::AwsProvider>>,
     metrics: Arc<http::Metrics>,
+    /// The interruption queues (`--interruption-queue`).
+    queues: Vec<Arc<dyn dovetail_cloud::InterruptionQueue>>,
 }
 
 impl Acting {
@@ -330,7 +347,7 @@ impl Acting {
     /// one left: the sim cloud's fleet from the Nodes and NodeClaims, the claims by adoption).
     /// Runs until its arbiter stops; returns only on a failure.
     async fn act(self, term: u64) -> Result<(), String> {
-        let Acting { s, cluster, ledger, clock, catalog, aws, metrics } = self;
+        let Acting { s, cluster, ledger, clock, catalog, aws, metrics, queues } = self;
         let now = clock.now_millis();
         let snap = cluster.snapshot();
         let (cloud, sim) = match &aws {
@@ -378,6 +395,8 @@ impl Acting {
         pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
         // Pods come once every NodePool is routed to: those pending now are decided at once.
         plane.start_feed();
+        // Interruption events once the pools are known (a replacement is sized over them).
+        plane.consume_interruptions(queues);
         tracing::info!(
             raft.term = term,
             pools = plane.pools.len(),

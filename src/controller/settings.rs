@@ -85,9 +85,32 @@ pub struct ControllerArgs {
     /// message carries it).
     #[arg(long, env = "DOVETAIL_RAFT_SECRET_FILE")]
     pub raft_secret_file: Option<PathBuf>,
+    /// With --cloud aws: an SQS queue of EC2 interruption events (spot interruption warnings,
+    /// rebalance recommendations, scheduled maintenance, instance state changes) to act on, by
+    /// name (Karpenter's `settings.interruptionQueue`). Repeatable, or comma-separated: a
+    /// cluster spread over several queues drains them all.
+    #[arg(long = "interruption-queue", value_delimiter = ',', env = "DOVETAIL_INTERRUPTION_QUEUE")]
+    pub interruption_queue: Option<Vec<String>>,
     /// A settings file (YAML); flags and DOVETAIL_* variables override it.
     #[arg(long, env = "DOVETAIL_CONFIG")]
     pub config: Option<PathBuf>,
+}
+
+/// A settings file's `interruptionQueue`: one name (Karpenter's form) or a list.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
 }
 
 /// The file form of the settings.
@@ -113,6 +136,7 @@ pub struct FileSettings {
     pub peers: Option<Vec<String>>,
     pub data_dir: Option<PathBuf>,
     pub raft_secret_file: Option<PathBuf>,
+    pub interruption_queue: Option<OneOrMany>,
 }
 
 /// A replicated ledger's settings (`--peers` and the flags it needs).
@@ -154,6 +178,8 @@ pub struct Settings {
     pub ami_parameter_prefix: Option<String>,
     /// The replicated ledger; none for a single control node.
     pub ha: Option<HaSettings>,
+    /// The SQS queues of interruption events, by name (none: interruption handling is off).
+    pub interruption_queues: Vec<String>,
 }
 
 /// Parses `--peers` entries (`ID=HOST:PORT`) into the group, naming the entry at fault.
@@ -242,6 +268,21 @@ impl Settings {
         if burst == 0 {
             return Err("--kube-client-burst must be at least 1".into());
         }
+        let interruption_queues: Vec<String> = match args.interruption_queue.clone() {
+            Some(q) => q,
+            None => file.interruption_queue.map(OneOrMany::into_vec).unwrap_or_default(),
+        };
+        let interruption_queues = interruption_queues.into_iter().map(|q| q.trim().to_string()).collect::<Vec<_>>();
+        if interruption_queues.iter().any(String::is_empty) {
+            return Err("--interruption-queue: a queue name must not be empty".into());
+        }
+        if !interruption_queues.is_empty() && cloud != CloudKind::Aws {
+            return Err("--interruption-queue reads EC2's interruption events from SQS: it needs --cloud aws".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(q) = interruption_queues.iter().find(|q| !seen.insert(q.as_str())) {
+            return Err(format!("--interruption-queue: {q} is listed twice"));
+        }
         let addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| e.to_string());
         Ok(Settings {
             kubeconfig: args.kubeconfig.clone().or(file.kubeconfig),
@@ -261,6 +302,7 @@ impl Settings {
             cluster_ca_bundle: args.cluster_ca_bundle.clone().or(file.cluster_ca_bundle),
             ami_parameter_prefix: args.ami_parameter_prefix.clone().or(file.ami_parameter_prefix),
             ha,
+            interruption_queues,
         })
     }
 }
@@ -354,6 +396,33 @@ mod tests {
                 assert_eq!(s.ha, None, "{name}");
             }
         }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn interruption_queues_come_from_flags_or_the_file_and_need_aws() {
+        let dir = std::env::temp_dir().join(format!("dovetail-queues-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("settings.yaml");
+        let aws =
+            ControllerArgs { cloud: Some(CloudKind::Aws), cluster_name: Some("c".into()), ..ControllerArgs::default() };
+        assert!(Settings::resolve(&aws).expect("valid").interruption_queues.is_empty(), "off by default");
+        // Karpenter's form: one name.
+        std::fs::write(&path, "interruptionQueue: c-interruptions\n").expect("write");
+        let from_file = ControllerArgs { config: Some(path.clone()), ..aws.clone() };
+        assert_eq!(Settings::resolve(&from_file).expect("valid").interruption_queues, vec!["c-interruptions"]);
+        std::fs::write(&path, "interruptionQueue: [q-1, q-2]\n").expect("write");
+        assert_eq!(Settings::resolve(&from_file).expect("valid").interruption_queues, vec!["q-1", "q-2"]);
+        // Flags over the file.
+        let flags = ControllerArgs { interruption_queue: Some(vec!["q-3".into()]), ..from_file.clone() };
+        assert_eq!(Settings::resolve(&flags).expect("valid").interruption_queues, vec!["q-3"]);
+        let err = |args: ControllerArgs| Settings::resolve(&args).expect_err("invalid");
+        let sim = ControllerArgs { cloud: Some(CloudKind::Sim), ..flags.clone() };
+        assert!(err(sim).contains("--cloud aws"));
+        let empty = ControllerArgs { interruption_queue: Some(vec!["q".into(), " ".into()]), ..aws.clone() };
+        assert!(err(empty).contains("must not be empty"));
+        let twice = ControllerArgs { interruption_queue: Some(vec!["q".into(), "q".into()]), ..aws };
+        assert!(err(twice).contains("listed twice"));
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -1,10 +1,11 @@
 //! Interruption, driven. Consumers long-poll the interruption queues ([`consume`]) and hand
 //! each receive's messages to the [`InterruptionActor`], through its bounded mailbox (a full
-//! mailbox holds the consumers back). For a batch the actor:
+//! mailbox holds the consumers back). Batches that arrive while a run is under way wait, and
+//! the next run takes them all at once. For the batches of a run the actor:
 //!
 //! 1. parses every body (`core::interruption::parse`); a malformed body or an event dovetail
 //!    does not act on is counted, logged once per kind, and deleted;
-//! 2. resolves each instance to its claim in the ledger and proposes the batch's notices as
+//! 2. resolves each instance to its claim in the ledger and proposes the run's notices as
 //!    one [`Command::Interrupt`] (the ledger deduplicates by instance: a redelivery changes
 //!    nothing);
 //! 3. once committed, taints each interrupted node `karpenter.sh/disrupted` and records an
@@ -13,9 +14,9 @@
 //!    provisioning solve on the cluster without those nodes) and proposes it as one
 //!    [`Command::ReplaceInterrupted`]; once committed, creates the granted NodeClaims and
 //!    asks their pools to reconcile at once (the launch does not wait for a batch window);
-//! 5. deletes the batch's messages (one `DeleteMessageBatch` per ten). A batch whose
-//!    proposal failed (ledger unavailable, term over) keeps its messages: they come back
-//!    after the visibility timeout.
+//! 5. deletes the run's messages (one `DeleteMessageBatch` per ten). A run whose proposal
+//!    failed (ledger unavailable, term over) keeps its messages: they come back after the
+//!    visibility timeout.
 //!
 //! The drain is the lifecycle's: it starts once the replacements are ready or the deadline
 //! is `drain_lead` away (`core::interruption::drain_now`), and ends by EC2's deadline.
@@ -33,7 +34,7 @@ use dovetail_core::cluster::{Event, NodePatch, ObjectKind};
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::interruption::{self, Going, Kind};
 use dovetail_core::ledger::{Command, Entry, Millis, Notice, Outcome, Replacement, Term};
-use dovetail_core::plane::{Names, disrupted_taint};
+use dovetail_core::plane::{Latencies, Names, disrupted_taint};
 use dovetail_core::provisioning::{planned_claim, unique_claim_name};
 use dovetail_core::scheduling::PoolInput;
 use dovetail_raft::{Ledger, read_with};
@@ -51,17 +52,12 @@ pub struct Batch {
     pub received: Millis,
 }
 
+/// Answered once the actor has taken the batch: at once while it holds fewer than
+/// `interruption.mailbox` batches not yet acted on, else when a run takes them (so a busy
+/// actor holds the consumers back). The batch is deleted from its queue after its action
+/// committed, or kept there to be seen again.
 impl Message for Batch {
-    type Result = Handled;
-}
-
-/// What became of a batch.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Handled {
-    /// Messages deleted (acted on, duplicates, malformed, not acted on).
-    pub deleted: usize,
-    /// Messages left in the queue (to be seen again).
-    pub kept: usize,
+    type Result = ();
 }
 
 /// The NodePools, as the plane routes to them (their replacements are planned with them).
@@ -89,6 +85,15 @@ pub struct InterruptionStats {
     pub replacements_denied: u64,
     /// Interrupted pods that fit on existing nodes (no new capacity for them).
     pub pods_on_existing: u64,
+    /// Per instance acted on, from its message's sending (SQS's `SentTimestamp`) to its node
+    /// tainted, and to its replacements created with their pools asked to launch them, ms
+    /// on the plane's clock (messages the queue gives no sending time are not counted).
+    pub sent_to_taint: Latencies,
+    pub sent_to_replacement: Latencies,
+    /// When messages were last deleted (ms on the plane's clock).
+    pub last_deleted: Millis,
+    /// Runs (each acts on every batch that arrived while the one before it ran).
+    pub runs: u64,
 }
 
 /// The actor.
@@ -106,6 +111,13 @@ pub struct InterruptionActor {
     /// Kinds of malformed or ignored messages logged already (each is logged once).
     logged: BTreeSet<String>,
     stats: InterruptionStats,
+    /// Batches taken and not yet acted on: the next run acts on all of them at once (one
+    /// ledger entry, one sizing), so a burst costs a run per arrival of work, not per receive.
+    waiting: Vec<Batch>,
+    /// Senders held back while `waiting` is full, released when a run takes it.
+    held: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// A run is under way.
+    running: bool,
 }
 
 /// What the actor is made of.
@@ -136,6 +148,9 @@ impl InterruptionActor {
             names: Names::new(seed),
             logged: BTreeSet::new(),
             stats: InterruptionStats::default(),
+            waiting: Vec::new(),
+            held: Vec::new(),
+            running: false,
         }
     }
 }
@@ -164,26 +179,35 @@ impl Handler<GetInterruptionStats> for InterruptionActor {
     }
 }
 
-/// A parsed batch: the events with when they were received, and the receipts to delete
-/// once they are acted on (every message's, the malformed included).
+/// Parsed batches: the events with when they were received, and the receipts to delete once
+/// they are acted on (every message's, the malformed included), by queue.
 struct Parsed {
     events: Vec<(interruption::Event, Millis)>,
-    receipts: Vec<String>,
+    receipts: BTreeMap<usize, Vec<String>>,
+    /// The earliest sending of a message naming each instance.
+    sent: BTreeMap<String, Millis>,
 }
 
 impl InterruptionActor {
-    /// Parses a batch, counting every message by kind and logging each kind of malformed or
+    /// Parses batches, counting every message by kind and logging each kind of malformed or
     /// ignored message once.
-    fn parse(&mut self, batch: &Batch) -> Parsed {
-        let mut events = Vec::with_capacity(batch.messages.len());
-        let mut receipts = Vec::with_capacity(batch.messages.len());
-        for m in &batch.messages {
-            receipts.push(m.receipt.clone());
+    fn parse(&mut self, batches: &[Batch]) -> Parsed {
+        let mut events = Vec::new();
+        let mut receipts: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        let mut sent: BTreeMap<String, Millis> = BTreeMap::new();
+        for (batch, m) in batches.iter().flat_map(|b| b.messages.iter().map(move |m| (b, m))) {
+            receipts.entry(batch.queue).or_default().push(m.receipt.clone());
             match interruption::parse(&m.body) {
                 Ok(e) => {
                     *self.stats.received.entry(e.kind.as_str().to_string()).or_default() += 1;
                     if e.kind == Kind::NoOp && self.logged.insert(format!("no_op/{}", e.note)) {
                         tracing::info!(message_id = %m.id, note = %e.note, "interruption queue: a message dovetail does not act on (deleted; logged once per kind)");
+                    }
+                    if let Some(at) = m.sent {
+                        for i in &e.instances {
+                            let first = sent.entry(i.clone()).or_insert(at);
+                            *first = (*first).min(at);
+                        }
                     }
                     events.push((e, batch.received));
                 }
@@ -198,16 +222,56 @@ impl InterruptionActor {
                 }
             }
         }
-        Parsed { events, receipts }
+        Parsed { events, receipts, sent }
     }
 }
 
 impl Handler<Batch> for InterruptionActor {
-    type Result = ResponseActFuture<Self, Handled>;
+    type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, batch: Batch, _: &mut Context<Self>) -> Self::Result {
-        let parsed = self.parse(&batch);
-        let queue = self.queues.get(batch.queue).cloned();
+    fn handle(&mut self, batch: Batch, ctx: &mut Context<Self>) -> Self::Result {
+        self.waiting.push(batch);
+        let full = self.waiting.len() > self.cfg.interruption.mailbox;
+        let wait = full.then(|| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.held.push(tx);
+            rx
+        });
+        self.run(ctx);
+        Box::pin(async move {
+            if let Some(rx) = wait
+                && rx.await.is_err()
+            {
+                tracing::debug!("interruption actor stopped with a batch waiting");
+            }
+        })
+    }
+}
+
+impl InterruptionActor {
+    /// A restart: a run under way went with the old context (its messages come back after
+    /// the visibility timeout); the batches waiting stay, and the next batch starts a run.
+    pub(crate) fn restarting(&mut self) {
+        self.running = false;
+    }
+
+    /// Acts on every batch waiting, unless a run is under way (its end starts the next).
+    fn run(&mut self, ctx: &mut Context<Self>) {
+        if self.running || self.waiting.is_empty() {
+            return;
+        }
+        self.running = true;
+        let batches = std::mem::take(&mut self.waiting);
+        for tx in self.held.drain(..) {
+            // A sender that gave up waiting (its consumer stopped) needs no answer.
+            if tx.send(()).is_err() {
+                tracing::debug!("an interruption consumer stopped while held back");
+            }
+        }
+        let parsed = self.parse(&batches);
+        let messages: usize = batches.iter().map(|b| b.messages.len()).sum();
+        drop(batches);
+        let queues = self.queues.clone();
         let work = Work {
             ledger: self.ledger.clone(),
             view: self.view.clone(),
@@ -219,35 +283,50 @@ impl Handler<Batch> for InterruptionActor {
             pools: self.pools.clone(),
             names: Names::new(self.names.next_u64()),
         };
-        let n = batch.messages.len();
         let fut = async move {
             let mut work = work;
-            let outcome = work.act(parsed.events).await;
-            let deleted = match (&outcome, queue) {
-                (Ok(_), Some(q)) => match q.delete(&parsed.receipts).await {
-                    Ok(()) => n,
-                    Err(e) => {
-                        work.errors.warn("delete_messages", "cloud", "interruption-queue", &e);
-                        0
+            let outcome = work.act(parsed.events, &parsed.sent).await;
+            let mut deleted = 0usize;
+            match &outcome {
+                Ok(_) => {
+                    for (q, receipts) in &parsed.receipts {
+                        let Some(queue) = queues.get(*q) else { continue };
+                        match queue.delete(receipts).await {
+                            Ok(()) => deleted += receipts.len(),
+                            Err(e) => work.errors.warn(
+                                "delete_messages",
+                                "cloud",
+                                &format!("interruption-queue/{q}"),
+                                &format!("{} messages: {e}", receipts.len()),
+                            ),
+                        }
                     }
-                },
-                (Ok(_), None) => 0,
-                (Err(e), _) => {
-                    work.errors.warn("handle_interruptions", "ledger", "interruption-queue", e);
-                    0
                 }
-            };
-            (outcome.unwrap_or_default(), Handled { deleted, kept: n - deleted })
+                Err(e) => work.errors.warn(
+                    "handle_interruptions",
+                    "ledger",
+                    "interruption-queue",
+                    &format!("{messages} messages kept, to be seen again: {e}"),
+                ),
+            }
+            (outcome.unwrap_or_default(), deleted, work.clock.now_millis())
         };
-        Box::pin(fut.into_actor(self).map(|(acted, handled), act, _| {
-            act.stats.deleted += handled.deleted as u64;
+        ctx.spawn(fut.into_actor(self).map(|(acted, deleted, at), act, ctx| {
+            act.stats.deleted += deleted as u64;
+            if deleted > 0 {
+                act.stats.last_deleted = at;
+            }
             act.stats.acted += acted.acted;
             act.stats.duplicates += acted.duplicates;
             act.stats.replacements += acted.replacements;
             act.stats.replacements_denied += acted.denied;
             act.stats.pods_on_existing += acted.on_existing;
-            handled
-        }))
+            act.stats.sent_to_taint.merge(&acted.to_taint);
+            act.stats.sent_to_replacement.merge(&acted.to_replacement);
+            act.stats.runs += 1;
+            act.running = false;
+            act.run(ctx);
+        }));
     }
 }
 
@@ -259,6 +338,8 @@ struct Acted {
     replacements: u64,
     denied: u64,
     on_existing: u64,
+    to_taint: Latencies,
+    to_replacement: Latencies,
 }
 
 /// What handling a batch works with, off the actor.
@@ -290,7 +371,11 @@ enum NotActed {
 }
 
 impl Work {
-    async fn act(&mut self, events: Vec<(interruption::Event, Millis)>) -> Result<Acted, NotActed> {
+    async fn act(
+        &mut self,
+        events: Vec<(interruption::Event, Millis)>,
+        sent: &BTreeMap<String, Millis>,
+    ) -> Result<Acted, NotActed> {
         let mut acted = Acted::default();
         if events.iter().all(|(e, _)| e.kind == Kind::NoOp) {
             return Ok(acted);
@@ -355,13 +440,22 @@ impl Work {
         if !effects.is_empty() {
             self.executor.run(term, effects).await;
         }
-        if going.is_empty() {
+        let tainted = self.clock.now_millis();
+        for g in &going {
+            if let Some(at) = sent.get(&g.instance) {
+                acted.to_taint.record(tainted.saturating_sub(*at));
+            }
+        }
+        // Every acting claim's record is marked sized, those without a node too (a claim not
+        // registered yet runs no pods: it needs no replacement and drains at once).
+        let instances: Vec<String> =
+            fresh.iter().filter(|n| n.acts && n.claim.is_some()).map(|n| n.instance.clone()).collect();
+        if instances.is_empty() {
             return Ok(acted);
         }
         // 3. The capacity their pods need, sized off the actor thread.
         let pools: Vec<PoolInput> = self.pools.values().map(|(p, _)| p.clone()).collect();
         let opts = self.cfg.solve.clone();
-        let instances: Vec<String> = going.iter().map(|g| g.instance.clone()).collect();
         let sized_on = snap.clone();
         let sizing = tokio::task::spawn_blocking(move || interruption::size(&sized_on, &pools, &going, &opts))
             .await
@@ -389,6 +483,8 @@ impl Work {
             creates.push((pool.clone(), planned.nodeclaim));
             replacements.push(Replacement { pool, claim: planned.reserve, serves: serves.clone() });
         }
+        let serves_of: BTreeMap<String, Vec<String>> =
+            replacements.iter().map(|r| (r.claim.id.clone(), r.serves.clone())).collect();
         let outcome = self
             .propose(term, self.clock.now_millis(), Command::ReplaceInterrupted { instances, replacements })
             .await?;
@@ -415,6 +511,14 @@ impl Work {
                 && let Err(e) = actor.try_send(Reconcile)
             {
                 self.errors.note("reconcile", "mailbox", &format!("nodepool/{pool}"), &e);
+            }
+        }
+        let replaced = self.clock.now_millis();
+        let served: BTreeSet<&String> =
+            granted.iter().filter_map(|id| serves_of.get(id)).flat_map(|serves| serves.iter()).collect();
+        for i in served {
+            if let Some(at) = sent.get(i) {
+                acted.to_replacement.record(replaced.saturating_sub(*at));
             }
         }
         Ok(acted)

@@ -408,7 +408,7 @@ impl NodePoolActor {
                 }
                 match e.action {
                     Action::Evict(_) => act.stats.evicted += 1,
-                    Action::DeletePod(_) => act.stats.force_deleted += 1,
+                    Action::DeletePod { .. } => act.stats.force_deleted += 1,
                     _ => {}
                 }
             }

@@ -189,6 +189,8 @@ pub struct AwsProvider {
     ec2: Client,
     ssm: aws_sdk_ssm::Client,
     iam: aws_sdk_iam::Client,
+    /// The SDK configuration its clients share (the interruption queues' too).
+    sdk: aws_config::SdkConfig,
     amis: AmiParameters,
     region: String,
     types: tokio::sync::Mutex<Option<Arc<Types>>>,
@@ -216,12 +218,19 @@ impl AwsProvider {
                 prefix: cfg.ami_parameter_prefix.clone(),
             },
             region,
+            sdk,
             cfg,
             types: tokio::sync::Mutex::new(None),
             caches: Mutex::new(Caches::default()),
             stats: Mutex::new(AwsStats::default()),
             clock,
         })
+    }
+
+    /// The SQS queue named `name` (Karpenter's `interruptionQueue`), on the provider's
+    /// configuration (region, endpoint, credentials).
+    pub async fn interruption_queue(&self, name: &str) -> Result<queue::SqsQueue, CloudError> {
+        queue::SqsQueue::named(&self.sdk, name).await
     }
 
     /// Uses `catalog` instead of reading it from EC2 (an offline catalog, or a test's shared one).

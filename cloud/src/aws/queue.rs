@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
 
 use super::errors::from_code;
 use crate::{BoxFuture, CloudError, InterruptionQueue, QueueMessage};
@@ -65,6 +65,7 @@ impl InterruptionQueue for SqsQueue {
                 .max_number_of_messages(max.clamp(1, 10) as i32)
                 .wait_time_seconds(wait.as_secs().min(20) as i32)
                 .set_visibility_timeout(self.visibility.map(|v| v.as_secs().clamp(1, 43_200) as i32))
+                .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
                 .send()
                 .await
                 .map_err(|e| sqs_error("ReceiveMessage", e))?;
@@ -76,6 +77,10 @@ impl InterruptionQueue for SqsQueue {
                         id: m.message_id()?.to_string(),
                         receipt: m.receipt_handle()?.to_string(),
                         body: m.body().unwrap_or_default().to_string(),
+                        sent: m
+                            .attributes()
+                            .and_then(|a| a.get(&MessageSystemAttributeName::SentTimestamp))
+                            .and_then(|t| t.parse().ok()),
                     })
                 })
                 .collect())

@@ -16,6 +16,8 @@ struct Message {
     /// Receipt handle of the last receive.
     receipt: Option<String>,
     receives: u64,
+    /// When it was sent, ms on the clock.
+    sent: u64,
 }
 
 #[derive(Default)]
@@ -51,7 +53,8 @@ impl SimQueue {
         let id = format!("msg-{:08}", s.next);
         let seq = s.next;
         s.order.insert((now, seq), id.clone());
-        s.messages.insert(id.clone(), Message { body, key: (now, seq), receipt: None, receives: 0 });
+        let sent = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
+        s.messages.insert(id.clone(), Message { body, key: (now, seq), receipt: None, receives: 0, sent });
         id
     }
 
@@ -89,7 +92,7 @@ impl InterruptionQueue for SimQueue {
                 m.receives += 1;
                 let receipt = format!("{id}#{}", m.receives);
                 m.receipt = Some(receipt.clone());
-                out.push(QueueMessage { id, receipt, body: m.body.clone() });
+                out.push(QueueMessage { id, receipt, body: m.body.clone(), sent: Some(m.sent) });
             }
             Ok(out)
         })

@@ -280,14 +280,19 @@ impl ClusterWriter for KubeCluster {
         })
     }
 
-    fn delete_pod<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>> {
+    fn delete_pod<'a>(
+        &'a self,
+        pod: &'a PodKey,
+        grace_seconds: Option<i64>,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>> {
         Box::pin(async move {
             self.admit().await;
             let api: Api<k8s::Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-            let out = api
-                .delete(&pod.name, &DeleteParams::default())
-                .await
-                .map_err(|e| self.api_error("pod", &pod.to_string(), e))?;
+            let params = DeleteParams {
+                grace_period_seconds: grace_seconds.and_then(|g| u32::try_from(g.max(0)).ok()),
+                ..DeleteParams::default()
+            };
+            let out = api.delete(&pod.name, &params).await.map_err(|e| self.api_error("pod", &pod.to_string(), e))?;
             Ok(out.left().map_or(0, |o| version_of(&o.metadata)))
         })
     }

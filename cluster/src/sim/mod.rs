@@ -45,6 +45,9 @@ struct State {
     writes: std::collections::BTreeMap<&'static str, u64>,
     /// One copy of what the pods of a workload share, as the kube view keeps them.
     interner: PodInterner,
+    /// Pods deleted through the writer seam with the grace period asked (the newest
+    /// [`EVENTS_KEPT`]).
+    deleted: std::collections::VecDeque<(PodKey, Option<i64>)>,
 }
 
 impl Default for SimCluster {
@@ -62,6 +65,7 @@ impl SimCluster {
             events: Default::default(),
             writes: Default::default(),
             interner: PodInterner::default(),
+            deleted: Default::default(),
         };
         SimCluster { state: Mutex::new(state), tx: watch::channel(0).0, synced: AtomicBool::new(true) }
     }
@@ -80,6 +84,12 @@ impl SimCluster {
     /// The Events recorded (the newest [`EVENTS_KEPT`]).
     pub fn events(&self) -> Vec<Event> {
         self.lock().events.iter().cloned().collect()
+    }
+
+    /// Pods the writer seam deleted (bypassing PDBs), each with the grace period asked
+    /// (`None`: the pod's own); the sim stops them at once either way.
+    pub fn deleted_with_grace(&self) -> Vec<(PodKey, Option<i64>)> {
+        self.lock().deleted.iter().cloned().collect()
     }
 
     /// Writes made through the writer seam so far, by method.
@@ -538,10 +548,16 @@ impl SimCluster {
         })
     }
 
-    fn delete_pod_now(&self, key: &PodKey) -> Result<u64, ClusterError> {
-        self.write("delete_pod", None, |s, _| {
+    fn delete_pod_now(&self, key: &PodKey, grace_seconds: Option<i64>) -> Result<u64, ClusterError> {
+        let v = self.write("delete_pod", None, |s, _| {
             s.pods.remove(key).map(|_| ()).ok_or_else(|| not_found("pod", key.to_string()))
-        })
+        })?;
+        let mut state = self.lock();
+        if state.deleted.len() >= EVENTS_KEPT {
+            state.deleted.pop_front();
+        }
+        state.deleted.push_back((key.clone(), grace_seconds));
+        Ok(v)
     }
 
     /// Deletes a node as a user or the cloud node lifecycle controller does (held by its
@@ -617,8 +633,14 @@ impl ClusterWriter for SimCluster {
         Box::pin(async move { r })
     }
 
-    fn delete_pod<'a>(&'a self, pod: &'a PodKey) -> BoxFuture<'a, Result<u64, ClusterError>> {
-        let r = self.delete_pod_now(pod);
+    /// The sim's pods stop at once, whatever their grace period: the grace asked for is
+    /// recorded ([`SimCluster::deleted_with_grace`]).
+    fn delete_pod<'a>(
+        &'a self,
+        pod: &'a PodKey,
+        grace_seconds: Option<i64>,
+    ) -> BoxFuture<'a, Result<u64, ClusterError>> {
+        let r = self.delete_pod_now(pod, grace_seconds);
         Box::pin(async move { r })
     }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use crate::cluster::{NodePatch, TERMINATION_FINALIZER};
 use crate::effect::Action;
 use crate::ledger::Step;
-use crate::plane::{disrupted_taint, drain_step};
+use crate::plane::{disrupted_taint, drain_step, shortened_grace};
 
 use super::live::recorded;
 use super::{Claimed, Config, Input, Memory, Plan, provider_id};
@@ -50,7 +50,8 @@ pub(super) fn terminating(
             let step = drain_step(pods, cx.now, deadline);
             if !step.is_done() {
                 for p in step.delete {
-                    plan.effect(id, Action::DeletePod(p.key.clone()));
+                    let grace_seconds = shortened_grace(p, cx.now, deadline);
+                    plan.effect(id, Action::DeletePod { pod: p.key.clone(), grace_seconds });
                 }
                 for p in step.evict {
                     plan.effect(id, Action::Evict(p.key.clone()));

@@ -242,7 +242,7 @@ fn apply_effect(snap: &mut Snapshot, e: &Effect) {
                 }
             }
         }
-        Action::Evict(p) | Action::DeletePod(p) => {
+        Action::Evict(p) | Action::DeletePod { pod: p, .. } => {
             snap.pods.remove(p);
         }
         Action::CreateNodeClaim(_) | Action::Launch { .. } | Action::Terminate { .. } | Action::Event(_) => {}
@@ -691,7 +691,7 @@ proptest! {
         for e in &again.effects {
             let mut snap = w.snap.clone();
             let before = format!("{:?}", (&snap.nodes, &snap.nodeclaims));
-            if matches!(e.action, Action::Evict(_) | Action::DeletePod(_)) {
+            if matches!(e.action, Action::Evict(_) | Action::DeletePod { .. }) {
                 continue;
             }
             apply_effect(&mut snap, e);
@@ -779,5 +779,48 @@ fn an_interrupted_node_drains_by_its_deadline_without_its_replacement() {
     let pod = w.pod_on("web-0", &node);
     w.now = warned + 120_000 - 30_000;
     let plan = w.plan();
-    assert!(has(&plan, |a| matches!(a, Action::DeletePod(p) if *p == pod)), "{:?}", plan.effects);
+    assert!(has(&plan, |a| matches!(a, Action::DeletePod { pod: p, .. } if *p == pod)), "{:?}", plan.effects);
+}
+
+/// EC2 takes the instance at the deadline: a pod whose grace period is longer than what is
+/// left when it must go is deleted with what is left, not its own (it would be killed
+/// mid-shutdown otherwise); a pod whose grace fits keeps its own.
+#[test]
+fn an_interrupted_nodes_pods_are_deleted_with_their_grace_cut_to_the_deadline() {
+    let mut w = World::new();
+    w.claim("default-a", vec![launched("i-1")]);
+    let node = w.node("i-1");
+    let plan = w.plan();
+    w.apply(&plan);
+    let slow = w.pod_on("slow", &node);
+    let quick = w.pod_on("quick", &node);
+    for (key, grace) in [(&slow, 300), (&quick, 10)] {
+        let mut p = w.snap.pods.get(key).map(|p| p.as_ref().clone()).expect("pod");
+        p.termination_grace_seconds = Some(grace);
+        w.snap.pods.insert(key.clone(), Arc::new(p));
+    }
+    let warned = w.now;
+    interrupt(&mut w, "default-a", "i-1", None);
+    // The drain starts 45 s before the deadline: the slow pod is past its own grace's start
+    // and goes now, told it has 45 s; the quick one is evicted.
+    w.now = warned + 120_000 - 45_000;
+    let plan = w.plan();
+    let deleted: Vec<(PodKey, Option<i64>)> = plan
+        .effects
+        .iter()
+        .filter_map(|e| match &e.action {
+            Action::DeletePod { pod, grace_seconds } => Some((pod.clone(), *grace_seconds)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, vec![(slow, Some(45))], "{:?}", plan.effects);
+    assert!(has(&plan, |a| matches!(a, Action::Evict(p) if *p == quick)));
+    // 5 s before the deadline the quick one, if still there, is deleted with 5 s.
+    w.now = warned + 120_000 - 5_000;
+    let plan = w.plan();
+    assert!(
+        has(&plan, |a| matches!(a, Action::DeletePod { pod, grace_seconds: Some(5) } if *pod == quick)),
+        "{:?}",
+        plan.effects
+    );
 }

@@ -1,0 +1,425 @@
+//! Interruption handling against moto's SQS (real aws-sdk-sqs calls over HTTP): the plane on
+//! the sim cloud and sim cluster (the test plays the kubelets and the scheduler), its
+//! InterruptionActor fed by `SqsQueue` consumers. No API server is needed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dovetail_actors::config::{Config, InterruptionConfig};
+use dovetail_actors::feed::FeedConfig;
+use dovetail_actors::interruption::{GetInterruptionStats, InterruptionStats};
+use dovetail_actors::kubelet::registrations;
+use dovetail_actors::plane::{Plane, PlaneConfig, Seams};
+use dovetail_actors::pool::Reconcile;
+use dovetail_cloud::aws::{AwsConfig, SqsQueue, StaticCredentials, sdk_config};
+use dovetail_cloud::events::{EventKind, Origin, event};
+use dovetail_cloud::limits::ApiLimits;
+use dovetail_cloud::sim::{SimCloud, SimConfig};
+use dovetail_cloud::{Instance, InterruptionQueue, NodeClass};
+use dovetail_cluster::ClusterView;
+use dovetail_cluster::sim::{Deployment, Registrar, SimCluster, Workloads};
+use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
+use dovetail_core::clock::{Clock, SystemClock};
+use dovetail_core::labels;
+use dovetail_core::ledger::{ClaimState, Command, Entry, State};
+use dovetail_core::nodepool::NodePool;
+use dovetail_core::plane::{BatchWindow, disrupted_taint};
+use dovetail_core::pod::Pod;
+use dovetail_core::requirements::{Requirement, Requirements};
+use dovetail_core::resources::ResourceList;
+use dovetail_raft::{BoxFuture, Committed, InProcess, Leadership, Ledger, LedgerError, read_with};
+
+const ZONES: [&str; 2] = ["us-east-1a", "us-east-1b"];
+
+/// A ledger that refuses the first `fail` proposals of interruption records (as a ledger
+/// without quorum would), then commits as the one it wraps.
+struct RefusingInterrupts {
+    inner: Arc<InProcess>,
+    fail: AtomicUsize,
+    refused: AtomicUsize,
+}
+
+impl Ledger for RefusingInterrupts {
+    fn propose(&self, entry: Entry) -> BoxFuture<'_, Result<Committed, LedgerError>> {
+        Box::pin(async move {
+            if matches!(entry.command, Command::Interrupt { .. })
+                && self.fail.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+            {
+                self.refused.fetch_add(1, Ordering::SeqCst);
+                return Err(LedgerError::Unavailable { reason: "the test's ledger has no quorum".into() });
+            }
+            self.inner.propose(entry).await
+        })
+    }
+    fn read<'a>(&'a self, f: Box<dyn FnOnce(&State) + Send + 'a>) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.read(f)
+    }
+    fn leadership(&self) -> tokio::sync::watch::Receiver<Leadership> {
+        self.inner.leadership()
+    }
+}
+
+fn types() -> Arc<Vec<InstanceType>> {
+    let c = Catalog::embedded("us-east-1").expect("catalog");
+    Arc::new(c.instance_types(&NodeClassSettings::default(), None))
+}
+
+/// moto's SQS: a fresh queue named `name` and a consumer of it whose receives hide messages
+/// for `visibility`; and the SDK client, for sending and reading the queue's depth.
+async fn queue(name: &str, visibility: Duration) -> (SqsQueue, aws_sdk_sqs::Client, String) {
+    let cfg = AwsConfig {
+        region: Some("us-east-1".into()),
+        endpoint: Some(format!("http://{}", crate::moto::moto().addr)),
+        credentials: Some(StaticCredentials { access_key_id: "testing".into(), secret_access_key: "testing".into() }),
+        ..AwsConfig::default()
+    };
+    let sdk = sdk_config(&cfg).await;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let created = sqs.create_queue().queue_name(name).send().await.expect("create queue");
+    let url = created.queue_url().expect("queue url").to_string();
+    let found = SqsQueue::named(&sdk, name).await.expect("GetQueueUrl");
+    assert_eq!(found.url(), url, "the name resolves to the queue");
+    (found.with_visibility(visibility), sqs, url)
+}
+
+/// Messages in the queue, visible or hidden by a receive.
+async fn depth(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(A::ApproximateNumberOfMessages)
+        .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .expect("queue attributes");
+    let attrs = out.attributes().cloned().unwrap_or_default();
+    [A::ApproximateNumberOfMessages, A::ApproximateNumberOfMessagesNotVisible]
+        .iter()
+        .map(|k| attrs.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0))
+        .sum()
+}
+
+async fn send(sqs: &aws_sdk_sqs::Client, url: &str, body: String) {
+    sqs.send_message().queue_url(url).message_body(body).send().await.expect("send message");
+}
+
+/// The body of a `kind` event for `instance`, dated now.
+fn body(kind: EventKind, instance: &str, id: &str) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    event(kind, instance, &Origin { event_id: id, account: "123456789012", region: "us-east-1", unix_seconds: now })
+}
+
+/// The plane, the sim cluster playing kubelets and scheduler, and the sim cloud.
+struct World {
+    plane: Plane,
+    cluster: Arc<SimCluster>,
+    cloud: Arc<SimCloud>,
+    inner: Arc<InProcess>,
+    workloads: Workloads,
+    registrar: Registrar,
+    clock: Arc<dyn Clock>,
+}
+
+impl World {
+    /// `pods` pods of 1 vCPU from one Deployment, on a spot pool over two zones, every pod
+    /// bound and every claim initialized before it returns; `ledger` wraps `inner`.
+    async fn new(pods: u32, inner: Arc<InProcess>, ledger: Arc<dyn Ledger>) -> World {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let cluster = Arc::new(SimCluster::new());
+        let mut reqs = Requirements::new();
+        reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large", "m5.xlarge", "m5.2xlarge"]));
+        reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["spot"]));
+        reqs.add(labels::ZONE, Requirement::is_in(ZONES));
+        let pool = NodePool::new("default", reqs);
+        let c = dovetail_raft::propose_now(
+            ledger.as_ref(),
+            clock.now_millis(),
+            Command::SetPool { pool: "default".into(), limits: ResourceList::new() },
+        )
+        .await
+        .expect("committed");
+        assert!(!c.outcome.is_fenced());
+        let config = Config {
+            window: BatchWindow { idle: 100, max: 1_000, adaptive: None },
+            feed: FeedConfig {
+                tick: Duration::from_millis(50),
+                resend: Duration::from_secs(2),
+                settle: Duration::from_millis(500),
+                coalesce: Duration::from_millis(20),
+            },
+            interruption: InterruptionConfig {
+                consumers: 1,
+                max_consumers: 2,
+                wait: Duration::from_secs(1),
+                idle_pause: Duration::from_millis(100),
+                visibility: Duration::from_secs(2),
+                ..InterruptionConfig::default()
+            },
+            ..Config::default()
+        };
+        let node_class = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+        let plane = Plane::start(
+            PlaneConfig {
+                zones: ZONES.iter().map(|z| z.to_string()).collect(),
+                pools: vec![(pool, types(), node_class)],
+                limits: ApiLimits::default(),
+                config,
+            },
+            Seams {
+                cloud: cloud.clone(),
+                view: cluster.clone(),
+                cluster: cluster.clone(),
+                ledger,
+                clock: clock.clone(),
+            },
+        )
+        .expect("valid settings");
+        let mut workloads = Workloads::new();
+        workloads.apply_deployment(Deployment {
+            namespace: "default".into(),
+            name: "app".into(),
+            replicas: pods,
+            template: Pod { requests: ResourceList::cpu_mem(1_000, 1 << 30), ..Pod::default() },
+            pick: Default::default(),
+        });
+        let mut w = World { plane, cluster, cloud, inner, workloads, registrar: Registrar::new(0), clock };
+        w.until("every pod bound on initialized nodes", |w, s| {
+            let snap = w.cluster.snapshot();
+            snap.pods.len() == pods as usize
+                && snap.pending().count() == 0
+                && !s.claims().is_empty()
+                && s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. }))
+        })
+        .await;
+        w
+    }
+
+    /// One step of the world: the Deployment's pods, the kubelets, the pools, the scheduler.
+    async fn step(&mut self) {
+        let now = self.clock.now_millis();
+        self.workloads.step(&self.cluster, now);
+        let launched = registrations(&self.cloud.instances());
+        self.registrar.step(&self.cluster, &launched, now);
+        for p in self.plane.pools.values() {
+            p.send(Reconcile).await.expect("pool");
+        }
+        self.cluster.schedule();
+    }
+
+    /// Steps until `done` holds (at most 60 s), failing with `what`.
+    async fn until(&mut self, what: &str, mut done: impl FnMut(&World, &State) -> bool) {
+        for _ in 0..2_400usize {
+            self.step().await;
+            let s = read_with(self.inner.as_ref(), State::clone).await.expect("read");
+            if done(self, &s) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let stats = self.stats().await;
+        panic!("{what}: not within 60 s; interruption {stats:?}, errors {:?}", self.plane.errors.counts());
+    }
+
+    async fn stats(&self) -> InterruptionStats {
+        match &self.plane.interruption {
+            Some(a) => a.send(GetInterruptionStats).await.expect("interruption actor"),
+            None => InterruptionStats::default(),
+        }
+    }
+
+    /// The launched instances, by claim.
+    async fn instances(&self) -> BTreeMap<String, Instance> {
+        let all = self.cloud.instances();
+        all.into_iter().filter_map(|i| Some((i.claim.clone()?, i))).collect()
+    }
+}
+
+/// Whether the node of `instance` is gone (drained and deleted once its replacement was up).
+fn node_gone(cluster: &SimCluster, instance: &Instance) -> bool {
+    let provider = dovetail_actors::kubelet::provider_id(instance);
+    !cluster.snapshot().nodes.values().any(|n| n.provider_id.as_deref() == Some(provider.as_str()))
+}
+
+/// Whether the node of `instance` is tainted `karpenter.sh/disrupted:NoSchedule`.
+fn tainted(cluster: &SimCluster, instance: &Instance) -> bool {
+    let taint = disrupted_taint();
+    let provider = dovetail_actors::kubelet::provider_id(instance);
+    cluster.snapshot().nodes.values().any(|n| {
+        n.provider_id.as_deref() == Some(provider.as_str())
+            && n.taints.iter().any(|t| t.key == taint.key && t.effect == taint.effect)
+    })
+}
+
+/// Every kind Karpenter handles, a malformed body, an event nothing acts on and duplicates,
+/// through moto's SQS: the three interrupted nodes are tainted and replaced (their pods bound
+/// elsewhere, their claims gone), the rebalance recommendation is an event only, every
+/// message is deleted, and only after the ledger recorded what it acted on.
+#[test]
+fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_commit() {
+    let system = actix_rt::System::new();
+    system.block_on(async {
+        let name = format!("dovetail-interruptions-{}", std::process::id());
+        let (consumer, sqs, url) = queue(&name, Duration::from_secs(2)).await;
+        let inner = Arc::new(InProcess::new());
+        let mut w = World::new(12, inner.clone(), inner.clone()).await;
+        let instances = w.instances().await;
+        assert!(instances.len() >= 4, "at least four nodes: {}", instances.len());
+        let picked: Vec<&Instance> = instances.values().take(4).collect();
+        let (spot, scheduled, stopped, rebalanced) = (picked[0], picked[1], picked[2], picked[3]);
+        let messages = [
+            body(EventKind::SpotInterruption, &spot.id, "e-spot"),
+            body(EventKind::ScheduledChange, &scheduled.id, "e-scheduled"),
+            body(EventKind::StateChange("stopping"), &stopped.id, "e-stopping"),
+            body(EventKind::RebalanceRecommendation, &rebalanced.id, "e-rebalance"),
+            // Duplicates: the same warning again, and the stopped one's later state.
+            body(EventKind::SpotInterruption, &spot.id, "e-spot"),
+            body(EventKind::StateChange("stopped"), &stopped.id, "e-stopped"),
+            // Nothing to act on, and a body that is not an event at all.
+            body(EventKind::StateChange("running"), &rebalanced.id, "e-running"),
+            "{\"version\": \"0\", \"source\": \"aws.ec2\", \"detail-type\": \"EC2 Spot Instance Interruption Warning\""
+                .into(),
+        ];
+        let sent = messages.len() as u64;
+        for m in messages {
+            send(&sqs, &url, m).await;
+        }
+        assert_eq!(depth(&sqs, &url).await, sent);
+        let queue: Arc<dyn InterruptionQueue> = Arc::new(consumer);
+        w.plane.consume_interruptions(vec![queue]);
+        let interrupted = [spot.clone(), scheduled.clone(), stopped.clone()];
+        // Each tainted, then (its replacement up at once in the sim) possibly drained and gone
+        // already when looked at.
+        w.until("the three interrupted nodes recorded and tainted", |w, s| {
+            interrupted
+                .iter()
+                .all(|i| s.interruption(&i.id).is_some() && (tainted(&w.cluster, i) || node_gone(&w.cluster, i)))
+        })
+        .await;
+        // Karpenter's events, on each instance's NodeClaim: the rebalance recommendation too.
+        let events = w.cluster.events();
+        for (i, reason) in [
+            (spot, "SpotInterrupted"),
+            (scheduled, "InstanceUnhealthy"),
+            (stopped, "InstanceStopping"),
+            (rebalanced, "SpotRebalanceRecommendation"),
+        ] {
+            let claim = i.claim.clone().unwrap_or_default();
+            assert!(
+                events.iter().any(|e| e.name == claim && e.reason == reason),
+                "{reason} on {claim}: {:?}",
+                events.iter().filter(|e| e.name == claim).collect::<Vec<_>>()
+            );
+        }
+        let mut deleted_after_commit = true;
+        for _ in 0..240usize {
+            let left = depth(&sqs, &url).await;
+            let s = read_with(inner.as_ref(), State::clone).await.expect("read");
+            // Each acted-on instance was recorded before its messages could go.
+            deleted_after_commit &= interrupted.iter().all(|i| s.interruption(&i.id).is_some());
+            if left == 0 {
+                break;
+            }
+            w.step().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(depth(&sqs, &url).await, 0, "every message deleted: {:?}", w.stats().await);
+        assert!(deleted_after_commit);
+        let stats = w.stats().await;
+        let kinds: BTreeMap<&str, u64> = [
+            ("spot_interrupted", 2),
+            ("scheduled_change", 1),
+            ("instance_stopped", 2),
+            ("rebalance_recommendation", 1),
+            ("no_op", 1),
+            ("malformed", 1),
+        ]
+        .into_iter()
+        .collect();
+        for (kind, n) in &kinds {
+            assert_eq!(stats.received.get(*kind).copied().unwrap_or(0), *n, "{kind}: {stats:?}");
+        }
+        assert_eq!(stats.deleted, sent, "{stats:?}");
+        // Two messages each for the spot and the stopped instance: each acted on once.
+        assert_eq!(stats.acted, 3, "three instances acted on once each: {stats:?}");
+        assert!(stats.replacements + stats.pods_on_existing > 0, "{stats:?}");
+        let replacements = stats.replacements;
+        // A redelivery after the action committed (at-least-once): deleted, nothing done again.
+        send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-spot")).await;
+        for _ in 0..240usize {
+            if w.stats().await.deleted == sent + 1 {
+                break;
+            }
+            w.step().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let stats = w.stats().await;
+        assert_eq!((stats.deleted, stats.acted, stats.replacements), (sent + 1, 3, replacements), "{stats:?}");
+        assert_eq!(depth(&sqs, &url).await, 0);
+        // The rebalance recommendation is an event: its node stays as it was.
+        assert!(!tainted(&w.cluster, rebalanced), "rebalance is an event only (Karpenter's default)");
+        // The interrupted claims drain once their replacements are up, and go; every pod is
+        // bound again, on nodes that were not interrupted.
+        let gone: Vec<String> = interrupted.iter().filter_map(|i| i.claim.clone()).collect();
+        w.until("the interrupted claims gone and every pod bound again", |w, s| {
+            let snap = w.cluster.snapshot();
+            gone.iter().all(|c| s.claim(c).is_none() && !snap.nodeclaims.contains_key(c))
+                && snap.pending().count() == 0
+                && snap.pods.len() == 12
+        })
+        .await;
+        let kept = w.instances().await;
+        assert!(interrupted.iter().all(|i| !kept.values().any(|k| k.id == i.id)), "their instances terminated");
+        assert!(kept.values().any(|k| k.id == rebalanced.id), "the rebalanced one kept");
+    });
+}
+
+/// A batch whose ledger proposal fails keeps its messages: they come back after the
+/// visibility timeout and are acted on then, once, and deleted.
+#[test]
+fn a_message_whose_handling_fails_is_seen_again_after_the_visibility_timeout_and_acted_on_once() {
+    let system = actix_rt::System::new();
+    system.block_on(async {
+        let name = format!("dovetail-redelivery-{}", std::process::id());
+        let (consumer, sqs, url) = queue(&name, Duration::from_secs(2)).await;
+        let inner = Arc::new(InProcess::new());
+        let refusing = Arc::new(RefusingInterrupts {
+            inner: inner.clone(),
+            fail: AtomicUsize::new(1),
+            refused: AtomicUsize::new(0),
+        });
+        let mut w = World::new(4, inner.clone(), refusing.clone()).await;
+        let instances = w.instances().await;
+        let spot = instances.values().next().expect("a node").clone();
+        send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-redelivered")).await;
+        let queue: Arc<dyn InterruptionQueue> = Arc::new(consumer);
+        let started = std::time::Instant::now();
+        w.plane.consume_interruptions(vec![queue]);
+        w.until("the warning refused once, then acted on", |w, s| {
+            refusing.refused.load(Ordering::SeqCst) == 1
+                && s.interruption(&spot.id).is_some()
+                && tainted(&w.cluster, &spot)
+        })
+        .await;
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "acted on only after the visibility timeout hid it: {:?}",
+            started.elapsed()
+        );
+        for _ in 0..200usize {
+            if depth(&sqs, &url).await == 0 {
+                break;
+            }
+            w.step().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(depth(&sqs, &url).await, 0);
+        let stats = w.stats().await;
+        assert_eq!(stats.received.get("spot_interrupted").copied(), Some(2), "received twice: {stats:?}");
+        assert_eq!((stats.acted, stats.deleted), (1, 1), "acted on and deleted once: {stats:?}");
+        assert!(w.plane.errors.counts().keys().any(|k| k.contains("interrupt")), "{:?}", w.plane.errors.counts());
+    });
+}
