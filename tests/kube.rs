@@ -1307,10 +1307,10 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
         let zone = c["metadata"]["labels"]["topology.kubernetes.io/zone"].as_str().unwrap_or_default();
         assert!(SUBNET_ZONES.contains(&zone), "{name} launched in {zone}, where the class has no subnet");
     }
-    // A spot interruption warning for the second NodeClaim's instance, through the queue: the
+    // A spot interruption warning through the queue for the first NodeClaim's instance: the
     // claim is interrupted (it never registered: no pods to replace) and goes, its instance
-    // terminated, the message deleted.
-    let second = name_of(&claims[1]);
+    // terminated, the message deleted, Karpenter's event on it; its pods get a new claim.
+    let second = name_of(&claims[0]);
     let (instance, _) = rt.block_on(instances_of(&ec2, &second)).into_iter().next().expect("its instance");
     let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let origin = dovetail_cloud::events::Origin {
@@ -1357,6 +1357,15 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
         },
     );
     assert!(ctl.log().contains("interruption queue found"), "{}", ctl.log());
+    let events = env.items(&["get", "events", "-A", "--field-selector", &format!("involvedObject.name={second}")]);
+    assert!(events.iter().any(|e| e["reason"] == "SpotInterrupted"), "{events:?}");
+    env.wait("a NodeClaim launched for the interrupted one's pods", Duration::from_secs(90), |e| {
+        let fresh = e.items(&["get", "nodeclaims"]).into_iter().any(|c| {
+            name_of(&c) != second && c["status"]["providerID"].as_str().is_some_and(|p| p.starts_with("aws:///"))
+        });
+        if fresh { Ok(()) } else { Err(ctl.log()) }
+    });
+    let claims = env.items(&["get", "nodeclaims"]);
     // The class deleted while NodeClaims still name it: its profile stays (their instances use
     // it). Passes of the NodePool loop run meanwhile: the pool reports its class missing, and
     // its NodeClaims' lifecycle goes on without it.
