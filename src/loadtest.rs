@@ -20,6 +20,10 @@ pub struct LoadtestArgs {
     /// The Router's batch window, instead of the scenario's.
     #[arg(long, value_enum)]
     pub window: Option<simulate::Window>,
+    /// An SQS endpoint (moto's server, e.g. http://127.0.0.1:5000): the sim's interruption
+    /// events are sent to a new queue there and consumed from it, over aws-sdk-sqs.
+    #[arg(long)]
+    pub sqs_endpoint: Option<String>,
 }
 
 pub fn run(args: &LoadtestArgs) -> ExitCode {
@@ -30,7 +34,12 @@ pub fn run(args: &LoadtestArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let report = match simulate::execute(&scenario, true, None, &args.out) {
+    let opts = dovetail_loadtest::RunOptions {
+        realtime: true,
+        wall: Some(std::sync::Arc::new(dovetail_core::clock::SystemClock)),
+        ..Default::default()
+    };
+    let report = match simulate::execute_with(&scenario, opts, args.sqs_endpoint.as_deref(), &args.out) {
         Ok(r) => r,
         Err(code) => return code,
     };

@@ -128,13 +128,33 @@ pub fn execute(
     control: Option<ControlNodes>,
     out: &std::path::Path,
 ) -> Result<Report, ExitCode> {
-    let opts = RunOptions { realtime, wall: Some(Arc::new(SystemClock)), control };
+    execute_with(scenario, RunOptions { realtime, wall: Some(Arc::new(SystemClock)), control, sqs: None }, None, out)
+}
+
+/// [`execute`] with every option; with `sqs_endpoint` (moto's), the interruption events go
+/// through a new SQS queue there.
+pub fn execute_with(
+    scenario: &Scenario,
+    mut opts: RunOptions,
+    sqs_endpoint: Option<&str>,
+    out: &std::path::Path,
+) -> Result<Report, ExitCode> {
     let mut status = Status { tty: std::io::stderr().is_terminal() };
     let sys = dovetail_actors::system().map_err(|e| {
         eprintln!("error: cannot start the runtime: {e}");
         ExitCode::FAILURE
     })?;
-    let report = sys.block_on(async { dovetail_loadtest::run(scenario, &opts, &mut status).await });
+    let report = sys.block_on(async {
+        if let Some(endpoint) = sqs_endpoint {
+            let queue = sqs_queue(endpoint).await.map_err(|e| {
+                eprintln!("error: --sqs-endpoint {endpoint}: {e}");
+                ExitCode::FAILURE
+            })?;
+            eprintln!("interruption events through {}", queue.url());
+            opts.sqs = Some(Arc::new(queue));
+        }
+        Ok::<_, ExitCode>(dovetail_loadtest::run(scenario, &opts, &mut status).await)
+    })?;
     if status.tty {
         eprintln!();
     }
@@ -148,6 +168,22 @@ pub fn execute(
         return Err(ExitCode::FAILURE);
     }
     Ok(report)
+}
+
+/// A new queue on the SQS at `endpoint` (moto's: any credentials), its receives hiding
+/// messages for 60 s.
+async fn sqs_queue(endpoint: &str) -> Result<dovetail_cloud::aws::SqsQueue, String> {
+    use dovetail_cloud::aws::{AwsConfig, SqsQueue, StaticCredentials, sdk_config};
+    let cfg = AwsConfig {
+        region: Some("us-east-1".into()),
+        endpoint: Some(endpoint.to_string()),
+        credentials: Some(StaticCredentials { access_key_id: "testing".into(), secret_access_key: "testing".into() }),
+        ..AwsConfig::default()
+    };
+    let sdk = sdk_config(&cfg).await;
+    let name = format!("dovetail-loadtest-{}", std::process::id());
+    let queue = SqsQueue::create(&sdk, &name).await.map_err(|e| e.to_string())?;
+    Ok(queue.with_visibility(std::time::Duration::from_secs(60)))
 }
 
 /// The scenario of a trace replay.

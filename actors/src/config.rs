@@ -135,6 +135,10 @@ pub struct InterruptionConfig {
     /// How long a received message stays hidden from other consumers: it is deleted once its
     /// action committed, or seen again after this (at-least-once).
     pub visibility: Duration,
+    /// When a run did not act (ledger unavailable, cache not synced, too slow), how soon its
+    /// messages come back to be tried again (a node that no longer leads hands them back at
+    /// once). At most `visibility`.
+    pub retry: Duration,
     /// Batches the handler holds at once; consumers wait beyond it (backpressure).
     pub mailbox: usize,
 }
@@ -147,6 +151,7 @@ impl Default for InterruptionConfig {
             wait: Duration::from_secs(20),
             idle_pause: Duration::from_millis(200),
             visibility: Duration::from_secs(60),
+            retry: Duration::from_secs(5),
             mailbox: 64,
         }
     }
@@ -273,6 +278,9 @@ impl Config {
         }
         if i.visibility < Duration::from_secs(1) {
             return bad("interruption.visibility", "must be at least 1 s (SQS counts it in seconds)");
+        }
+        if i.retry > i.visibility {
+            return bad("interruption.retry", "must be at most the visibility timeout");
         }
         self.lifecycle.validate().map_err(|e| ConfigError { field: "lifecycle", reason: e.to_string() })
     }

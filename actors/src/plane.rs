@@ -222,13 +222,15 @@ impl Plane {
 
     /// Starts handling interruption events from `queues`: the [`InterruptionActor`] and the
     /// queues' consumers (only the leader receives). Once; a second call does nothing.
-    pub fn consume_interruptions(&mut self, queues: Vec<Arc<dyn InterruptionQueue>>) {
-        if self.interruption.is_some() || queues.is_empty() {
+    pub fn consume_interruptions(&mut self, named: Vec<(String, Arc<dyn InterruptionQueue>)>) {
+        if self.interruption.is_some() || named.is_empty() {
             return;
         }
         let w = &self.wiring;
+        let (names, queues): (Vec<String>, Vec<Arc<dyn InterruptionQueue>>) = named.into_iter().unzip();
         let wiring = InterruptionWiring {
             queues: queues.clone(),
+            queue_names: names.clone(),
             ledger: w.ledger.clone(),
             view: w.view.clone(),
             clock: w.clock.clone(),
@@ -240,7 +242,7 @@ impl Plane {
         let actor = Supervisor::start(move |_| InterruptionActor::new(wiring));
         let (tx, rx) = tokio::sync::watch::channel(false);
         let parts = (w.clock.clone(), w.errors.clone(), w.config.interruption.clone());
-        crate::interruption::consume::start(&queues, actor.clone(), w.ledger.leadership(), parts, rx);
+        crate::interruption::consume::start(&queues, &names, actor.clone(), w.ledger.leadership(), parts, rx);
         self.interruption = Some(actor);
         self.stop_consumers = Some(tx);
         self.tell_interruption();

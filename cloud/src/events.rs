@@ -15,6 +15,8 @@ pub enum EventKind {
     StateChange(&'static str),
     /// `aws.health` / `AWS Health Event`, an EC2 scheduled change.
     ScheduledChange,
+    /// `aws.ec2` / `EC2 Capacity Reservation Instance Interruption Warning`.
+    CapacityReservationInterruption,
 }
 
 /// Where and when an event happened.
@@ -34,6 +36,11 @@ pub fn event(kind: EventKind, instance_id: &str, origin: &Origin<'_>) -> String 
         EventKind::SpotInterruption => (
             "aws.ec2",
             "EC2 Spot Instance Interruption Warning",
+            json!({"instance-id": instance_id, "instance-action": "terminate"}),
+        ),
+        EventKind::CapacityReservationInterruption => (
+            "aws.ec2",
+            "EC2 Capacity Reservation Instance Interruption Warning",
             json!({"instance-id": instance_id, "instance-action": "terminate"}),
         ),
         EventKind::RebalanceRecommendation => {

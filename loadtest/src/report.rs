@@ -146,9 +146,13 @@ pub struct InterruptionCounts {
 pub struct BurstCounts {
     /// Messages sent, each for a different instance.
     pub messages: u64,
+    /// Instances handled: recorded as interrupted, their replacements sized, their nodes
+    /// tainted (or drained and gone); and the rest, lost.
+    pub handled: u64,
+    pub lost: u64,
     /// Messages handled a second: `messages` over the time from the first sent to the last
-    /// deleted.
-    pub handled_per_second: f64,
+    /// deleted. Only on the wall clock (virtual time measures no rate).
+    pub handled_per_second: Option<f64>,
     /// Per instance with replacements, from its message's sending to the cloud's launch of
     /// its first replacement (the launch call made), ms.
     pub sent_to_launch: crate::run::Percentiles,
@@ -260,9 +264,12 @@ impl Report {
             if let Some(b) = &i.burst {
                 let _ = writeln!(
                     t,
-                    "burst            {} messages, {:.0} handled/s, sent to launch {}, {} recorded, {} left in the queue",
+                    "burst            {} messages, {} handled ({} lost), {}, sent to launch {}, {} recorded, {} left in the queue",
                     b.messages,
-                    b.handled_per_second,
+                    b.handled,
+                    b.lost,
+                    b.handled_per_second
+                        .map_or_else(|| "no rate on virtual time".to_string(), |r| format!("{r:.0} handled/s")),
                     p(&b.sent_to_launch),
                     b.recorded,
                     b.left_in_queue

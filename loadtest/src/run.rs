@@ -69,6 +69,9 @@ pub struct RunOptions {
     /// The ledger replicated over several control nodes in this process, its leader killed
     /// as asked; the single in-process ledger when absent.
     pub control: Option<ControlNodes>,
+    /// An SQS queue (moto's) the sim's interruption events are forwarded to, and the plane
+    /// consumes from, instead of the sim's in-memory queue.
+    pub sqs: Option<Arc<dovetail_cloud::aws::SqsQueue>>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -77,6 +80,7 @@ impl std::fmt::Debug for RunOptions {
             .field("realtime", &self.realtime)
             .field("wall", &self.wall.is_some())
             .field("control", &self.control)
+            .field("sqs", &self.sqs.as_ref().map(|q| q.url().to_string()))
             .finish()
     }
 }
@@ -168,9 +172,20 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         },
     )
     .map_err(|e| RunError::Config(e.to_string()))?;
-    // EC2's interruption events, from the sim cloud's queue (SQS's semantics in memory).
-    let queue: Arc<dyn dovetail_cloud::InterruptionQueue> = cloud.queue();
-    plane.consume_interruptions(vec![queue]);
+    // EC2's interruption events, from the sim cloud's queue (SQS's semantics in memory), or
+    // forwarded from it to a real SQS queue and consumed there.
+    let (forward_stop, forward_rx) = tokio::sync::watch::channel(false);
+    match &opts.sqs {
+        None => {
+            let queue: Arc<dyn dovetail_cloud::InterruptionQueue> = cloud.queue();
+            plane.consume_interruptions(vec![("sim".to_string(), queue)]);
+        }
+        Some(sqs) => {
+            let queue: Arc<dyn dovetail_cloud::InterruptionQueue> = sqs.clone();
+            plane.consume_interruptions(vec![(sqs.url().to_string(), queue)]);
+            actix::spawn(forward(cloud.queue(), sqs.clone(), forward_rx));
+        }
+    }
     let mut workloads = Workloads::new();
     let mut registrar = Registrar::new(sc.registration_delay);
     let mut next_event = 0;
@@ -206,6 +221,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         cluster.apply_pods(bare);
         cluster.delete_pods(&gone);
         faults.step(sc, &cloud, &all_types, now);
+        faults.note_launches(&cloud);
         workloads.step(&cluster, now);
         let instances = cloud.instances();
         registrar.step(&cluster, &registrations(&instances), now);
@@ -277,7 +293,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         }
     }
     let throttled = cloud.stats().throttled;
-    let burst = burst_counts(&faults, &plane, ledger.as_ref(), &cloud).await;
+    let burst = burst_counts(&faults, (&plane, ledger.as_ref(), &cloud, &cluster), opts.realtime).await;
     let interruptions = match &plane.interruption {
         Some(actor) => actor.send(GetInterruptionStats).await.ok().map(|i| InterruptionCounts {
             received: i.received.values().sum(),
@@ -286,14 +302,22 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             replacements: i.replacements,
             replacements_denied: i.replacements_denied,
             pods_on_existing: i.pods_on_existing,
-            sent_to_taint: Percentiles::of(&i.sent_to_taint),
-            sent_to_replacement: Percentiles::of(&i.sent_to_replacement),
+            // SQS's SentTimestamp is on the wall clock, the plane's on the run's: not comparable.
+            sent_to_taint: if opts.sqs.is_some() { Percentiles::default() } else { Percentiles::of(&i.sent_to_taint) },
+            sent_to_replacement: if opts.sqs.is_some() {
+                Percentiles::default()
+            } else {
+                Percentiles::of(&i.sent_to_replacement)
+            },
             runs: i.runs,
             burst,
         }),
         None => None,
     };
     plane.stop_consumers();
+    if forward_stop.send(true).is_err() {
+        tracing::debug!("loadtest.sqs: the forwarder had stopped");
+    }
     let control = match &group {
         Some(g) => {
             let report = g.report(sc.window.max);
@@ -383,6 +407,46 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     })
 }
 
+/// Forwards what the sim's EC2 sends to its queue to `to` (as EventBridge would), every 50 ms
+/// until `stop`; up to eight SendMessageBatch calls at once. A send that fails is logged and
+/// its messages are lost to the run (the burst's report counts them lost).
+async fn forward(
+    from: Arc<dovetail_cloud::sim::SimQueue>,
+    to: Arc<dovetail_cloud::aws::SqsQueue>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    const IN_FLIGHT: usize = 8;
+    loop {
+        let bodies = from.take_all();
+        let mut sends = tokio::task::JoinSet::new();
+        for chunk in bodies.chunks(10) {
+            if sends.len() >= IN_FLIGHT {
+                log_send(sends.join_next().await);
+            }
+            let (to, chunk) = (to.clone(), chunk.to_vec());
+            sends.spawn(async move { to.send(&chunk).await.map_err(|e| (chunk.len(), e)) });
+        }
+        while let Some(done) = sends.join_next().await {
+            log_send(Some(done));
+        }
+        tokio::select! {
+            changed = stop.changed() => if changed.is_err() || *stop.borrow() { return },
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+}
+
+/// A forwarding send's end: done, or how many messages it could not send and why.
+type Sent = Result<Result<(), (usize, dovetail_cloud::CloudError)>, tokio::task::JoinError>;
+
+fn log_send(done: Option<Sent>) {
+    match done {
+        Some(Ok(Err((n, e)))) => tracing::warn!(messages = n, error = %e, "loadtest.sqs: not forwarded"),
+        Some(Err(e)) => tracing::warn!(error = %e, "loadtest.sqs: a forwarding task failed"),
+        Some(Ok(Ok(()))) | None => {}
+    }
+}
+
 /// The most pods pending at a sample after the first sample with none pending.
 fn pending_after_settle(samples: &[Sample]) -> Option<usize> {
     let settled = samples.iter().position(|s| s.pending == 0)?;
@@ -395,48 +459,64 @@ fn price_per_hour(instances: &[dovetail_cloud::Instance]) -> f64 {
 }
 
 /// The burst's figures (none without one): its rate from the first message sent to the last
-/// deleted, each instance's time from its message to its first replacement's launch (the
-/// cloud's record of it), and what the ledger and the queue hold at the end.
+/// deleted (on the wall clock only), each instance's time from its message to its first
+/// replacement's launch (the cloud's record of it, kept after the instance went), and per
+/// instance whether it was handled: recorded in the ledger as acting, its replacements sized,
+/// its node tainted (or drained and gone already); the rest are lost.
 async fn burst_counts(
     faults: &Faults,
-    plane: &Plane,
-    ledger: &dyn Ledger,
-    cloud: &SimCloud,
+    (plane, ledger, cloud, cluster): (&Plane, &dyn Ledger, &SimCloud, &SimCluster),
+    realtime: bool,
 ) -> Option<crate::report::BurstCounts> {
     let first = *faults.burst_sent.values().min()?;
     let epoch = to_millis(DEFAULT_EPOCH);
     let stats = plane.interruption.as_ref()?.send(GetInterruptionStats).await.ok()?;
     let messages = faults.burst_sent.len() as u64;
     let span_ms = stats.last_deleted.saturating_sub(epoch).saturating_sub(first).max(1);
-    let launched: BTreeMap<String, u64> = cloud
-        .instances()
-        .into_iter()
-        .filter_map(|i| Some((i.claim?, u64::try_from(i.launched_at.as_millis()).ok()?.saturating_sub(epoch))))
-        .collect();
+    let launched = faults.launched.clone();
     let sent = faults.burst_sent.clone();
     let read = dovetail_raft::read_with(ledger, move |s| {
         let mut to_launch = Latencies::default();
+        let mut sized: Vec<String> = Vec::new();
         let mut recorded = 0u64;
         for (instance, at) in &sent {
             let Some(r) = s.interruption(instance) else { continue };
             recorded += 1;
+            if r.acts && r.sized {
+                sized.push(instance.clone());
+            }
             if let Some(first_launch) = r.replacements.iter().filter_map(|c| launched.get(c)).min() {
                 to_launch.record(first_launch.saturating_sub(*at));
             }
         }
-        (to_launch, recorded)
+        (to_launch, recorded, sized)
     })
     .await;
-    let (to_launch, recorded) = match read {
+    let (to_launch, recorded, sized) = match read {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "loadtest.burst: the ledger could not be read");
-            (Latencies::default(), 0)
+            (Latencies::default(), 0, Vec::new())
         }
     };
+    // Tainted, or gone: by the node of the instance's provider id.
+    let snap = cluster.snapshot();
+    let taint = dovetail_core::plane::disrupted_taint();
+    let nodes = snap.nodes_by_provider_id();
+    let provider: BTreeMap<String, String> =
+        cloud.instances().iter().map(|i| (i.id.clone(), dovetail_actors::kubelet::provider_id(i))).collect();
+    let handled = sized
+        .iter()
+        .filter(|i| match provider.get(*i).and_then(|p| nodes.get(p.as_str())) {
+            None => true,
+            Some(n) => n.taints.iter().any(|t| t.key == taint.key && t.effect == taint.effect),
+        })
+        .count() as u64;
     Some(crate::report::BurstCounts {
         messages,
-        handled_per_second: messages as f64 * 1000.0 / span_ms as f64,
+        handled,
+        lost: messages.saturating_sub(handled),
+        handled_per_second: realtime.then(|| messages as f64 * 1000.0 / span_ms as f64),
         sent_to_launch: Percentiles::of(&to_launch),
         recorded,
         left_in_queue: cloud.queue().len() as u64,
@@ -524,6 +604,12 @@ struct Faults {
     /// each burst fault sent.
     burst_sent: BTreeMap<String, u64>,
     burst_counts: Vec<u64>,
+    /// Each burst fault's targets, fixed at its start: the instances of claims then, in order
+    /// (a replacement launched during the burst is never one).
+    burst_targets: Vec<Option<Vec<String>>>,
+    /// From a burst's start, every claim's first launch seen (scenario ms), kept after its
+    /// instance is gone.
+    launched: BTreeMap<String, u64>,
 }
 
 /// EC2's request buckets multiplied by `factor` (EC2's own at 1).
@@ -548,12 +634,14 @@ impl Faults {
             zone_lost: 0,
             burst_sent: BTreeMap::new(),
             burst_counts: vec![0; n],
+            burst_targets: vec![None; n],
+            launched: BTreeMap::new(),
         }
     }
 
-    /// Sends this tick's share of an interruption burst: `per_second` a second, each for a
-    /// live instance not sent one yet, in turn a spot warning, a scheduled change and a state
-    /// change to `stopping`.
+    /// Sends this tick's share of an interruption burst: `per_second` a second, each for one
+    /// of the burst's targets (fixed at its start) still running and not sent one yet, in turn
+    /// a spot warning, a scheduled change and a state change to `stopping`.
     fn burst(&mut self, i: usize, (messages, per_second): (u64, u64), cloud: &SimCloud, tick: u64, now: u64) {
         use dovetail_cloud::events::EventKind;
         let left = messages.saturating_sub(self.burst_counts[i]);
@@ -561,21 +649,38 @@ impl Faults {
         if share == 0 {
             return;
         }
+        let running = cloud.instances();
+        let targets = self.burst_targets[i].get_or_insert_with(|| {
+            running.iter().filter(|inst| inst.claim.is_some()).map(|inst| inst.id.clone()).collect()
+        });
+        let live: std::collections::BTreeSet<&str> = running.iter().map(|inst| inst.id.as_str()).collect();
         let kinds = [EventKind::SpotInterruption, EventKind::ScheduledChange, EventKind::StateChange("stopping")];
         let mut sent = 0u64;
-        for inst in cloud.instances() {
+        for id in targets.iter() {
             if sent >= share {
                 break;
             }
-            if inst.claim.is_none() || self.burst_sent.contains_key(&inst.id) {
+            if !live.contains(id.as_str()) || self.burst_sent.contains_key(id) {
                 continue;
             }
             let n = self.burst_sent.len();
-            cloud.inject(kinds[n % kinds.len()], &inst.id);
-            self.burst_sent.insert(inst.id.clone(), now);
+            cloud.inject(kinds[n % kinds.len()], id);
+            self.burst_sent.insert(id.clone(), now);
             sent += 1;
         }
         self.burst_counts[i] += sent;
+    }
+
+    /// Notes the launches seen since the first burst started.
+    fn note_launches(&mut self, cloud: &SimCloud) {
+        if self.burst_targets.iter().all(Option::is_none) {
+            return;
+        }
+        let epoch = to_millis(DEFAULT_EPOCH);
+        for inst in cloud.instances() {
+            let (Some(claim), Ok(at)) = (inst.claim, u64::try_from(inst.launched_at.as_millis())) else { continue };
+            self.launched.entry(claim).or_insert(at.saturating_sub(epoch));
+        }
     }
 
     /// Starts and ends the faults at `now`, and plays EC2's side of the active ones.
@@ -672,8 +777,9 @@ mod tests {
     }
 
     /// Every kind of fault on virtual time: spot instances reclaimed two minutes after their
-    /// warning, a zone lost with its instances, EC2 throttling; the nodes that went away are
-    /// terminated and replaced, and every pod ends up placed.
+    /// warning, a zone lost with its instances, EC2 throttling, a burst of interruption
+    /// messages; the nodes that went away are terminated and replaced, and every pod ends up
+    /// placed.
     #[test]
     fn a_spot_storm_a_lost_zone_and_throttling_are_recovered_from() {
         let text = r#"
@@ -712,6 +818,7 @@ faults:
   - {at: 5m, until: 15m, spot_interruptions: {per_hour: 6}}
   - {at: 20m, until: 30m, zone_lost: {zone: us-east-1b}}
   - {at: 20m, until: 25m, throttle: {factor: 0.001}}
+  - {at: 32m, until: 35m, interruption_burst: {messages: 10, per_second: 1}}
 "#;
         let sc = Scenario::parse(text).expect("scenario");
         let sys = actix_rt::System::new();
@@ -729,6 +836,14 @@ faults:
         // 28,000 throttled calls.
         assert!(f.throttled < 3_000, "{t}");
         assert!(t.contains("spot warnings") && t.contains("interruptions"), "{t}");
+        // The burst: up to 10 of the nodes running at its start (sent in one tick), each handled
+        // (recorded, sized, tainted or gone), nothing left in the queue, and no rate claimed
+        // on virtual time.
+        let b = i.burst.expect("the burst's figures");
+        assert!(b.messages > 0 && b.messages <= 10, "{t}");
+        assert_eq!((b.handled, b.lost, b.left_in_queue), (b.messages, 0, 0), "{t}");
+        assert_eq!(b.handled_per_second, None, "{t}");
+        assert!(t.contains("no rate on virtual time"), "{t}");
         assert_eq!((report.pods, report.pods_bound, report.pods_pending), (300, 300, 0), "{t}");
         // Nothing of the lost nodes is left behind: the nodes running are the claims alive.
         assert_eq!(report.nodes, report.samples.last().map_or(0, |s| s.nodes), "{t}");

@@ -150,9 +150,9 @@ async fn serve(s: Settings) -> Result<(), String> {
     };
     // The interruption queues, found once (a name that is not a queue stops the start here,
     // named); every term's plane consumes them while it leads.
-    let mut queues: Vec<Arc<dyn dovetail_cloud::InterruptionQueue>> = Vec::new();
+    let mut queues: Vec<(String, Arc<dyn dovetail_cloud::InterruptionQueue>)> = Vec::new();
     if let Some(provider) = &aws {
-        let visibility = Config::default().interruption.visibility;
+        let visibility = s.interruption_visibility;
         for name in &s.interruption_queues {
             let q = provider
                 .interruption_queue(name)
@@ -160,7 +160,7 @@ async fn serve(s: Settings) -> Result<(), String> {
                 .map_err(|e| format!("--interruption-queue {name}: {e}"))?
                 .with_visibility(visibility);
             tracing::info!(queue = %name, url = %q.url(), "interruption queue found");
-            queues.push(Arc::new(q));
+            queues.push((name.clone(), Arc::new(q)));
         }
     }
     // Followers read ahead what the EC2NodeClasses resolve to, for the leader they may become.
@@ -338,7 +338,7 @@ struct Acting {
     aws: Option<Arc<dovetail_cloud::aws::AwsProvider>>,
     metrics: Arc<http::Metrics>,
     /// The interruption queues (`--interruption-queue`).
-    queues: Vec<Arc<dyn dovetail_cloud::InterruptionQueue>>,
+    queues: Vec<(String, Arc<dyn dovetail_cloud::InterruptionQueue>)>,
 }
 
 impl Acting {
@@ -376,9 +376,15 @@ impl Acting {
                 limits: ApiLimits::default(),
                 // Disruption is on, as Karpenter's: each NodePool's budgets and
                 // consolidateAfter say how much (a budget of 0 nodes, or `Never`, turns it off).
-                config: Config {
-                    disruption: dovetail_actors::config::DisruptionConfig { enabled: true, ..Default::default() },
-                    ..Config::default()
+                config: {
+                    let mut c = Config {
+                        disruption: dovetail_actors::config::DisruptionConfig { enabled: true, ..Default::default() },
+                        ..Config::default()
+                    };
+                    c.interruption.consumers = s.interruption_consumers;
+                    c.interruption.visibility = s.interruption_visibility;
+                    c.lifecycle.interruption.rebalance = s.rebalance;
+                    c
                 },
             },
             Seams {

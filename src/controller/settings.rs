@@ -91,6 +91,19 @@ pub struct ControllerArgs {
     /// cluster spread over several queues drains them all.
     #[arg(long = "interruption-queue", value_delimiter = ',', env = "DOVETAIL_INTERRUPTION_QUEUE")]
     pub interruption_queue: Option<Vec<String>>,
+    /// With --interruption-queue: long-pollers per queue to start with (default 2; more start
+    /// while receives come back full, up to 16).
+    #[arg(long, env = "DOVETAIL_INTERRUPTION_CONSUMERS")]
+    pub interruption_consumers: Option<usize>,
+    /// With --interruption-queue: how long a received message stays hidden, in seconds
+    /// (default 60): it is deleted once acted on, or seen again after this.
+    #[arg(long, env = "DOVETAIL_INTERRUPTION_VISIBILITY")]
+    pub interruption_visibility: Option<u64>,
+    /// With --interruption-queue: what a spot rebalance recommendation does: `event` (an
+    /// event on its NodeClaim, Karpenter's behaviour; the default) or `replace` (the node is
+    /// replaced and drained, as for a scheduled change, within the NodePool's limits).
+    #[arg(long, env = "DOVETAIL_INTERRUPTION_REBALANCE")]
+    pub interruption_rebalance: Option<String>,
     /// A settings file (YAML); flags and DOVETAIL_* variables override it.
     #[arg(long, env = "DOVETAIL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -137,6 +150,9 @@ pub struct FileSettings {
     pub data_dir: Option<PathBuf>,
     pub raft_secret_file: Option<PathBuf>,
     pub interruption_queue: Option<OneOrMany>,
+    pub interruption_consumers: Option<usize>,
+    pub interruption_visibility: Option<u64>,
+    pub interruption_rebalance: Option<String>,
 }
 
 /// A replicated ledger's settings (`--peers` and the flags it needs).
@@ -180,6 +196,11 @@ pub struct Settings {
     pub ha: Option<HaSettings>,
     /// The SQS queues of interruption events, by name (none: interruption handling is off).
     pub interruption_queues: Vec<String>,
+    /// Long-pollers per queue to start with.
+    pub interruption_consumers: usize,
+    /// How long a received message stays hidden.
+    pub interruption_visibility: std::time::Duration,
+    pub rebalance: dovetail_core::interruption::Rebalance,
 }
 
 /// Parses `--peers` entries (`ID=HOST:PORT`) into the group, naming the entry at fault.
@@ -283,6 +304,32 @@ impl Settings {
         if let Some(q) = interruption_queues.iter().find(|q| !seen.insert(q.as_str())) {
             return Err(format!("--interruption-queue: {q} is listed twice"));
         }
+        let defaults = dovetail_actors::config::InterruptionConfig::default();
+        let interruption_consumers =
+            args.interruption_consumers.or(file.interruption_consumers).unwrap_or(defaults.consumers);
+        if interruption_consumers == 0 || interruption_consumers > defaults.max_consumers {
+            return Err(format!(
+                "--interruption-consumers must be 1 to {}, got {interruption_consumers}",
+                defaults.max_consumers
+            ));
+        }
+        let visibility = args.interruption_visibility.or(file.interruption_visibility);
+        let interruption_visibility = visibility.map_or(defaults.visibility, std::time::Duration::from_secs);
+        // SQS takes 0 s to 12 h; under the retry pause a failed run's messages would come back
+        // before they were handed back.
+        if let Some(v) = visibility
+            && !(defaults.retry.as_secs()..=43_200).contains(&v)
+        {
+            return Err(format!(
+                "--interruption-visibility must be {} to 43200 seconds, got {v}",
+                defaults.retry.as_secs()
+            ));
+        }
+        let rebalance = match args.interruption_rebalance.clone().or(file.interruption_rebalance) {
+            None => dovetail_core::interruption::Rebalance::default(),
+            Some(r) => dovetail_core::interruption::Rebalance::parse(&r)
+                .ok_or_else(|| format!("--interruption-rebalance must be event or replace, got {r:?}"))?,
+        };
         let addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| e.to_string());
         Ok(Settings {
             kubeconfig: args.kubeconfig.clone().or(file.kubeconfig),
@@ -303,6 +350,9 @@ impl Settings {
             ami_parameter_prefix: args.ami_parameter_prefix.clone().or(file.ami_parameter_prefix),
             ha,
             interruption_queues,
+            interruption_consumers,
+            interruption_visibility,
+            rebalance,
         })
     }
 }
@@ -421,8 +471,31 @@ mod tests {
         assert!(err(sim).contains("--cloud aws"));
         let empty = ControllerArgs { interruption_queue: Some(vec!["q".into(), " ".into()]), ..aws.clone() };
         assert!(err(empty).contains("must not be empty"));
-        let twice = ControllerArgs { interruption_queue: Some(vec!["q".into(), "q".into()]), ..aws };
+        let twice = ControllerArgs { interruption_queue: Some(vec!["q".into(), "q".into()]), ..aws.clone() };
         assert!(err(twice).contains("listed twice"));
+        // The consumers, the visibility timeout and the rebalance action: defaults, the file,
+        // flags over the file, and what cannot work named.
+        let d = Settings::resolve(&aws).expect("valid");
+        let defaults = dovetail_actors::config::InterruptionConfig::default();
+        assert_eq!((d.interruption_consumers, d.interruption_visibility), (defaults.consumers, defaults.visibility));
+        assert_eq!(d.rebalance, dovetail_core::interruption::Rebalance::Event, "Karpenter's behaviour by default");
+        std::fs::write(
+            &path,
+            "interruptionQueue: q\ninterruptionConsumers: 4\ninterruptionVisibility: 90\ninterruptionRebalance: replace\n",
+        )
+        .expect("write");
+        let f = Settings::resolve(&from_file).expect("valid");
+        assert_eq!((f.interruption_consumers, f.interruption_visibility.as_secs()), (4, 90));
+        assert_eq!(f.rebalance, dovetail_core::interruption::Rebalance::Replace);
+        let flags = ControllerArgs { interruption_consumers: Some(3), interruption_visibility: Some(30), ..from_file };
+        let f = Settings::resolve(&flags).expect("valid");
+        assert_eq!((f.interruption_consumers, f.interruption_visibility.as_secs()), (3, 30));
+        let none = ControllerArgs { interruption_consumers: Some(0), ..aws.clone() };
+        assert!(err(none).contains("--interruption-consumers"));
+        let short = ControllerArgs { interruption_visibility: Some(1), ..aws.clone() };
+        assert!(err(short).contains("--interruption-visibility"));
+        let odd = ControllerArgs { interruption_rebalance: Some("ignore".into()), ..aws };
+        assert!(err(odd).contains("event or replace"));
         std::fs::remove_dir_all(&dir).ok();
     }
 

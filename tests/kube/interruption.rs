@@ -33,21 +33,46 @@ use dovetail_raft::{BoxFuture, Committed, InProcess, Leadership, Ledger, LedgerE
 
 const ZONES: [&str; 2] = ["us-east-1a", "us-east-1b"];
 
-/// A ledger that refuses the first `fail` proposals of interruption records (as a ledger
-/// without quorum would), then commits as the one it wraps.
-struct RefusingInterrupts {
+/// Which of the interruption actor's proposals a [`Refusing`] ledger fails.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    /// The interruption records (`Command::Interrupt`).
+    Records,
+    /// The replacements (`Command::ReplaceInterrupted`), after the records committed.
+    Replacements,
+}
+
+/// How it fails them.
+#[derive(Clone, Copy, Debug)]
+enum Failure {
+    /// At once, as a ledger without quorum would.
+    Refuse,
+    /// By never answering (for 60 s), as a handler stuck on a call would.
+    Hang,
+}
+
+/// A ledger that fails the first `fail` proposals of `target`, then commits as the one it
+/// wraps.
+struct Refusing {
     inner: Arc<InProcess>,
+    target: Target,
+    failure: Failure,
     fail: AtomicUsize,
     refused: AtomicUsize,
 }
 
-impl Ledger for RefusingInterrupts {
+impl Ledger for Refusing {
     fn propose(&self, entry: Entry) -> BoxFuture<'_, Result<Committed, LedgerError>> {
         Box::pin(async move {
-            if matches!(entry.command, Command::Interrupt { .. })
-                && self.fail.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
-            {
+            let aimed = match self.target {
+                Target::Records => matches!(entry.command, Command::Interrupt { .. }),
+                Target::Replacements => matches!(entry.command, Command::ReplaceInterrupted { .. }),
+            };
+            if aimed && self.fail.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
                 self.refused.fetch_add(1, Ordering::SeqCst);
+                if let Failure::Hang = self.failure {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
                 return Err(LedgerError::Unavailable { reason: "the test's ledger has no quorum".into() });
             }
             self.inner.propose(entry).await
@@ -61,7 +86,7 @@ impl Ledger for RefusingInterrupts {
     }
 }
 
-fn types() -> Arc<Vec<InstanceType>> {
+fn catalog_types() -> Arc<Vec<InstanceType>> {
     let c = Catalog::embedded("us-east-1").expect("catalog");
     Arc::new(c.instance_types(&NodeClassSettings::default(), None))
 }
@@ -124,14 +149,20 @@ struct World {
 }
 
 impl World {
-    /// `pods` pods of 1 vCPU from one Deployment, on a spot pool over two zones, every pod
-    /// bound and every claim initialized before it returns; `ledger` wraps `inner`.
-    async fn new(pods: u32, inner: Arc<InProcess>, ledger: Arc<dyn Ledger>) -> World {
+    /// `pods` pods of 1 vCPU from one Deployment, on a spot pool of `types` over two zones,
+    /// every pod bound and every claim initialized before it returns; `ledger` wraps `inner`;
+    /// received messages hidden for `visibility`, handed back after `retry` when a run fails.
+    async fn new(
+        pods: u32,
+        types: &[&str],
+        (inner, ledger): (Arc<InProcess>, Arc<dyn Ledger>),
+        (visibility, retry): (Duration, Duration),
+    ) -> World {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
-        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), catalog_types(), clock.clone()));
         let cluster = Arc::new(SimCluster::new());
         let mut reqs = Requirements::new();
-        reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(["m5.large", "m5.xlarge", "m5.2xlarge"]));
+        reqs.add(labels::INSTANCE_TYPE, Requirement::is_in(types.iter().copied()));
         reqs.add(labels::CAPACITY_TYPE, Requirement::is_in(["spot"]));
         reqs.add(labels::ZONE, Requirement::is_in(ZONES));
         let pool = NodePool::new("default", reqs);
@@ -156,7 +187,8 @@ impl World {
                 max_consumers: 2,
                 wait: Duration::from_secs(1),
                 idle_pause: Duration::from_millis(100),
-                visibility: Duration::from_secs(2),
+                visibility,
+                retry,
                 ..InterruptionConfig::default()
             },
             ..Config::default()
@@ -165,7 +197,7 @@ impl World {
         let plane = Plane::start(
             PlaneConfig {
                 zones: ZONES.iter().map(|z| z.to_string()).collect(),
-                pools: vec![(pool, types(), node_class)],
+                pools: vec![(pool, catalog_types(), node_class)],
                 limits: ApiLimits::default(),
                 config,
             },
@@ -255,29 +287,36 @@ fn tainted(cluster: &SimCluster, instance: &Instance) -> bool {
 }
 
 /// Every kind Karpenter handles, a malformed body, an event nothing acts on and duplicates,
-/// through moto's SQS: the three interrupted nodes are tainted and replaced (their pods bound
-/// elsewhere, their claims gone), the rebalance recommendation is an event only, every
-/// message is deleted, and only after the ledger recorded what it acted on.
+/// through moto's SQS (received messages hidden for 30 s, so none is seen twice by the
+/// timeout): the five interrupted nodes are tainted and replaced (their pods bound elsewhere,
+/// their claims gone), the rebalance recommendation is an event only, and every message is
+/// deleted, none before the ledger recorded what it acted on.
 #[test]
 fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_commit() {
     let system = actix_rt::System::new();
     system.block_on(async {
         let name = format!("dovetail-interruptions-{}", std::process::id());
-        let (consumer, sqs, url) = queue(&name, Duration::from_secs(2)).await;
+        let (consumer, sqs, url) = queue(&name, Duration::from_secs(30)).await;
         let inner = Arc::new(InProcess::new());
-        let mut w = World::new(12, inner.clone(), inner.clone()).await;
+        let timing = (Duration::from_secs(30), Duration::from_secs(1));
+        // One pod a node: eight nodes.
+        let mut w = World::new(8, &["m5.large"], (inner.clone(), inner.clone()), timing).await;
         let instances = w.instances().await;
-        assert!(instances.len() >= 4, "at least four nodes: {}", instances.len());
-        let picked: Vec<&Instance> = instances.values().take(4).collect();
-        let (spot, scheduled, stopped, rebalanced) = (picked[0], picked[1], picked[2], picked[3]);
+        assert!(instances.len() >= 6, "at least six nodes: {}", instances.len());
+        let picked: Vec<&Instance> = instances.values().take(6).collect();
+        let (spot, scheduled, stopped, terminated, reserved, rebalanced) =
+            (picked[0], picked[1], picked[2], picked[3], picked[4], picked[5]);
         let messages = [
             body(EventKind::SpotInterruption, &spot.id, "e-spot"),
             body(EventKind::ScheduledChange, &scheduled.id, "e-scheduled"),
             body(EventKind::StateChange("stopping"), &stopped.id, "e-stopping"),
+            body(EventKind::StateChange("shutting-down"), &terminated.id, "e-shutting-down"),
+            body(EventKind::CapacityReservationInterruption, &reserved.id, "e-reservation"),
             body(EventKind::RebalanceRecommendation, &rebalanced.id, "e-rebalance"),
-            // Duplicates: the same warning again, and the stopped one's later state.
+            // Duplicates: the same warning again, and the stopped and terminated ones' later states.
             body(EventKind::SpotInterruption, &spot.id, "e-spot"),
             body(EventKind::StateChange("stopped"), &stopped.id, "e-stopped"),
+            body(EventKind::StateChange("terminated"), &terminated.id, "e-terminated"),
             // Nothing to act on, and a body that is not an event at all.
             body(EventKind::StateChange("running"), &rebalanced.id, "e-running"),
             "{\"version\": \"0\", \"source\": \"aws.ec2\", \"detail-type\": \"EC2 Spot Instance Interruption Warning\""
@@ -289,50 +328,66 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
         }
         assert_eq!(depth(&sqs, &url).await, sent);
         let queue: Arc<dyn InterruptionQueue> = Arc::new(consumer);
-        w.plane.consume_interruptions(vec![queue]);
-        let interrupted = [spot.clone(), scheduled.clone(), stopped.clone()];
-        // Each tainted, then (its replacement up at once in the sim) possibly drained and gone
-        // already when looked at.
-        w.until("the three interrupted nodes recorded and tainted", |w, s| {
-            interrupted
-                .iter()
-                .all(|i| s.interruption(&i.id).is_some() && (tainted(&w.cluster, i) || node_gone(&w.cluster, i)))
-        })
-        .await;
-        // Karpenter's events, on each instance's NodeClaim: the rebalance recommendation too.
-        let events = w.cluster.events();
-        for (i, reason) in [
-            (spot, "SpotInterrupted"),
-            (scheduled, "InstanceUnhealthy"),
-            (stopped, "InstanceStopping"),
-            (rebalanced, "SpotRebalanceRecommendation"),
-        ] {
-            let claim = i.claim.clone().unwrap_or_default();
-            assert!(
-                events.iter().any(|e| e.name == claim && e.reason == reason),
-                "{reason} on {claim}: {:?}",
-                events.iter().filter(|e| e.name == claim).collect::<Vec<_>>()
-            );
-        }
-        let mut deleted_after_commit = true;
-        for _ in 0..240usize {
+        w.plane.consume_interruptions(vec![("moto".to_string(), queue)]);
+        let interrupted = [spot.clone(), scheduled.clone(), stopped.clone(), terminated.clone(), reserved.clone()];
+        // Every message deleted; at each look, the messages gone are at most those whose
+        // instances the ledger recorded (each instance's messages go only after its record).
+        let messages_of = |i: &Instance| -> u64 {
+            if i.id == spot.id || i.id == stopped.id || i.id == terminated.id { 2 } else { 1 }
+        };
+        let mut looks = 0;
+        for _ in 0..400usize {
             let left = depth(&sqs, &url).await;
             let s = read_with(inner.as_ref(), State::clone).await.expect("read");
-            // Each acted-on instance was recorded before its messages could go.
-            deleted_after_commit &= interrupted.iter().all(|i| s.interruption(&i.id).is_some());
+            let recorded: u64 = interrupted.iter().filter(|i| s.interruption(&i.id).is_some()).map(messages_of).sum();
+            // The rebalance, no-op and malformed messages need no record; the interrupted
+            // instances' messages go only once recorded.
+            let deletable = recorded + 3;
+            assert!(sent - left <= deletable, "{} messages gone, {recorded} recorded", sent - left);
+            looks += 1;
             if left == 0 {
                 break;
             }
             w.step().await;
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        assert!(looks > 1, "the queue was looked at while the messages were handled");
         assert_eq!(depth(&sqs, &url).await, 0, "every message deleted: {:?}", w.stats().await);
-        assert!(deleted_after_commit);
+        // Each tainted, then (its replacement up at once in the sim) possibly drained and gone
+        // already when looked at.
+        w.until("the five interrupted nodes recorded and tainted", |w, s| {
+            interrupted
+                .iter()
+                .all(|i| s.interruption(&i.id).is_some() && (tainted(&w.cluster, i) || node_gone(&w.cluster, i)))
+        })
+        .await;
+        // Karpenter's events, on each instance's NodeClaim (the rebalance recommendation too),
+        // each once.
+        let events = w.cluster.events();
+        for (i, reason) in [
+            (spot, "SpotInterrupted"),
+            (scheduled, "InstanceUnhealthy"),
+            (stopped, "InstanceStopping"),
+            (terminated, "InstanceTerminating"),
+            (reserved, "CapacityReservationInstanceInterrupted"),
+            (rebalanced, "SpotRebalanceRecommendation"),
+        ] {
+            let claim = i.claim.clone().unwrap_or_default();
+            let n = events.iter().filter(|e| e.name == claim && e.reason == reason).count();
+            assert_eq!(
+                n,
+                1,
+                "{reason} on {claim}: {:?}",
+                events.iter().filter(|e| e.name == claim).collect::<Vec<_>>()
+            );
+        }
         let stats = w.stats().await;
         let kinds: BTreeMap<&str, u64> = [
             ("spot_interrupted", 2),
             ("scheduled_change", 1),
             ("instance_stopped", 2),
+            ("instance_terminated", 2),
+            ("capacity_reservation_interrupted", 1),
             ("rebalance_recommendation", 1),
             ("no_op", 1),
             ("malformed", 1),
@@ -343,10 +398,11 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
             assert_eq!(stats.received.get(*kind).copied().unwrap_or(0), *n, "{kind}: {stats:?}");
         }
         assert_eq!(stats.deleted, sent, "{stats:?}");
-        // Two messages each for the spot and the stopped instance: each acted on once.
-        assert_eq!(stats.acted, 3, "three instances acted on once each: {stats:?}");
-        assert!(stats.replacements + stats.pods_on_existing > 0, "{stats:?}");
-        let replacements = stats.replacements;
+        // Two messages each for the spot, stopped and terminated instances: each acted on once.
+        assert_eq!(stats.acted, 5, "five instances acted on once each: {stats:?}");
+        assert_eq!(stats.tainted, 5, "{stats:?}");
+        assert_eq!(stats.replacements, 5, "one pod a node, none fits elsewhere: a replacement each: {stats:?}");
+        assert_eq!((stats.released, stats.failed_runs, stats.resumed), (0, 0, 0), "{stats:?}");
         // A redelivery after the action committed (at-least-once): deleted, nothing done again.
         send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-spot")).await;
         for _ in 0..240usize {
@@ -357,7 +413,7 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let stats = w.stats().await;
-        assert_eq!((stats.deleted, stats.acted, stats.replacements), (sent + 1, 3, replacements), "{stats:?}");
+        assert_eq!((stats.deleted, stats.acted, stats.replacements), (sent + 1, 5, 5), "{stats:?}");
         assert_eq!(depth(&sqs, &url).await, 0);
         // The rebalance recommendation is an event: its node stays as it was.
         assert!(!tainted(&w.cluster, rebalanced), "rebalance is an event only (Karpenter's default)");
@@ -368,7 +424,7 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
             let snap = w.cluster.snapshot();
             gone.iter().all(|c| s.claim(c).is_none() && !snap.nodeclaims.contains_key(c))
                 && snap.pending().count() == 0
-                && snap.pods.len() == 12
+                && snap.pods.len() == 8
         })
         .await;
         let kept = w.instances().await;
@@ -377,49 +433,104 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
     });
 }
 
-/// A batch whose ledger proposal fails keeps its messages: they come back after the
-/// visibility timeout and are acted on then, once, and deleted.
+/// A spot warning whose handling fails: the ledger refuses (`Refuse`) or never answers
+/// (`Hang`) the records (`Records`) or the replacements (`Replacements`). Returns the world,
+/// the instance, the ledger, and how long after the first receive the instance was sized.
+async fn failing_once(
+    target: Target,
+    failure: Failure,
+    (visibility, retry): (Duration, Duration),
+) -> (World, Instance, Arc<Refusing>, Duration, aws_sdk_sqs::Client, String) {
+    let name = format!("dovetail-redelivery-{target:?}-{failure:?}-{}", std::process::id()).to_lowercase();
+    let (consumer, sqs, url) = queue(&name, visibility).await;
+    let inner = Arc::new(InProcess::new());
+    let refusing = Arc::new(Refusing {
+        inner: inner.clone(),
+        target,
+        failure,
+        fail: AtomicUsize::new(1),
+        refused: AtomicUsize::new(0),
+    });
+    let ledger: Arc<dyn Ledger> = refusing.clone();
+    let mut w = World::new(4, &["m5.large"], (inner.clone(), ledger), (visibility, retry)).await;
+    let instances = w.instances().await;
+    let spot = instances.values().next().expect("a node").clone();
+    send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-redelivered")).await;
+    let queue: Arc<dyn InterruptionQueue> = Arc::new(consumer);
+    let started = std::time::Instant::now();
+    w.plane.consume_interruptions(vec![("moto".to_string(), queue)]);
+    w.until("the warning failed once, then acted on", |w, s| {
+        refusing.refused.load(Ordering::SeqCst) == 1
+            && s.interruption(&spot.id).is_some_and(|r| r.sized)
+            && (tainted(&w.cluster, &spot) || node_gone(&w.cluster, &spot))
+    })
+    .await;
+    let took = started.elapsed();
+    for _ in 0..200usize {
+        if depth(&sqs, &url).await == 0 {
+            break;
+        }
+        w.step().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(depth(&sqs, &url).await, 0, "deleted once acted on");
+    (w, spot, refusing, took, sqs, url)
+}
+
+/// A refused ledger entry: the run hands its message back (visible again after `retry`, 1 s,
+/// not the 30 s visibility timeout); seen again, it is acted on once and deleted.
 #[test]
-fn a_message_whose_handling_fails_is_seen_again_after_the_visibility_timeout_and_acted_on_once() {
+fn a_message_whose_records_are_refused_is_handed_back_and_acted_on_once() {
     let system = actix_rt::System::new();
     system.block_on(async {
-        let name = format!("dovetail-redelivery-{}", std::process::id());
-        let (consumer, sqs, url) = queue(&name, Duration::from_secs(2)).await;
-        let inner = Arc::new(InProcess::new());
-        let refusing = Arc::new(RefusingInterrupts {
-            inner: inner.clone(),
-            fail: AtomicUsize::new(1),
-            refused: AtomicUsize::new(0),
-        });
-        let mut w = World::new(4, inner.clone(), refusing.clone()).await;
-        let instances = w.instances().await;
-        let spot = instances.values().next().expect("a node").clone();
-        send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-redelivered")).await;
-        let queue: Arc<dyn InterruptionQueue> = Arc::new(consumer);
-        let started = std::time::Instant::now();
-        w.plane.consume_interruptions(vec![queue]);
-        w.until("the warning refused once, then acted on", |w, s| {
-            refusing.refused.load(Ordering::SeqCst) == 1
-                && s.interruption(&spot.id).is_some()
-                && tainted(&w.cluster, &spot)
-        })
-        .await;
+        let timing = (Duration::from_secs(30), Duration::from_secs(1));
+        let (w, _, _, took, _, _) = failing_once(Target::Records, Failure::Refuse, timing).await;
         assert!(
-            started.elapsed() >= Duration::from_secs(2),
-            "acted on only after the visibility timeout hid it: {:?}",
-            started.elapsed()
+            took >= Duration::from_secs(1) && took < Duration::from_secs(20),
+            "seen again after the retry: {took:?}"
         );
-        for _ in 0..200usize {
-            if depth(&sqs, &url).await == 0 {
-                break;
-            }
-            w.step().await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert_eq!(depth(&sqs, &url).await, 0);
         let stats = w.stats().await;
         assert_eq!(stats.received.get("spot_interrupted").copied(), Some(2), "received twice: {stats:?}");
-        assert_eq!((stats.acted, stats.deleted), (1, 1), "acted on and deleted once: {stats:?}");
+        assert_eq!((stats.acted, stats.deleted, stats.released, stats.failed_runs), (1, 1, 1, 1), "{stats:?}");
         assert!(w.plane.errors.counts().keys().any(|k| k.contains("interrupt")), "{:?}", w.plane.errors.counts());
+    });
+}
+
+/// The records committed, the replacements refused: the message handed back and seen again
+/// finds an instance recorded and not sized. It is tainted and sized then (resumed), with no
+/// second event, and deleted.
+#[test]
+fn a_message_whose_replacements_are_refused_is_resumed_when_seen_again() {
+    let system = actix_rt::System::new();
+    system.block_on(async {
+        let timing = (Duration::from_secs(30), Duration::from_secs(1));
+        let (w, spot, _, took, _, _) = failing_once(Target::Replacements, Failure::Refuse, timing).await;
+        assert!(took < Duration::from_secs(20), "seen again after the retry: {took:?}");
+        let stats = w.stats().await;
+        assert_eq!(stats.received.get("spot_interrupted").copied(), Some(2), "{stats:?}");
+        // A failed run's counts are not kept: the instance is counted once, as resumed.
+        assert_eq!((stats.acted, stats.resumed, stats.duplicates, stats.deleted), (0, 1, 0, 1), "{stats:?}");
+        assert_eq!((stats.tainted, stats.released, stats.failed_runs), (1, 1, 1), "{stats:?}");
+        assert_eq!(stats.replacements, 1, "sized once, by the resumed run: {stats:?}");
+        let claim = spot.claim.clone().unwrap_or_default();
+        let events = w.cluster.events();
+        let n = events.iter().filter(|e| e.name == claim && e.reason == "SpotInterrupted").count();
+        assert_eq!(n, 1, "one event: {events:?}");
+    });
+}
+
+/// A handler stuck on a call: the message comes back when its visibility timeout (3 s) runs
+/// out, waits for the stuck run, which gives up at that timeout; then it is acted on once.
+#[test]
+fn a_message_whose_handler_hangs_is_seen_again_after_the_visibility_timeout_and_acted_on_once() {
+    let system = actix_rt::System::new();
+    system.block_on(async {
+        let timing = (Duration::from_secs(3), Duration::from_secs(1));
+        let (w, _, _, took, _, _) = failing_once(Target::Records, Failure::Hang, timing).await;
+        assert!(took >= Duration::from_secs(3), "not before the visibility timeout: {took:?}");
+        let stats = w.stats().await;
+        assert!(stats.received.get("spot_interrupted").copied().unwrap_or(0) >= 2, "{stats:?}");
+        assert_eq!((stats.acted, stats.failed_runs), (1, 1), "{stats:?}");
+        assert!(stats.deleted >= 1, "{stats:?}");
     });
 }

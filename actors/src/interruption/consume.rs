@@ -26,6 +26,8 @@ const RECEIVE_MAX: usize = 10;
 struct Shared {
     queue: Arc<dyn InterruptionQueue>,
     index: usize,
+    /// For errors and logs.
+    name: String,
     actor: Addr<InterruptionActor>,
     leadership: watch::Receiver<Leadership>,
     clock: Arc<dyn Clock>,
@@ -41,6 +43,7 @@ struct Shared {
 /// turns true.
 pub fn start(
     queues: &[Arc<dyn InterruptionQueue>],
+    names: &[String],
     actor: Addr<InterruptionActor>,
     leadership: watch::Receiver<Leadership>,
     (clock, errors, cfg): (Arc<dyn Clock>, Arc<Errors>, InterruptionConfig),
@@ -50,6 +53,7 @@ pub fn start(
         let shared = Arc::new(Shared {
             queue: queue.clone(),
             index,
+            name: super::queue_name(names, index),
             actor: actor.clone(),
             leadership: leadership.clone(),
             clock: clock.clone(),
@@ -74,7 +78,7 @@ fn spawn(shared: Arc<Shared>, extra: bool) {
 
 /// One poller's loop.
 async fn poll(shared: &Arc<Shared>, extra: bool) {
-    let name = format!("interruption-queue/{}", shared.index);
+    let name = &shared.name;
     let mut leadership = shared.leadership.clone();
     let mut stop = shared.stop.clone();
     let mut failures: u32 = 0;
@@ -114,14 +118,14 @@ async fn poll(shared: &Arc<Shared>, extra: bool) {
                 }
                 let batch = Batch { queue: shared.index, messages, received: shared.clock.now_millis() };
                 if let Err(e) = shared.actor.send(batch).await {
-                    shared.errors.warn("handle_interruptions", "mailbox", &name, &e);
+                    shared.errors.warn("handle_interruptions", "mailbox", name, &e);
                     return;
                 }
             }
             Err(e) => {
                 // Backs off 1, 2, 4 ... 30 s while the queue keeps failing.
                 failures = failures.saturating_add(1);
-                shared.errors.warn("receive_messages", "cloud", &name, &e);
+                shared.errors.warn("receive_messages", "cloud", name, &e);
                 let wait =
                     std::time::Duration::from_secs(1u64 << failures.min(5)).min(std::time::Duration::from_secs(30));
                 tokio::time::sleep(wait).await;

@@ -22,6 +22,7 @@
 //! is `drain_lead` away (`core::interruption::drain_now`), and ends by EC2's deadline.
 
 pub mod consume;
+mod work;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -30,19 +31,17 @@ use actix::prelude::*;
 use dovetail_cloud::{InterruptionQueue, QueueMessage};
 use dovetail_cluster::ClusterView;
 use dovetail_core::clock::Clock;
-use dovetail_core::cluster::{Event, NodePatch, ObjectKind};
-use dovetail_core::effect::{Action, Effect};
-use dovetail_core::interruption::{self, Going, Kind};
-use dovetail_core::ledger::{Command, Entry, Millis, Notice, Outcome, Replacement, Term};
-use dovetail_core::plane::{Latencies, Names, disrupted_taint};
-use dovetail_core::provisioning::{planned_claim, unique_claim_name};
+use dovetail_core::interruption::{self, Kind};
+use dovetail_core::ledger::Millis;
+use dovetail_core::plane::{Latencies, Names};
 use dovetail_core::scheduling::PoolInput;
-use dovetail_raft::{Ledger, read_with};
+use dovetail_raft::Ledger;
 
 use crate::config::Config;
 use crate::errors::Errors;
 use crate::executor::Executor;
-use crate::pool::{NodePoolActor, Reconcile};
+use crate::pool::NodePoolActor;
+use work::{NotActed, Work};
 
 /// One receive's messages, from queue `queue`.
 pub struct Batch {
@@ -80,6 +79,15 @@ pub struct InterruptionStats {
     /// Instances recorded as interrupted (acting), and notices the ledger found duplicates.
     pub acted: u64,
     pub duplicates: u64,
+    /// Notices that only brought a recorded instance's deadline earlier.
+    pub earlier: u64,
+    /// Instances a failed run recorded and did not size, tainted and sized by a later one.
+    pub resumed: u64,
+    /// Interrupted nodes whose taint the cluster took.
+    pub tainted: u64,
+    /// Messages handed back undeleted (a run that did not act), and runs that did not act.
+    pub released: u64,
+    pub failed_runs: u64,
     /// Replacement NodeClaims created, and denied by limits.
     pub replacements: u64,
     pub replacements_denied: u64,
@@ -99,6 +107,8 @@ pub struct InterruptionStats {
 /// The actor.
 pub struct InterruptionActor {
     queues: Vec<Arc<dyn InterruptionQueue>>,
+    /// The queues' names, in the same order (for errors and logs).
+    queue_names: Vec<String>,
     ledger: Arc<dyn Ledger>,
     view: Arc<dyn ClusterView>,
     clock: Arc<dyn Clock>,
@@ -123,6 +133,7 @@ pub struct InterruptionActor {
 /// What the actor is made of.
 pub struct InterruptionWiring {
     pub queues: Vec<Arc<dyn InterruptionQueue>>,
+    pub queue_names: Vec<String>,
     pub ledger: Arc<dyn Ledger>,
     pub view: Arc<dyn ClusterView>,
     pub clock: Arc<dyn Clock>,
@@ -137,6 +148,7 @@ impl InterruptionActor {
         let seed = w.clock.now().as_nanos() as u64 ^ 0x696e_7465_7272_7570;
         InterruptionActor {
             queues: w.queues,
+            queue_names: w.queue_names,
             ledger: w.ledger,
             view: w.view,
             clock: w.clock,
@@ -160,6 +172,8 @@ impl Actor for InterruptionActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(self.cfg.interruption.mailbox);
+        // After a restart, the batches that were waiting get their run now.
+        self.run(ctx);
     }
 }
 
@@ -250,7 +264,7 @@ impl Handler<Batch> for InterruptionActor {
 
 impl InterruptionActor {
     /// A restart: a run under way went with the old context (its messages come back after
-    /// the visibility timeout); the batches waiting stay, and the next batch starts a run.
+    /// the visibility timeout); the batches waiting stay, and `started` runs them.
     pub(crate) fn restarting(&mut self) {
         self.running = false;
     }
@@ -272,6 +286,7 @@ impl InterruptionActor {
         let messages: usize = batches.iter().map(|b| b.messages.len()).sum();
         drop(batches);
         let queues = self.queues.clone();
+        let names = self.queue_names.clone();
         let work = Work {
             ledger: self.ledger.clone(),
             view: self.view.clone(),
@@ -283,36 +298,57 @@ impl InterruptionActor {
             pools: self.pools.clone(),
             names: Names::new(self.names.next_u64()),
         };
+        let limit = self.cfg.interruption.visibility;
+        let retry = self.cfg.interruption.retry;
         let fut = async move {
             let mut work = work;
-            let outcome = work.act(parsed.events, &parsed.sent).await;
-            let mut deleted = 0usize;
+            let outcome = match tokio::time::timeout(limit, work.act(parsed.events, &parsed.sent)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(NotActed::TimedOut(limit.as_millis())),
+            };
+            let (mut deleted, mut released) = (0usize, 0usize);
             match &outcome {
                 Ok(_) => {
                     for (q, receipts) in &parsed.receipts {
                         let Some(queue) = queues.get(*q) else { continue };
-                        match queue.delete(receipts).await {
-                            Ok(()) => deleted += receipts.len(),
-                            Err(e) => work.errors.warn(
+                        match tokio::time::timeout(CALL_TIMEOUT, queue.delete(receipts)).await {
+                            Ok(Ok(())) => deleted += receipts.len(),
+                            Ok(Err(e)) => work.errors.warn(
                                 "delete_messages",
                                 "cloud",
-                                &format!("interruption-queue/{q}"),
+                                &queue_name(&names, *q),
                                 &format!("{} messages: {e}", receipts.len()),
+                            ),
+                            Err(_) => work.errors.warn(
+                                "delete_messages",
+                                "timeout",
+                                &queue_name(&names, *q),
+                                &format!("{} messages: no answer in {CALL_TIMEOUT:?}", receipts.len()),
                             ),
                         }
                     }
                 }
-                Err(e) => work.errors.warn(
-                    "handle_interruptions",
-                    "ledger",
-                    "interruption-queue",
-                    &format!("{messages} messages kept, to be seen again: {e}"),
-                ),
+                Err(e) => {
+                    work.errors.warn(
+                        "handle_interruptions",
+                        "not_acted",
+                        "interruption-queue",
+                        &format!("{messages} messages kept, to be seen again: {e}"),
+                    );
+                    let after = if e.hand_over() { std::time::Duration::ZERO } else { retry };
+                    released = release(&queues, &names, &parsed.receipts, after, &work.errors).await;
+                }
             }
-            (outcome.unwrap_or_default(), deleted, work.clock.now_millis())
+            let failed = outcome.is_err();
+            (outcome.unwrap_or_default(), deleted, released, failed, work.clock.now_millis())
         };
-        ctx.spawn(fut.into_actor(self).map(|(acted, deleted, at), act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(|(acted, deleted, released, failed, at), act, ctx| {
             act.stats.deleted += deleted as u64;
+            act.stats.released += released as u64;
+            act.stats.failed_runs += u64::from(failed);
+            act.stats.earlier += acted.earlier;
+            act.stats.resumed += acted.resumed;
+            act.stats.tainted += acted.tainted;
             if deleted > 0 {
                 act.stats.last_deleted = at;
             }
@@ -330,220 +366,38 @@ impl InterruptionActor {
     }
 }
 
-/// What one batch did.
-#[derive(Debug, Default)]
-struct Acted {
-    acted: u64,
-    duplicates: u64,
-    replacements: u64,
-    denied: u64,
-    on_existing: u64,
-    to_taint: Latencies,
-    to_replacement: Latencies,
+/// How long one queue call (a delete, a visibility change) may take.
+const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A queue's name for errors and logs: its name when the plane was given one.
+fn queue_name(names: &[String], q: usize) -> String {
+    names.get(q).map_or_else(|| format!("interruption-queue/{q}"), |n| format!("interruption-queue/{n}"))
 }
 
-/// What handling a batch works with, off the actor.
-struct Work {
-    ledger: Arc<dyn Ledger>,
-    view: Arc<dyn ClusterView>,
-    clock: Arc<dyn Clock>,
-    executor: Executor,
-    errors: Arc<Errors>,
-    cfg: Arc<Config>,
-    zones: Vec<String>,
-    pools: BTreeMap<String, (PoolInput, Addr<NodePoolActor>)>,
-    names: Names,
-}
-
-/// Why a batch was not acted on (its messages stay in the queue).
-#[derive(Debug, thiserror::Error)]
-enum NotActed {
-    #[error("not the leader")]
-    NotLeader,
-    #[error("the cluster view has not synced")]
-    NotSynced,
-    #[error("ledger: {0}")]
-    Ledger(String),
-    #[error("the term is over (fenced at term {0})")]
-    Fenced(Term),
-    #[error("sizing the replacements panicked: {0}")]
-    Sizing(String),
-}
-
-impl Work {
-    async fn act(
-        &mut self,
-        events: Vec<(interruption::Event, Millis)>,
-        sent: &BTreeMap<String, Millis>,
-    ) -> Result<Acted, NotActed> {
-        let mut acted = Acted::default();
-        if events.iter().all(|(e, _)| e.kind == Kind::NoOp) {
-            return Ok(acted);
-        }
-        let leadership = self.ledger.leadership().borrow().clone();
-        if !leadership.leader {
-            return Err(NotActed::NotLeader);
-        }
-        if !self.view.synced() {
-            return Err(NotActed::NotSynced);
-        }
-        let term = leadership.term;
-        let settings = self.cfg.lifecycle.interruption;
-        let now = self.clock.now_millis();
-        // 1. The notices, resolved against the ledger's claims.
-        let notices = read_with(&*self.ledger, move |s| {
-            let mut notices = interruption::notices(&events, |i| s.claim_of_instance(i), &settings);
-            // What the ledger recorded already is not proposed again (it would be refused).
-            notices
-                .retain(|n| s.interruption(&n.instance).is_none_or(|r| (n.acts && !r.acts) || n.deadline < r.deadline));
-            notices
-        })
-        .await
-        .map_err(|e| NotActed::Ledger(e.to_string()))?;
-        if notices.is_empty() {
-            return Ok(acted);
-        }
-        let outcome = self.propose(term, now, Command::Interrupt { notices: notices.clone() }).await?;
-        let Outcome::Interrupted { recorded, duplicates } = outcome else {
-            return Err(NotActed::Ledger(format!("unexpected outcome {outcome:?}")));
-        };
-        acted.duplicates = duplicates.len() as u64;
-        let recorded: BTreeSet<String> = recorded.into_iter().collect();
-        let fresh: Vec<&Notice> = notices.iter().filter(|n| recorded.contains(&n.instance)).collect();
-        // 2. Taints and events, at once.
-        let snap = self.view.snapshot();
-        let by_provider = snap.nodes_by_provider_id();
-        let mut effects = Vec::new();
-        let mut going = Vec::new();
-        for n in &fresh {
-            let Some(claim) = n.claim.as_deref() else { continue };
-            let node = snap
-                .nodeclaims
-                .get(claim)
-                .and_then(|nc| nc.status.provider_id.clone())
-                .and_then(|p| by_provider.get(p.as_str()).map(|n| n.name.clone()));
-            let (reason, warning) = event_reason(n.kind);
-            let message = format!("instance {} of nodeclaim {claim}: {}", n.instance, n.kind);
-            let e =
-                Event { kind: ObjectKind::NodeClaim, name: claim.to_string(), warning, reason: reason.into(), message };
-            effects.push(Effect::new(claim, Action::Event(e)));
-            if !n.acts {
-                continue;
+/// Hands a run's messages back: each becomes visible again `after` from now (at once when
+/// another node should act on them). Returns how many were handed back; one that could not be
+/// comes back after the visibility timeout anyway.
+async fn release(
+    queues: &[Arc<dyn InterruptionQueue>],
+    names: &[String],
+    receipts: &BTreeMap<usize, Vec<String>>,
+    after: std::time::Duration,
+    errors: &Errors,
+) -> usize {
+    let mut released = 0;
+    for (q, receipts) in receipts {
+        let Some(queue) = queues.get(*q) else { continue };
+        for r in receipts {
+            match tokio::time::timeout(CALL_TIMEOUT, queue.change_visibility(r, after)).await {
+                Ok(Ok(())) => released += 1,
+                Ok(Err(e)) => errors.note("release_message", "cloud", &queue_name(names, *q), &e),
+                Err(_) => {
+                    errors.note("release_message", "timeout", &queue_name(names, *q), &"no answer");
+                    // The queue is not answering: the rest come back after their timeout.
+                    return released;
+                }
             }
-            acted.acted += 1;
-            if let Some(node) = node {
-                let patch = NodePatch { add_taints: vec![disrupted_taint()], ..NodePatch::default() };
-                effects.push(Effect::new(claim, Action::PatchNode { node: node.clone(), patch }));
-                going.push(Going { instance: n.instance.clone(), node });
-            }
-        }
-        if !effects.is_empty() {
-            self.executor.run(term, effects).await;
-        }
-        let tainted = self.clock.now_millis();
-        for g in &going {
-            if let Some(at) = sent.get(&g.instance) {
-                acted.to_taint.record(tainted.saturating_sub(*at));
-            }
-        }
-        // Every acting claim's record is marked sized, those without a node too (a claim not
-        // registered yet runs no pods: it needs no replacement and drains at once).
-        let instances: Vec<String> =
-            fresh.iter().filter(|n| n.acts && n.claim.is_some()).map(|n| n.instance.clone()).collect();
-        if instances.is_empty() {
-            return Ok(acted);
-        }
-        // 3. The capacity their pods need, sized off the actor thread.
-        let pools: Vec<PoolInput> = self.pools.values().map(|(p, _)| p.clone()).collect();
-        let opts = self.cfg.solve.clone();
-        let sized_on = snap.clone();
-        let sizing = tokio::task::spawn_blocking(move || interruption::size(&sized_on, &pools, &going, &opts))
-            .await
-            .map_err(|e| NotActed::Sizing(e.to_string()))?;
-        acted.on_existing = sizing.on_existing as u64;
-        for (pod, why) in &sizing.unplaced {
-            self.errors.note("size_replacements", "unplaced", &format!("pod/{pod}"), why);
-        }
-        let mut replacements = Vec::new();
-        let mut creates = Vec::new();
-        let pool_list: Vec<&(PoolInput, Addr<NodePoolActor>)> = self.pools.values().collect();
-        for (claim, serves) in &sizing.claims {
-            let Some((input, _)) = pool_list.get(claim.pool) else { continue };
-            let pool = input.pool.name.clone();
-            let id = unique_claim_name(&mut self.names, &pool, |id| snap.nodeclaims.contains_key(id));
-            let Some(planned) = planned_claim(claim, input, &self.zones, id) else {
-                self.errors.note(
-                    "size_replacements",
-                    "no_zone",
-                    &format!("nodepool/{pool}"),
-                    &"a replacement has no zone",
-                );
-                continue;
-            };
-            creates.push((pool.clone(), planned.nodeclaim));
-            replacements.push(Replacement { pool, claim: planned.reserve, serves: serves.clone() });
-        }
-        let serves_of: BTreeMap<String, Vec<String>> =
-            replacements.iter().map(|r| (r.claim.id.clone(), r.serves.clone())).collect();
-        let outcome = self
-            .propose(term, self.clock.now_millis(), Command::ReplaceInterrupted { instances, replacements })
-            .await?;
-        let Outcome::Reserved { granted, denied } = outcome else {
-            return Err(NotActed::Ledger(format!("unexpected outcome {outcome:?}")));
-        };
-        acted.denied = denied.len() as u64;
-        for (claim, why) in &denied {
-            self.errors.note("reserve_replacement", "denied", &format!("nodeclaim/{claim}"), why);
-        }
-        let granted: BTreeSet<String> = granted.into_iter().collect();
-        let mut effects = Vec::new();
-        let mut nudge: BTreeSet<String> = BTreeSet::new();
-        for (pool, nc) in creates.into_iter().filter(|(_, nc)| granted.contains(&nc.name)) {
-            nudge.insert(pool);
-            effects.push(Effect::new(&nc.name.clone(), Action::CreateNodeClaim(Box::new(nc))));
-        }
-        acted.replacements = effects.len() as u64;
-        if !effects.is_empty() {
-            self.executor.run(term, effects).await;
-        }
-        for pool in nudge {
-            if let Some((_, actor)) = self.pools.get(&pool)
-                && let Err(e) = actor.try_send(Reconcile)
-            {
-                self.errors.note("reconcile", "mailbox", &format!("nodepool/{pool}"), &e);
-            }
-        }
-        let replaced = self.clock.now_millis();
-        let served: BTreeSet<&String> =
-            granted.iter().filter_map(|id| serves_of.get(id)).flat_map(|serves| serves.iter()).collect();
-        for i in served {
-            if let Some(at) = sent.get(i) {
-                acted.to_replacement.record(replaced.saturating_sub(*at));
-            }
-        }
-        Ok(acted)
-    }
-
-    async fn propose(&self, term: Term, at: Millis, command: Command) -> Result<Outcome, NotActed> {
-        let committed =
-            self.ledger.propose(Entry { term, at, command }).await.map_err(|e| NotActed::Ledger(e.to_string()))?;
-        match committed.outcome {
-            Outcome::Fenced { term } => Err(NotActed::Fenced(term)),
-            Outcome::Rejected { reason } => Err(NotActed::Ledger(reason)),
-            o => Ok(o),
         }
     }
-}
-
-/// Karpenter's event for a message kind, and whether it is a warning.
-fn event_reason(kind: Kind) -> (&'static str, bool) {
-    match kind {
-        Kind::SpotInterrupted => ("SpotInterrupted", true),
-        Kind::RebalanceRecommendation => ("SpotRebalanceRecommendation", false),
-        Kind::ScheduledChange => ("InstanceUnhealthy", true),
-        Kind::InstanceStopped => ("InstanceStopping", true),
-        Kind::InstanceTerminated => ("InstanceTerminating", true),
-        Kind::CapacityReservationInterrupted => ("CapacityReservationInstanceInterrupted", true),
-        Kind::NoOp => ("Unknown", false),
-    }
+    released
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName, SendMessageBatchRequestEntry};
 
 use super::errors::from_code;
 use crate::{BoxFuture, CloudError, InterruptionQueue, QueueMessage};
@@ -43,8 +43,46 @@ impl SqsQueue {
         Ok(SqsQueue { sqs, url: url.to_string(), visibility: None })
     }
 
+    /// Creates the queue named `name` (CreateQueue: the one of that name when it exists with
+    /// the same attributes). For tests and the loadtest; the controller only finds queues.
+    pub async fn create(sdk: &aws_config::SdkConfig, name: &str) -> Result<Self, CloudError> {
+        let sqs = Client::new(sdk);
+        let out = sqs.create_queue().queue_name(name).send().await.map_err(|e| sqs_error("CreateQueue", e))?;
+        let url = out.queue_url().ok_or_else(|| CloudError::Invalid {
+            what: format!("queue {name}"),
+            reason: "CreateQueue returned no URL".into(),
+        })?;
+        Ok(SqsQueue { sqs, url: url.to_string(), visibility: None })
+    }
+
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Sends `bodies` (SendMessageBatch, ten a call): what EventBridge does for EC2's events,
+    /// for tests and the loadtest's forwarding. An entry the queue refused is an error.
+    pub async fn send(&self, bodies: &[String]) -> Result<(), CloudError> {
+        for chunk in bodies.chunks(10) {
+            let entries: Vec<SendMessageBatchRequestEntry> = chunk
+                .iter()
+                .enumerate()
+                .filter_map(|(i, b)| {
+                    SendMessageBatchRequestEntry::builder().id(i.to_string()).message_body(b).build().ok()
+                })
+                .collect();
+            let out = self
+                .sqs
+                .send_message_batch()
+                .queue_url(&self.url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| sqs_error("SendMessageBatch", e))?;
+            if let Some(f) = out.failed().first() {
+                return Err(from_code("SendMessageBatch", Some(f.code()), f.message().unwrap_or_default()));
+            }
+        }
+        Ok(())
     }
 
     /// Each receive hides its messages for `visibility` (whole seconds, at least 1), instead

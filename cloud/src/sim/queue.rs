@@ -58,6 +58,17 @@ impl SimQueue {
         id
     }
 
+    /// Takes every message out (visible or not), oldest first: their bodies. For forwarding
+    /// what the sim's EC2 sends to another queue.
+    pub fn take_all(&self) -> Vec<String> {
+        let mut s = self.lock();
+        s.order.clear();
+        let mut all: Vec<((u64, u64), String)> =
+            std::mem::take(&mut s.messages).into_values().map(|m| ((m.sent, m.key.1), m.body)).collect();
+        all.sort_by_key(|(at, _)| *at);
+        all.into_iter().map(|(_, b)| b).collect()
+    }
+
     /// Messages in the queue (visible or not).
     pub fn len(&self) -> usize {
         self.lock().messages.len()

@@ -31,10 +31,18 @@ pub struct Sizing {
     pub warnings: Vec<String>,
 }
 
-/// Sizes the capacity for `going`'s pods: the cluster without those nodes (nor their pods),
-/// the NodePools `pools`, the pods placed by [`scheduling::solve`]. The new claims keep the
-/// order the solve made them in.
-pub fn size(snap: &Snapshot, pools: &[PoolInput], going: &[Going], opts: &SolveOptions) -> Sizing {
+/// Sizes the capacity for `going`'s pods: the cluster without those nodes (nor their pods)
+/// and without `gone_before` (nodes interrupted earlier, whose pods were sized then: they take
+/// none of these, even when the snapshot does not show their taint yet), the NodePools
+/// `pools`, the pods placed by [`scheduling::solve`]. The new claims keep the order the solve
+/// made them in.
+pub fn size(
+    snap: &Snapshot,
+    pools: &[PoolInput],
+    going: &[Going],
+    gone_before: &BTreeSet<String>,
+    opts: &SolveOptions,
+) -> Sizing {
     let nodes: BTreeSet<&str> = going.iter().map(|g| g.node.as_str()).collect();
     let instance_of: BTreeMap<&str, &str> = going.iter().map(|g| (g.node.as_str(), g.instance.as_str())).collect();
     // Their pods, unbound, with where each came from.
@@ -51,9 +59,13 @@ pub fn size(snap: &Snapshot, pools: &[PoolInput], going: &[Going], opts: &SolveO
     if pods.is_empty() {
         return Sizing::default();
     }
-    let capacity: Vec<_> = snap.capacity_nodes().into_iter().filter(|n| !nodes.contains(n.name.as_str())).collect();
+    let capacity: Vec<_> = snap
+        .capacity_nodes()
+        .into_iter()
+        .filter(|n| !nodes.contains(n.name.as_str()) && !gone_before.contains(&n.name))
+        .collect();
     let mut input = snap.scheduling_input(capacity, pools.to_vec());
-    let leaving: HashSet<&str> = nodes.iter().copied().collect();
+    let leaving: HashSet<&str> = nodes.iter().copied().chain(gone_before.iter().map(String::as_str)).collect();
     input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !leaving.contains(n)));
     let results = scheduling::solve(&input, &pods, opts);
     let on_existing = results.existing.iter().map(|e| e.pods.len()).sum();
@@ -124,24 +136,31 @@ mod tests {
     }
 
     #[test]
-    fn the_pods_go_to_existing_room_first_and_the_rest_to_new_claims_naming_their_instance() {
+    fn the_pods_go_to_existing_room_first_and_the_rest_to_new_claims_naming_their_instance_and_nodes_gone_before_take_none()
+     {
         let mut snap = Snapshot::default();
         node(&mut snap, "a", 6);
         node(&mut snap, "b", 5);
         let going = [Going { instance: "i-a".into(), node: "a".into() }];
-        let s = size(&snap, &pools(), &going, &SolveOptions::default());
+        let none = BTreeSet::new();
+        let s = size(&snap, &pools(), &going, &none, &SolveOptions::default());
         assert_eq!(s.on_existing, 1, "one 300m pod fits b's 430m");
         let on_new: usize = s.claims.iter().map(|(c, _)| c.pods.len()).sum();
         assert_eq!(on_new, 5);
         assert!(s.claims.iter().all(|(_, serves)| serves == &["i-a".to_string()]));
         assert!(s.unplaced.is_empty(), "{:?}", s.unplaced);
+        // b interrupted in an earlier run (its taint not seen yet): a's pods all go to new claims.
+        let s = size(&snap, &pools(), &going, &BTreeSet::from(["b".to_string()]), &SolveOptions::default());
+        assert_eq!(s.on_existing, 0);
+        assert_eq!(s.claims.iter().map(|(c, _)| c.pods.len()).sum::<usize>(), 6);
+        assert!(s.claims.iter().all(|(_, serves)| serves == &["i-a".to_string()]), "b's pods are not sized again");
         // Both going: nothing is left to fit on; b's pods are counted against b's instance.
         let both = [going[0].clone(), Going { instance: "i-b".into(), node: "b".into() }];
-        let s = size(&snap, &pools(), &both, &SolveOptions::default());
+        let s = size(&snap, &pools(), &both, &none, &SolveOptions::default());
         assert_eq!(s.on_existing, 0);
         assert_eq!(s.claims.iter().map(|(c, _)| c.pods.len()).sum::<usize>(), 11);
         let served: BTreeSet<&str> = s.claims.iter().flat_map(|(_, v)| v.iter().map(String::as_str)).collect();
         assert_eq!(served, ["i-a", "i-b"].into_iter().collect());
-        assert!(size(&snap, &pools(), &[], &SolveOptions::default()).claims.is_empty());
+        assert!(size(&snap, &pools(), &[], &none, &SolveOptions::default()).claims.is_empty());
     }
 }

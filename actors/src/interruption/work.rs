@@ -1,0 +1,338 @@
+//! One run's work, off the actor: the notices read against the ledger, proposed, the nodes
+//! tainted, the replacements sized, reserved and created. See the module above for the steps.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use actix::Addr;
+use dovetail_cluster::ClusterView;
+use dovetail_core::clock::Clock;
+use dovetail_core::cluster::{Event, NodePatch, ObjectKind, Snapshot};
+use dovetail_core::effect::{Action, Effect};
+use dovetail_core::interruption::{self, Going, Kind};
+use dovetail_core::ledger::{Command, Entry, Millis, Notice, Outcome, Replacement, State, Term};
+use dovetail_core::plane::{Latencies, Names, disrupted_taint};
+use dovetail_core::provisioning::{planned_claim, unique_claim_name};
+use dovetail_core::scheduling::PoolInput;
+use dovetail_raft::{Ledger, read_with};
+
+use crate::config::Config;
+use crate::errors::Errors;
+use crate::executor::{Done, Executor};
+use crate::pool::{NodePoolActor, Reconcile};
+
+/// What one run did.
+#[derive(Debug, Default)]
+pub(super) struct Acted {
+    /// Instances recorded as interrupted (acting) for the first time.
+    pub(super) acted: u64,
+    /// Notices the ledger knew already, and those that only brought an instance's deadline
+    /// earlier (recorded, not acted on again).
+    pub(super) duplicates: u64,
+    pub(super) earlier: u64,
+    /// Instances recorded by an earlier run whose replacements were never sized (that run
+    /// failed after its `Interrupt` committed): tainted and sized by this one.
+    pub(super) resumed: u64,
+    /// Nodes whose taint the cluster took.
+    pub(super) tainted: u64,
+    pub(super) replacements: u64,
+    pub(super) denied: u64,
+    pub(super) on_existing: u64,
+    pub(super) to_taint: Latencies,
+    pub(super) to_replacement: Latencies,
+}
+
+/// What a run works with, off the actor.
+pub(super) struct Work {
+    pub(super) ledger: Arc<dyn Ledger>,
+    pub(super) view: Arc<dyn ClusterView>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) executor: Executor,
+    pub(super) errors: Arc<Errors>,
+    pub(super) cfg: Arc<Config>,
+    pub(super) zones: Vec<String>,
+    pub(super) pools: BTreeMap<String, (PoolInput, Addr<NodePoolActor>)>,
+    pub(super) names: Names,
+}
+
+/// Why a run did not act (its messages stay in the queue, to be seen again).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NotActed {
+    #[error("not the leader")]
+    NotLeader,
+    #[error("the cluster view has not synced")]
+    NotSynced,
+    #[error("ledger: {0}")]
+    Ledger(String),
+    #[error("the term is over (fenced at term {0})")]
+    Fenced(Term),
+    #[error("sizing the replacements panicked: {0}")]
+    Sizing(String),
+    #[error("the run took longer than the visibility timeout ({0} ms)")]
+    TimedOut(u128),
+}
+
+impl NotActed {
+    /// Whether another control node should see the messages at once (this one no longer
+    /// acts); otherwise they come back after a pause.
+    pub(super) fn hand_over(&self) -> bool {
+        matches!(self, NotActed::NotLeader | NotActed::Fenced(_))
+    }
+}
+
+/// A run's notices read against the ledger's records.
+#[derive(Debug, Default, PartialEq)]
+struct Classified {
+    /// To propose: instances the ledger does not know, an acting notice for an instance
+    /// recorded as an event only, and an earlier deadline for one it knows.
+    propose: Vec<Notice>,
+    /// Of those, the instances new to the ledger or now acting: each gets its event (and its
+    /// taint and replacements when it acts).
+    new: BTreeSet<String>,
+    /// Instances recorded as acting whose replacements were never sized, with their claims.
+    resume: Vec<(String, String)>,
+    /// Live claims interrupted before this run: their nodes take none of its pods.
+    before: BTreeSet<String>,
+}
+
+/// Reads `notices` against `s`. `pools`: the NodePools whose interrupted claims count.
+fn classify(s: &State, notices: Vec<Notice>, pools: &[String]) -> Classified {
+    let mut c = Classified::default();
+    let mut here: BTreeSet<String> = BTreeSet::new();
+    for n in notices {
+        match s.interruption(&n.instance) {
+            Some(r) if !n.acts || r.acts => {
+                if r.acts
+                    && !r.sized
+                    && let Some(claim) = r.claim.as_deref().filter(|claim| s.claims().contains_key(*claim))
+                {
+                    here.insert(claim.to_string());
+                    c.resume.push((n.instance.clone(), claim.to_string()));
+                }
+                if n.deadline < r.deadline {
+                    c.propose.push(n);
+                }
+            }
+            _ => {
+                if let Some(claim) = &n.claim {
+                    here.insert(claim.clone());
+                }
+                c.new.insert(n.instance.clone());
+                c.propose.push(n);
+            }
+        }
+    }
+    c.before = pools
+        .iter()
+        .flat_map(|p| s.interrupted_in(p))
+        .map(|cl| cl.id.clone())
+        .filter(|id| !here.contains(id))
+        .collect();
+    c
+}
+
+/// The node of a claim, by its provider id.
+fn node_of(snap: &Snapshot, by_provider: &BTreeMap<&str, String>, claim: &str) -> Option<String> {
+    let provider = snap.nodeclaims.get(claim)?.status.provider_id.as_deref()?;
+    by_provider.get(provider).cloned()
+}
+
+impl Work {
+    pub(super) async fn act(
+        &mut self,
+        events: Vec<(interruption::Event, Millis)>,
+        sent: &BTreeMap<String, Millis>,
+    ) -> Result<Acted, NotActed> {
+        let mut acted = Acted::default();
+        if events.iter().all(|(e, _)| e.kind == Kind::NoOp) {
+            return Ok(acted);
+        }
+        let leadership = self.ledger.leadership().borrow().clone();
+        if !leadership.leader {
+            return Err(NotActed::NotLeader);
+        }
+        if !self.view.synced() {
+            return Err(NotActed::NotSynced);
+        }
+        let term = leadership.term;
+        let settings = self.cfg.lifecycle.interruption;
+        let now = self.clock.now_millis();
+        // 1. The notices, read against the ledger's records.
+        let pool_names: Vec<String> = self.pools.keys().cloned().collect();
+        let plan = read_with(&*self.ledger, move |s| {
+            let notices = interruption::notices(&events, |i| s.claim_of_instance(i), &settings);
+            classify(s, notices, &pool_names)
+        })
+        .await
+        .map_err(|e| NotActed::Ledger(e.to_string()))?;
+        if plan.propose.is_empty() && plan.resume.is_empty() {
+            return Ok(acted);
+        }
+        let mut recorded: BTreeSet<String> = BTreeSet::new();
+        if !plan.propose.is_empty() {
+            let outcome = self.propose(term, now, Command::Interrupt { notices: plan.propose.clone() }).await?;
+            let Outcome::Interrupted { recorded: r, duplicates } = outcome else {
+                return Err(NotActed::Ledger(format!("unexpected outcome {outcome:?}")));
+            };
+            acted.duplicates = duplicates.len() as u64;
+            recorded = r.into_iter().collect();
+        }
+        let fresh: Vec<&Notice> = plan.propose.iter().filter(|n| recorded.contains(&n.instance)).collect();
+        acted.earlier = fresh.iter().filter(|n| !plan.new.contains(&n.instance)).count() as u64;
+        // 2. Taints and events, at once: an event for each new record, a taint for each
+        // acting one (those resumed included: the taint may not have been applied).
+        let snap = self.view.snapshot();
+        let by_provider: BTreeMap<&str, String> =
+            snap.nodes_by_provider_id().into_iter().map(|(p, n)| (p, n.name.clone())).collect();
+        let mut effects = Vec::new();
+        let mut going: Vec<Going> = Vec::new();
+        let mut claim_of: BTreeMap<String, String> = BTreeMap::new();
+        let mut to_size: Vec<String> = Vec::new();
+        for n in fresh.iter().filter(|n| plan.new.contains(&n.instance)) {
+            let Some(claim) = n.claim.as_deref() else { continue };
+            let (reason, warning) = event_reason(n.kind);
+            let message = format!("instance {} of nodeclaim {claim}: {}", n.instance, n.kind);
+            let e =
+                Event { kind: ObjectKind::NodeClaim, name: claim.to_string(), warning, reason: reason.into(), message };
+            effects.push(Effect::new(claim, Action::Event(e)));
+            if n.acts {
+                acted.acted += 1;
+                to_size.push(n.instance.clone());
+                if let Some(node) = node_of(&snap, &by_provider, claim) {
+                    claim_of.insert(node.clone(), claim.to_string());
+                    going.push(Going { instance: n.instance.clone(), node });
+                }
+            }
+        }
+        for (instance, claim) in &plan.resume {
+            acted.resumed += 1;
+            to_size.push(instance.clone());
+            if let Some(node) = node_of(&snap, &by_provider, claim) {
+                claim_of.insert(node.clone(), claim.clone());
+                going.push(Going { instance: instance.clone(), node });
+            }
+        }
+        let taint = NodePatch { add_taints: vec![disrupted_taint()], ..NodePatch::default() };
+        for (node, claim) in &claim_of {
+            effects.push(Effect::new(claim, Action::PatchNode { node: node.clone(), patch: taint.clone() }));
+        }
+        let done = if effects.is_empty() { Vec::new() } else { self.executor.run(term, effects).await };
+        let tainted = self.clock.now_millis();
+        let instance_of: BTreeMap<&str, &str> = going.iter().map(|g| (g.node.as_str(), g.instance.as_str())).collect();
+        for (e, d) in &done {
+            let Action::PatchNode { node, .. } = &e.action else { continue };
+            if !matches!(d, Done::Applied | Done::Unchanged) {
+                continue;
+            }
+            acted.tainted += 1;
+            if let Some(at) = instance_of.get(node.as_str()).and_then(|i| sent.get(*i)) {
+                acted.to_taint.record(tainted.saturating_sub(*at));
+            }
+        }
+        // Every acting claim's record is marked sized, those without a node too (a claim not
+        // registered yet runs no pods: it needs no replacement and drains at once).
+        if to_size.is_empty() {
+            return Ok(acted);
+        }
+        // 3. The capacity their pods need, sized off the actor thread, on the cluster without
+        // them and without the nodes interrupted before.
+        let gone_before: BTreeSet<String> =
+            plan.before.iter().filter_map(|claim| node_of(&snap, &by_provider, claim)).collect();
+        let pools: Vec<PoolInput> = self.pools.values().map(|(p, _)| p.clone()).collect();
+        let opts = self.cfg.solve.clone();
+        let sized_on = snap.clone();
+        let sizing =
+            tokio::task::spawn_blocking(move || interruption::size(&sized_on, &pools, &going, &gone_before, &opts))
+                .await
+                .map_err(|e| NotActed::Sizing(e.to_string()))?;
+        acted.on_existing = sizing.on_existing as u64;
+        for (pod, why) in &sizing.unplaced {
+            self.errors.note("size_replacements", "unplaced", &format!("pod/{pod}"), why);
+        }
+        let mut replacements = Vec::new();
+        let mut creates = Vec::new();
+        let pool_list: Vec<&(PoolInput, Addr<NodePoolActor>)> = self.pools.values().collect();
+        for (claim, serves) in &sizing.claims {
+            let Some((input, _)) = pool_list.get(claim.pool) else { continue };
+            let pool = input.pool.name.clone();
+            let id = unique_claim_name(&mut self.names, &pool, |id| snap.nodeclaims.contains_key(id));
+            let Some(planned) = planned_claim(claim, input, &self.zones, id) else {
+                self.errors.note(
+                    "size_replacements",
+                    "no_zone",
+                    &format!("nodepool/{pool}"),
+                    &"a replacement has no zone",
+                );
+                continue;
+            };
+            creates.push((pool.clone(), planned.nodeclaim));
+            replacements.push(Replacement { pool, claim: planned.reserve, serves: serves.clone() });
+        }
+        let serves_of: BTreeMap<String, Vec<String>> =
+            replacements.iter().map(|r| (r.claim.id.clone(), r.serves.clone())).collect();
+        let command = Command::ReplaceInterrupted { instances: to_size, replacements };
+        let outcome = self.propose(term, self.clock.now_millis(), command).await?;
+        let Outcome::Reserved { granted, denied } = outcome else {
+            return Err(NotActed::Ledger(format!("unexpected outcome {outcome:?}")));
+        };
+        acted.denied = denied.len() as u64;
+        for (claim, why) in &denied {
+            self.errors.note("reserve_replacement", "denied", &format!("nodeclaim/{claim}"), why);
+        }
+        // 4. The granted replacements created, their pools asked to launch them at once.
+        let granted: BTreeSet<String> = granted.into_iter().collect();
+        let mut effects = Vec::new();
+        let mut pool_of: BTreeMap<String, String> = BTreeMap::new();
+        for (pool, nc) in creates.into_iter().filter(|(_, nc)| granted.contains(&nc.name)) {
+            pool_of.insert(nc.name.clone(), pool);
+            effects.push(Effect::new(&nc.name.clone(), Action::CreateNodeClaim(Box::new(nc))));
+        }
+        let done = if effects.is_empty() { Vec::new() } else { self.executor.run(term, effects).await };
+        let created: BTreeSet<&str> = done
+            .iter()
+            .filter(|(_, d)| matches!(d, Done::Applied | Done::Unchanged))
+            .map(|(e, _)| e.claim.as_str())
+            .collect();
+        acted.replacements = created.len() as u64;
+        let nudge: BTreeSet<&String> = created.iter().filter_map(|c| pool_of.get(*c)).collect();
+        for pool in nudge {
+            if let Some((_, actor)) = self.pools.get(pool)
+                && let Err(e) = actor.try_send(Reconcile)
+            {
+                self.errors.note("reconcile", "mailbox", &format!("nodepool/{pool}"), &e);
+            }
+        }
+        let replaced = self.clock.now_millis();
+        let served: BTreeSet<&String> =
+            created.iter().filter_map(|id| serves_of.get(*id)).flat_map(|serves| serves.iter()).collect();
+        for i in served {
+            if let Some(at) = sent.get(i) {
+                acted.to_replacement.record(replaced.saturating_sub(*at));
+            }
+        }
+        Ok(acted)
+    }
+
+    async fn propose(&self, term: Term, at: Millis, command: Command) -> Result<Outcome, NotActed> {
+        let committed =
+            self.ledger.propose(Entry { term, at, command }).await.map_err(|e| NotActed::Ledger(e.to_string()))?;
+        match committed.outcome {
+            Outcome::Fenced { term } => Err(NotActed::Fenced(term)),
+            Outcome::Rejected { reason } => Err(NotActed::Ledger(reason)),
+            o => Ok(o),
+        }
+    }
+}
+
+/// Karpenter's event for a message kind, and whether it is a warning.
+fn event_reason(kind: Kind) -> (&'static str, bool) {
+    match kind {
+        Kind::SpotInterrupted => ("SpotInterrupted", true),
+        Kind::RebalanceRecommendation => ("SpotRebalanceRecommendation", false),
+        Kind::ScheduledChange => ("InstanceUnhealthy", true),
+        Kind::InstanceStopped => ("InstanceStopping", true),
+        Kind::InstanceTerminated => ("InstanceTerminating", true),
+        Kind::CapacityReservationInterrupted => ("CapacityReservationInstanceInterrupted", true),
+        Kind::NoOp => ("Unknown", false),
+    }
+}
