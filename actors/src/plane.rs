@@ -231,6 +231,7 @@ impl Plane {
         let wiring = InterruptionWiring {
             queues: queues.clone(),
             queue_names: names.clone(),
+            nominations: w.nominations.clone(),
             ledger: w.ledger.clone(),
             view: w.view.clone(),
             clock: w.clock.clone(),

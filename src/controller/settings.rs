@@ -304,6 +304,15 @@ impl Settings {
         if let Some(q) = interruption_queues.iter().find(|q| !seen.insert(q.as_str())) {
             return Err(format!("--interruption-queue: {q} is listed twice"));
         }
+        let tuned = args.interruption_consumers.or(file.interruption_consumers).is_some()
+            || args.interruption_visibility.or(file.interruption_visibility).is_some()
+            || args.interruption_rebalance.is_some()
+            || file.interruption_rebalance.is_some();
+        if tuned && interruption_queues.is_empty() {
+            return Err("--interruption-consumers, --interruption-visibility and --interruption-rebalance tune \
+                 --interruption-queue: set a queue"
+                .into());
+        }
         let defaults = dovetail_actors::config::InterruptionConfig::default();
         let interruption_consumers =
             args.interruption_consumers.or(file.interruption_consumers).unwrap_or(defaults.consumers);
@@ -490,6 +499,9 @@ mod tests {
         let flags = ControllerArgs { interruption_consumers: Some(3), interruption_visibility: Some(30), ..from_file };
         let f = Settings::resolve(&flags).expect("valid");
         assert_eq!((f.interruption_consumers, f.interruption_visibility.as_secs()), (3, 30));
+        let no_queue = ControllerArgs { interruption_rebalance: Some("replace".into()), ..aws.clone() };
+        assert!(err(no_queue).contains("set a queue"));
+        let aws = ControllerArgs { interruption_queue: Some(vec!["q".into()]), ..aws };
         let none = ControllerArgs { interruption_consumers: Some(0), ..aws.clone() };
         assert!(err(none).contains("--interruption-consumers"));
         let short = ControllerArgs { interruption_visibility: Some(1), ..aws.clone() };

@@ -404,6 +404,7 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
         assert_eq!(stats.replacements, 5, "one pod a node, none fits elsewhere: a replacement each: {stats:?}");
         assert_eq!((stats.released, stats.failed_runs, stats.resumed), (0, 0, 0), "{stats:?}");
         // A redelivery after the action committed (at-least-once): deleted, nothing done again.
+        let duplicates = stats.duplicates;
         send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-spot")).await;
         for _ in 0..240usize {
             if w.stats().await.deleted == sent + 1 {
@@ -414,6 +415,7 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
         }
         let stats = w.stats().await;
         assert_eq!((stats.deleted, stats.acted, stats.replacements), (sent + 1, 5, 5), "{stats:?}");
+        assert_eq!(stats.duplicates, duplicates + 1, "the redelivery, a duplicate: {stats:?}");
         assert_eq!(depth(&sqs, &url).await, 0);
         // The rebalance recommendation is an event: its node stays as it was.
         assert!(!tainted(&w.cluster, rebalanced), "rebalance is an event only (Karpenter's default)");

@@ -8,15 +8,20 @@
 //! 2. resolves each instance to its claim in the ledger and proposes the run's notices as
 //!    one [`Command::Interrupt`] (the ledger deduplicates by instance: a redelivery changes
 //!    nothing);
-//! 3. once committed, taints each interrupted node `karpenter.sh/disrupted` and records an
+//! 3. once committed, taints each interrupted node `karpenter.sh/disrupted`, then records an
 //!    event on its NodeClaim, as Karpenter's;
 //! 4. sizes the capacity the interrupted nodes' pods need (`core::interruption::size`: the
 //!    provisioning solve on the cluster without those nodes) and proposes it as one
 //!    [`Command::ReplaceInterrupted`]; once committed, creates the granted NodeClaims and
 //!    asks their pools to reconcile at once (the launch does not wait for a batch window);
-//! 5. deletes the run's messages (one `DeleteMessageBatch` per ten). A run whose proposal
-//!    failed (ledger unavailable, term over) keeps its messages: they come back after the
-//!    visibility timeout.
+//! 5. deletes the run's messages (one `DeleteMessageBatch` per ten). A run that did not act
+//!    (ledger unavailable, term over, cache not synced, longer than the visibility timeout)
+//!    hands its messages back: at once when this node no longer leads (another node's
+//!    consumers see them), else after `interruption.retry`.
+//!
+//! A message seen again finds its instance's record: a duplicate is deleted; an instance
+//! recorded by a run that failed before its replacements were sized is tainted and sized
+//! again (no second event); an earlier deadline moves the record's.
 //!
 //! The drain is the lifecycle's: it starts once the replacements are ready or the deadline
 //! is `drain_lead` away (`core::interruption::drain_now`), and ends by EC2's deadline.
@@ -109,6 +114,8 @@ pub struct InterruptionActor {
     queues: Vec<Arc<dyn InterruptionQueue>>,
     /// The queues' names, in the same order (for errors and logs).
     queue_names: Vec<String>,
+    /// The provisioner's holds (a sizing leaves their room alone).
+    nominations: crate::nominate::Nominations,
     ledger: Arc<dyn Ledger>,
     view: Arc<dyn ClusterView>,
     clock: Arc<dyn Clock>,
@@ -134,6 +141,7 @@ pub struct InterruptionActor {
 pub struct InterruptionWiring {
     pub queues: Vec<Arc<dyn InterruptionQueue>>,
     pub queue_names: Vec<String>,
+    pub nominations: crate::nominate::Nominations,
     pub ledger: Arc<dyn Ledger>,
     pub view: Arc<dyn ClusterView>,
     pub clock: Arc<dyn Clock>,
@@ -149,6 +157,7 @@ impl InterruptionActor {
         InterruptionActor {
             queues: w.queues,
             queue_names: w.queue_names,
+            nominations: w.nominations,
             ledger: w.ledger,
             view: w.view,
             clock: w.clock,
@@ -227,7 +236,7 @@ impl InterruptionActor {
                 }
                 Err(err) => {
                     *self.stats.received.entry("malformed".to_string()).or_default() += 1;
-                    let key = format!("malformed/{err}");
+                    let key = format!("malformed/{}", err.kind());
                     if self.logged.insert(key) {
                         self.errors.warn("parse_interruption", "malformed", &format!("message/{}", m.id), &err);
                     } else {
@@ -297,6 +306,7 @@ impl InterruptionActor {
             zones: self.zones.clone(),
             pools: self.pools.clone(),
             names: Names::new(self.names.next_u64()),
+            nominations: self.nominations.clone(),
         };
         let limit = self.cfg.interruption.visibility;
         let retry = self.cfg.interruption.retry;
@@ -332,7 +342,7 @@ impl InterruptionActor {
                     work.errors.warn(
                         "handle_interruptions",
                         "not_acted",
-                        "interruption-queue",
+                        &parsed.receipts.keys().map(|q| queue_name(&names, *q)).collect::<Vec<_>>().join(","),
                         &format!("{messages} messages kept, to be seen again: {e}"),
                     );
                     let after = if e.hand_over() { std::time::Duration::ZERO } else { retry };

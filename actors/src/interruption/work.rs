@@ -9,7 +9,7 @@ use dovetail_cluster::ClusterView;
 use dovetail_core::clock::Clock;
 use dovetail_core::cluster::{Event, NodePatch, ObjectKind, Snapshot};
 use dovetail_core::effect::{Action, Effect};
-use dovetail_core::interruption::{self, Going, Kind};
+use dovetail_core::interruption::{self, Going, Kind, Promised};
 use dovetail_core::ledger::{Command, Entry, Millis, Notice, Outcome, Replacement, State, Term};
 use dovetail_core::plane::{Latencies, Names, disrupted_taint};
 use dovetail_core::provisioning::{planned_claim, unique_claim_name};
@@ -53,6 +53,8 @@ pub(super) struct Work {
     pub(super) zones: Vec<String>,
     pub(super) pools: BTreeMap<String, (PoolInput, Addr<NodePoolActor>)>,
     pub(super) names: Names,
+    /// The provisioner's holds: pods planned onto capacity and not bound yet.
+    pub(super) nominations: crate::nominate::Nominations,
 }
 
 /// Why a run did not act (its messages stay in the queue, to be seen again).
@@ -91,8 +93,12 @@ struct Classified {
     new: BTreeSet<String>,
     /// Instances recorded as acting whose replacements were never sized, with their claims.
     resume: Vec<(String, String)>,
-    /// Live claims interrupted before this run: their nodes take none of its pods.
+    /// Notices for instances the ledger knows, with nothing new (deleted, nothing done).
+    duplicates: u64,
+    /// Live claims interrupted before this run: their nodes take none of its pods; and the
+    /// replacements launched for them, whose room is their pods'.
     before: BTreeSet<String>,
+    before_replacements: BTreeSet<String>,
 }
 
 /// Reads `notices` against `s`. `pools`: the NodePools whose interrupted claims count.
@@ -111,6 +117,8 @@ fn classify(s: &State, notices: Vec<Notice>, pools: &[String]) -> Classified {
                 }
                 if n.deadline < r.deadline {
                     c.propose.push(n);
+                } else if c.resume.last().is_none_or(|(i, _)| *i != n.instance) {
+                    c.duplicates += 1;
                 }
             }
             _ => {
@@ -128,6 +136,8 @@ fn classify(s: &State, notices: Vec<Notice>, pools: &[String]) -> Classified {
         .map(|cl| cl.id.clone())
         .filter(|id| !here.contains(id))
         .collect();
+    c.before_replacements =
+        c.before.iter().filter_map(|id| s.interruption_of(id)).flat_map(|r| r.replacements.iter().cloned()).collect();
     c
 }
 
@@ -165,6 +175,7 @@ impl Work {
         })
         .await
         .map_err(|e| NotActed::Ledger(e.to_string()))?;
+        acted.duplicates = plan.duplicates;
         if plan.propose.is_empty() && plan.resume.is_empty() {
             return Ok(acted);
         }
@@ -174,7 +185,7 @@ impl Work {
             let Outcome::Interrupted { recorded: r, duplicates } = outcome else {
                 return Err(NotActed::Ledger(format!("unexpected outcome {outcome:?}")));
             };
-            acted.duplicates = duplicates.len() as u64;
+            acted.duplicates += duplicates.len() as u64;
             recorded = r.into_iter().collect();
         }
         let fresh: Vec<&Notice> = plan.propose.iter().filter(|n| recorded.contains(&n.instance)).collect();
@@ -184,7 +195,7 @@ impl Work {
         let snap = self.view.snapshot();
         let by_provider: BTreeMap<&str, String> =
             snap.nodes_by_provider_id().into_iter().map(|(p, n)| (p, n.name.clone())).collect();
-        let mut effects = Vec::new();
+        let mut events = Vec::new();
         let mut going: Vec<Going> = Vec::new();
         let mut claim_of: BTreeMap<String, String> = BTreeMap::new();
         let mut to_size: Vec<String> = Vec::new();
@@ -194,7 +205,7 @@ impl Work {
             let message = format!("instance {} of nodeclaim {claim}: {}", n.instance, n.kind);
             let e =
                 Event { kind: ObjectKind::NodeClaim, name: claim.to_string(), warning, reason: reason.into(), message };
-            effects.push(Effect::new(claim, Action::Event(e)));
+            events.push(Effect::new(claim, Action::Event(e)));
             if n.acts {
                 acted.acted += 1;
                 to_size.push(n.instance.clone());
@@ -212,12 +223,17 @@ impl Work {
                 going.push(Going { instance: instance.clone(), node });
             }
         }
+        // The taints first (what keeps new pods off), the events after them.
         let taint = NodePatch { add_taints: vec![disrupted_taint()], ..NodePatch::default() };
-        for (node, claim) in &claim_of {
-            effects.push(Effect::new(claim, Action::PatchNode { node: node.clone(), patch: taint.clone() }));
-        }
-        let done = if effects.is_empty() { Vec::new() } else { self.executor.run(term, effects).await };
+        let taints: Vec<Effect> = claim_of
+            .iter()
+            .map(|(node, claim)| Effect::new(claim, Action::PatchNode { node: node.clone(), patch: taint.clone() }))
+            .collect();
+        let done = if taints.is_empty() { Vec::new() } else { self.executor.run(term, taints).await };
         let tainted = self.clock.now_millis();
+        if !events.is_empty() {
+            self.executor.run(term, events).await;
+        }
         let instance_of: BTreeMap<&str, &str> = going.iter().map(|g| (g.node.as_str(), g.instance.as_str())).collect();
         for (e, d) in &done {
             let Action::PatchNode { node, .. } = &e.action else { continue };
@@ -238,13 +254,17 @@ impl Work {
         // them and without the nodes interrupted before.
         let gone_before: BTreeSet<String> =
             plan.before.iter().filter_map(|claim| node_of(&snap, &by_provider, claim)).collect();
+        let replacements_before = plan.before_replacements.clone();
+        let held = self.nominations.held(self.clock.now_millis());
         let pools: Vec<PoolInput> = self.pools.values().map(|(p, _)| p.clone()).collect();
         let opts = self.cfg.solve.clone();
         let sized_on = snap.clone();
-        let sizing =
-            tokio::task::spawn_blocking(move || interruption::size(&sized_on, &pools, &going, &gone_before, &opts))
-                .await
-                .map_err(|e| NotActed::Sizing(e.to_string()))?;
+        let sizing = tokio::task::spawn_blocking(move || {
+            let promised = Promised { gone_before, replacements: replacements_before, held: &held };
+            interruption::size(&sized_on, &pools, &going, &promised, &opts)
+        })
+        .await
+        .map_err(|e| NotActed::Sizing(e.to_string()))?;
         acted.on_existing = sizing.on_existing as u64;
         for (pod, why) in &sizing.unplaced {
             self.errors.note("size_replacements", "unplaced", &format!("pod/{pod}"), why);

@@ -15,7 +15,7 @@ pub mod size;
 
 pub use parse::{Event, Kind, ParseError, parse};
 pub use plan::{NO_DEADLINE, Rebalance, Settings, drain_now, interrupted_claims, notices};
-pub use size::{Going, Sizing, size};
+pub use size::{Going, Promised, Sizing, size};
 
 impl Kind {
     /// The kind named `s` ([`Kind::as_str`]).

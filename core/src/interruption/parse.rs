@@ -93,6 +93,17 @@ pub enum ParseError {
     Field { field: &'static str, reason: &'static str },
 }
 
+impl ParseError {
+    /// The kind of error, without the body's details (what "logged once per kind" keys on).
+    pub fn kind(&self) -> String {
+        match self {
+            ParseError::NotJson(_) => "not_json".into(),
+            ParseError::NotObject => "not_object".into(),
+            ParseError::Field { field, reason } => format!("{field}: {reason}"),
+        }
+    }
+}
+
 const EC2: &str = "aws.ec2";
 const HEALTH: &str = "aws.health";
 const SPOT: &str = "EC2 Spot Instance Interruption Warning";

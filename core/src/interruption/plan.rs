@@ -88,7 +88,12 @@ pub fn notices<'c>(
             match by_instance.get_mut(instance) {
                 Some(n) => {
                     if (notice.acts && !n.acts) || (notice.acts == n.acts && notice.deadline < n.deadline) {
+                        // A spot warning's offering mark stays whatever comes with it.
+                        let unavailable = n.unavailable.take();
                         *n = notice;
+                        n.unavailable = n.unavailable.take().or(unavailable);
+                    } else if n.unavailable.is_none() {
+                        n.unavailable = notice.unavailable;
                     }
                 }
                 None => {
@@ -226,6 +231,7 @@ mod tests {
         let n = notices(&events, claim_of, &s);
         assert_eq!(n.len(), 1);
         assert_eq!((n[0].kind, n[0].deadline), (Kind::InstanceTerminated, 50_000));
+        assert!(n[0].unavailable.is_some(), "the spot warning's offering mark kept through the merge");
         let only = notices(&events[..1], claim_of, &s);
         assert!(!only[0].acts, "a rebalance recommendation is an event by default");
         let replace = Settings { rebalance: Rebalance::Replace, ..s };

@@ -31,18 +31,31 @@ pub struct Sizing {
     pub warnings: Vec<String>,
 }
 
+/// What else a sizing must leave alone.
+#[derive(Debug, Default)]
+pub struct Promised<'a> {
+    /// Nodes interrupted earlier, whose pods were sized then: they take none of these pods,
+    /// even when the snapshot does not show their taint yet.
+    pub gone_before: BTreeSet<String>,
+    /// NodeClaims launched as the earlier interruptions' replacements: their room is their
+    /// pods', still bound on the nodes going (so it would look free).
+    pub replacements: BTreeSet<String>,
+    /// Pods planned onto capacity by the provisioner and not bound yet (the Router's holds:
+    /// each pod and the node or NodeClaim it goes to): counted as bound there.
+    pub held: &'a [(crate::pod::PodKey, String)],
+}
+
 /// Sizes the capacity for `going`'s pods: the cluster without those nodes (nor their pods)
-/// and without `gone_before` (nodes interrupted earlier, whose pods were sized then: they take
-/// none of these, even when the snapshot does not show their taint yet), the NodePools
-/// `pools`, the pods placed by [`scheduling::solve`]. The new claims keep the order the solve
-/// made them in.
+/// and without what is `promised`, the NodePools `pools`, the pods placed by
+/// [`scheduling::solve`]. The new claims keep the order the solve made them in.
 pub fn size(
     snap: &Snapshot,
     pools: &[PoolInput],
     going: &[Going],
-    gone_before: &BTreeSet<String>,
+    promised: &Promised<'_>,
     opts: &SolveOptions,
 ) -> Sizing {
+    let gone_before = &promised.gone_before;
     let nodes: BTreeSet<&str> = going.iter().map(|g| g.node.as_str()).collect();
     let instance_of: BTreeMap<&str, &str> = going.iter().map(|g| (g.node.as_str(), g.instance.as_str())).collect();
     // Their pods, unbound, with where each came from.
@@ -62,11 +75,17 @@ pub fn size(
     let capacity: Vec<_> = snap
         .capacity_nodes()
         .into_iter()
-        .filter(|n| !nodes.contains(n.name.as_str()) && !gone_before.contains(&n.name))
+        .filter(|n| {
+            !nodes.contains(n.name.as_str())
+                && !gone_before.contains(&n.name)
+                && !promised.replacements.contains(&n.name)
+        })
         .collect();
+    let held = snap.held_as_bound(promised.held, &HashSet::new(), &capacity);
     let mut input = snap.scheduling_input(capacity, pools.to_vec());
     let leaving: HashSet<&str> = nodes.iter().copied().chain(gone_before.iter().map(String::as_str)).collect();
     input.bound_pods.retain(|p| p.node_name.as_deref().is_none_or(|n| !leaving.contains(n)));
+    input.bound_pods.extend(held);
     let results = scheduling::solve(&input, &pods, opts);
     let on_existing = results.existing.iter().map(|e| e.pods.len()).sum();
     let claims = results
@@ -142,7 +161,7 @@ mod tests {
         node(&mut snap, "a", 6);
         node(&mut snap, "b", 5);
         let going = [Going { instance: "i-a".into(), node: "a".into() }];
-        let none = BTreeSet::new();
+        let none = Promised::default();
         let s = size(&snap, &pools(), &going, &none, &SolveOptions::default());
         assert_eq!(s.on_existing, 1, "one 300m pod fits b's 430m");
         let on_new: usize = s.claims.iter().map(|(c, _)| c.pods.len()).sum();
@@ -150,7 +169,8 @@ mod tests {
         assert!(s.claims.iter().all(|(_, serves)| serves == &["i-a".to_string()]));
         assert!(s.unplaced.is_empty(), "{:?}", s.unplaced);
         // b interrupted in an earlier run (its taint not seen yet): a's pods all go to new claims.
-        let s = size(&snap, &pools(), &going, &BTreeSet::from(["b".to_string()]), &SolveOptions::default());
+        let b_gone = Promised { gone_before: BTreeSet::from(["b".to_string()]), ..Promised::default() };
+        let s = size(&snap, &pools(), &going, &b_gone, &SolveOptions::default());
         assert_eq!(s.on_existing, 0);
         assert_eq!(s.claims.iter().map(|(c, _)| c.pods.len()).sum::<usize>(), 6);
         assert!(s.claims.iter().all(|(_, serves)| serves == &["i-a".to_string()]), "b's pods are not sized again");
@@ -162,5 +182,53 @@ mod tests {
         let served: BTreeSet<&str> = s.claims.iter().flat_map(|(_, v)| v.iter().map(String::as_str)).collect();
         assert_eq!(served, ["i-a", "i-b"].into_iter().collect());
         assert!(size(&snap, &pools(), &[], &none, &SolveOptions::default()).claims.is_empty());
+    }
+
+    /// An in-flight NodeClaim with room for six 300m pods (not joined: no node yet).
+    fn in_flight(snap: &mut Snapshot, name: &str) {
+        use crate::cluster::{NodeClaim, NodeClaimStatus};
+        use crate::nodepool::NodeClaimSpec;
+        let c = NodeClaim {
+            name: name.into(),
+            spec: NodeClaimSpec {
+                nodepool: "default".into(),
+                labels: [(labels::NODEPOOL.to_string(), "default".to_string())].into_iter().collect(),
+                requests: ResourceList::from_pairs([
+                    (ResourceName::Cpu, 1930),
+                    (ResourceName::Memory, 7 << 30),
+                    (ResourceName::Pods, 29),
+                ]),
+                ..NodeClaimSpec::default()
+            },
+            finalizers: Vec::new(),
+            deleting: false,
+            status: NodeClaimStatus::default(),
+            resource_version: 1,
+        };
+        snap.nodeclaims.insert(name.into(), Arc::new(c));
+    }
+
+    /// Room already promised is not free: an earlier interruption's replacement (its pods
+    /// still bound on the node going) takes none of these pods, and a pod the provisioner
+    /// holds on an in-flight claim keeps its room there.
+    #[test]
+    fn an_earlier_replacement_and_held_pods_keep_their_room() {
+        let mut snap = Snapshot::default();
+        node(&mut snap, "a", 6);
+        in_flight(&mut snap, "r-b");
+        let going = [Going { instance: "i-a".into(), node: "a".into() }];
+        let free = size(&snap, &pools(), &going, &Promised::default(), &SolveOptions::default());
+        assert_eq!(free.on_existing, 6, "without promises the claim looks free");
+        let replacement = Promised { replacements: BTreeSet::from(["r-b".to_string()]), ..Promised::default() };
+        let s = size(&snap, &pools(), &going, &replacement, &SolveOptions::default());
+        assert_eq!(s.on_existing, 0, "b's replacement is b's pods'");
+        assert_eq!(s.claims.iter().map(|(c, _)| c.pods.len()).sum::<usize>(), 6);
+        // A pending pod of 1500m held on r-b: one of a's pods fits beside it.
+        let held_pod = Pod::new("default", "held", ResourceList::cpu_mem(1500, 256 << 20));
+        snap.pods.insert(held_pod.key.clone(), Arc::new(held_pod.clone()));
+        let held = [(held_pod.key.clone(), "r-b".to_string())];
+        let s =
+            size(&snap, &pools(), &going, &Promised { held: &held, ..Promised::default() }, &SolveOptions::default());
+        assert_eq!(s.on_existing, 1, "430m left beside the held pod");
     }
 }
