@@ -137,6 +137,10 @@ pub struct InterruptionCounts {
     /// Runs of the interruption actor (each acts on the batches that arrived during the one
     /// before).
     pub runs: u64,
+    /// Where the runs' time went (dovetail_actors::interruption::PHASES, then the delete),
+    /// ms summed over the runs; and the longest run, ms.
+    pub phase_ms: [u64; 8],
+    pub longest_run_ms: u64,
     /// The scenario's `interruption_burst`, when it has one.
     pub burst: Option<BurstCounts>,
 }
@@ -260,6 +264,14 @@ impl Report {
                 p(&i.sent_to_taint),
                 p(&i.sent_to_replacement),
                 i.runs
+            );
+            let phases = dovetail_actors::interruption::PHASES.iter().chain(["delete"].iter());
+            let spent: Vec<String> = phases.zip(i.phase_ms.iter()).map(|(p, ms)| format!("{p} {ms}")).collect();
+            let _ = writeln!(
+                t,
+                "                 run time by phase (ms, summed): {}; longest run {} ms",
+                spent.join(", "),
+                i.longest_run_ms
             );
             if let Some(b) = &i.burst {
                 let _ = writeln!(

@@ -310,6 +310,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
                 Percentiles::of(&i.sent_to_replacement)
             },
             runs: i.runs,
+            phase_ms: i.phase_ms,
+            longest_run_ms: i.longest_run_ms,
             burst,
         }),
         None => None,

@@ -107,7 +107,14 @@ pub struct InterruptionStats {
     pub last_deleted: Millis,
     /// Runs (each acts on every batch that arrived while the one before it ran).
     pub runs: u64,
+    /// Where the runs' time went: per phase (`PHASES`, then `delete`), ms summed over the
+    /// runs; and the longest run, ms.
+    pub phase_ms: [u64; PHASES.len() + 1],
+    pub longest_run_ms: u64,
 }
+
+/// A run's phases, in order (the messages' delete after them).
+pub const PHASES: [&str; 7] = ["read", "record", "taint", "events", "size", "reserve", "create"];
 
 /// The actor.
 pub struct InterruptionActor {
@@ -291,6 +298,7 @@ impl InterruptionActor {
                 tracing::debug!("an interruption consumer stopped while held back");
             }
         }
+        let started = self.clock.now_millis();
         let parsed = self.parse(&batches);
         let messages: usize = batches.iter().map(|b| b.messages.len()).sum();
         drop(batches);
@@ -352,7 +360,7 @@ impl InterruptionActor {
             let failed = outcome.is_err();
             (outcome.unwrap_or_default(), deleted, released, failed, work.clock.now_millis())
         };
-        ctx.spawn(fut.into_actor(self).map(|(acted, deleted, released, failed, at), act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |(acted, deleted, released, failed, at), act, ctx| {
             act.stats.deleted += deleted as u64;
             act.stats.released += released as u64;
             act.stats.failed_runs += u64::from(failed);
@@ -370,6 +378,27 @@ impl InterruptionActor {
             act.stats.sent_to_taint.merge(&acted.to_taint);
             act.stats.sent_to_replacement.merge(&acted.to_replacement);
             act.stats.runs += 1;
+            for (phase, ms) in &acted.phases {
+                if let Some(i) = PHASES.iter().position(|p| p == phase) {
+                    act.stats.phase_ms[i] += ms;
+                }
+            }
+            let run_ms = at.saturating_sub(started);
+            let before_delete: u64 = acted.phases.iter().map(|(_, ms)| ms).sum();
+            act.stats.phase_ms[PHASES.len()] += run_ms.saturating_sub(before_delete);
+            act.stats.longest_run_ms = act.stats.longest_run_ms.max(run_ms);
+            if !acted.phases.is_empty() {
+                let phases: Vec<String> = acted.phases.iter().map(|(p, ms)| format!("{p} {ms} ms")).collect();
+                tracing::debug!(
+                    acted = acted.acted,
+                    resumed = acted.resumed,
+                    replacements = acted.replacements,
+                    deleted,
+                    run_ms,
+                    phases = %phases.join(", "),
+                    "cluster.interruption: a run"
+                );
+            }
             act.running = false;
             act.run(ctx);
         }));

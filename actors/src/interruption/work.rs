@@ -40,6 +40,17 @@ pub(super) struct Acted {
     pub(super) on_existing: u64,
     pub(super) to_taint: Latencies,
     pub(super) to_replacement: Latencies,
+    /// Where the run's time went, ms: (phase, time) in order.
+    pub(super) phases: Vec<(&'static str, u64)>,
+}
+
+impl Acted {
+    /// Ends a phase at `now` that started at `*since`.
+    fn phase(&mut self, name: &'static str, since: &mut Millis, now: Millis) {
+        debug_assert!(super::PHASES.contains(&name), "{name} is not a phase");
+        self.phases.push((name, now.saturating_sub(*since)));
+        *since = now;
+    }
 }
 
 /// What a run works with, off the actor.
@@ -167,6 +178,7 @@ impl Work {
         let term = leadership.term;
         let settings = self.cfg.lifecycle.interruption;
         let now = self.clock.now_millis();
+        let mut since = now;
         // 1. The notices, read against the ledger's records.
         let pool_names: Vec<String> = self.pools.keys().cloned().collect();
         let plan = read_with(&*self.ledger, move |s| {
@@ -179,6 +191,7 @@ impl Work {
         if plan.propose.is_empty() && plan.resume.is_empty() {
             return Ok(acted);
         }
+        acted.phase("read", &mut since, self.clock.now_millis());
         let mut recorded: BTreeSet<String> = BTreeSet::new();
         if !plan.propose.is_empty() {
             let outcome = self.propose(term, now, Command::Interrupt { notices: plan.propose.clone() }).await?;
@@ -188,6 +201,7 @@ impl Work {
             acted.duplicates += duplicates.len() as u64;
             recorded = r.into_iter().collect();
         }
+        acted.phase("record", &mut since, self.clock.now_millis());
         let fresh: Vec<&Notice> = plan.propose.iter().filter(|n| recorded.contains(&n.instance)).collect();
         acted.earlier = fresh.iter().filter(|n| !plan.new.contains(&n.instance)).count() as u64;
         // 2. Taints and events, at once: an event for each new record, a taint for each
@@ -231,9 +245,11 @@ impl Work {
             .collect();
         let done = if taints.is_empty() { Vec::new() } else { self.executor.run(term, taints).await };
         let tainted = self.clock.now_millis();
+        acted.phase("taint", &mut since, tainted);
         if !events.is_empty() {
             self.executor.run(term, events).await;
         }
+        acted.phase("events", &mut since, self.clock.now_millis());
         let instance_of: BTreeMap<&str, &str> = going.iter().map(|g| (g.node.as_str(), g.instance.as_str())).collect();
         for (e, d) in &done {
             let Action::PatchNode { node, .. } = &e.action else { continue };
@@ -265,6 +281,7 @@ impl Work {
         })
         .await
         .map_err(|e| NotActed::Sizing(e.to_string()))?;
+        acted.phase("size", &mut since, self.clock.now_millis());
         acted.on_existing = sizing.on_existing as u64;
         for (pod, why) in &sizing.unplaced {
             self.errors.note("size_replacements", "unplaced", &format!("pod/{pod}"), why);
@@ -292,6 +309,7 @@ impl Work {
             replacements.iter().map(|r| (r.claim.id.clone(), r.serves.clone())).collect();
         let command = Command::ReplaceInterrupted { instances: to_size, replacements };
         let outcome = self.propose(term, self.clock.now_millis(), command).await?;
+        acted.phase("reserve", &mut since, self.clock.now_millis());
         let Outcome::Reserved { granted, denied } = outcome else {
             return Err(NotActed::Ledger(format!("unexpected outcome {outcome:?}")));
         };
@@ -323,6 +341,7 @@ impl Work {
             }
         }
         let replaced = self.clock.now_millis();
+        acted.phase("create", &mut since, replaced);
         let served: BTreeSet<&String> =
             created.iter().filter_map(|id| serves_of.get(*id)).flat_map(|serves| serves.iter()).collect();
         for i in served {
