@@ -154,7 +154,7 @@ pub struct BurstCounts {
     /// tainted (or drained and gone); and the rest, lost.
     pub handled: u64,
     pub lost: u64,
-    /// Messages handled a second: `messages` over the time from the first sent to the last
+    /// Messages handled a second: `handled` over the time from the first sent to the last
     /// deleted. Only on the wall clock (virtual time measures no rate).
     pub handled_per_second: Option<f64>,
     /// Per instance with replacements, from its message's sending to the cloud's launch of

@@ -460,8 +460,9 @@ fn price_per_hour(instances: &[dovetail_cloud::Instance]) -> f64 {
     instances.iter().map(|i| i.price).sum::<f64>() + 0.0
 }
 
-/// The burst's figures (none without one): its rate from the first message sent to the last
-/// deleted (on the wall clock only), each instance's time from its message to its first
+/// The burst's figures (none without one): its rate, the instances handled from the first
+/// message sent to the last deleted (on the wall clock only; with messages lost it says how
+/// fast the handled ones went, not the burst), each instance's time from its message to its first
 /// replacement's launch (the cloud's record of it, kept after the instance went), and per
 /// instance whether it was handled: recorded in the ledger as acting, its replacements sized,
 /// its node tainted (or drained and gone already); the rest are lost.
@@ -518,7 +519,7 @@ async fn burst_counts(
         messages,
         handled,
         lost: messages.saturating_sub(handled),
-        handled_per_second: realtime.then(|| messages as f64 * 1000.0 / span_ms as f64),
+        handled_per_second: realtime.then(|| handled as f64 * 1000.0 / span_ms as f64),
         sent_to_launch: Percentiles::of(&to_launch),
         recorded,
         left_in_queue: cloud.queue().len() as u64,
