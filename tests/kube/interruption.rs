@@ -510,9 +510,10 @@ fn a_message_whose_replacements_are_refused_is_resumed_when_seen_again() {
         assert!(took < Duration::from_secs(20), "seen again after the retry: {took:?}");
         let stats = w.stats().await;
         assert_eq!(stats.received.get("spot_interrupted").copied(), Some(2), "{stats:?}");
-        // A failed run's counts are not kept: the instance is counted once, as resumed.
-        assert_eq!((stats.acted, stats.resumed, stats.duplicates, stats.deleted), (0, 1, 0, 1), "{stats:?}");
-        assert_eq!((stats.tainted, stats.released, stats.failed_runs), (1, 1, 1), "{stats:?}");
+        // Recorded and tainted by the record stage (counted there), its replace stage refused,
+        // then resumed: tainted again (idempotent) and sized.
+        assert_eq!((stats.acted, stats.resumed, stats.duplicates, stats.deleted), (1, 1, 0, 1), "{stats:?}");
+        assert_eq!((stats.tainted, stats.released, stats.failed_runs), (2, 1, 1), "{stats:?}");
         assert_eq!(stats.replacements, 1, "sized once, by the resumed run: {stats:?}");
         let claim = spot.claim.clone().unwrap_or_default();
         let events = w.cluster.events();

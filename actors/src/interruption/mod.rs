@@ -1,27 +1,31 @@
 //! Interruption, driven. Consumers long-poll the interruption queues ([`consume`]) and hand
 //! each receive's messages to the [`InterruptionActor`], through its bounded mailbox (a full
-//! mailbox holds the consumers back). Batches that arrive while a run is under way wait, and
-//! the next run takes them all at once. For the batches of a run the actor:
+//! mailbox holds the consumers back). The actor works in two stages, each one run at a time,
+//! the two running side by side:
 //!
-//! 1. parses every body (`core::interruption::parse`); a malformed body or an event dovetail
-//!    does not act on is counted, logged once per kind, and deleted;
-//! 2. resolves each instance to its claim in the ledger and proposes the run's notices as
-//!    one [`Command::Interrupt`] (the ledger deduplicates by instance: a redelivery changes
-//!    nothing);
-//! 3. once committed, taints each interrupted node `karpenter.sh/disrupted`, then records an
-//!    event on its NodeClaim, as Karpenter's;
-//! 4. sizes the capacity the interrupted nodes' pods need (`core::interruption::size`: the
-//!    provisioning solve on the cluster without those nodes) and proposes it as one
-//!    [`Command::ReplaceInterrupted`]; once committed, creates the granted NodeClaims and
-//!    asks their pools to reconcile at once (the launch does not wait for a batch window);
-//! 5. deletes the run's messages (one `DeleteMessageBatch` per ten). A run that did not act
-//!    (ledger unavailable, term over, cache not synced, longer than the visibility timeout)
-//!    hands its messages back: at once when this node no longer leads (another node's
-//!    consumers see them), else after `interruption.retry`.
+//! - **record**, on every batch waiting (those that arrived during the one before):
+//!   1. parses every body (`core::interruption::parse`); a malformed body or an event
+//!      dovetail does not act on is counted, logged once per kind, and deleted;
+//!   2. resolves each instance to its claim in the ledger and proposes the notices as one
+//!      [`Command::Interrupt`] (the ledger deduplicates by instance: a redelivery changes
+//!      nothing);
+//!   3. once committed, taints each interrupted node `karpenter.sh/disrupted`, then records an
+//!      event on its NodeClaim, as Karpenter's; a run with nothing to size deletes its
+//!      messages, the rest wait for the replace stage;
+//! - **replace**, on everything the record stages left since the last one (one sizing for
+//!   all): sizes the capacity the interrupted nodes' pods need (`core::interruption::size`: the
+//!   provisioning solve on the cluster without those nodes nor what is promised already),
+//!   proposes it as one [`Command::ReplaceInterrupted`], creates the granted NodeClaims and
+//!   asks their pools to reconcile at once (no batch window); then deletes the messages.
+//!
+//! So a node is tainted as soon as its record commits, not after the sizings ahead of it, and
+//! a burst costs few sizings. A stage that does not act (ledger unavailable, term over, cache
+//! not synced, longer than the visibility timeout) hands its messages back: at once when this
+//! node no longer leads (another node's consumers see them), else after `interruption.retry`.
 //!
 //! A message seen again finds its instance's record: a duplicate is deleted; an instance
-//! recorded by a run that failed before its replacements were sized is tainted and sized
-//! again (no second event); an earlier deadline moves the record's.
+//! recorded by a run whose replace stage failed is tainted and sized again (no second event);
+//! an earlier deadline moves the record's.
 //!
 //! The drain is the lifecycle's: it starts once the replacements are ready or the deadline
 //! is `drain_lead` away (`core::interruption::drain_now`), and ends by EC2's deadline.
@@ -46,7 +50,7 @@ use crate::config::Config;
 use crate::errors::Errors;
 use crate::executor::Executor;
 use crate::pool::NodePoolActor;
-use work::{NotActed, Work};
+use work::{Acted, NotActed, ToReplace, Work};
 
 /// One receive's messages, from queue `queue`.
 pub struct Batch {
@@ -140,8 +144,11 @@ pub struct InterruptionActor {
     waiting: Vec<Batch>,
     /// Senders held back while `waiting` is full, released when a run takes it.
     held: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// A run is under way.
+    /// A record stage is under way.
     running: bool,
+    /// A replace stage is under way, and the record stages' work waiting for the next.
+    replacing: bool,
+    to_replace: Vec<Job>,
 }
 
 /// What the actor is made of.
@@ -179,6 +186,8 @@ impl InterruptionActor {
             waiting: Vec::new(),
             held: Vec::new(),
             running: false,
+            replacing: false,
+            to_replace: Vec::new(),
         }
     }
 }
@@ -279,13 +288,32 @@ impl Handler<Batch> for InterruptionActor {
 }
 
 impl InterruptionActor {
-    /// A restart: a run under way went with the old context (its messages come back after
-    /// the visibility timeout); the batches waiting stay, and `started` runs them.
+    /// A restart: the stages under way went with the old context (their messages come back
+    /// after the visibility timeout); the batches waiting stay, and `started` runs them.
     pub(crate) fn restarting(&mut self) {
         self.running = false;
+        self.replacing = false;
+        self.to_replace.clear();
     }
 
-    /// Acts on every batch waiting, unless a run is under way (its end starts the next).
+    fn work(&mut self) -> Work {
+        Work {
+            ledger: self.ledger.clone(),
+            view: self.view.clone(),
+            clock: self.clock.clone(),
+            executor: self.executor.clone(),
+            errors: self.errors.clone(),
+            cfg: self.cfg.clone(),
+            zones: self.zones.clone(),
+            pools: self.pools.clone(),
+            names: Names::new(self.names.next_u64()),
+            nominations: self.nominations.clone(),
+        }
+    }
+
+    /// The record stage, on every batch waiting, unless one is under way (its end starts the
+    /// next): the notices recorded, the nodes tainted, what is left to size handed to the
+    /// replace stage. A run with nothing to size deletes its messages itself.
     fn run(&mut self, ctx: &mut Context<Self>) {
         if self.running || self.waiting.is_empty() {
             return;
@@ -300,109 +328,193 @@ impl InterruptionActor {
         }
         let started = self.clock.now_millis();
         let parsed = self.parse(&batches);
-        let messages: usize = batches.iter().map(|b| b.messages.len()).sum();
         drop(batches);
         let queues = self.queues.clone();
         let names = self.queue_names.clone();
-        let work = Work {
-            ledger: self.ledger.clone(),
-            view: self.view.clone(),
-            clock: self.clock.clone(),
-            executor: self.executor.clone(),
-            errors: self.errors.clone(),
-            cfg: self.cfg.clone(),
-            zones: self.zones.clone(),
-            pools: self.pools.clone(),
-            names: Names::new(self.names.next_u64()),
-            nominations: self.nominations.clone(),
-        };
-        let limit = self.cfg.interruption.visibility;
-        let retry = self.cfg.interruption.retry;
+        let mut work = self.work();
+        let (limit, retry) = (self.cfg.interruption.visibility, self.cfg.interruption.retry);
         let fut = async move {
-            let mut work = work;
-            let outcome = match tokio::time::timeout(limit, work.act(parsed.events, &parsed.sent)).await {
+            let Parsed { events, receipts, sent } = parsed;
+            let outcome = match tokio::time::timeout(limit, work.record(events, &sent)).await {
                 Ok(outcome) => outcome,
                 Err(_) => Err(NotActed::TimedOut(limit.as_millis())),
             };
-            let (mut deleted, mut released) = (0usize, 0usize);
-            match &outcome {
-                Ok(_) => {
-                    for (q, receipts) in &parsed.receipts {
-                        let Some(queue) = queues.get(*q) else { continue };
-                        match tokio::time::timeout(CALL_TIMEOUT, queue.delete(receipts)).await {
-                            Ok(Ok(())) => deleted += receipts.len(),
-                            Ok(Err(e)) => work.errors.warn(
-                                "delete_messages",
-                                "cloud",
-                                &queue_name(&names, *q),
-                                &format!("{} messages: {e}", receipts.len()),
-                            ),
-                            Err(_) => work.errors.warn(
-                                "delete_messages",
-                                "timeout",
-                                &queue_name(&names, *q),
-                                &format!("{} messages: no answer in {CALL_TIMEOUT:?}", receipts.len()),
-                            ),
-                        }
-                    }
+            let mut ends = Ends::default();
+            let (acted, job) = match outcome {
+                Ok((acted, Some(job))) => (acted, Some(Job { job, receipts, sent })),
+                Ok((acted, None)) => {
+                    ends.deleted = delete(&queues, &names, &receipts, &work.errors).await;
+                    (acted, None)
                 }
                 Err(e) => {
-                    work.errors.warn(
-                        "handle_interruptions",
-                        "not_acted",
-                        &parsed.receipts.keys().map(|q| queue_name(&names, *q)).collect::<Vec<_>>().join(","),
-                        &format!("{messages} messages kept, to be seen again: {e}"),
-                    );
-                    let after = if e.hand_over() { std::time::Duration::ZERO } else { retry };
-                    released = release(&queues, &names, &parsed.receipts, after, &work.errors).await;
+                    ends.released = not_acted(&e, (&queues, &names), &receipts, retry, &work.errors).await;
+                    ends.failed = true;
+                    (Acted::default(), None)
                 }
-            }
-            let failed = outcome.is_err();
-            (outcome.unwrap_or_default(), deleted, released, failed, work.clock.now_millis())
+            };
+            (acted, job, ends, work.clock.now_millis())
         };
-        ctx.spawn(fut.into_actor(self).map(move |(acted, deleted, released, failed, at), act, ctx| {
-            act.stats.deleted += deleted as u64;
-            act.stats.released += released as u64;
-            act.stats.failed_runs += u64::from(failed);
-            act.stats.earlier += acted.earlier;
-            act.stats.resumed += acted.resumed;
-            act.stats.tainted += acted.tainted;
-            if deleted > 0 {
-                act.stats.last_deleted = at;
-            }
-            act.stats.acted += acted.acted;
-            act.stats.duplicates += acted.duplicates;
-            act.stats.replacements += acted.replacements;
-            act.stats.replacements_denied += acted.denied;
-            act.stats.pods_on_existing += acted.on_existing;
-            act.stats.sent_to_taint.merge(&acted.to_taint);
-            act.stats.sent_to_replacement.merge(&acted.to_replacement);
-            act.stats.runs += 1;
-            for (phase, ms) in &acted.phases {
-                if let Some(i) = PHASES.iter().position(|p| p == phase) {
-                    act.stats.phase_ms[i] += ms;
-                }
-            }
-            let run_ms = at.saturating_sub(started);
-            let before_delete: u64 = acted.phases.iter().map(|(_, ms)| ms).sum();
-            act.stats.phase_ms[PHASES.len()] += run_ms.saturating_sub(before_delete);
-            act.stats.longest_run_ms = act.stats.longest_run_ms.max(run_ms);
-            if !acted.phases.is_empty() {
-                let phases: Vec<String> = acted.phases.iter().map(|(p, ms)| format!("{p} {ms} ms")).collect();
-                tracing::debug!(
-                    acted = acted.acted,
-                    resumed = acted.resumed,
-                    replacements = acted.replacements,
-                    deleted,
-                    run_ms,
-                    phases = %phases.join(", "),
-                    "cluster.interruption: a run"
-                );
-            }
+        ctx.spawn(fut.into_actor(self).map(move |(acted, job, ends, at), act, ctx| {
+            act.count(&acted, &ends, at.saturating_sub(started), at);
             act.running = false;
+            if let Some(job) = job {
+                act.to_replace.push(job);
+            }
+            act.replace(ctx);
             act.run(ctx);
         }));
     }
+
+    /// The replace stage, on everything the record stage left, unless one is under way: one
+    /// sizing for all of it; then the messages deleted (or handed back when it failed).
+    fn replace(&mut self, ctx: &mut Context<Self>) {
+        if self.replacing || self.to_replace.is_empty() {
+            return;
+        }
+        self.replacing = true;
+        let jobs = std::mem::take(&mut self.to_replace);
+        let started = self.clock.now_millis();
+        let queues = self.queues.clone();
+        let names = self.queue_names.clone();
+        let mut work = self.work();
+        let (limit, retry) = (self.cfg.interruption.visibility, self.cfg.interruption.retry);
+        let fut = async move {
+            let mut receipts: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+            let mut sent: BTreeMap<String, Millis> = BTreeMap::new();
+            let mut todo = Vec::with_capacity(jobs.len());
+            for j in jobs {
+                for (q, r) in j.receipts {
+                    receipts.entry(q).or_default().extend(r);
+                }
+                sent.extend(j.sent);
+                todo.push(j.job);
+            }
+            let outcome = match tokio::time::timeout(limit, work.replace(todo, &sent)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(NotActed::TimedOut(limit.as_millis())),
+            };
+            let mut ends = Ends::default();
+            match &outcome {
+                Ok(_) => ends.deleted = delete(&queues, &names, &receipts, &work.errors).await,
+                Err(e) => {
+                    ends.released = not_acted(e, (&queues, &names), &receipts, retry, &work.errors).await;
+                    ends.failed = true;
+                }
+            }
+            (outcome.unwrap_or_default(), ends, work.clock.now_millis())
+        };
+        ctx.spawn(fut.into_actor(self).map(move |(acted, ends, at), act, ctx| {
+            act.count(&acted, &ends, at.saturating_sub(started), at);
+            act.replacing = false;
+            act.replace(ctx);
+        }));
+    }
+
+    /// Adds a stage's counts.
+    fn count(&mut self, acted: &Acted, ends: &Ends, run_ms: u64, at: Millis) {
+        let s = &mut self.stats;
+        s.deleted += ends.deleted as u64;
+        s.released += ends.released as u64;
+        s.failed_runs += u64::from(ends.failed);
+        if ends.deleted > 0 {
+            s.last_deleted = at;
+        }
+        s.earlier += acted.earlier;
+        s.resumed += acted.resumed;
+        s.tainted += acted.tainted;
+        s.acted += acted.acted;
+        s.duplicates += acted.duplicates;
+        s.replacements += acted.replacements;
+        s.replacements_denied += acted.denied;
+        s.pods_on_existing += acted.on_existing;
+        s.sent_to_taint.merge(&acted.to_taint);
+        s.sent_to_replacement.merge(&acted.to_replacement);
+        s.runs += 1;
+        for (phase, ms) in &acted.phases {
+            if let Some(i) = PHASES.iter().position(|p| p == phase) {
+                s.phase_ms[i] += ms;
+            }
+        }
+        let before_delete: u64 = acted.phases.iter().map(|(_, ms)| ms).sum();
+        s.phase_ms[PHASES.len()] += run_ms.saturating_sub(before_delete);
+        s.longest_run_ms = s.longest_run_ms.max(run_ms);
+        if !acted.phases.is_empty() {
+            let phases: Vec<String> = acted.phases.iter().map(|(p, ms)| format!("{p} {ms} ms")).collect();
+            tracing::debug!(
+                acted = acted.acted,
+                resumed = acted.resumed,
+                replacements = acted.replacements,
+                deleted = ends.deleted,
+                run_ms,
+                phases = %phases.join(", "),
+                "cluster.interruption: a stage"
+            );
+        }
+    }
+}
+
+/// The record stage's work left to the replace stage, with its messages.
+struct Job {
+    job: ToReplace,
+    receipts: BTreeMap<usize, Vec<String>>,
+    sent: BTreeMap<String, Millis>,
+}
+
+/// How a stage's messages ended.
+#[derive(Default)]
+struct Ends {
+    deleted: usize,
+    released: usize,
+    failed: bool,
+}
+
+/// Deletes messages by receipt, queue by queue; how many went.
+async fn delete(
+    queues: &[Arc<dyn InterruptionQueue>],
+    names: &[String],
+    receipts: &BTreeMap<usize, Vec<String>>,
+    errors: &Errors,
+) -> usize {
+    let mut deleted = 0;
+    for (q, receipts) in receipts {
+        let Some(queue) = queues.get(*q) else { continue };
+        match tokio::time::timeout(CALL_TIMEOUT, queue.delete(receipts)).await {
+            Ok(Ok(())) => deleted += receipts.len(),
+            Ok(Err(e)) => errors.warn(
+                "delete_messages",
+                "cloud",
+                &queue_name(names, *q),
+                &format!("{} messages: {e}", receipts.len()),
+            ),
+            Err(_) => errors.warn(
+                "delete_messages",
+                "timeout",
+                &queue_name(names, *q),
+                &format!("{} messages: no answer in {CALL_TIMEOUT:?}", receipts.len()),
+            ),
+        }
+    }
+    deleted
+}
+
+/// A stage that did not act: logged with its queues, its messages handed back (at once when
+/// this node no longer leads, after `retry` otherwise); how many were.
+async fn not_acted(
+    e: &NotActed,
+    (queues, names): (&[Arc<dyn InterruptionQueue>], &[String]),
+    receipts: &BTreeMap<usize, Vec<String>>,
+    retry: std::time::Duration,
+    errors: &Errors,
+) -> usize {
+    let messages: usize = receipts.values().map(Vec::len).sum();
+    errors.warn(
+        "handle_interruptions",
+        "not_acted",
+        &receipts.keys().map(|q| queue_name(names, *q)).collect::<Vec<_>>().join(","),
+        &format!("{messages} messages kept, to be seen again: {e}"),
+    );
+    let after = if e.hand_over() { std::time::Duration::ZERO } else { retry };
+    release(queues, names, receipts, after, errors).await
 }
 
 /// How long one queue call (a delete, a visibility change) may take.

@@ -106,16 +106,11 @@ struct Classified {
     resume: Vec<(String, String)>,
     /// Notices for instances the ledger knows, with nothing new (deleted, nothing done).
     duplicates: u64,
-    /// Live claims interrupted before this run: their nodes take none of its pods; and the
-    /// replacements launched for them, whose room is their pods'.
-    before: BTreeSet<String>,
-    before_replacements: BTreeSet<String>,
 }
 
-/// Reads `notices` against `s`. `pools`: the NodePools whose interrupted claims count.
-fn classify(s: &State, notices: Vec<Notice>, pools: &[String]) -> Classified {
+/// Reads `notices` against `s`.
+fn classify(s: &State, notices: Vec<Notice>) -> Classified {
     let mut c = Classified::default();
-    let mut here: BTreeSet<String> = BTreeSet::new();
     for n in notices {
         match s.interruption(&n.instance) {
             Some(r) if !n.acts || r.acts => {
@@ -123,7 +118,6 @@ fn classify(s: &State, notices: Vec<Notice>, pools: &[String]) -> Classified {
                     && !r.sized
                     && let Some(claim) = r.claim.as_deref().filter(|claim| s.claims().contains_key(*claim))
                 {
-                    here.insert(claim.to_string());
                     c.resume.push((n.instance.clone(), claim.to_string()));
                 }
                 if n.deadline < r.deadline {
@@ -133,23 +127,49 @@ fn classify(s: &State, notices: Vec<Notice>, pools: &[String]) -> Classified {
                 }
             }
             _ => {
-                if let Some(claim) = &n.claim {
-                    here.insert(claim.clone());
-                }
                 c.new.insert(n.instance.clone());
                 c.propose.push(n);
             }
         }
     }
-    c.before = pools
-        .iter()
-        .flat_map(|p| s.interrupted_in(p))
-        .map(|cl| cl.id.clone())
-        .filter(|id| !here.contains(id))
-        .collect();
-    c.before_replacements =
-        c.before.iter().filter_map(|id| s.interruption_of(id)).flat_map(|r| r.replacements.iter().cloned()).collect();
     c
+}
+
+/// What was interrupted before a sizing: the live claims of `pools` interrupted and not among
+/// `now` (the claims being sized), and the replacements launched for them.
+fn before(s: &State, pools: &[String], now: &BTreeSet<String>) -> (BTreeSet<String>, BTreeSet<String>) {
+    let claims: BTreeSet<String> =
+        pools.iter().flat_map(|p| s.interrupted_in(p)).map(|c| c.id.clone()).filter(|id| !now.contains(id)).collect();
+    let replacements =
+        claims.iter().filter_map(|id| s.interruption_of(id)).flat_map(|r| r.replacements.iter().cloned()).collect();
+    (claims, replacements)
+}
+
+/// What the record stage leaves to the replace stage: the instances whose replacements are to
+/// be sized, their nodes, and the claims they are of.
+#[derive(Debug)]
+pub(super) struct ToReplace {
+    pub(super) term: Term,
+    pub(super) instances: Vec<String>,
+    pub(super) going: Vec<Going>,
+    pub(super) claims: BTreeSet<String>,
+}
+
+impl ToReplace {
+    /// Several records' work as one sizing (an instance or node named twice, once).
+    fn merged(jobs: Vec<ToReplace>) -> Option<ToReplace> {
+        let mut jobs = jobs.into_iter();
+        let mut all = jobs.next()?;
+        let mut seen: BTreeSet<String> = all.instances.iter().cloned().collect();
+        let mut nodes: BTreeSet<String> = all.going.iter().map(|g| g.node.clone()).collect();
+        for j in jobs {
+            all.term = all.term.max(j.term);
+            all.instances.extend(j.instances.into_iter().filter(|i| seen.insert(i.clone())));
+            all.going.extend(j.going.into_iter().filter(|g| nodes.insert(g.node.clone())));
+            all.claims.extend(j.claims);
+        }
+        Some(all)
+    }
 }
 
 /// The node of a claim, by its provider id.
@@ -159,14 +179,16 @@ fn node_of(snap: &Snapshot, by_provider: &BTreeMap<&str, String>, claim: &str) -
 }
 
 impl Work {
-    pub(super) async fn act(
+    /// The record stage: the notices recorded in the ledger, the nodes tainted, the events
+    /// made; what is left to size, if anything.
+    pub(super) async fn record(
         &mut self,
         events: Vec<(interruption::Event, Millis)>,
         sent: &BTreeMap<String, Millis>,
-    ) -> Result<Acted, NotActed> {
+    ) -> Result<(Acted, Option<ToReplace>), NotActed> {
         let mut acted = Acted::default();
         if events.iter().all(|(e, _)| e.kind == Kind::NoOp) {
-            return Ok(acted);
+            return Ok((acted, None));
         }
         let leadership = self.ledger.leadership().borrow().clone();
         if !leadership.leader {
@@ -180,16 +202,15 @@ impl Work {
         let now = self.clock.now_millis();
         let mut since = now;
         // 1. The notices, read against the ledger's records.
-        let pool_names: Vec<String> = self.pools.keys().cloned().collect();
         let plan = read_with(&*self.ledger, move |s| {
             let notices = interruption::notices(&events, |i| s.claim_of_instance(i), &settings);
-            classify(s, notices, &pool_names)
+            classify(s, notices)
         })
         .await
         .map_err(|e| NotActed::Ledger(e.to_string()))?;
         acted.duplicates = plan.duplicates;
         if plan.propose.is_empty() && plan.resume.is_empty() {
-            return Ok(acted);
+            return Ok((acted, None));
         }
         acted.phase("read", &mut since, self.clock.now_millis());
         let mut recorded: BTreeSet<String> = BTreeSet::new();
@@ -213,6 +234,7 @@ impl Work {
         let mut going: Vec<Going> = Vec::new();
         let mut claim_of: BTreeMap<String, String> = BTreeMap::new();
         let mut to_size: Vec<String> = Vec::new();
+        let mut claims: BTreeSet<String> = BTreeSet::new();
         for n in fresh.iter().filter(|n| plan.new.contains(&n.instance)) {
             let Some(claim) = n.claim.as_deref() else { continue };
             let (reason, warning) = event_reason(n.kind);
@@ -223,6 +245,7 @@ impl Work {
             if n.acts {
                 acted.acted += 1;
                 to_size.push(n.instance.clone());
+                claims.insert(claim.to_string());
                 if let Some(node) = node_of(&snap, &by_provider, claim) {
                     claim_of.insert(node.clone(), claim.to_string());
                     going.push(Going { instance: n.instance.clone(), node });
@@ -232,6 +255,7 @@ impl Work {
         for (instance, claim) in &plan.resume {
             acted.resumed += 1;
             to_size.push(instance.clone());
+            claims.insert(claim.clone());
             if let Some(node) = node_of(&snap, &by_provider, claim) {
                 claim_of.insert(node.clone(), claim.clone());
                 going.push(Going { instance: instance.clone(), node });
@@ -263,14 +287,37 @@ impl Work {
         }
         // Every acting claim's record is marked sized, those without a node too (a claim not
         // registered yet runs no pods: it needs no replacement and drains at once).
-        if to_size.is_empty() {
+        let job = (!to_size.is_empty()).then_some(ToReplace { term, instances: to_size, going, claims });
+        Ok((acted, job))
+    }
+
+    /// The replace stage, for every record stage's work waiting (one sizing): the capacity
+    /// their pods need sized off the actor thread, on the cluster without them and without
+    /// what is promised already, reserved in the ledger, the granted NodeClaims created.
+    pub(super) async fn replace(
+        &mut self,
+        jobs: Vec<ToReplace>,
+        sent: &BTreeMap<String, Millis>,
+    ) -> Result<Acted, NotActed> {
+        let mut acted = Acted::default();
+        let Some(ToReplace { term, instances: to_size, going, claims }) = ToReplace::merged(jobs) else {
             return Ok(acted);
+        };
+        let leadership = self.ledger.leadership().borrow().clone();
+        if !leadership.is_current(term) {
+            return Err(NotActed::NotLeader);
         }
-        // 3. The capacity their pods need, sized off the actor thread, on the cluster without
-        // them and without the nodes interrupted before.
+        let mut since = self.clock.now_millis();
+        let pool_names: Vec<String> = self.pools.keys().cloned().collect();
+        let (before_claims, replacements_before) = read_with(&*self.ledger, move |s| before(s, &pool_names, &claims))
+            .await
+            .map_err(|e| NotActed::Ledger(e.to_string()))?;
+        let snap = self.view.snapshot();
+        let by_provider: BTreeMap<&str, String> =
+            snap.nodes_by_provider_id().into_iter().map(|(p, n)| (p, n.name.clone())).collect();
         let gone_before: BTreeSet<String> =
-            plan.before.iter().filter_map(|claim| node_of(&snap, &by_provider, claim)).collect();
-        let replacements_before = plan.before_replacements.clone();
+            before_claims.iter().filter_map(|claim| node_of(&snap, &by_provider, claim)).collect();
+        acted.phase("read", &mut since, self.clock.now_millis());
         let held = self.nominations.held(self.clock.now_millis());
         let pools: Vec<PoolInput> = self.pools.values().map(|(p, _)| p.clone()).collect();
         let opts = self.cfg.solve.clone();
