@@ -157,12 +157,24 @@ impl State {
         };
         let sizing: BTreeSet<String> = instances.iter().filter(|i| live(self, i)).cloned().collect();
         let (mut granted, mut denied) = (Vec::new(), Vec::new());
+        // Each pool's interrupted holdings, summed once for the entry (reserving replacements
+        // interrupts nothing): a burst's entry has thousands of replacements.
+        let mut freed: BTreeMap<String, (ResourceList, u64)> = BTreeMap::new();
         for r in replacements {
             if !r.serves.iter().any(|i| sizing.contains(i)) {
                 denied.push((r.claim.id.clone(), Denial::Unneeded));
                 continue;
             }
-            match self.reserve_replacement(at, &r.pool, &r.claim) {
+            if !freed.contains_key(&r.pool) {
+                let mut held = (ResourceList::new(), 0u64);
+                for c in self.interrupted_in(&r.pool) {
+                    held.0.add(&c.resources);
+                    held.1 = held.1.saturating_add(c.price_per_hour);
+                }
+                freed.insert(r.pool.clone(), held);
+            }
+            let pool_freed = freed.get(&r.pool).cloned().unwrap_or_default();
+            match self.reserve_replacement(at, &r.pool, &r.claim, &pool_freed) {
                 Ok(()) => {
                     granted.push(r.claim.id.clone());
                     for i in r.serves.iter().filter(|i| sizing.contains(*i)) {
@@ -183,20 +195,21 @@ impl State {
     }
 
     /// Reserves one replacement in `pool` against its limits and the caps, without the
-    /// holdings of the pool's interrupted claims.
-    fn reserve_replacement(&mut self, at: Millis, pool: &str, req: &ClaimRequest) -> Result<(), Denial> {
+    /// holdings of the pool's interrupted claims (`freed`: their resources and price).
+    fn reserve_replacement(
+        &mut self,
+        at: Millis,
+        pool: &str,
+        req: &ClaimRequest,
+        (freed, freed_price): &(ResourceList, u64),
+    ) -> Result<(), Denial> {
         if self.claims.contains_key(&req.id) {
             return Err(Denial::DuplicateId);
         }
         let Some(p) = self.pools.get(pool) else { return Err(Denial::UnknownPool) };
-        let (mut freed, mut freed_price) = (ResourceList::new(), 0u64);
-        for c in self.interrupted_in(pool) {
-            freed.add(&c.resources);
-            freed_price = freed_price.saturating_add(c.price_per_hour);
-        }
-        let usage = p.usage.subtracted(&freed);
-        let total = self.total.subtracted(&freed);
-        let price = self.total_price.saturating_sub(freed_price);
+        let usage = p.usage.subtracted(freed);
+        let total = self.total.subtracted(freed);
+        let price = self.total_price.saturating_sub(*freed_price);
         let mut resources = req.resources.clone();
         resources.set(ResourceName::Nodes, 1);
         if let Some(d) = denial((&p.limits, &usage), (&self.caps, &total, price), &resources, req.price_per_hour) {
