@@ -386,7 +386,10 @@ impl InterruptionActor {
                 for (q, r) in j.receipts {
                     receipts.entry(q).or_default().extend(r);
                 }
-                sent.extend(j.sent);
+                for (instance, at) in j.sent {
+                    let first = sent.entry(instance).or_insert(at);
+                    *first = (*first).min(at);
+                }
                 todo.push(j.job);
             }
             let outcome = match tokio::time::timeout(limit, work.replace(todo, &sent)).await {

@@ -146,13 +146,12 @@ fn before(s: &State, pools: &[String], now: &BTreeSet<String>) -> (BTreeSet<Stri
 }
 
 /// What the record stage leaves to the replace stage: the instances whose replacements are to
-/// be sized, their nodes, and the claims they are of.
+/// be sized, and their nodes.
 #[derive(Debug)]
 pub(super) struct ToReplace {
     pub(super) term: Term,
     pub(super) instances: Vec<String>,
     pub(super) going: Vec<Going>,
-    pub(super) claims: BTreeSet<String>,
 }
 
 impl ToReplace {
@@ -166,7 +165,6 @@ impl ToReplace {
             all.term = all.term.max(j.term);
             all.instances.extend(j.instances.into_iter().filter(|i| seen.insert(i.clone())));
             all.going.extend(j.going.into_iter().filter(|g| nodes.insert(g.node.clone())));
-            all.claims.extend(j.claims);
         }
         Some(all)
     }
@@ -234,7 +232,6 @@ impl Work {
         let mut going: Vec<Going> = Vec::new();
         let mut claim_of: BTreeMap<String, String> = BTreeMap::new();
         let mut to_size: Vec<String> = Vec::new();
-        let mut claims: BTreeSet<String> = BTreeSet::new();
         for n in fresh.iter().filter(|n| plan.new.contains(&n.instance)) {
             let Some(claim) = n.claim.as_deref() else { continue };
             let (reason, warning) = event_reason(n.kind);
@@ -245,7 +242,6 @@ impl Work {
             if n.acts {
                 acted.acted += 1;
                 to_size.push(n.instance.clone());
-                claims.insert(claim.to_string());
                 if let Some(node) = node_of(&snap, &by_provider, claim) {
                     claim_of.insert(node.clone(), claim.to_string());
                     going.push(Going { instance: n.instance.clone(), node });
@@ -255,7 +251,6 @@ impl Work {
         for (instance, claim) in &plan.resume {
             acted.resumed += 1;
             to_size.push(instance.clone());
-            claims.insert(claim.clone());
             if let Some(node) = node_of(&snap, &by_provider, claim) {
                 claim_of.insert(node.clone(), claim.clone());
                 going.push(Going { instance: instance.clone(), node });
@@ -287,7 +282,7 @@ impl Work {
         }
         // Every acting claim's record is marked sized, those without a node too (a claim not
         // registered yet runs no pods: it needs no replacement and drains at once).
-        let job = (!to_size.is_empty()).then_some(ToReplace { term, instances: to_size, going, claims });
+        let job = (!to_size.is_empty()).then_some(ToReplace { term, instances: to_size, going });
         Ok((acted, job))
     }
 
@@ -300,7 +295,7 @@ impl Work {
         sent: &BTreeMap<String, Millis>,
     ) -> Result<Acted, NotActed> {
         let mut acted = Acted::default();
-        let Some(ToReplace { term, instances: to_size, going, claims }) = ToReplace::merged(jobs) else {
+        let Some(ToReplace { term, instances: mut to_size, mut going }) = ToReplace::merged(jobs) else {
             return Ok(acted);
         };
         let leadership = self.ledger.leadership().borrow().clone();
@@ -309,9 +304,29 @@ impl Work {
         }
         let mut since = self.clock.now_millis();
         let pool_names: Vec<String> = self.pools.keys().cloned().collect();
-        let (before_claims, replacements_before) = read_with(&*self.ledger, move |s| before(s, &pool_names, &claims))
-            .await
-            .map_err(|e| NotActed::Ledger(e.to_string()))?;
+        // Only the instances still waiting for their sizing: one resumed by a redelivery while
+        // its first sizing ran (or sized by another term's leader) is sized already.
+        let asked = to_size.clone();
+        let (live, before_claims, replacements_before) = read_with(&*self.ledger, move |s| {
+            let mut live: BTreeSet<String> = BTreeSet::new();
+            let mut claims: BTreeSet<String> = BTreeSet::new();
+            for i in &asked {
+                let Some(r) = s.interruption(i) else { continue };
+                if let Some(c) = r.claim.as_deref().filter(|c| r.acts && !r.sized && s.claims().contains_key(*c)) {
+                    live.insert(i.clone());
+                    claims.insert(c.to_string());
+                }
+            }
+            let (b, r) = before(s, &pool_names, &claims);
+            (live, b, r)
+        })
+        .await
+        .map_err(|e| NotActed::Ledger(e.to_string()))?;
+        to_size.retain(|i| live.contains(i));
+        going.retain(|g| live.contains(&g.instance));
+        if to_size.is_empty() {
+            return Ok(acted);
+        }
         let snap = self.view.snapshot();
         let by_provider: BTreeMap<&str, String> =
             snap.nodes_by_provider_id().into_iter().map(|(p, n)| (p, n.name.clone())).collect();
