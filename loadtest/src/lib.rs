@@ -2,6 +2,7 @@
 //! whole control plane against the sim cloud and sim cluster while playing Kubernetes and EC2
 //! around it, and the report (text, JSON and a plot).
 
+pub mod burst;
 pub mod ha;
 pub mod report;
 pub mod run;
