@@ -141,6 +141,10 @@ pub struct InterruptionConfig {
     pub retry: Duration,
     /// Batches the handler holds at once; consumers wait beyond it (backpressure).
     pub mailbox: usize,
+    /// How long the replace stage waits for record stages still running before it sizes
+    /// (every sizing pays for the whole cluster, so a burst is sized once), counted from the
+    /// earliest receive of the messages it holds; at most half of `visibility`.
+    pub replace_wait: Duration,
 }
 
 impl Default for InterruptionConfig {
@@ -153,6 +157,7 @@ impl Default for InterruptionConfig {
             visibility: Duration::from_secs(60),
             retry: Duration::from_secs(5),
             mailbox: 64,
+            replace_wait: Duration::from_secs(1),
         }
     }
 }

@@ -186,16 +186,24 @@ pub fn plan_claim(c: &NewClaim, spec: &NodeClaimSpec, types: &[InstanceType], zo
     })
 }
 
+/// Instance types by name: built once for the launches of a round or a reconcile, not for
+/// each claim (a pool knows hundreds of types; a burst launches thousands of claims).
+pub type TypesByName<'a> = std::collections::HashMap<&'a str, &'a InstanceType>;
+
+/// The index [`launch_order`] reads.
+pub fn types_by_name(types: &[InstanceType]) -> TypesByName<'_> {
+    types.iter().map(|t| (t.name.as_str(), t)).collect()
+}
+
 /// A claim's candidate types in the order a launch tries them: by the cheapest offering in
 /// `zone` among the allowed capacity types (types not offered there last), then by name.
 pub fn launch_order(
-    types: &[InstanceType],
+    by_name: &TypesByName<'_>,
     names: &[String],
     zone: &str,
     capacity_types: &[CapacityType],
 ) -> Vec<String> {
     let allowed = |c: CapacityType| capacity_types.is_empty() || capacity_types.contains(&c);
-    let by_name: std::collections::HashMap<&str, &InstanceType> = types.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut priced: Vec<(f64, &String)> = names
         .iter()
         .map(|n| {

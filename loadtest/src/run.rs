@@ -1,8 +1,10 @@
 //! The driver: runs the whole control plane (actors + in-process ledger) against the sim
 //! cloud and the sim cluster, and plays what is around it (workload controllers, kubelets,
 //! kube-scheduler, faults) every tick of the scenario. On virtual time (tokio's paused clock,
-//! advanced whenever every task waits) a day runs in seconds; on the wall clock it runs in
-//! real time.
+//! advanced whenever every task waits) a day runs in seconds, and the world's tick runs between
+//! the actors' steps; on the wall clock it runs in real time, and the world's tick on a thread
+//! of its own, beside the plane (so the plane may see a tick half done, as it would see EC2
+//! and the kubelets).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -186,10 +188,16 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             actix::spawn(crate::burst::forward(cloud.queue(), sqs.clone(), forward_rx));
         }
     }
-    let mut workloads = Workloads::new();
-    let mut registrar = Registrar::new(sc.registration_delay);
-    let mut next_event = 0;
-    let mut faults = Faults::new(sc.faults.len(), sc.api_limits_factor);
+    let mut world = World {
+        sc: Arc::new(sc.clone()),
+        cluster: cluster.clone(),
+        cloud: cloud.clone(),
+        all_types: all_types.clone(),
+        workloads: Workloads::new(),
+        registrar: Registrar::new(sc.registration_delay),
+        faults: Faults::new(sc.faults.len(), sc.api_limits_factor),
+        next_event: 0,
+    };
     let mut samples: Vec<Sample> = Vec::new();
     let mut next_sample = 0;
     // The moment the most pods were bound, for R.
@@ -199,33 +207,26 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let steps = sc.duration / sc.tick + 1;
     for _ in 0..steps {
         let now = ms(clock.as_ref());
-        let (mut bare, mut gone) = (Vec::new(), Vec::new());
-        while let Some((at, w)) = sc.workloads.get(next_event)
-            && *at <= now
-        {
-            match w {
-                Workload::Pod { name, cpu_milli, memory, gpus } => {
-                    let mut p = pod(*cpu_milli, *memory);
-                    if *gpus > 0 {
-                        p.requests.set(ResourceName::NvidiaGpu, *gpus);
-                    }
-                    p.key = PodKey::new("default", name);
-                    p.creation = i64::try_from(now).unwrap_or(i64::MAX);
-                    bare.push(p);
-                }
-                Workload::DeletePod { name } => gone.push(PodKey::new("default", name)),
-                w => apply(&mut workloads, w),
-            }
-            next_event += 1;
-        }
-        cluster.apply_pods(bare);
-        cluster.delete_pods(&gone);
-        faults.step(sc, &cloud, &all_types, now);
-        faults.note_launches(&cloud);
-        workloads.step(&cluster, now);
-        let instances = cloud.instances();
-        registrar.step(&cluster, &registrations(&instances), now);
-        cluster.schedule();
+        // On the wall clock the world runs beside the plane, as EC2, the kubelets and
+        // kube-scheduler do: on a thread of its own, so its tick does not hold up the plane's
+        // actors (on virtual time it runs between their steps, as it always has).
+        let instances = if opts.realtime {
+            let stepped = tokio::task::spawn_blocking(move || {
+                let instances = world.step(now);
+                (world, instances)
+            })
+            .await;
+            let (w, instances) = match stepped {
+                Ok(stepped) => stepped,
+                // A panic in the world is the run's: it goes on as if the step were inline.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => return Err(RunError::Config(format!("the simulated world's tick at {now} ms: {e}"))),
+            };
+            world = w;
+            instances
+        } else {
+            world.step(now)
+        };
         if let Some(g) = &mut group {
             g.observe(instances.iter().filter_map(|i| Some((i.claim.as_deref()?, i.id.as_str()))));
             g.step().await.map_err(RunError::Ledger)?;
@@ -283,6 +284,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             }
         }
     }
+    let faults = world.faults;
     let (mut claims_created, mut relaunched, mut nodes_lost, mut disrupted) = (0, 0, 0, 0);
     for p in plane.pools.values() {
         if let Ok(stats) = p.send(GetPoolStats).await {
@@ -485,6 +487,55 @@ fn apply(workloads: &mut Workloads, w: &Workload) {
         }
         // Bare pods are applied by the driver.
         Workload::Pod { .. } | Workload::DeletePod { .. } => {}
+    }
+}
+
+/// What the run plays around the plane: the scenario's workloads and faults, EC2 (the sim
+/// cloud), the kubelets (the registrar) and kube-scheduler (the sim cluster's binding).
+struct World {
+    sc: Arc<Scenario>,
+    cluster: Arc<SimCluster>,
+    cloud: Arc<SimCloud>,
+    all_types: Arc<Vec<InstanceType>>,
+    workloads: Workloads,
+    registrar: Registrar,
+    faults: Faults,
+    /// The next of the scenario's workload events.
+    next_event: usize,
+}
+
+impl World {
+    /// One tick at `now` (scenario ms): the workload events due, the faults, the workload
+    /// controllers, the kubelets and the scheduler. The cloud's instances after it.
+    fn step(&mut self, now: u64) -> Vec<dovetail_cloud::Instance> {
+        let (mut bare, mut gone) = (Vec::new(), Vec::new());
+        while let Some((at, w)) = self.sc.workloads.get(self.next_event)
+            && *at <= now
+        {
+            match w {
+                Workload::Pod { name, cpu_milli, memory, gpus } => {
+                    let mut p = pod(*cpu_milli, *memory);
+                    if *gpus > 0 {
+                        p.requests.set(ResourceName::NvidiaGpu, *gpus);
+                    }
+                    p.key = PodKey::new("default", name);
+                    p.creation = i64::try_from(now).unwrap_or(i64::MAX);
+                    bare.push(p);
+                }
+                Workload::DeletePod { name } => gone.push(PodKey::new("default", name)),
+                w => apply(&mut self.workloads, w),
+            }
+            self.next_event += 1;
+        }
+        self.cluster.apply_pods(bare);
+        self.cluster.delete_pods(&gone);
+        self.faults.step(&self.sc, &self.cloud, &self.all_types, now);
+        self.faults.note_launches(&self.cloud);
+        self.workloads.step(&self.cluster, now);
+        let instances = self.cloud.instances();
+        self.registrar.step(&self.cluster, &registrations(&instances), now);
+        self.cluster.schedule();
+        instances
     }
 }
 

@@ -13,10 +13,14 @@
 //!      event on its NodeClaim, as Karpenter's; a run with nothing to size deletes its
 //!      messages, the rest wait for the replace stage;
 //! - **replace**, on everything the record stages left since the last one (one sizing for
-//!   all): sizes the capacity the interrupted nodes' pods need (`core::interruption::size`: the
+//!   all; while record stages are still running it waits for them, at most
+//!   `interruption.replace_wait` from the receive):
+//!   sizes the capacity the interrupted nodes' pods need (`core::interruption::size`: the
 //!   provisioning solve on the cluster without those nodes nor what is promised already),
 //!   proposes it as one [`Command::ReplaceInterrupted`], creates the granted NodeClaims and
-//!   asks their pools to reconcile at once (no batch window); then deletes the messages.
+//!   hands them to their pools, which send them to their zones at once
+//!   ([`LaunchNow`](crate::pool::LaunchNow): no reconcile, no pool batch window); then deletes
+//!   the messages.
 //!
 //! So a node is tainted as soon as its record commits, not after the sizings ahead of it, and
 //! a burst costs few sizings. A stage that does not act (ledger unavailable, term over, cache
@@ -35,11 +39,12 @@ mod work;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use dovetail_cloud::{InterruptionQueue, QueueMessage};
 use dovetail_cluster::ClusterView;
-use dovetail_core::clock::Clock;
+use dovetail_core::clock::{Clock, to_millis};
 use dovetail_core::interruption::{self, Kind};
 use dovetail_core::ledger::Millis;
 use dovetail_core::plane::{Latencies, Names};
@@ -149,6 +154,8 @@ pub struct InterruptionActor {
     /// A replace stage is under way, and the record stages' work waiting for the next.
     replacing: bool,
     to_replace: Vec<Job>,
+    /// A replace stage is asked for once the record stages' wait is over.
+    replace_due: bool,
 }
 
 /// What the actor is made of.
@@ -188,6 +195,7 @@ impl InterruptionActor {
             running: false,
             replacing: false,
             to_replace: Vec::new(),
+            replace_due: false,
         }
     }
 }
@@ -293,6 +301,7 @@ impl InterruptionActor {
     pub(crate) fn restarting(&mut self) {
         self.running = false;
         self.replacing = false;
+        self.replace_due = false;
         self.to_replace.clear();
     }
 
@@ -327,6 +336,7 @@ impl InterruptionActor {
             }
         }
         let started = self.clock.now_millis();
+        let received = batches.iter().map(|b| b.received).min().unwrap_or(started);
         let parsed = self.parse(&batches);
         drop(batches);
         let queues = self.queues.clone();
@@ -341,7 +351,7 @@ impl InterruptionActor {
             };
             let mut ends = Ends::default();
             let (acted, job) = match outcome {
-                Ok((acted, Some(job))) => (acted, Some(Job { job, receipts, sent })),
+                Ok((acted, Some(job))) => (acted, Some(Job { job, receipts, sent, received })),
                 Ok((acted, None)) => {
                     ends.deleted = delete(&queues, &names, &receipts, &work.errors).await;
                     (acted, None)
@@ -370,6 +380,28 @@ impl InterruptionActor {
     fn replace(&mut self, ctx: &mut Context<Self>) {
         if self.replacing || self.to_replace.is_empty() {
             return;
+        }
+        // While records are still coming in (a record stage under way or batches waiting for
+        // one), the sizing waits for them: a burst costs one sizing of the whole cluster, not
+        // one per record stage. No message waits for that longer than `replace_wait` from its
+        // receive.
+        let now = self.clock.now_millis();
+        if self.running || !self.waiting.is_empty() {
+            let oldest = self.to_replace.iter().map(|j| j.received).min().unwrap_or(now);
+            let waited = now.saturating_sub(oldest);
+            let i = &self.cfg.interruption;
+            let wait = to_millis(i.replace_wait.min(i.visibility / 2));
+            if waited < wait {
+                if !self.replace_due {
+                    self.replace_due = true;
+                    let left = Duration::from_millis(wait - waited);
+                    ctx.run_later(left, |act, ctx| {
+                        act.replace_due = false;
+                        act.replace(ctx);
+                    });
+                }
+                return;
+            }
         }
         self.replacing = true;
         let jobs = std::mem::take(&mut self.to_replace);
@@ -461,6 +493,8 @@ struct Job {
     job: ToReplace,
     receipts: BTreeMap<usize, Vec<String>>,
     sent: BTreeMap<String, Millis>,
+    /// The earliest receive of its messages.
+    received: Millis,
 }
 
 /// How a stage's messages ended.

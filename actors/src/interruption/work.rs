@@ -7,7 +7,7 @@ use std::sync::Arc;
 use actix::Addr;
 use dovetail_cluster::ClusterView;
 use dovetail_core::clock::Clock;
-use dovetail_core::cluster::{Event, NodePatch, ObjectKind, Snapshot};
+use dovetail_core::cluster::{Event, NodeClaim, NodePatch, ObjectKind, Snapshot};
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::interruption::{self, Going, Kind, Promised};
 use dovetail_core::ledger::{Command, Entry, Millis, Notice, Outcome, Replacement, State, Term};
@@ -19,7 +19,7 @@ use dovetail_raft::{Ledger, read_with};
 use crate::config::Config;
 use crate::errors::Errors;
 use crate::executor::{Done, Executor};
-use crate::pool::{NodePoolActor, Reconcile};
+use crate::pool::{LaunchNow, NodePoolActor};
 
 /// What one run did.
 #[derive(Debug, Default)]
@@ -170,10 +170,34 @@ impl ToReplace {
     }
 }
 
-/// The node of a claim, by its provider id.
-fn node_of(snap: &Snapshot, by_provider: &BTreeMap<&str, String>, claim: &str) -> Option<String> {
-    let provider = snap.nodeclaims.get(claim)?.status.provider_id.as_deref()?;
-    by_provider.get(provider).cloned()
+/// The nodes of claims: the one the claim's `status.nodeName` names when it carries the
+/// claim's provider id (a name can come back: EC2 reuses private IPs), else the node with the
+/// claim's provider id, from an index of every node built at the first miss (a stage looks up
+/// a few thousand claims of a cluster of tens of thousands of nodes).
+struct NodesOf<'a> {
+    snap: &'a Snapshot,
+    by_provider: Option<BTreeMap<&'a str, &'a str>>,
+}
+
+impl<'a> NodesOf<'a> {
+    fn new(snap: &'a Snapshot) -> Self {
+        NodesOf { snap, by_provider: None }
+    }
+
+    fn node(&mut self, claim: &str) -> Option<String> {
+        let snap = self.snap;
+        let status = &snap.nodeclaims.get(claim)?.status;
+        let provider = status.provider_id.as_deref()?;
+        if let Some(n) = status.node_name.as_deref().and_then(|n| snap.nodes.get(n))
+            && n.provider_id.as_deref() == Some(provider)
+        {
+            return Some(n.name.clone());
+        }
+        let index = self.by_provider.get_or_insert_with(|| {
+            snap.nodes.values().filter_map(|n| Some((n.provider_id.as_deref()?, n.name.as_str()))).collect()
+        });
+        index.get(provider).map(|n| (*n).to_string())
+    }
 }
 
 impl Work {
@@ -226,8 +250,7 @@ impl Work {
         // 2. Taints and events, at once: an event for each new record, a taint for each
         // acting one (those resumed included: the taint may not have been applied).
         let snap = self.view.snapshot();
-        let by_provider: BTreeMap<&str, String> =
-            snap.nodes_by_provider_id().into_iter().map(|(p, n)| (p, n.name.clone())).collect();
+        let mut nodes = NodesOf::new(&snap);
         let mut events = Vec::new();
         let mut going: Vec<Going> = Vec::new();
         let mut claim_of: BTreeMap<String, String> = BTreeMap::new();
@@ -242,7 +265,7 @@ impl Work {
             if n.acts {
                 acted.acted += 1;
                 to_size.push(n.instance.clone());
-                if let Some(node) = node_of(&snap, &by_provider, claim) {
+                if let Some(node) = nodes.node(claim) {
                     claim_of.insert(node.clone(), claim.to_string());
                     going.push(Going { instance: n.instance.clone(), node });
                 }
@@ -251,7 +274,7 @@ impl Work {
         for (instance, claim) in &plan.resume {
             acted.resumed += 1;
             to_size.push(instance.clone());
-            if let Some(node) = node_of(&snap, &by_provider, claim) {
+            if let Some(node) = nodes.node(claim) {
                 claim_of.insert(node.clone(), claim.clone());
                 going.push(Going { instance: instance.clone(), node });
             }
@@ -328,10 +351,8 @@ impl Work {
             return Ok(acted);
         }
         let snap = self.view.snapshot();
-        let by_provider: BTreeMap<&str, String> =
-            snap.nodes_by_provider_id().into_iter().map(|(p, n)| (p, n.name.clone())).collect();
-        let gone_before: BTreeSet<String> =
-            before_claims.iter().filter_map(|claim| node_of(&snap, &by_provider, claim)).collect();
+        let mut nodes = NodesOf::new(&snap);
+        let gone_before: BTreeSet<String> = before_claims.iter().filter_map(|claim| nodes.node(claim)).collect();
         acted.phase("read", &mut since, self.clock.now_millis());
         let held = self.nominations.held(self.clock.now_millis());
         let pools: Vec<PoolInput> = self.pools.values().map(|(p, _)| p.clone()).collect();
@@ -364,7 +385,7 @@ impl Work {
                 );
                 continue;
             };
-            creates.push((pool.clone(), planned.nodeclaim));
+            creates.push((pool.clone(), planned.nodeclaim, planned.reserve.zone.clone()));
             replacements.push(Replacement { pool, claim: planned.reserve, serves: serves.clone() });
         }
         let serves_of: BTreeMap<String, Vec<String>> =
@@ -379,33 +400,37 @@ impl Work {
         for (claim, why) in &denied {
             self.errors.note("reserve_replacement", "denied", &format!("nodeclaim/{claim}"), why);
         }
-        // 4. The granted replacements created, their pools asked to launch them at once.
+        // 4. The granted replacements created, and handed to their pools to launch at once.
         let granted: BTreeSet<String> = granted.into_iter().collect();
         let mut effects = Vec::new();
-        let mut pool_of: BTreeMap<String, String> = BTreeMap::new();
-        for (pool, nc) in creates.into_iter().filter(|(_, nc)| granted.contains(&nc.name)) {
-            pool_of.insert(nc.name.clone(), pool);
+        let mut pool_of: BTreeMap<String, (String, String)> = BTreeMap::new();
+        for (pool, nc, zone) in creates.into_iter().filter(|(_, nc, _)| granted.contains(&nc.name)) {
+            pool_of.insert(nc.name.clone(), (pool, zone));
             effects.push(Effect::new(&nc.name.clone(), Action::CreateNodeClaim(Box::new(nc))));
         }
         let done = if effects.is_empty() { Vec::new() } else { self.executor.run(term, effects).await };
-        let created: BTreeSet<&str> = done
-            .iter()
-            .filter(|(_, d)| matches!(d, Done::Applied | Done::Unchanged))
-            .map(|(e, _)| e.claim.as_str())
-            .collect();
+        let mut launch: BTreeMap<String, Vec<(NodeClaim, String)>> = BTreeMap::new();
+        let mut created: BTreeSet<String> = BTreeSet::new();
+        for (e, d) in done {
+            let (Action::CreateNodeClaim(nc), Done::Applied | Done::Unchanged) = (e.action, d) else { continue };
+            let Some((pool, zone)) = pool_of.get(&nc.name) else { continue };
+            created.insert(nc.name.clone());
+            launch.entry(pool.clone()).or_default().push((*nc, zone.clone()));
+        }
         acted.replacements = created.len() as u64;
-        let nudge: BTreeSet<&String> = created.iter().filter_map(|c| pool_of.get(*c)).collect();
-        for pool in nudge {
-            if let Some((_, actor)) = self.pools.get(pool)
-                && let Err(e) = actor.try_send(Reconcile)
+        for (pool, claims) in launch {
+            if let Some((_, actor)) = self.pools.get(&pool)
+                && let Err(e) = actor.try_send(LaunchNow(claims))
             {
-                self.errors.note("reconcile", "mailbox", &format!("nodepool/{pool}"), &e);
+                // The pool's reconcile launches them on its next tick.
+                let kind = if matches!(e, actix::dev::SendError::Full(_)) { "mailbox_full" } else { "closed" };
+                self.errors.note("launch_replacements", kind, &format!("nodepool/{pool}"), &e);
             }
         }
         let replaced = self.clock.now_millis();
         acted.phase("create", &mut since, replaced);
         let served: BTreeSet<&String> =
-            created.iter().filter_map(|id| serves_of.get(*id)).flat_map(|serves| serves.iter()).collect();
+            created.iter().filter_map(|id| serves_of.get(id)).flat_map(|serves| serves.iter()).collect();
         for i in served {
             if let Some(at) = sent.get(i) {
                 acted.to_replacement.record(replaced.saturating_sub(*at));
@@ -435,5 +460,63 @@ fn event_reason(kind: Kind) -> (&'static str, bool) {
         Kind::InstanceTerminated => ("InstanceTerminating", true),
         Kind::CapacityReservationInterrupted => ("CapacityReservationInstanceInterrupted", true),
         Kind::NoOp => ("Unknown", false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use dovetail_core::cluster::{NodeClaim, NodeClaimStatus, Snapshot};
+    use dovetail_core::node::Node;
+
+    use super::NodesOf;
+
+    fn snapshot(nodes: &[(&str, &str)], claims: &[(&str, Option<&str>, Option<&str>)]) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for (name, provider) in nodes {
+            let n = Node { name: (*name).into(), provider_id: Some((*provider).into()), ..Node::default() };
+            snap.nodes.insert((*name).into(), Arc::new(n));
+        }
+        for (name, provider, node) in claims {
+            let c = NodeClaim {
+                name: (*name).into(),
+                spec: Default::default(),
+                finalizers: Vec::new(),
+                deleting: false,
+                status: NodeClaimStatus {
+                    provider_id: provider.map(Into::into),
+                    node_name: node.map(Into::into),
+                    ..NodeClaimStatus::default()
+                },
+                resource_version: 1,
+            };
+            snap.nodeclaims.insert((*name).into(), Arc::new(c));
+        }
+        snap
+    }
+
+    /// The node a claim names when it carries the claim's instance; else the node with the
+    /// instance (a name EC2 gave again, a claim not naming its node yet); none without one.
+    #[test]
+    fn a_claims_node_is_the_one_with_its_instance() {
+        let snap = snapshot(
+            &[("ip-1", "aws:///a/i-1"), ("ip-2", "aws:///a/i-2"), ("ip-3", "aws:///a/i-3")],
+            &[
+                ("named", Some("aws:///a/i-1"), Some("ip-1")),
+                ("reused", Some("aws:///a/i-3"), Some("ip-2")),
+                ("unnamed", Some("aws:///a/i-2"), None),
+                ("booting", None, None),
+                ("gone", Some("aws:///a/i-9"), Some("ip-9")),
+            ],
+        );
+        let mut nodes = NodesOf::new(&snap);
+        assert_eq!(nodes.node("named").as_deref(), Some("ip-1"));
+        assert!(nodes.by_provider.is_none(), "a claim naming its node needs no index");
+        assert_eq!(nodes.node("reused").as_deref(), Some("ip-3"), "the name is another instance's");
+        assert_eq!(nodes.node("unnamed").as_deref(), Some("ip-2"));
+        assert_eq!(nodes.node("booting"), None);
+        assert_eq!(nodes.node("gone"), None);
+        assert_eq!(nodes.node("no-such-claim"), None);
     }
 }

@@ -35,7 +35,7 @@ use dovetail_core::pod::{Pod, PodKey};
 use dovetail_raft::Ledger;
 
 pub use disrupt::{Disrupt, GetDecisions};
-pub use provision::Provision;
+pub use provision::{LaunchNow, Provision};
 pub use reconcile::Reconcile;
 
 use crate::config::Config;

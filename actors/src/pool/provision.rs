@@ -12,7 +12,7 @@ use dovetail_cluster::ClusterView;
 use dovetail_core::clock::Clock;
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::ledger::{Command, Denial, Entry, Offering, Outcome, Step, Term};
-use dovetail_core::plane::{Names, capacity_types, launch_order};
+use dovetail_core::plane::{Names, TypesByName, capacity_types, launch_order, types_by_name};
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::provisioning::{PlannedClaim, RoundInput, plan_round, rename};
 use dovetail_core::scheduling::PoolInput;
@@ -33,6 +33,48 @@ pub struct Provision {
     pub pods: Vec<Pod>,
     /// The trace of each pod's decision, parallel to `pods` (empty when untraced).
     pub causes: Vec<Cause>,
+}
+
+/// Launch these NodeClaims now: replacements the interruption actor reserved in the ledger
+/// and created, each with its zone. They go to their zones' actors as a round's claims do, with
+/// no reconcile and no batch window between the interruption and the launch; a launch a zone's
+/// mailbox refuses is asked again by the reconcile.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LaunchNow(pub Vec<(dovetail_core::cluster::NodeClaim, String)>);
+
+impl Handler<LaunchNow> for NodePoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LaunchNow, ctx: &mut Context<Self>) {
+        self.launch_now(ctx, msg.0);
+    }
+}
+
+impl NodePoolActor {
+    /// Sends `claims` to their zones' actors; one a zone's mailbox refuses is asked again by
+    /// the next reconcile. A follower launches nothing (the leader re-drives from the ledger),
+    /// nor does a pool that knows no instance types (the claim's liveness timeout ends it).
+    fn launch_now(&mut self, ctx: &mut Context<Self>, claims: Vec<(dovetail_core::cluster::NodeClaim, String)>) {
+        if !self.ledger.leadership().borrow().leader || self.types.is_empty() {
+            return;
+        }
+        let types = self.types.clone();
+        let by_name = types_by_name(&types);
+        let mut launches = Launches::default();
+        for (nc, zone) in claims {
+            if self.still_asked(self.launching.get(&nc.name)) {
+                continue;
+            }
+            let request = self.launch_request(&by_name, &nc, &zone, LaunchBatch::default());
+            launches.add(zone, Vec::new(), request, ());
+        }
+        for (zone, Group { causes, asks }) in launches.groups() {
+            if !self.send_launches(ctx, &zone, asks.into_iter().map(|(r, ())| r).collect(), causes) {
+                self.dirty = true;
+            }
+        }
+    }
 }
 
 /// What a round came to.
@@ -169,6 +211,8 @@ impl Handler<Provision> for NodePoolActor {
                 .unplaced
                 .first()
                 .map_or_else(|| "nodepool limits, global caps or no launchable type".to_string(), |(_, r)| r.clone());
+            let types = act.types.clone();
+            let by_name = types_by_name(&types);
             let mut launches = Launches::default();
             for c in done.created {
                 act.stats.claims_created += 1;
@@ -179,7 +223,7 @@ impl Handler<Provision> for NodePoolActor {
                 let causes = trace::distinct(&pods.causes);
                 let id = c.reserve.id.clone();
                 act.pods.insert(id.clone(), pods);
-                let request = act.launch_request(&c.nodeclaim, &c.reserve.zone, LaunchBatch::default());
+                let request = act.launch_request(&by_name, &c.nodeclaim, &c.reserve.zone, LaunchBatch::default());
                 launches.add(c.reserve.zone.clone(), causes, request, ());
                 if let Ok(mut busy) = act.busy.lock() {
                     busy.remove(&id);
@@ -268,6 +312,7 @@ impl NodePoolActor {
     /// The launch of a claim, from its NodeClaim.
     pub(super) fn launch_request(
         &self,
+        by_name: &TypesByName<'_>,
         nc: &dovetail_core::cluster::NodeClaim,
         zone: &str,
         batch: LaunchBatch,
@@ -282,7 +327,7 @@ impl NodePoolActor {
             nodepool: self.pool.name.clone(),
             node_class: self.node_class.clone(),
             zone: zone.to_string(),
-            instance_types: launch_order(&self.types, &names, zone, &cts),
+            instance_types: launch_order(by_name, &names, zone, &cts),
             capacity_types: cts,
             labels: nc.spec.labels.clone(),
             tags: BTreeMap::new(),

@@ -324,6 +324,9 @@ impl NodePoolActor {
         let mut cluster = Vec::new();
         // Launches asked again (each with whether its pods are this plane's own), grouped.
         let mut launches = Launches::default();
+        // Built at the first launch (most reconciles launch nothing).
+        let types = self.types.clone();
+        let mut by_name = None;
         for e in effects {
             let waiting = self.retry_at.get(&e.claim).is_some_and(|at| now < *at);
             match e.action {
@@ -344,7 +347,8 @@ impl NodePoolActor {
                         continue;
                     }
                     let Some(nc) = snap.nodeclaims.get(&e.claim) else { continue };
-                    let request = self.launch_request(nc, &zone, batch.unwrap_or_default());
+                    let by_name = by_name.get_or_insert_with(|| dovetail_core::plane::types_by_name(&types));
+                    let request = self.launch_request(by_name, nc, &zone, batch.unwrap_or_default());
                     let causes = self.pods.get(&e.claim).map(|p| trace::distinct(&p.causes)).unwrap_or_default();
                     let fresh = self.pods.contains_key(&e.claim);
                     launches.add(zone, causes, request, fresh);
