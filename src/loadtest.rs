@@ -11,7 +11,8 @@ pub struct LoadtestArgs {
     /// A scenario file (YAML; see docs/scenarios.md).
     #[arg(long, short = 's', conflicts_with = "builtin")]
     pub scenario: Option<PathBuf>,
-    /// A shipped scenario: ci, 1k-nodes, 10k-nodes, spot-storm, small, default.
+    /// A shipped scenario: ci, small, default, 1k-nodes, 10k-nodes, spot-storm, churn, churn-rate,
+    /// interruption-burst, interruption-paced, interruption-storm.
     #[arg(long, default_value = "ci")]
     pub builtin: String,
     /// Directory for report.json and plot.svg.

@@ -15,7 +15,7 @@ pub const DEFAULT: &str = include_str!("../scenarios/default.yaml");
 pub const SMALL: &str = include_str!("../scenarios/small.yaml");
 
 /// The scenarios shipped in the binary, by name.
-pub const BUILTIN: [(&str, &str); 10] = [
+pub const BUILTIN: [(&str, &str); 11] = [
     ("default", DEFAULT),
     ("small", SMALL),
     ("ci", include_str!("../scenarios/ci.yaml")),
@@ -26,6 +26,7 @@ pub const BUILTIN: [(&str, &str); 10] = [
     ("churn-rate", include_str!("../scenarios/churn-rate.yaml")),
     ("interruption-burst", include_str!("../scenarios/interruption-burst.yaml")),
     ("interruption-paced", include_str!("../scenarios/interruption-paced.yaml")),
+    ("interruption-storm", include_str!("../scenarios/interruption-storm.yaml")),
 ];
 
 /// A shipped scenario's text.

@@ -146,17 +146,21 @@ struct World {
     workloads: Workloads,
     registrar: Registrar,
     clock: Arc<dyn Clock>,
+    /// Each step asks every pool to reconcile (as its own timer would, sooner).
+    nudge: bool,
 }
 
 impl World {
     /// `pods` pods of 1 vCPU from one Deployment, on a spot pool of `types` over two zones,
     /// every pod bound and every claim initialized before it returns; `ledger` wraps `inner`;
-    /// received messages hidden for `visibility`, handed back after `retry` when a run fails.
+    /// received messages hidden for `visibility`, handed back after `retry` when a run fails;
+    /// the pools reconciling on their own every `reconcile_every` (the default when `None`).
     async fn new(
         pods: u32,
         types: &[&str],
         (inner, ledger): (Arc<InProcess>, Arc<dyn Ledger>),
         (visibility, retry): (Duration, Duration),
+        reconcile_every: Option<Duration>,
     ) -> World {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
         let cloud = Arc::new(SimCloud::new(SimConfig::default(), catalog_types(), clock.clone()));
@@ -174,7 +178,7 @@ impl World {
         .await
         .expect("committed");
         assert!(!c.outcome.is_fenced());
-        let config = Config {
+        let mut config = Config {
             window: BatchWindow { idle: 100, max: 1_000, adaptive: None },
             feed: FeedConfig {
                 tick: Duration::from_millis(50),
@@ -193,6 +197,10 @@ impl World {
             },
             ..Config::default()
         };
+        if let Some(every) = reconcile_every {
+            config.reconcile_every = every;
+            config.quiet_reconcile_every = every;
+        }
         let node_class = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
         let plane = Plane::start(
             PlaneConfig {
@@ -218,7 +226,7 @@ impl World {
             template: Pod { requests: ResourceList::cpu_mem(1_000, 1 << 30), ..Pod::default() },
             pick: Default::default(),
         });
-        let mut w = World { plane, cluster, cloud, inner, workloads, registrar: Registrar::new(0), clock };
+        let mut w = World { plane, cluster, cloud, inner, workloads, registrar: Registrar::new(0), clock, nudge: true };
         w.until("every pod bound on initialized nodes", |w, s| {
             let snap = w.cluster.snapshot();
             snap.pods.len() == pods as usize
@@ -236,7 +244,7 @@ impl World {
         self.workloads.step(&self.cluster, now);
         let launched = registrations(&self.cloud.instances());
         self.registrar.step(&self.cluster, &launched, now);
-        for p in self.plane.pools.values() {
+        for p in self.plane.pools.values().filter(|_| self.nudge) {
             p.send(Reconcile).await.expect("pool");
         }
         self.cluster.schedule();
@@ -300,7 +308,7 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
         let inner = Arc::new(InProcess::new());
         let timing = (Duration::from_secs(30), Duration::from_secs(1));
         // One pod a node: eight nodes.
-        let mut w = World::new(8, &["m5.large"], (inner.clone(), inner.clone()), timing).await;
+        let mut w = World::new(8, &["m5.large"], (inner.clone(), inner.clone()), timing, None).await;
         let instances = w.instances().await;
         assert!(instances.len() >= 6, "at least six nodes: {}", instances.len());
         let picked: Vec<&Instance> = instances.values().take(6).collect();
@@ -435,6 +443,39 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
     });
 }
 
+/// A spot warning's replacement is launched once it is created: handed to its pool and on to
+/// its zone's actor, with no reconcile of the pool in between (the pool's own every two
+/// minutes here, and none asked by the test once the cluster is up).
+#[test]
+fn a_replacement_is_launched_without_waiting_for_its_pools_reconcile() {
+    let system = actix_rt::System::new();
+    system.block_on(async {
+        let name = format!("dovetail-interruptions-now-{}", std::process::id());
+        let (consumer, sqs, url) = queue(&name, Duration::from_secs(30)).await;
+        let inner = Arc::new(InProcess::new());
+        let timing = (Duration::from_secs(30), Duration::from_secs(1));
+        let every = Some(Duration::from_secs(120));
+        let mut w = World::new(2, &["m5.large"], (inner.clone(), inner.clone()), timing, every).await;
+        let before = w.instances().await;
+        let spot = before.values().next().expect("a node").clone();
+        w.nudge = false;
+        send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-now")).await;
+        let queue: Arc<dyn InterruptionQueue> = Arc::new(consumer);
+        w.plane.consume_interruptions(vec![("moto".to_string(), queue)]);
+        let launched = |now: &BTreeMap<String, Instance>| now.keys().filter(|c| !before.contains_key(*c)).count();
+        for _ in 0..200usize {
+            if launched(&w.instances().await) > 0 {
+                break;
+            }
+            w.step().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let stats = w.stats().await;
+        assert_eq!(stats.replacements, 1, "{stats:?}");
+        assert_eq!(launched(&w.instances().await), 1, "its replacement launched within 10 s: {stats:?}");
+    });
+}
+
 /// A spot warning whose handling fails: the ledger refuses (`Refuse`) or never answers
 /// (`Hang`) the records (`Records`) or the replacements (`Replacements`). Returns the world,
 /// the instance, the ledger, and how long after the first receive the instance was sized.
@@ -454,7 +495,7 @@ async fn failing_once(
         refused: AtomicUsize::new(0),
     });
     let ledger: Arc<dyn Ledger> = refusing.clone();
-    let mut w = World::new(4, &["m5.large"], (inner.clone(), ledger), (visibility, retry)).await;
+    let mut w = World::new(4, &["m5.large"], (inner.clone(), ledger), (visibility, retry), None).await;
     let instances = w.instances().await;
     let spot = instances.values().next().expect("a node").clone();
     send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-redelivered")).await;
