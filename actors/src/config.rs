@@ -70,6 +70,9 @@ pub struct ZoneSettings {
     /// The longest a throttled call waits before it is tried again, whatever retry-after the
     /// cloud gave (the AWS SDKs cap their backoff at 20 s; a longer hint is probed).
     pub max_retry_wait: Duration,
+    /// Terminations arriving within this window after the first go out as one
+    /// TerminateInstances call (Karpenter's terminate batcher: 100 ms idle).
+    pub terminate_window: Duration,
 }
 
 impl Default for ZoneSettings {
@@ -78,6 +81,7 @@ impl Default for ZoneSettings {
             window: Duration::from_millis(35),
             ice_ttl: Duration::from_secs(180),
             max_retry_wait: Duration::from_secs(30),
+            terminate_window: Duration::from_millis(100),
         }
     }
 }
@@ -240,6 +244,9 @@ impl Config {
         }
         if self.zone.window.is_zero() {
             return bad("zone.window", "must be positive");
+        }
+        if self.zone.terminate_window.is_zero() {
+            return bad("zone.terminate_window", "must be positive");
         }
         let m = &self.mailboxes;
         if m.router == 0 || m.pool == 0 || m.zone == 0 || m.feed == 0 {

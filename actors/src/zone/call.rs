@@ -1,6 +1,6 @@
 //! What a ZoneActor does off its handlers: a launch call (the batches recorded first, the
 //! cloud called only for what the ledger started and only while the term lasts, the outcomes
-//! committed) and a termination (fenced the same way, committed as `InstanceGone`).
+//! committed) and a batch of terminations (fenced the same way, committed as `InstanceGone`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -190,59 +190,97 @@ async fn commit_outcomes(c: &LaunchCall, out: &[LaunchResult]) {
     }
 }
 
-/// Terminates a claim's instance (looked up by its batch when the ledger knows none) while
-/// the term lasts, and commits `InstanceGone`. `Err(None)`: fenced.
+/// One termination asked: the claim, its instance when known (else found by the claim's tag
+/// and launch batch), and the term it was decided in.
+pub(super) struct Ending {
+    pub(super) claim: String,
+    pub(super) instance: Option<String>,
+    pub(super) batch: Option<LaunchBatch>,
+    pub(super) term: Term,
+}
+
+/// Terminates claims' instances in one TerminateInstances call (Karpenter's batcher sends up to
+/// 500 ids a call: a storm's hundreds of drained nodes are a few calls, not hundreds), each
+/// only while its term lasts; the instances gone (or gone already) are committed as
+/// `InstanceGone`, one entry per term. Each claim's result, in order: `Err(None)` when fenced.
 pub(super) async fn terminate(
     cloud: &dyn CloudProvider,
     ledger: &dyn Ledger,
     clock: &dyn Clock,
     errors: &Errors,
-    (claim, instance, batch): (&str, Option<String>, Option<LaunchBatch>),
-    term: Term,
-) -> Result<(), Option<CloudError>> {
-    let object = format!("nodeclaim/{claim}");
-    if !ledger.leadership().borrow().is_current(term) {
-        return Err(None);
-    }
-    let id = match instance {
-        Some(id) => Some(id),
-        None => {
-            let lookup = [Lookup { claim: claim.to_string(), batch }];
-            match cloud.find(&lookup).await.into_iter().next() {
-                Some(Ok(found)) => found.map(|i| i.id),
-                Some(Err(e)) => {
-                    errors.warn("find_instance", e.kind(), &object, &e);
-                    return Err(Some(e));
+    endings: &[Ending],
+) -> Vec<Result<(), Option<CloudError>>> {
+    let current = |term: Term| ledger.leadership().borrow().is_current(term);
+    let object = |claim: &str| format!("nodeclaim/{claim}");
+    let no_result = || CloudError::Transient { message: "no result".into() };
+    let mut out: Vec<Result<(), Option<CloudError>>> = endings.iter().map(|_| Err(None)).collect();
+    let mut ids: Vec<Option<String>> = endings.iter().map(|e| e.instance.clone()).collect();
+    let live: Vec<usize> = (0..endings.len()).filter(|&i| current(endings[i].term)).collect();
+    // 1. The instances not known: found by their tags, in one lookup.
+    let unknown: Vec<usize> = live.iter().copied().filter(|&i| endings[i].instance.is_none()).collect();
+    let mut failed: BTreeSet<usize> = BTreeSet::new();
+    if !unknown.is_empty() {
+        let lookups: Vec<Lookup> = unknown
+            .iter()
+            .map(|&i| Lookup { claim: endings[i].claim.clone(), batch: endings[i].batch.clone() })
+            .collect();
+        let mut found = cloud.find(&lookups).await.into_iter();
+        for &i in &unknown {
+            match found.next().unwrap_or_else(|| Err(no_result())) {
+                Ok(instance) => ids[i] = instance.map(|inst| inst.id),
+                Err(e) => {
+                    errors.warn("find_instance", e.kind(), &object(&endings[i].claim), &e);
+                    out[i] = Err(Some(e));
+                    failed.insert(i);
                 }
-                None => None,
             }
         }
-    };
-    if let Some(id) = id {
-        if !ledger.leadership().borrow().is_current(term) {
-            return Err(None);
+    }
+    // 2. One call for every instance whose term still lasts; a claim without one is done.
+    let mut gone: Vec<usize> = Vec::new();
+    let mut calls: Vec<(usize, String)> = Vec::new();
+    for &i in live.iter().filter(|i| !failed.contains(*i) && current(endings[**i].term)) {
+        match &ids[i] {
+            Some(id) => calls.push((i, id.clone())),
+            None => gone.push(i),
         }
-        match cloud.terminate(std::slice::from_ref(&id)).await.into_iter().next() {
-            // Gone already is done.
-            Some(Ok(())) | Some(Err(CloudError::NotFound { .. })) => {}
-            Some(Err(e)) => {
-                if matches!(e, CloudError::Throttled { .. }) {
-                    errors.note("terminate", e.kind(), &object, &e);
-                } else {
-                    errors.warn("terminate", e.kind(), &object, &e);
+    }
+    if !calls.is_empty() {
+        let asked: Vec<String> = calls.iter().map(|(_, id)| id.clone()).collect();
+        let mut results = cloud.terminate(&asked).await.into_iter();
+        for (i, _) in &calls {
+            match results.next().unwrap_or_else(|| Err(no_result())) {
+                // Gone already is done.
+                Ok(()) | Err(CloudError::NotFound { .. }) => gone.push(*i),
+                Err(e) => {
+                    if matches!(e, CloudError::Throttled { .. }) {
+                        errors.note("terminate", e.kind(), &object(&endings[*i].claim), &e);
+                    } else {
+                        errors.warn("terminate", e.kind(), &object(&endings[*i].claim), &e);
+                    }
+                    out[*i] = Err(Some(e));
                 }
-                return Err(Some(e));
             }
-            None => return Err(Some(CloudError::Transient { message: "no result".into() })),
         }
     }
-    let gone = Command::Advance { steps: vec![(claim.to_string(), Step::InstanceGone)] };
-    match ledger.propose(Entry { term, at: clock.now_millis(), command: gone }).await {
-        Ok(c) if c.outcome.is_fenced() => Err(None),
-        Ok(_) => Ok(()),
-        Err(e) => {
-            errors.warn("record_terminated", "ledger", &object, &e);
-            Err(Some(CloudError::Transient { message: e.to_string() }))
+    // 3. What went, committed: one entry per term.
+    let mut by_term: BTreeMap<Term, Vec<usize>> = BTreeMap::new();
+    for i in gone {
+        by_term.entry(endings[i].term).or_default().push(i);
+    }
+    for (term, done) in by_term {
+        let steps = done.iter().map(|&i| (endings[i].claim.clone(), Step::InstanceGone)).collect();
+        match ledger.propose(Entry { term, at: clock.now_millis(), command: Command::Advance { steps } }).await {
+            // Fenced: they stay `Err(None)`.
+            Ok(c) if c.outcome.is_fenced() => {}
+            Ok(_) => done.iter().for_each(|&i| out[i] = Ok(())),
+            Err(e) => {
+                errors.warn("record_terminated", "ledger", &format!("{} nodeclaims", done.len()), &e);
+                for &i in &done {
+                    out[i] = Err(Some(CloudError::Transient { message: e.to_string() }));
+                }
+            }
         }
     }
+    out
 }

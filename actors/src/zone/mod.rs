@@ -31,7 +31,10 @@ use crate::config::ZoneSettings;
 use crate::errors::Errors;
 use crate::limiter::RegionLimiter;
 use crate::trace::Cause;
-use call::{Failure, LaunchCall, LaunchResult, launch, terminate};
+use call::{Ending, Failure, LaunchCall, LaunchResult, launch, terminate};
+
+/// The most instances one TerminateInstances call ends (Karpenter's terminate batcher: 500).
+const TERMINATE_MAX: usize = 500;
 
 /// The tag with the leadership term a launch was decided in.
 pub const TAG_TERM: &str = "dovetail.dev/term";
@@ -102,6 +105,8 @@ pub struct GetStats;
 pub struct ZoneStats {
     /// Calls to `CloudProvider::launch`.
     pub launch_calls: u64,
+    /// TerminateInstances calls made (each for up to `TERMINATE_MAX` instances).
+    pub terminate_calls: u64,
     pub launched: u64,
     pub insufficient_capacity: u64,
     pub throttled: u64,
@@ -146,6 +151,9 @@ pub struct ZoneActor {
     in_flight: BTreeMap<String, InFlight>,
     /// Terminations of claims whose launch is in flight here: run once it is answered.
     deferred: Vec<Terminate>,
+    /// Terminations waiting for the next TerminateInstances call, and whether it is scheduled.
+    terminations: Vec<Terminate>,
+    terminate_due: bool,
     limiter: Option<Arc<RegionLimiter>>,
     stats: ZoneStats,
 }
@@ -166,6 +174,8 @@ impl ZoneActor {
             flush_due: None,
             in_flight: BTreeMap::new(),
             deferred: Vec::new(),
+            terminations: Vec::new(),
+            terminate_due: false,
             limiter: None,
             stats: ZoneStats::default(),
         }
@@ -185,6 +195,7 @@ impl ZoneActor {
         self.pending = self.in_flight.keys().cloned().collect();
         self.stats.requeued += self.pending.len() as u64;
         self.flush_due = None;
+        self.terminate_due = false;
     }
 
     /// Paces launches by the region's shared limiter: a launch call waits for its tokens, and
@@ -377,31 +388,76 @@ impl ZoneActor {
             self.deferred.push(msg);
             return;
         }
-        let (cloud, ledger, clock, errors) =
-            (self.cloud.clone(), self.ledger.clone(), self.clock.clone(), self.errors.clone());
-        let Terminate { claim, instance, batch, term, reply } = msg;
-        let work = async move {
-            let result = terminate(&*cloud, &*ledger, &*clock, &errors, (&claim, instance, batch), term).await;
-            (claim, reply, result)
-        };
-        ctx.spawn(work.into_actor(self).map(|(claim, reply, result), act, _| {
-            match &result {
-                Ok(()) => act.stats.terminated += 1,
-                Err(None) => act.stats.fenced += 1,
-                Err(Some(_)) => {}
-            }
-            let (Ok(()) | Err(Some(_))) = &result else { return };
-            let result = result.map_err(|e| e.unwrap_or(CloudError::Transient { message: "fenced".into() }));
-            if let Err(e) = reply.try_send(Terminated { claim: claim.clone(), result }) {
-                let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
-                act.errors.note(
-                    "terminate_reply",
-                    kind,
-                    &format!("nodeclaim/{claim}"),
-                    &"the pool reads it from the ledger",
-                );
-            }
-        }));
+        self.terminations.retain(|t| t.claim != msg.claim);
+        self.terminations.push(msg);
+        if self.terminations.len() >= TERMINATE_MAX {
+            self.flush_terminations(ctx);
+        } else {
+            self.schedule_terminations(ctx);
+        }
+    }
+
+    /// The waiting terminations go out `terminate_window` after the first of them.
+    fn schedule_terminations(&mut self, ctx: &mut Context<Self>) {
+        if !self.terminate_due && !self.terminations.is_empty() {
+            self.terminate_due = true;
+            ctx.run_later(self.cfg.settings.terminate_window, |act, ctx| {
+                act.terminate_due = false;
+                act.flush_terminations(ctx);
+            });
+        }
+    }
+
+    /// Every waiting termination, `TERMINATE_MAX` a call; each claim's pool told how it went.
+    fn flush_terminations(&mut self, ctx: &mut Context<Self>) {
+        while !self.terminations.is_empty() {
+            let n = self.terminations.len().min(TERMINATE_MAX);
+            let batch: Vec<Terminate> = self.terminations.drain(..n).collect();
+            let endings: Vec<Ending> = batch
+                .iter()
+                .map(|t| Ending {
+                    claim: t.claim.clone(),
+                    instance: t.instance.clone(),
+                    batch: t.batch.clone(),
+                    term: t.term,
+                })
+                .collect();
+            let (cloud, ledger, clock, errors) =
+                (self.cloud.clone(), self.ledger.clone(), self.clock.clone(), self.errors.clone());
+            self.stats.terminate_calls += 1;
+            let work = async move { terminate(&*cloud, &*ledger, &*clock, &errors, &endings).await };
+            ctx.spawn(work.into_actor(self).map(|results, act, _| {
+                for (Terminate { claim, reply, .. }, result) in batch.into_iter().zip(results) {
+                    act.answer_termination(claim, &reply, result);
+                }
+            }));
+        }
+    }
+
+    /// Tells a claim's pool how its termination went (a fenced one is not answered: the
+    /// leader's pool asks again).
+    fn answer_termination(
+        &mut self,
+        claim: String,
+        reply: &Recipient<Terminated>,
+        result: Result<(), Option<CloudError>>,
+    ) {
+        match &result {
+            Ok(()) => self.stats.terminated += 1,
+            Err(None) => self.stats.fenced += 1,
+            Err(Some(_)) => {}
+        }
+        let (Ok(()) | Err(Some(_))) = &result else { return };
+        let result = result.map_err(|e| e.unwrap_or(CloudError::Transient { message: "fenced".into() }));
+        if let Err(e) = reply.try_send(Terminated { claim: claim.clone(), result }) {
+            let kind = if matches!(e, SendError::Full(_)) { "mailbox_full" } else { "closed" };
+            self.errors.note(
+                "terminate_reply",
+                kind,
+                &format!("nodeclaim/{claim}"),
+                &"the pool reads it from the ledger",
+            );
+        }
     }
 }
 
@@ -471,6 +527,8 @@ impl Actor for ZoneActor {
             let window = self.cfg.settings.window;
             self.schedule_flush(ctx, window);
         }
+        // And the terminations that were waiting.
+        self.schedule_terminations(ctx);
     }
 }
 
