@@ -275,7 +275,9 @@ pub(super) async fn terminate(
             Ok(c) if c.outcome.is_fenced() => {}
             Ok(_) => done.iter().for_each(|&i| out[i] = Ok(())),
             Err(e) => {
-                errors.warn("record_terminated", "ledger", &format!("{} nodeclaims", done.len()), &e);
+                let first = done.first().map_or("", |&i| endings[i].claim.as_str());
+                let object = format!("nodeclaim/{first} (and {} more)", done.len().saturating_sub(1));
+                errors.warn("record_terminated", "ledger", &object, &e);
                 for &i in &done {
                     out[i] = Err(Some(CloudError::Transient { message: e.to_string() }));
                 }

@@ -105,7 +105,7 @@ pub struct GetStats;
 pub struct ZoneStats {
     /// Calls to `CloudProvider::launch`.
     pub launch_calls: u64,
-    /// TerminateInstances calls made (each for up to `TERMINATE_MAX` instances).
+    /// Termination batches handed to the cloud (each up to `TERMINATE_MAX` instances).
     pub terminate_calls: u64,
     pub launched: u64,
     pub insufficient_capacity: u64,
@@ -154,6 +154,8 @@ pub struct ZoneActor {
     /// Terminations waiting for the next TerminateInstances call, and whether it is scheduled.
     terminations: Vec<Terminate>,
     terminate_due: bool,
+    /// The most terminations a call carries now (`TERMINATE_MAX`, less after throttling).
+    terminate_max: usize,
     limiter: Option<Arc<RegionLimiter>>,
     stats: ZoneStats,
 }
@@ -176,6 +178,7 @@ impl ZoneActor {
             deferred: Vec::new(),
             terminations: Vec::new(),
             terminate_due: false,
+            terminate_max: TERMINATE_MAX,
             limiter: None,
             stats: ZoneStats::default(),
         }
@@ -390,7 +393,7 @@ impl ZoneActor {
         }
         self.terminations.retain(|t| t.claim != msg.claim);
         self.terminations.push(msg);
-        if self.terminations.len() >= TERMINATE_MAX {
+        if self.terminations.len() >= self.terminate_max {
             self.flush_terminations(ctx);
         } else {
             self.schedule_terminations(ctx);
@@ -408,10 +411,10 @@ impl ZoneActor {
         }
     }
 
-    /// Every waiting termination, `TERMINATE_MAX` a call; each claim's pool told how it went.
+    /// Every waiting termination, `terminate_max` a call; each claim's pool told how it went.
     fn flush_terminations(&mut self, ctx: &mut Context<Self>) {
         while !self.terminations.is_empty() {
-            let n = self.terminations.len().min(TERMINATE_MAX);
+            let n = self.terminations.len().min(self.terminate_max);
             let batch: Vec<Terminate> = self.terminations.drain(..n).collect();
             let endings: Vec<Ending> = batch
                 .iter()
@@ -427,6 +430,14 @@ impl ZoneActor {
             self.stats.terminate_calls += 1;
             let work = async move { terminate(&*cloud, &*ledger, &*clock, &errors, &endings).await };
             ctx.spawn(work.into_actor(self).map(|results, act, _| {
+                // EC2 throttles a call for more instances than its bucket holds whole: a
+                // throttled batch halves the next ones, a batch that went doubles them again.
+                let throttled = results.iter().any(|r| matches!(r, Err(Some(CloudError::Throttled { .. }))));
+                act.terminate_max = if throttled {
+                    (act.terminate_max / 2).max(1)
+                } else {
+                    act.terminate_max.saturating_mul(2).min(TERMINATE_MAX)
+                };
                 for (Terminate { claim, reply, .. }, result) in batch.into_iter().zip(results) {
                     act.answer_termination(claim, &reply, result);
                 }

@@ -62,7 +62,7 @@ pub(super) async fn find(
     let mut out: Vec<Option<Result<Option<Instance>, CloudError>>> = vec![None; lookups.len()];
     let live = |i: &Instance| matches!(i.state, InstanceState::Pending | InstanceState::Running);
     let claims: Vec<String> = lookups.iter().map(|l| l.claim.clone()).collect();
-    for chunk in claims.chunks(200) {
+    for chunk in claims.chunks(super::DESCRIBE_IDS_MAX) {
         let filter = Filter::builder().name(format!("tag:{TAG_NODECLAIM}")).set_values(Some(chunk.to_vec())).build();
         match p.describe(vec![filter]).await {
             Ok(found) => {

@@ -36,6 +36,10 @@ use crate::{
 };
 use errors::from_sdk;
 
+/// The most values one filter of `AwsProvider::describe` may carry: EC2 takes at most 200
+/// filter values a call, and `describe` adds six of its own (the cluster tag, five states).
+pub(super) const DESCRIBE_IDS_MAX: usize = 200 - 6;
+
 /// Tag with the node class name.
 pub const TAG_NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
 /// Tag with the hash of the node class spec an instance was launched with (drift).
@@ -487,7 +491,7 @@ impl CloudProvider for AwsProvider {
         Box::pin(async move {
             let mut out: Vec<Result<(), CloudError>> =
                 ids.iter().map(|id| Err(CloudError::NotFound { id: id.clone() })).collect();
-            for chunk in (0..ids.len()).collect::<Vec<_>>().chunks(1000) {
+            for chunk in (0..ids.len()).collect::<Vec<_>>().chunks(DESCRIBE_IDS_MAX) {
                 let wanted: Vec<String> = chunk.iter().map(|&i| ids[i].clone()).collect();
                 let live = match self
                     .describe(vec![Filter::builder().name("instance-id").set_values(Some(wanted)).build()])
@@ -528,8 +532,21 @@ impl CloudProvider for AwsProvider {
                     }
                     Err(e) => {
                         let err = from_sdk("TerminateInstances", e);
-                        for (i, _) in &running {
-                            out[*i] = Err(err.clone());
+                        if running.len() == 1 || matches!(err, CloudError::Throttled { .. }) {
+                            for (i, _) in &running {
+                                out[*i] = Err(err.clone());
+                            }
+                            continue;
+                        }
+                        // The call is all or nothing: one instance it refuses (termination
+                        // protection, a policy's condition) must not hold the others back, so
+                        // each is asked alone (as Karpenter's batcher does).
+                        for (i, id) in &running {
+                            self.count(|s| s.terminate_calls += 1);
+                            out[*i] = match self.ec2.terminate_instances().instance_ids(id.clone()).send().await {
+                                Ok(_) => Ok(()),
+                                Err(e) => Err(from_sdk("TerminateInstances", e)),
+                            };
                         }
                     }
                 }
