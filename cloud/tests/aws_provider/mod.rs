@@ -201,6 +201,39 @@ async fn the_iam_policy_allows_every_call_the_provider_makes() {
     }
 }
 
+/// A termination batch within EC2's limits (the proxy keeps them): ids asked in
+/// DescribeInstances filters of at most 200 values, and a TerminateInstances refused whole for
+/// one protected instance asked again id by id, so the others go; each result at its id.
+#[tokio::test]
+async fn a_large_termination_batch_is_chunked_and_a_protected_instance_does_not_hold_the_others_back() {
+    let h = Aws::new("terminate-batch").await;
+    let mut launched = Vec::new();
+    for claim in ["claim-tb-a", "claim-tb-b", "claim-tb-c"] {
+        let r = request(&h, claim);
+        launched.push(h.cloud.launch(std::slice::from_ref(&r)).await.remove(0).expect("launched").id);
+    }
+    let (a, b, c) = (launched[0].clone(), launched[1].clone(), launched[2].clone());
+    h.proxy.faults().protected.insert(b.clone());
+    let mut ids: Vec<String> = (0..300u32).map(|i| format!("i-{i:017x}")).collect();
+    ids.insert(10, a.clone());
+    ids.insert(250, b.clone());
+    ids.push(c.clone());
+    let before = h.proxy.calls("DescribeInstances");
+    let results = h.cloud.terminate(&ids).await;
+    assert_eq!(results.len(), ids.len());
+    for (id, r) in ids.iter().zip(&results) {
+        if *id == a || *id == c {
+            assert_eq!(r, &Ok(()), "{id}");
+        } else if *id == b {
+            assert!(matches!(r, Err(e) if !matches!(e, CloudError::NotFound { .. })), "{id}: {r:?}");
+        } else {
+            assert!(matches!(r, Err(CloudError::NotFound { .. })), "{id}: {r:?}");
+        }
+    }
+    assert!(h.proxy.calls("DescribeInstances") - before >= 2, "303 ids need two describes of at most 194");
+    assert!(h.cloud.get(&b).await.is_ok(), "the protected one is still there");
+}
+
 #[tokio::test]
 async fn drift_compares_the_node_class_hash_and_image() {
     let h = Aws::new("drift").await;

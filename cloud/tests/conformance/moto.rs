@@ -80,6 +80,9 @@ pub struct Faults {
     /// How many of the next CreateFleet calls moto carries out while the client gets a 500
     /// instead of the answer (a caller cut off after the fleet was made).
     pub lose_fleet_response: u32,
+    /// Instances with termination protection: a TerminateInstances call naming one is refused
+    /// whole (`OperationNotPermitted`), as EC2 does.
+    pub protected: HashSet<String>,
 }
 
 /// The proxy; its address is the SDK's endpoint.
@@ -178,6 +181,13 @@ fn response(status: &str, body: &str) -> Vec<u8> {
 
 const THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>";
 
+/// An EC2 error answer.
+fn ec2_error(code: &str, message: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>"
+    )
+}
+
 /// One override of a CreateFleet request: (config index, override index, type, zone, subnet).
 struct Override {
     config: String,
@@ -268,6 +278,20 @@ fn decide(body: Vec<u8>, target: Option<&str>, faults: &Mutex<Faults>) -> Verdic
     if ec2 && f.throttle_next > 0 {
         f.throttle_next -= 1;
         return Verdict::Answer(response("503 Service Unavailable", THROTTLED));
+    }
+    // EC2's limits that moto does not keep: at most 200 filter values a call, and a
+    // termination refused whole when it names a protected instance.
+    if ec2 && fields.iter().filter(|(k, _)| k.starts_with("Filter.") && k.contains(".Value.")).count() > 200 {
+        return Verdict::Answer(response(
+            "400 Bad Request",
+            &ec2_error("FilterLimitExceeded", "more than 200 filter values"),
+        ));
+    }
+    if action == "TerminateInstances"
+        && fields.iter().any(|(k, v)| k.starts_with("InstanceId.") && f.protected.contains(v))
+    {
+        let message = "the instance may not be terminated: modify its disableApiTermination attribute";
+        return Verdict::Answer(response("400 Bad Request", &ec2_error("OperationNotPermitted", message)));
     }
     if action == "CreateFleet" && f.lose_fleet_response > 0 {
         f.lose_fleet_response -= 1;
