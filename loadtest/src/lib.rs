@@ -8,6 +8,7 @@ pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod trace;
+mod world;
 
 pub use report::{Report, Sample};
 pub use run::{Progress, RunError, RunOptions, run};
