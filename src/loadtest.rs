@@ -25,6 +25,9 @@ pub struct LoadtestArgs {
     /// events are sent to a new queue there and consumed from it, over aws-sdk-sqs.
     #[arg(long)]
     pub sqs_endpoint: Option<String>,
+    /// Serve the plane's Prometheus metrics at http://ADDR/metrics while the run lasts.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 pub fn run(args: &LoadtestArgs) -> ExitCode {
@@ -40,10 +43,11 @@ pub fn run(args: &LoadtestArgs) -> ExitCode {
         wall: Some(std::sync::Arc::new(dovetail_core::clock::SystemClock)),
         ..Default::default()
     };
-    let report = match simulate::execute_with(&scenario, opts, args.sqs_endpoint.as_deref(), &args.out) {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
+    let report =
+        match simulate::execute_with(&scenario, opts, args.sqs_endpoint.as_deref(), &args.out, args.metrics_addr) {
+            Ok(r) => r,
+            Err(code) => return code,
+        };
     let misses = report.misses(&scenario.thresholds);
     if misses.is_empty() {
         println!("thresholds       all met");

@@ -37,6 +37,10 @@ pub struct SimulateArgs {
     /// Directory for report.json and plot.svg.
     #[arg(long, default_value = "dovetail-simulate")]
     pub out: PathBuf,
+    /// Serve the plane's Prometheus metrics at http://ADDR/metrics while the run lasts (the
+    /// controller's series, on the simulated cluster).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Replicates the ledger over this many control nodes in this process (Raft over an
     /// in-memory network, on the run's clock); the report shows each failover.
     #[arg(long, default_value_t = 1)]
@@ -127,17 +131,21 @@ pub fn execute(
     realtime: bool,
     control: Option<ControlNodes>,
     out: &std::path::Path,
+    metrics_addr: Option<std::net::SocketAddr>,
 ) -> Result<Report, ExitCode> {
-    execute_with(scenario, RunOptions { realtime, wall: Some(Arc::new(SystemClock)), control, sqs: None }, None, out)
+    let opts = RunOptions { realtime, wall: Some(Arc::new(SystemClock)), control, ..RunOptions::default() };
+    execute_with(scenario, opts, None, out, metrics_addr)
 }
 
 /// [`execute`] with every option; with `sqs_endpoint` (moto's), the interruption events go
-/// through a new SQS queue there.
+/// through a new SQS queue there; with `metrics_addr`, the plane's metrics are served there
+/// while the run lasts.
 pub fn execute_with(
     scenario: &Scenario,
     mut opts: RunOptions,
     sqs_endpoint: Option<&str>,
     out: &std::path::Path,
+    metrics_addr: Option<std::net::SocketAddr>,
 ) -> Result<Report, ExitCode> {
     let mut status = Status { tty: std::io::stderr().is_terminal() };
     let sys = dovetail_actors::system().map_err(|e| {
@@ -152,6 +160,15 @@ pub fn execute_with(
             })?;
             eprintln!("interruption events through {}", queue.url());
             opts.sqs = Some(Arc::new(queue));
+        }
+        if let Some(addr) = metrics_addr {
+            let metrics = Arc::new(dovetail_actors::metrics::Metrics::new());
+            crate::controller::http::serve_plane_metrics(addr, metrics.clone()).await.map_err(|e| {
+                eprintln!("error: --metrics-addr: {e}");
+                ExitCode::from(2)
+            })?;
+            eprintln!("metrics on http://{addr}/metrics");
+            opts.metrics = Some(metrics);
         }
         Ok::<_, ExitCode>(dovetail_loadtest::run(scenario, &opts, &mut status).await)
     })?;
@@ -248,7 +265,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match execute(&scenario, args.realtime, control, &args.out) {
+    match execute(&scenario, args.realtime, control, &args.out, args.metrics_addr) {
         Ok(_) => ExitCode::SUCCESS,
         Err(code) => code,
     }

@@ -305,6 +305,38 @@ impl Controller {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// `GET /metrics`, checked by `promtool check metrics` (Prometheus's own parser and lint).
+    fn scrape(&self) -> String {
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "10", &format!("http://{}/metrics", self.metrics_addr)])
+            .output()
+            .expect("curl runs");
+        assert!(out.status.success(), "GET /metrics failed\n{}", self.log());
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let promtool = std::env::var("DOVETAIL_PROMTOOL")
+            .expect("DOVETAIL_PROMTOOL names promtool (scripts/test installs it in ~/.cache/dovetail/bin)");
+        let mut child = Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("promtool runs");
+        {
+            use std::io::Write as _;
+            let mut stdin = child.stdin.take().expect("promtool's stdin");
+            stdin.write_all(text.as_bytes()).expect("the scrape goes to promtool");
+        }
+        let checked = child.wait_with_output().expect("promtool ends");
+        assert!(
+            checked.status.success(),
+            "promtool check metrics: {}{}",
+            String::from_utf8_lossy(&checked.stdout),
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        text
+    }
+
     /// The sum of the samples of `metric` whose labels contain `labels` (e.g. `kind="conflict"`;
     /// "" for a metric without labels).
     fn metric(&self, metric: &str, labels: &str) -> f64 {
@@ -468,7 +500,81 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
         .collect();
     let node_names: Vec<String> = nodes.iter().map(name_of).collect();
     assert!(bound.iter().all(|n| node_names.contains(n)), "every pod on a sim node: {bound:?}");
+
+    // Karpenter's series after the scale-up, with Karpenter's labels.
+    let text = ctl.scrape();
+    let sum = |series: &str, labels: &[(&str, &str)]| series_sum(&text, series, labels);
+    let default = [("nodepool", "default")];
+    let made = claims.len() as f64;
+    let created = [("nodepool", "default"), ("reason", "provisioned"), ("min_values_relaxed", "false")];
+    assert_eq!(
+        sum("karpenter_nodeclaims_created_total", &created),
+        made,
+        "nodeclaims created = NodeClaims made\n{text}"
+    );
+    let joined = sum("karpenter_nodes_created_total", &default);
+    assert!(joined <= nodes.len() as f64, "nodes created at most the nodes there are\n{text}");
+    for node in &node_names {
+        let alloc = [("node_name", node.as_str()), ("nodepool", "default"), ("resource_type", "cpu")];
+        assert!(sum("karpenter_nodes_allocatable", &alloc) > 0.0, "{node}'s allocatable CPU\n{text}");
+    }
+    let running = [("namespace", ns), ("nodepool", "default"), ("phase", "Running")];
+    assert_eq!(sum("karpenter_pods_state", &running), 20.0, "{text}");
+    assert_eq!(sum("karpenter_nodepools_limit", &[("nodepool", "default"), ("resource_type", "cpu")]), 1000.0);
+    assert!(sum("karpenter_nodepools_usage", &[("nodepool", "default"), ("resource_type", "cpu")]) >= 20.0);
+    assert_eq!(sum("karpenter_scheduler_queue_depth", &[]), 0.0);
+    let solves = sum("karpenter_scheduler_scheduling_duration_seconds_count", &[("controller", "provisioner")]);
+    assert!(solves >= 1.0 && sum("karpenter_provisioner_scheduling_duration_seconds_count", &[]) == solves);
+    let creates = [("controller", "nodeclaim.lifecycle"), ("method", "Create"), ("provider", "sim")];
+    assert!(sum("karpenter_cloudprovider_duration_seconds_count", &creates) >= 1.0, "{text}");
+    assert!(sum("dovetail_ledger_proposals_total", &[("command", "reserve"), ("outcome", "committed")]) >= 1.0);
+    assert_eq!(sum("karpenter_cluster_state_synced", &[]), 1.0);
+
+    // The scale-down: the Deployment to zero, the empty nodes consolidated away.
+    env.kubectl(&[
+        "patch",
+        "nodepool",
+        "default",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"disruption":{"consolidateAfter":"0s"}}}"#,
+    ]);
+    env.kubectl(&["scale", "deployment", "inflate", "-n", ns, "--replicas=0"]);
+    env.wait("every NodeClaim consolidated away", Duration::from_secs(120), |e| {
+        let claims = e.items(&["get", "nodeclaims"]).len();
+        let nodes = e.items(&["get", "nodes", "-l", "dovetail.sh/sim-node"]).len();
+        if claims + nodes == 0 { Ok(()) } else { Err(format!("{claims} nodeclaims, {nodes} nodes\n{}", ctl.log())) }
+    });
+    // Nodes joining and leaving are counted from the controller's watch, a moment behind.
+    let mut text = String::new();
+    env.wait("the nodes' departures counted", Duration::from_secs(15), |_| {
+        text = ctl.scrape();
+        let left = series_sum(&text, "karpenter_nodes_terminated_total", &default);
+        if left == nodes.len() as f64 { Ok(()) } else { Err(format!("{left} of {} counted\n{text}", nodes.len())) }
+    });
+    let sum = |series: &str, labels: &[(&str, &str)]| series_sum(&text, series, labels);
+    assert_eq!(sum("karpenter_nodeclaims_terminated_total", &default), made, "{text}");
+    assert_eq!(sum("karpenter_nodes_created_total", &default), nodes.len() as f64, "every join counted\n{text}");
+    assert_eq!(sum("karpenter_nodeclaims_disrupted_total", &[("nodepool", "default"), ("reason", "empty")]), made);
+    let decisions = [("decision", "delete"), ("reason", "empty")];
+    assert!(sum("karpenter_voluntary_disruption_decisions_total", &decisions) >= 1.0, "{text}");
+    assert_eq!(sum("karpenter_nodeclaims_created_total", &created), made, "no NodeClaim made by the scale-down");
+    assert_eq!(sum("karpenter_pods_state", &[("namespace", ns)]), 0.0, "{text}");
+    assert!(!text.contains("karpenter_nodes_allocatable{"), "no series left of nodes that are gone\n{text}");
     clean_up(&env, ns, &ctl);
+}
+
+/// The sum of the samples of `series` (exactly that name) whose labels include `labels`.
+fn series_sum(text: &str, series: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name_labels, value) = l.rsplit_once(' ')?;
+            let (name, rest) = name_labels.split_once('{').unwrap_or((name_labels, ""));
+            let all = labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            (name == series && all).then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
 }
 
 #[test]

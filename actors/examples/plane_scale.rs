@@ -147,6 +147,7 @@ async fn run(pods: usize, per_node: i64) -> Result<(), Box<dyn std::error::Error
             cluster: cluster.clone(),
             ledger: ledger.clone(),
             clock: clock.clone(),
+            metrics: Default::default(),
         },
     )?;
     let mut registrar = Registrar::new(0);

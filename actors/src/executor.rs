@@ -34,6 +34,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::ExecutorConfig;
 use crate::errors::Errors;
+use crate::metrics::Metrics;
 
 /// What became of one effect.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +64,7 @@ struct Inner {
     permits: Arc<Semaphore>,
     in_flight: Mutex<HashSet<String>>,
     errors: Arc<Errors>,
+    metrics: Arc<Metrics>,
     cfg: ExecutorConfig,
     clock: Arc<dyn Clock>,
     /// Refused evictions by pod: when the pod may be asked again, and the wait after that.
@@ -104,12 +106,30 @@ impl Executor {
                 permits,
                 in_flight: Mutex::new(HashSet::new()),
                 errors,
+                metrics: Arc::new(Metrics::new()),
                 cfg,
                 clock,
                 backoff: Mutex::new(HashMap::new()),
                 drain_events: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// The same executor counting into `metrics` (before it is shared: a clone made earlier
+    /// keeps counting where it did).
+    pub fn metered(self, metrics: Arc<Metrics>) -> Self {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.metrics = metrics;
+                Executor { inner: Arc::new(inner) }
+            }
+            Err(inner) => Executor { inner },
+        }
+    }
+
+    /// Where the plane's counts go.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
     }
 
     /// Runs cluster `effects` decided in `term` (cloud effects are the zone actors' and are
@@ -324,6 +344,11 @@ impl Executor {
                     self.check(term)?;
                     let update = NodeClaimUpdate { finalizers, ..NodeClaimUpdate::of(&nc) };
                     let written = w.update_nodeclaim_metadata(claim, update, nc.resource_version).await;
+                    if written.is_ok() {
+                        let capacity = nc.spec.labels.get(dovetail_core::labels::CAPACITY_TYPE);
+                        let capacity = capacity.map_or("", String::as_str);
+                        self.inner.metrics.nodeclaim_terminated(&nc.spec.nodepool, capacity);
+                    }
                     written.map(|_| true).map_err(Stop::Failed)
                 })
                 .await

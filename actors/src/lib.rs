@@ -16,7 +16,8 @@
 //!   disruption leaves alone for Karpenter's nomination window.
 //!
 //! - [`trace`]: one trace per pending-pod class decision, its context carried in the messages.
-//! - [`config::Config`]: every setting; [`errors::Errors`]: every error seen, counted.
+//! - [`config::Config`]: every setting; [`errors::Errors`]: every error seen, counted;
+//!   [`metrics::Metrics`]: Karpenter's Prometheus series and dovetail's own.
 //!
 //! Planners run on the blocking pool, not on the arbiter, so timers fire on time during a
 //! large solve (a lifecycle reconcile of a small cluster plans inline: it costs less than the
@@ -33,6 +34,7 @@ pub mod feed;
 pub mod interruption;
 pub mod kubelet;
 pub mod limiter;
+pub mod metrics;
 pub mod nominate;
 pub mod plane;
 pub mod pool;

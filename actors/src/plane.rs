@@ -25,6 +25,8 @@ use crate::executor::Executor;
 use crate::feed::PendingFeed;
 use crate::interruption::{InterruptionActor, InterruptionWiring, SetPools};
 use crate::limiter::RegionLimiter;
+use crate::metrics::Metrics;
+use crate::metrics::metered::{MeteredCloud, MeteredLedger};
 use crate::pool::{NodePoolActor, PoolWiring, Reconfigure, Retire};
 use crate::router::{RemovePool, RoutedPool, Router, SetPool};
 use crate::zone::{ZoneActor, ZoneConfig};
@@ -47,6 +49,8 @@ pub struct Seams {
     pub cluster: Arc<dyn ClusterWriter>,
     pub ledger: Arc<dyn Ledger>,
     pub clock: Arc<dyn Clock>,
+    /// Where the plane counts what it does (served by the binary on `--metrics-addr`).
+    pub metrics: Arc<Metrics>,
 }
 
 /// A running plane.
@@ -67,6 +71,16 @@ pub struct Plane {
     pub interruption: Option<Addr<InterruptionActor>>,
     /// Stops the queue consumers when sent `true` or dropped with the plane.
     stop_consumers: Option<tokio::sync::watch::Sender<bool>>,
+    /// Counts the nodes joining and leaving; stopped with the plane.
+    node_counter: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Plane {
+    fn drop(&mut self) {
+        if let Some(t) = self.node_counter.take() {
+            t.abort();
+        }
+    }
 }
 
 impl Supervised for ZoneActor {
@@ -109,13 +123,22 @@ impl Plane {
         cfg.config.validate()?;
         let config = Arc::new(cfg.config);
         let errors = Arc::new(Errors::new());
+        // Every cloud call and proposal of the plane is timed and counted.
+        let metrics = s.metrics.clone();
+        let cloud_name = s.cloud.name();
+        let s = Seams {
+            cloud: Arc::new(MeteredCloud::new(s.cloud, cloud_name, metrics.clone(), s.clock.clone())),
+            ledger: Arc::new(MeteredLedger::new(s.ledger, metrics.clone(), s.clock.clone())),
+            ..s
+        };
         let executor = Executor::new(
             s.cluster.clone(),
             s.ledger.clone(),
             errors.clone(),
             config.executor.clone(),
             s.clock.clone(),
-        );
+        )
+        .metered(metrics.clone());
         let limiter = Arc::new(RegionLimiter::new(cfg.limits, s.clock.clone()));
         let zones: BTreeMap<String, Addr<ZoneActor>> = cfg
             .zones
@@ -133,11 +156,12 @@ impl Plane {
         let nominations = crate::nominate::Nominations::default();
         let router = {
             let (view, clock, conf, errs) = (s.view.clone(), s.clock.clone(), config.clone(), errors.clone());
-            let noms = nominations.clone();
+            let (noms, metrics) = (nominations.clone(), metrics.clone());
             Supervisor::start(move |_| {
                 Router::new(conf.window.clone(), view, clock, Vec::new())
                     .configured(&conf, errs)
                     .nominating(noms.clone())
+                    .metered(metrics.clone())
             })
         };
         let wiring = PoolWiring {
@@ -164,6 +188,11 @@ impl Plane {
             routed: BTreeMap::new(),
             interruption: None,
             stop_consumers: None,
+            node_counter: Some(actix_rt::spawn(crate::metrics::state::follow_nodes(
+                s.view.clone(),
+                metrics,
+                std::time::Duration::from_secs(1),
+            ))),
         };
         // The pools are routed to before the feed sends the first pods.
         for (pool, types, node_class) in cfg.pools {

@@ -91,6 +91,7 @@ pub struct Router {
     solve: SolveOptions,
     mailbox: usize,
     errors: Arc<Errors>,
+    metrics: Arc<crate::metrics::Metrics>,
     /// When each pod not yet decided arrived.
     arrived: BTreeMap<PodKey, Millis>,
     stats: RouterStats,
@@ -125,6 +126,7 @@ impl Router {
             solve: SolveOptions::default(),
             mailbox: 1024,
             errors: Arc::new(Errors::new()),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
             arrived: BTreeMap::new(),
             stats: RouterStats::default(),
             nominations: Nominations::default(),
@@ -146,6 +148,12 @@ impl Router {
         self.mailbox = cfg.mailboxes.router;
         self.nomination = crate::nominate::window_of(cfg);
         self.errors = errors;
+        self
+    }
+
+    /// Where the solves' durations are counted.
+    pub fn metered(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = metrics;
         self
     }
 
@@ -204,8 +212,10 @@ impl Router {
         // changes while it runs.
         let targets: Vec<(String, Addr<NodePoolActor>)> =
             self.pools.iter().map(|p| (p.input.pool.name.clone(), p.actor.clone())).collect();
+        let started = self.clock.now();
         let work = tokio::task::spawn_blocking(move || route_off_thread(input));
         ctx.spawn(work.into_actor(self).map(move |routed, act, ctx| {
+            act.metrics.scheduling(act.clock.now().saturating_sub(started).as_secs_f64());
             match routed {
                 Ok(r) => act.routed(r, &targets, with_existing),
                 Err(e) => act.errors.warn("route", "panic", "router", &e),

@@ -1803,6 +1803,7 @@ mod integration {
                 cluster: cluster.clone(),
                 ledger: ledger.clone(),
                 clock: clock.clone(),
+                metrics: Default::default(),
             },
         )
         .expect("valid settings")

@@ -86,6 +86,10 @@ impl Batched {
 }
 
 impl CloudProvider for Batched {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
     fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
         Box::pin(async move {
             let (tx, rx) = oneshot::channel();

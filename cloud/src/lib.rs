@@ -95,6 +95,11 @@ fn offerings_list(o: &[OfferingKey]) -> String {
 ///   not) and its price.
 /// - Rate limits surface as [`CloudError::Throttled`] with a retry-after; nothing is retried inside.
 pub trait CloudProvider: Send + Sync {
+    /// The provider's name, as metrics label it (`aws`, `sim`).
+    fn name(&self) -> &'static str {
+        "unknown"
+    }
+
     /// Launches NodeClaims, each in the zone it names.
     fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>>;
 

@@ -72,6 +72,8 @@ pub struct RunOptions {
     /// An SQS queue (moto's) the sim's interruption events are forwarded to, and the plane
     /// consumes from, instead of the sim's in-memory queue.
     pub sqs: Option<Arc<dovetail_cloud::aws::SqsQueue>>,
+    /// Where the plane counts (served with `--metrics-addr`); a fresh one when absent.
+    pub metrics: Option<Arc<dovetail_actors::metrics::Metrics>>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -134,6 +136,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let config = SimConfig { limits: limits.clone(), ..SimConfig::default() };
     let cloud = Arc::new(SimCloud::new(config, all_types.clone(), clock.clone()));
     let cluster = Arc::new(SimCluster::new());
+    let metrics = opts.metrics.clone().unwrap_or_default();
+    metrics.collect(dovetail_actors::metrics::state::ClusterState { view: cluster.clone() });
     for ds in &sc.cluster.daemonsets {
         cluster.apply_daemonset(ds.clone());
     }
@@ -169,9 +173,11 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             cluster: cluster.clone(),
             ledger: ledger.clone(),
             clock: clock.clone(),
+            metrics: metrics.clone(),
         },
     )
     .map_err(|e| RunError::Config(e.to_string()))?;
+    metrics.collect(dovetail_actors::metrics::state::ErrorCounts(plane.errors.clone()));
     // EC2's interruption events, from the sim cloud's queue (SQS's semantics in memory), or
     // forwarded from it to a real SQS queue and consumed there.
     let (forward_stop, forward_rx) = tokio::sync::watch::channel(false);

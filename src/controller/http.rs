@@ -15,9 +15,12 @@ use hyper::{Request, Response, StatusCode};
 
 use super::agent::AgentStats;
 
-/// What `/metrics` reports besides the cluster's caches.
+/// What `/metrics` reports: the plane's series (Karpenter's and dovetail's, counted across
+/// terms), the cluster's caches, the ledger's leadership.
 #[derive(Default)]
 pub struct Metrics {
+    /// Every term's plane counts here.
+    pub plane: Arc<dovetail_actors::metrics::Metrics>,
     errors: Mutex<Option<Arc<Errors>>>,
     agent: Mutex<AgentStats>,
     leadership: Mutex<Option<tokio::sync::watch::Receiver<dovetail_raft::Leadership>>>,
@@ -28,9 +31,27 @@ impl Metrics {
         *self.errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(errors);
     }
 
-    /// The ledger's leadership watch (`dovetail_ledger_leader`, `dovetail_ledger_term`).
+    /// The ledger's leadership watch (`dovetail_ledger_leader`, `dovetail_ledger_term`); each
+    /// new leader it shows after the first is a failover (`dovetail_ledger_failovers_total`).
     pub fn set_leadership(&self, watch: tokio::sync::watch::Receiver<dovetail_raft::Leadership>) {
-        *self.leadership.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(watch);
+        *self.leadership.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(watch.clone());
+        let plane = self.plane.clone();
+        let mut watch = watch;
+        actix_rt::spawn(async move {
+            let mut last: Option<String> = None;
+            loop {
+                let leader = watch.borrow_and_update().leader_id.clone();
+                if let Some(id) = leader {
+                    if last.as_ref().is_some_and(|l| *l != id) {
+                        plane.failover();
+                    }
+                    last = Some(id);
+                }
+                if watch.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
     }
 
     pub fn set_agent(&self, stats: AgentStats) {
@@ -38,7 +59,7 @@ impl Metrics {
     }
 
     fn render(&self, cluster: &KubeCluster) -> String {
-        let mut out = String::new();
+        let mut out = self.plane.encode();
         out.push_str("# HELP dovetail_cluster_synced Whether every watch listed once (1) or not (0).\n");
         out.push_str("# TYPE dovetail_cluster_synced gauge\n");
         out.push_str(&format!("dovetail_cluster_synced {}\n", u8::from(cluster.synced())));
@@ -114,6 +135,15 @@ fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     r
 }
 
+/// The Prometheus text format's content type.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+fn scrape(body: String) -> Response<Full<Bytes>> {
+    let mut r = reply(StatusCode::OK, body);
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(TEXT_FORMAT));
+    r
+}
+
 /// Serves `route` on `addr` until the process ends.
 async fn serve<F>(addr: SocketAddr, what: &'static str, route: F) -> Result<(), String>
 where
@@ -162,7 +192,19 @@ pub async fn serve_health(addr: SocketAddr, ready: Arc<AtomicBool>) -> Result<()
 /// `/metrics`.
 pub async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>, cluster: Arc<KubeCluster>) -> Result<(), String> {
     serve(addr, "metrics", move |path| match path {
-        "/metrics" => reply(StatusCode::OK, metrics.render(&cluster)),
+        "/metrics" => scrape(metrics.render(&cluster)),
+        _ => reply(StatusCode::NOT_FOUND, "not found\n".into()),
+    })
+    .await
+}
+
+/// `/metrics` of a plane with no controller around it (`simulate`, `loadtest`).
+pub async fn serve_plane_metrics(
+    addr: SocketAddr,
+    metrics: Arc<dovetail_actors::metrics::Metrics>,
+) -> Result<(), String> {
+    serve(addr, "metrics", move |path| match path {
+        "/metrics" => scrape(metrics.encode()),
         _ => reply(StatusCode::NOT_FOUND, "not found\n".into()),
     })
     .await

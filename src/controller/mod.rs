@@ -15,7 +15,7 @@
 pub mod agent;
 mod aws;
 mod ha;
-mod http;
+pub(crate) mod http;
 mod pools;
 pub mod settings;
 
@@ -119,6 +119,7 @@ async fn serve(s: Settings) -> Result<(), String> {
     tracing::info!(server = %v.server, policy = %v.policy, eviction = %v.eviction, "connected");
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(http::Metrics::default());
+    metrics.plane.collect(dovetail_actors::metrics::state::ClusterState { view: cluster.clone() });
     http::serve_health(s.health_addr, ready.clone()).await?;
     http::serve_metrics(s.metrics_addr, metrics.clone(), cluster.clone()).await?;
     wait_synced(&cluster).await;
@@ -393,6 +394,7 @@ impl Acting {
                 cluster: cluster.clone(),
                 ledger: ledger.clone(),
                 clock: clock.clone(),
+                metrics: metrics.plane.clone(),
             },
         )
         .map_err(|e| e.to_string())?;

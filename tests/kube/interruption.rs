@@ -215,6 +215,7 @@ impl World {
                 cluster: cluster.clone(),
                 ledger,
                 clock: clock.clone(),
+                metrics: Default::default(),
             },
         )
         .expect("valid settings");

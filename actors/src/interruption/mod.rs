@@ -247,6 +247,11 @@ impl InterruptionActor {
             match interruption::parse(&m.body) {
                 Ok(e) => {
                     *self.stats.received.entry(e.kind.as_str().to_string()).or_default() += 1;
+                    let metrics = self.executor.metrics();
+                    metrics.interruption_received(e.kind.as_str());
+                    if let Some(at) = m.sent {
+                        metrics.interruption_queued(batch.received.saturating_sub(at) as f64 / 1000.0);
+                    }
                     if e.kind == Kind::NoOp && self.logged.insert(format!("no_op/{}", e.note)) {
                         tracing::info!(message_id = %m.id, note = %e.note, "interruption queue: a message dovetail does not act on (deleted; logged once per kind)");
                     }
@@ -260,6 +265,7 @@ impl InterruptionActor {
                 }
                 Err(err) => {
                     *self.stats.received.entry("malformed".to_string()).or_default() += 1;
+                    self.executor.metrics().interruption_received("malformed");
                     let key = format!("malformed/{}", err.kind());
                     if self.logged.insert(key) {
                         self.errors.warn("parse_interruption", "malformed", &format!("message/{}", m.id), &err);
@@ -449,6 +455,7 @@ impl InterruptionActor {
     fn count(&mut self, acted: &Acted, ends: &Ends, run_ms: u64, at: Millis) {
         let s = &mut self.stats;
         s.deleted += ends.deleted as u64;
+        self.executor.metrics().interruption_deleted(ends.deleted as u64);
         s.released += ends.released as u64;
         s.failed_runs += u64::from(ends.failed);
         if ends.deleted > 0 {

@@ -412,8 +412,13 @@ impl Work {
         let mut launch: BTreeMap<String, Vec<(NodeClaim, String)>> = BTreeMap::new();
         let mut created: BTreeSet<String> = BTreeSet::new();
         for (e, d) in done {
-            let (Action::CreateNodeClaim(nc), Done::Applied | Done::Unchanged) = (e.action, d) else { continue };
+            let (Action::CreateNodeClaim(nc), applied @ (Done::Applied | Done::Unchanged)) = (e.action, d) else {
+                continue;
+            };
             let Some((pool, zone)) = pool_of.get(&nc.name) else { continue };
+            if applied == Done::Applied {
+                self.executor.metrics().nodeclaim_created(pool, "interrupted");
+            }
             created.insert(nc.name.clone());
             launch.entry(pool.clone()).or_default().push((*nc, zone.clone()));
         }

@@ -474,12 +474,31 @@ impl NodePoolActor {
     fn propose_chain(&mut self, ctx: &mut Context<Self>, term: Term, chain: Vec<(Command, Vec<Effect>)>, now: Millis) {
         let (ledger, errors, pool, executor) =
             (self.ledger.clone(), self.errors.clone(), self.pool.name.clone(), self.executor.clone());
+        // The candidates' capacity types, for the disruption metrics' labels.
+        let snap = self.view.snapshot();
+        let capacity: BTreeMap<String, String> = chain
+            .iter()
+            .filter_map(|(c, _)| match c {
+                Command::Disrupt { candidates, .. } => Some(candidates),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|c| {
+                let t = snap.nodeclaims.get(c)?.spec.labels.get(dovetail_core::labels::CAPACITY_TYPE)?;
+                Some((c.clone(), t.clone()))
+            })
+            .collect();
+        drop(snap);
         self.disruption_in_flight += 1;
         let work = async move {
             let mut any = false;
             for (command, effects) in chain {
+                let counted = disruption_counts(&command, &capacity);
                 if !propose_one((&*ledger, &errors, &pool, &executor), term, now, command, effects).await {
                     break;
+                }
+                if let Some(c) = counted {
+                    c.count(executor.metrics(), &pool);
                 }
                 any = true;
             }
@@ -540,6 +559,44 @@ async fn propose_one(
         executor.run(term, effects).await;
     }
     applied
+}
+
+/// What a committed disruption command adds to the metrics.
+struct DisruptionCounts {
+    reason: String,
+    consolidation_type: &'static str,
+    candidates: Vec<String>,
+    replacements: usize,
+}
+
+fn disruption_counts(c: &Command, capacity: &BTreeMap<String, String>) -> Option<DisruptionCounts> {
+    let Command::Disrupt { reason, candidates, replacements, .. } = c else { return None };
+    let consolidation_type = match (reason, candidates.len()) {
+        (dovetail_core::nodepool::DisruptionReason::Underutilized, 1) => "single",
+        (dovetail_core::nodepool::DisruptionReason::Underutilized, _) => "multi",
+        _ => "",
+    };
+    Some(DisruptionCounts {
+        reason: reason.as_str().to_lowercase(),
+        consolidation_type,
+        candidates: candidates.iter().map(|c| capacity.get(c).cloned().unwrap_or_default()).collect(),
+        replacements: replacements.len(),
+    })
+}
+
+impl DisruptionCounts {
+    /// Karpenter's series for a committed command: its decision, each candidate disrupted,
+    /// each replacement created (its NodeClaim was created by the command's effects).
+    fn count(&self, m: &crate::metrics::Metrics, pool: &str) {
+        let decision = if self.replacements == 0 { "delete" } else { "replace" };
+        m.disruption_decision(decision, &self.reason, self.consolidation_type);
+        for capacity in &self.candidates {
+            m.nodeclaim_disrupted(&self.reason, pool, capacity);
+        }
+        for _ in 0..self.replacements {
+            m.nodeclaim_created(pool, &self.reason);
+        }
+    }
 }
 
 fn command_name(c: &Command) -> &'static str {

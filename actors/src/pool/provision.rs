@@ -492,7 +492,11 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> 
     let mut gone = Vec::new();
     for (c, (_, done)) in granted.into_iter().zip(results) {
         match done {
-            Done::Applied | Done::Unchanged | Done::InFlight => created.push(c),
+            Done::Applied => {
+                rc.executor.metrics().nodeclaim_created(&pool_name, "provisioned");
+                created.push(c);
+            }
+            Done::Unchanged | Done::InFlight => created.push(c),
             _ => {
                 // Not created: released, its pods back to the Router.
                 unplaced.extend(c.pods.iter().map(|&p| (p, "its NodeClaim could not be created".to_string())));

@@ -474,6 +474,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl CloudProvider for AwsProvider {
+    fn name(&self) -> &'static str {
+        "aws"
+    }
+
     fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
         Box::pin(fleet::launch(self, requests))
     }

@@ -480,6 +480,10 @@ impl SimCloud {
 }
 
 impl CloudProvider for SimCloud {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
     fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
         Box::pin(async move {
             let now = self.clock.now();

@@ -347,6 +347,28 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// Its name, for metrics and spans (`reserve`, `launch`, `advance`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Lead => "lead",
+            Command::SetPool { .. } => "set_pool",
+            Command::RemovePool { .. } => "remove_pool",
+            Command::SetCaps(_) => "set_caps",
+            Command::Reserve { .. } => "reserve",
+            Command::Launch { .. } => "launch",
+            Command::Advance { .. } => "advance",
+            Command::Adopt { .. } => "adopt",
+            Command::MarkUnavailable { .. } => "mark_unavailable",
+            Command::SetBudgets { .. } => "set_budgets",
+            Command::Disrupt { .. } => "disrupt",
+            Command::EndDisruption { .. } => "end_disruption",
+            Command::Interrupt { .. } => "interrupt",
+            Command::ReplaceInterrupted { .. } => "replace_interrupted",
+        }
+    }
+}
+
 /// A replacement for interrupted instances' pods.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Replacement {
