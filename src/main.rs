@@ -11,6 +11,7 @@ mod crdgen;
 mod explain;
 mod ledger;
 mod loadtest;
+mod logs;
 mod plan;
 mod simulate;
 mod telemetry;
@@ -65,7 +66,14 @@ fn main() -> ExitCode {
         eprintln!("warning: transparent huge pages stay on (prctl: {e}); peak RSS may be higher");
     }
     let cli = Cli::parse();
-    let telemetry = match telemetry::install(&cli.telemetry) {
+    // The commands that log install their subscriber once their settings are read.
+    if let Command::Controller(args) = &cli.command {
+        return controller::run(args, &cli.telemetry);
+    }
+    if let Command::NodeAgent(args) = &cli.command {
+        return controller::agent::run(args, &cli.telemetry);
+    }
+    let telemetry = match telemetry::install(&cli.telemetry, None, None) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");
@@ -77,14 +85,13 @@ fn main() -> ExitCode {
         Command::BenchInput(args) => bench_input::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Loadtest(args) => loadtest::run(&args),
-        Command::Controller(args) => controller::run(&args),
+        Command::Controller(_) | Command::NodeAgent(_) => ExitCode::SUCCESS,
         Command::Crdgen(args) => crdgen::run(&args),
         Command::Explain(args) => {
             use dovetail_core::clock::Clock;
             explain::run(&args, dovetail_core::clock::SystemClock.now_millis())
         }
         Command::Ledger(args) => ledger::run(&args),
-        Command::NodeAgent(args) => controller::agent::run(&args),
     };
     // Spans still queued are exported before the process ends.
     if let Some(t) = telemetry {

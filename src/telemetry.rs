@@ -1,6 +1,7 @@
-//! OpenTelemetry export: the binary installs a `tracing` subscriber with an OTLP exporter when
-//! an endpoint is configured (`--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`), and flushes
-//! it before exit. Without one nothing is installed and spans cost nothing.
+//! OpenTelemetry export and logs: the binary installs a `tracing` subscriber with an OTLP
+//! exporter when an endpoint is configured (`--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`),
+//! and flushes it before exit, and with the log lines of the commands that log. Without
+//! either nothing is installed and spans cost nothing.
 //!
 //! Configuration follows the OpenTelemetry specification:
 //! - the endpoint is a base URL: `http/protobuf` sends spans to `URL/v1/traces`, `grpc` to
@@ -23,6 +24,8 @@ use opentelemetry_sdk::trace::{BatchConfigBuilder, SdkTracerProvider};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 
+use crate::logs::{Json, LogFormat, Logs};
+
 /// The OTLP flags (every command takes them).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct TelemetryArgs {
@@ -37,8 +40,7 @@ pub struct TelemetryArgs {
 
 /// What `install` set up; `shutdown` flushes it.
 pub struct Telemetry {
-    provider: SdkTracerProvider,
-    runtime: tokio::runtime::Runtime,
+    export: Option<(SdkTracerProvider, tokio::runtime::Runtime)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,8 +80,39 @@ fn wire(args: &TelemetryArgs) -> Result<Wire, String> {
     }
 }
 
-/// Installs the exporter and the global subscriber when an endpoint is configured.
-pub fn install(args: &TelemetryArgs) -> Result<Option<Telemetry>, String> {
+/// Installs the global subscriber: the OTLP exporter when an endpoint is configured, and the
+/// log lines of `logs` (commands that log: `controller`, `node-agent`). `instance` is the OTLP
+/// resource's `service.instance.id` (each control node its own).
+pub fn install(args: &TelemetryArgs, logs: Option<&Logs>, instance: Option<&str>) -> Result<Option<Telemetry>, String> {
+    let export = exporter(args, instance)?;
+    if export.is_none() && logs.is_none() {
+        return Ok(None);
+    }
+    let otel = export.as_ref().map(|(provider, _)| {
+        // Only dovetail's own spans: the exporter's HTTP and gRPC stacks must not trace themselves.
+        let only_dovetail = tracing_subscriber::filter::Targets::new().with_target("dovetail", tracing::Level::INFO);
+        tracing_opentelemetry::layer().with_tracer(provider.tracer("dovetail")).with_filter(only_dovetail)
+    });
+    let lines = logs.map(|l| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .or_else(|_| tracing_subscriber::EnvFilter::try_new(&l.level))
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        match l.format {
+            LogFormat::Json => fmt.event_format(Json).with_filter(filter).boxed(),
+            LogFormat::Text => fmt.with_filter(filter).boxed(),
+        }
+    });
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(otel).with(lines))
+        .map_err(|e| format!("installing the tracing subscriber: {e}"))?;
+    Ok(Some(Telemetry { export }))
+}
+
+/// The OTLP exporter and its runtime, when an endpoint is configured.
+fn exporter(
+    args: &TelemetryArgs,
+    instance: Option<&str>,
+) -> Result<Option<(SdkTracerProvider, tokio::runtime::Runtime)>, String> {
     let configured = args.otlp_endpoint.as_deref().is_some_and(|s| !s.is_empty())
         || std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_ok_and(|s| !s.is_empty());
     // Without an endpoint the other settings are not read (they may be meant for another tool).
@@ -115,23 +148,22 @@ pub fn install(args: &TelemetryArgs) -> Result<Option<Telemetry>, String> {
     if std::env::var("OTEL_SERVICE_NAME").is_err() {
         resource = resource.with_service_name("dovetail");
     }
+    if let Some(id) = instance {
+        resource = resource.with_attribute(opentelemetry::KeyValue::new("service.instance.id", id.to_string()));
+    }
     let provider = SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource.build()).build();
-    // Only dovetail's own spans: the exporter's HTTP and gRPC stacks must not trace themselves.
-    let only_dovetail = tracing_subscriber::filter::Targets::new().with_target("dovetail", tracing::Level::INFO);
-    let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("dovetail")).with_filter(only_dovetail);
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))
-        .map_err(|e| format!("installing the tracing subscriber: {e}"))?;
     drop(_entered);
-    Ok(Some(Telemetry { provider, runtime }))
+    Ok(Some((provider, runtime)))
 }
 
 impl Telemetry {
     /// Exports every span still queued, then stops the exporter.
     pub fn shutdown(self) {
-        if let Err(e) = self.provider.shutdown() {
+        let Some((provider, runtime)) = self.export else { return };
+        if let Err(e) = provider.shutdown() {
             eprintln!("warning: flushing spans to the OTLP endpoint: {e}");
         }
-        self.runtime.shutdown_timeout(Duration::from_secs(2));
+        runtime.shutdown_timeout(Duration::from_secs(2));
     }
 }
 

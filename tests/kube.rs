@@ -287,6 +287,7 @@ impl Controller {
             .args([subcommand, "--cluster-name", "dovetail-test"])
             // Plain logs: the tests read them (timestamps included).
             .env("NO_COLOR", "1")
+            .env("DOVETAIL_LOG_FORMAT", "text")
             .envs(envs.iter().copied())
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -1231,6 +1232,14 @@ mod disruption;
 
 #[path = "kube/interruption.rs"]
 mod interruption;
+
+/// Operating it: the controller's traces on the Raft ledger and its JSON logs.
+#[path = "kube/operations.rs"]
+mod operations;
+
+#[path = "otlp/mod.rs"]
+#[allow(dead_code, reason = "the receiver serves the CLI tests too; these use its gRPC side")]
+mod otlp;
 
 #[path = "../cloud/tests/conformance/ami_seed.rs"]
 mod ami_seed;

@@ -324,9 +324,20 @@ impl Ledger for RaftLedger {
                     reason: format!("a proposal of term {} is ahead of the group's term {current}", entry.term),
                 });
             }
-            let write = self.raft.client_write(WireEntry::encode(&entry));
+            // Inside a traced decision: the entry's replication to a quorum, its commit and
+            // its application, as a span of the decision's trace.
+            let span = if tracing::Span::current().is_none() {
+                tracing::Span::none()
+            } else {
+                tracing::info_span!("ledger.commit", raft.term = current, raft.index = tracing::field::Empty)
+            };
+            let write =
+                tracing::Instrument::instrument(self.raft.client_write(WireEntry::encode(&entry)), span.clone());
             match tokio::time::timeout(self.propose_timeout, write).await {
-                Ok(Ok(r)) => Ok(Committed { index: r.log_id.index, outcome: r.data.decode() }),
+                Ok(Ok(r)) => {
+                    span.record("raft.index", r.log_id.index);
+                    Ok(Committed { index: r.log_id.index, outcome: r.data.decode() })
+                }
                 Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
                     Err(LedgerError::NotLeader { leader: f.leader_id.map(|n| n.to_string()) })
                 }

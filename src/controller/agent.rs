@@ -393,7 +393,7 @@ fn ready_condition(time: &str) -> serde_json::Value {
 /// `dovetail node-agent`: the agent alone, for the instances of `--cloud aws` (moto in the
 /// tests), until SIGINT or SIGTERM. It reads the same settings as the controller (kubeconfig,
 /// endpoint, region, cluster name, `--sim-registration-delay-ms`) and acts on nothing else.
-pub fn run(args: &super::ControllerArgs) -> std::process::ExitCode {
+pub fn run(args: &super::ControllerArgs, otel: &crate::telemetry::TelemetryArgs) -> std::process::ExitCode {
     use std::process::ExitCode;
     let settings = match super::Settings::resolve(args) {
         Ok(s) => s,
@@ -406,7 +406,22 @@ pub fn run(args: &super::ControllerArgs) -> std::process::ExitCode {
         eprintln!("error: node-agent plays the kubelets of --cloud aws (the controller's sim cloud has its own)");
         return ExitCode::from(2);
     }
-    super::logs();
+    let telemetry = match super::logs(&settings, otel) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = standalone_blocking(settings);
+    if let Some(t) = telemetry {
+        t.shutdown();
+    }
+    code
+}
+
+fn standalone_blocking(settings: super::Settings) -> std::process::ExitCode {
+    use std::process::ExitCode;
     let sys = match dovetail_actors::system() {
         Ok(s) => s,
         Err(e) => {

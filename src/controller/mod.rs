@@ -37,7 +37,7 @@ use dovetail_raft::Ledger;
 pub use settings::{CloudKind, ControllerArgs, Settings};
 
 /// Runs the controller until SIGINT or SIGTERM.
-pub fn run(args: &ControllerArgs) -> ExitCode {
+pub fn run(args: &ControllerArgs, otel: &crate::telemetry::TelemetryArgs) -> ExitCode {
     let settings = match Settings::resolve(args) {
         Ok(s) => s,
         Err(e) => {
@@ -45,7 +45,22 @@ pub fn run(args: &ControllerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    logs();
+    let telemetry = match logs(&settings, otel) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = run_with(settings);
+    // Spans still queued are exported before the process ends.
+    if let Some(t) = telemetry {
+        t.shutdown();
+    }
+    code
+}
+
+fn run_with(settings: Settings) -> ExitCode {
     let sys = match dovetail_actors::system() {
         Ok(s) => s,
         Err(e) => {
@@ -62,13 +77,18 @@ pub fn run(args: &ControllerArgs) -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
-fn logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    if let Err(e) = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init() {
-        eprintln!("note: logs go to the subscriber installed already ({e})");
-    }
+/// Logs to stderr as the settings say, and spans to the OTLP endpoint when one is set, as
+/// this control node (`service.instance.id`: its Raft node id, or the host's name).
+pub(crate) fn logs(
+    s: &Settings,
+    otel: &crate::telemetry::TelemetryArgs,
+) -> Result<Option<crate::telemetry::Telemetry>, String> {
+    let instance = match &s.ha {
+        Some(ha) => Some(format!("{}-node-{}", s.cluster_name, ha.node_id)),
+        None => std::env::var("HOSTNAME").ok(),
+    };
+    let logs = crate::logs::Logs { format: s.log_format, level: s.log_level.clone() };
+    crate::telemetry::install(otel, Some(&logs), instance.as_deref())
 }
 
 async fn client(s: &Settings) -> Result<(kube::Client, aws::ClusterAccess), String> {

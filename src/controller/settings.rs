@@ -35,6 +35,14 @@ pub struct ControllerArgs {
     /// Where /metrics is served.
     #[arg(long, env = "DOVETAIL_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// How log lines are written: json (one object per line, with the trace id of the
+    /// decision a line is part of) or text. Default json.
+    #[arg(long, value_enum, env = "DOVETAIL_LOG_FORMAT")]
+    pub log_format: Option<crate::logs::LogFormat>,
+    /// The log level (debug, info, warn, error) or a filter such as `info,kube_client=error`;
+    /// RUST_LOG, when set, wins. Default info.
+    #[arg(long, env = "DOVETAIL_LOG_LEVEL")]
+    pub log_level: Option<String>,
     /// Where /healthz (live) and /readyz (caches synced) are served.
     #[arg(long, env = "DOVETAIL_HEALTH_ADDR")]
     pub health_addr: Option<SocketAddr>,
@@ -135,6 +143,8 @@ pub struct FileSettings {
     pub cluster_name: Option<String>,
     pub region: Option<String>,
     pub metrics_addr: Option<SocketAddr>,
+    pub log_format: Option<crate::logs::LogFormat>,
+    pub log_level: Option<String>,
     pub health_addr: Option<SocketAddr>,
     pub zones: Option<Vec<String>>,
     pub kube_client_qps: Option<f64>,
@@ -178,6 +188,8 @@ pub struct Settings {
     pub cluster_name: String,
     pub region: String,
     pub metrics_addr: SocketAddr,
+    pub log_format: crate::logs::LogFormat,
+    pub log_level: String,
     pub health_addr: SocketAddr,
     pub zones: Vec<String>,
     /// Whether `zones` was set (with `--cloud aws` unset zones are EC2's).
@@ -346,6 +358,8 @@ impl Settings {
             cluster_name,
             region,
             metrics_addr: args.metrics_addr.or(file.metrics_addr).map_or_else(|| addr("0.0.0.0:8080"), Ok)?,
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            log_level: args.log_level.clone().or(file.log_level).unwrap_or_else(|| "info".to_string()),
             health_addr: args.health_addr.or(file.health_addr).map_or_else(|| addr("0.0.0.0:8081"), Ok)?,
             zones,
             zones_set,

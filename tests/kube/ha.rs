@@ -60,7 +60,7 @@ const ROLE: &str = "KarpenterNodeRole-dovetail-ha";
 
 /// Seeds moto ([`seeded_moto`]), makes [`ROLE`] there (once per process) and points the
 /// getting-started EC2NodeClass at it; moto's runtime, endpoint and EC2 client.
-fn own_role(env: &Env) -> (tokio::runtime::Runtime, String, aws_sdk_ec2::Client) {
+pub(super) fn own_role(env: &Env) -> (tokio::runtime::Runtime, String, aws_sdk_ec2::Client) {
     let (rt, endpoint, ec2, iam) = seeded_moto(env);
     let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
     if let Err(e) = rt.block_on(iam.create_role().role_name(ROLE).assume_role_policy_document(trust).send()) {

@@ -33,6 +33,8 @@ impl Wire {
 #[derive(Clone, Debug)]
 pub struct Span {
     pub service: String,
+    /// The resource's `service.instance.id` (empty when not set).
+    pub instance: String,
     pub trace_id: Vec<u8>,
     pub span_id: Vec<u8>,
     /// Empty for a root.
@@ -63,13 +65,15 @@ fn keep(into: &Mutex<Received>, req: ExportTraceServiceRequest) {
     let mut r = into.lock().expect("receiver lock");
     r.requests += 1;
     for rs in req.resource_spans {
-        let service = rs
-            .resource
-            .iter()
-            .flat_map(|res| res.attributes.iter())
-            .find(|kv| kv.key == "service.name")
-            .map(|kv| text(&kv.value.as_ref().and_then(|v| v.value.clone())))
-            .unwrap_or_default();
+        let resource = |key: &str| {
+            rs.resource
+                .iter()
+                .flat_map(|res| res.attributes.iter())
+                .find(|kv| kv.key == key)
+                .map(|kv| text(&kv.value.as_ref().and_then(|v| v.value.clone())))
+                .unwrap_or_default()
+        };
+        let (service, instance) = (resource("service.name"), resource("service.instance.id"));
         for ss in rs.scope_spans {
             for s in ss.spans {
                 let attributes = s
@@ -79,6 +83,7 @@ fn keep(into: &Mutex<Received>, req: ExportTraceServiceRequest) {
                     .collect();
                 r.spans.push(Span {
                     service: service.clone(),
+                    instance: instance.clone(),
                     trace_id: s.trace_id,
                     span_id: s.span_id,
                     parent: s.parent_span_id,

@@ -150,31 +150,27 @@ impl Ledger for MeteredLedger {
     fn propose(&self, entry: Entry) -> BoxFuture<'_, Result<Committed, LedgerError>> {
         let command = entry.command.name();
         let term = entry.term;
-        // Only inside a decision's span: a proposal of no decision starts no trace.
-        let span = if tracing::Span::current().is_none() {
-            tracing::Span::none()
-        } else {
-            tracing::info_span!("ledger.propose", command, raft.term = term, raft.index = tracing::field::Empty)
-        };
-        Box::pin(
-            async move {
-                let start = self.clock.now();
-                let out = self.inner.propose(entry).await;
-                let seconds = self.clock.now().saturating_sub(start).as_secs_f64();
-                match &out {
-                    Ok(c) => {
-                        tracing::Span::current().record("raft.index", c.index);
-                        self.metrics.proposal(command, "committed", seconds, Some(c.index));
-                    }
-                    Err(LedgerError::NotLeader { .. }) => self.metrics.proposal(command, "not_leader", seconds, None),
-                    Err(LedgerError::Unavailable { .. }) => {
-                        self.metrics.proposal(command, "unavailable", seconds, None)
-                    }
+        Box::pin(async move {
+            // Only inside a decision's span (where the proposal is awaited): a proposal of no
+            // decision starts no trace.
+            let span = if tracing::Span::current().is_none() {
+                tracing::Span::none()
+            } else {
+                tracing::info_span!("ledger.propose", command, raft.term = term, raft.index = tracing::field::Empty)
+            };
+            let start = self.clock.now();
+            let out = self.inner.propose(entry).instrument(span.clone()).await;
+            let seconds = self.clock.now().saturating_sub(start).as_secs_f64();
+            match &out {
+                Ok(c) => {
+                    span.record("raft.index", c.index);
+                    self.metrics.proposal(command, "committed", seconds, Some(c.index));
                 }
-                out
+                Err(LedgerError::NotLeader { .. }) => self.metrics.proposal(command, "not_leader", seconds, None),
+                Err(LedgerError::Unavailable { .. }) => self.metrics.proposal(command, "unavailable", seconds, None),
             }
-            .instrument(span),
-        )
+            out
+        })
     }
 
     fn read<'a>(&'a self, f: Box<dyn FnOnce(&State) + Send + 'a>) -> BoxFuture<'a, Result<(), LedgerError>> {

@@ -187,7 +187,8 @@ impl Handler<Provision> for NodePoolActor {
             seed: self.names.next_u64(),
             nominations: self.nominations.clone(),
         };
-        let work = round(rc, msg.pods, simulating);
+        let traced = reserving.iter().find(|s| !s.is_disabled()).cloned().unwrap_or_else(tracing::Span::none);
+        let work = round(rc, msg.pods, simulating, traced);
         ctx.spawn(work.into_actor(self).map(move |done, act, ctx| {
             for k in &keys {
                 act.in_round.remove(k);
@@ -372,7 +373,7 @@ impl NodePoolActor {
 }
 
 /// Plans, reserves and creates one round.
-async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> RoundDone {
+async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>, reserving: tracing::Span) -> RoundDone {
     let now = rc.clock.now_millis();
     let pool_name = rc.pool.pool.name.clone();
     let unavailable: BTreeSet<Offering> =
@@ -418,7 +419,8 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> 
         }
         let reserve =
             Command::Reserve { pool: pool_name.clone(), claims: claims.iter().map(|c| c.reserve.clone()).collect() };
-        let outcome = match rc.ledger.propose(Entry { term: rc.term, at: now, command: reserve }).await {
+        let proposed = rc.ledger.propose(Entry { term: rc.term, at: now, command: reserve });
+        let outcome = match tracing::Instrument::instrument(proposed, reserving.clone()).await {
             Ok(c) => c.outcome,
             Err(e) => {
                 rc.errors.warn("reserve", "ledger", &pool_name, &e);
@@ -457,8 +459,10 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>) -> 
     }
     let count = granted.len();
     if count > 0 {
-        // Karpenter's line for a provisioning decision, once the ledger committed it.
+        // Karpenter's line for a provisioning decision, once the ledger committed it (in the
+        // decision's trace).
         tracing::info!(
+            parent: &reserving,
             nodepool = %pool_name,
             raft.term = rc.term,
             nodeclaims = count,

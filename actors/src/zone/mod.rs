@@ -283,7 +283,13 @@ impl ZoneActor {
         );
         let zone = self.cfg.zone.clone();
         let requests: Vec<LaunchRequest> = batch.iter().map(|f| f.request.clone()).collect();
-        let work = launch(LaunchCall { cloud, ledger, clock, ice_ttl, errors, zone, term, batches, requests });
+        // The call (its ledger entries, the cloud's request) runs in the first traced
+        // decision's `zone.launch` span.
+        let traced = spans.iter().flatten().find(|s| !s.is_disabled()).cloned().unwrap_or_else(tracing::Span::none);
+        let work = tracing::Instrument::instrument(
+            launch(LaunchCall { cloud, ledger, clock, ice_ttl, errors, zone, term, batches, requests }),
+            traced,
+        );
         ctx.spawn(work.into_actor(self).map(move |results, act, ctx| {
             let mut retry_after: Option<Duration> = None;
             for ((InFlight { request, reply, .. }, result), spans) in batch.into_iter().zip(results).zip(spans) {

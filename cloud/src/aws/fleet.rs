@@ -389,7 +389,36 @@ async fn create_fleet(
         ),
     };
     p.count(|s| s.fleet_calls += 1);
-    let resp = call.send().await.map_err(|e| from_sdk("CreateFleet", e))?;
+    // Inside a traced decision (the zone's launch), the call is a span of its trace with
+    // EC2's request id.
+    let span = if tracing::Span::current().is_none() {
+        tracing::Span::none()
+    } else {
+        tracing::info_span!(
+            "cloud.create_fleet",
+            zone = %r.zone,
+            capacity_type = %ct,
+            claims = claims.len(),
+            request_id = tracing::field::Empty,
+            instances = tracing::field::Empty,
+            error = tracing::field::Empty,
+        )
+    };
+    let sent = tracing::Instrument::instrument(call.send(), span.clone()).await;
+    {
+        use aws_sdk_ec2::operation::RequestId as _;
+        match &sent {
+            Ok(resp) => {
+                span.record("request_id", resp.request_id().unwrap_or_default());
+                span.record("instances", resp.instances().iter().map(|i| i.instance_ids().len()).sum::<usize>());
+            }
+            Err(e) => {
+                span.record("request_id", e.request_id().unwrap_or_default());
+                span.record("error", e.to_string());
+            }
+        }
+    }
+    let resp = sent.map_err(|e| from_sdk("CreateFleet", e))?;
 
     let mut failed = Vec::new();
     let mut other = None;

@@ -1,0 +1,137 @@
+//! The controller's logs: one JSON object per line by default (Karpenter's keys: `level`,
+//! `time`, `logger`, `message`, then the event's fields), or text with `--log-format text`.
+//! A line logged inside a traced decision carries its `trace_id` and `span_id`, so a log
+//! search finds the decision's trace and the trace its log lines.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use opentelemetry::trace::TraceContextExt as _;
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Json,
+    Text,
+}
+
+/// The log settings of a command that logs (`controller`, `node-agent`).
+#[derive(Clone, Debug)]
+pub struct Logs {
+    pub format: LogFormat,
+    /// A level (`debug`, `info`, `warn`, `error`) or a full filter (`info,kube_client=error`);
+    /// `RUST_LOG`, when set, is used instead.
+    pub level: String,
+}
+
+/// One JSON object per event.
+pub struct Json;
+
+struct Fields<'a>(&'a mut Map<String, Value>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.insert(key(field), Value::String(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(key(field), Value::String(value.to_string()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(key(field), Value::from(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(key(field), Value::from(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(key(field), Value::from(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(key(field), Value::from(value));
+    }
+}
+
+fn key(field: &Field) -> String {
+    match field.name() {
+        "message" => "message".into(),
+        n => n.to_string(),
+    }
+}
+
+/// RFC 3339 UTC with milliseconds, from the wall clock.
+fn now_rfc3339() -> String {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+impl<S, N> FormatEvent<S, N> for Json
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        let meta = event.metadata();
+        let mut line = Map::new();
+        line.insert("level".into(), Value::String(meta.level().as_str().to_lowercase()));
+        line.insert("time".into(), Value::String(now_rfc3339()));
+        line.insert("logger".into(), Value::String(meta.target().to_string()));
+        let mut fields = Map::new();
+        event.record(&mut Fields(&mut fields));
+        line.insert("message".into(), fields.remove("message").unwrap_or(Value::String(String::new())));
+        // The decision this line is part of: its span's trace (the event's parent, or the
+        // span it was logged in).
+        if let Some(span) = ctx.event_scope().and_then(|mut scope| scope.next()) {
+            let id = span.id();
+            let cx = tracing::dispatcher::get_default(|d| tracing_opentelemetry::get_otel_context(&id, d));
+            if let Some(cx) = cx {
+                let sc = cx.span().span_context().clone();
+                if sc.is_valid() {
+                    line.insert("trace_id".into(), Value::String(sc.trace_id().to_string()));
+                    line.insert("span_id".into(), Value::String(sc.span_id().to_string()));
+                }
+            }
+            line.insert("span".into(), Value::String(span.name().to_string()));
+        }
+        line.extend(fields);
+        let text = serde_json::to_string(&Value::Object(line)).map_err(|_| fmt::Error)?;
+        writeln!(writer, "{text}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_is_rfc3339_utc() {
+        let t = now_rfc3339();
+        assert_eq!(t.len(), "2026-11-27T17:32:33.123Z".len(), "{t}");
+        assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T', "{t}");
+        assert!(t.as_str() >= "2025-01-01", "{t}");
+    }
+}
