@@ -203,6 +203,23 @@ pub struct Config {
     pub solve: SolveOptions,
     pub disruption: DisruptionConfig,
     pub interruption: InterruptionConfig,
+    pub gc: GcConfig,
+}
+
+/// Instance garbage collection (Karpenter's `instance.garbagecollection`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GcConfig {
+    /// How often the cloud's instances tagged for the cluster are listed (Karpenter: 2 min).
+    pub every: Duration,
+    /// How old an instance no claim knows must be before it is terminated (Karpenter: 30 s):
+    /// a launch says which instance is whose within it.
+    pub grace: Duration,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        GcConfig { every: Duration::from_secs(120), grace: Duration::from_secs(30) }
+    }
 }
 
 impl Default for Config {
@@ -225,6 +242,7 @@ impl Default for Config {
             solve: SolveOptions::default(),
             disruption: DisruptionConfig::default(),
             interruption: InterruptionConfig::default(),
+            gc: GcConfig::default(),
         }
     }
 }
@@ -277,6 +295,9 @@ impl Config {
         }
         if self.disruption.max_commands == 0 {
             return bad("disruption.max_commands", "must be at least 1 (1 is Karpenter's one command a round)");
+        }
+        if self.gc.every.is_zero() {
+            return bad("gc.every", "must be positive");
         }
         let i = &self.interruption;
         if i.consumers == 0 || i.max_consumers < i.consumers {

@@ -31,6 +31,7 @@ pub mod config;
 pub mod errors;
 pub mod executor;
 pub mod feed;
+pub mod gc;
 pub mod interruption;
 pub mod kubelet;
 pub mod limiter;

@@ -71,13 +71,14 @@ pub struct Plane {
     pub interruption: Option<Addr<InterruptionActor>>,
     /// Stops the queue consumers when sent `true` or dropped with the plane.
     stop_consumers: Option<tokio::sync::watch::Sender<bool>>,
-    /// Counts the nodes joining and leaving; stopped with the plane.
-    node_counter: Option<tokio::task::JoinHandle<()>>,
+    /// Counts the nodes joining and leaving, and collects leaked instances; stopped with
+    /// the plane.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Plane {
     fn drop(&mut self) {
-        if let Some(t) = self.node_counter.take() {
+        for t in self.tasks.drain(..) {
             t.abort();
         }
     }
@@ -188,11 +189,24 @@ impl Plane {
             routed: BTreeMap::new(),
             interruption: None,
             stop_consumers: None,
-            node_counter: Some(actix_rt::spawn(crate::metrics::state::follow_nodes(
-                s.view.clone(),
-                metrics,
-                std::time::Duration::from_secs(1),
-            ))),
+            tasks: vec![
+                actix_rt::spawn(crate::metrics::state::follow_nodes(
+                    s.view.clone(),
+                    metrics.clone(),
+                    std::time::Duration::from_secs(1),
+                )),
+                actix_rt::spawn(
+                    crate::gc::Gc {
+                        cloud: s.cloud.clone(),
+                        ledger: s.ledger.clone(),
+                        clock: s.clock.clone(),
+                        errors: errors.clone(),
+                        metrics,
+                        cfg: config.gc.clone(),
+                    }
+                    .run(),
+                ),
+            ],
         };
         // The pools are routed to before the feed sends the first pods.
         for (pool, types, node_class) in cfg.pools {

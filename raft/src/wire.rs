@@ -260,6 +260,9 @@ pub enum CommandV1 {
         instances: Vec<String>,
         replacements: Vec<ReplacementV1>,
     },
+    Collect {
+        instances: Vec<(String, Option<String>)>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -459,6 +462,7 @@ impl From<&Command> for CommandV1 {
                 instances: instances.clone(),
                 replacements: replacements.iter().map(ReplacementV1::from).collect(),
             },
+            Command::Collect { instances } => CommandV1::Collect { instances: instances.clone() },
         }
     }
 }
@@ -515,6 +519,7 @@ impl CommandV1 {
                 instances: instances.clone(),
                 replacements: replacements.iter().map(ReplacementV1::to_core).collect(),
             },
+            CommandV1::Collect { instances } => Command::Collect { instances: instances.clone() },
         })
     }
 }

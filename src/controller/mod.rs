@@ -403,6 +403,7 @@ impl Acting {
                         ..Config::default()
                     };
                     c.interruption.consumers = s.interruption_consumers;
+                    c.gc.every = s.gc_interval;
                     c.interruption.visibility = s.interruption_visibility;
                     c.lifecycle.interruption.rebalance = s.rebalance;
                     c

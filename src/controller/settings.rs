@@ -99,6 +99,10 @@ pub struct ControllerArgs {
     /// cluster spread over several queues drains them all.
     #[arg(long = "interruption-queue", value_delimiter = ',', env = "DOVETAIL_INTERRUPTION_QUEUE")]
     pub interruption_queue: Option<Vec<String>>,
+    /// How often instances tagged for the cluster are listed to terminate those no NodeClaim
+    /// knows (older than 30 s), in seconds (default 120, Karpenter's).
+    #[arg(long, env = "DOVETAIL_GC_INTERVAL")]
+    pub gc_interval: Option<u64>,
     /// With --interruption-queue: long-pollers per queue to start with (default 2; more start
     /// while receives come back full, up to 16).
     #[arg(long, env = "DOVETAIL_INTERRUPTION_CONSUMERS")]
@@ -163,6 +167,7 @@ pub struct FileSettings {
     pub interruption_consumers: Option<usize>,
     pub interruption_visibility: Option<u64>,
     pub interruption_rebalance: Option<String>,
+    pub gc_interval: Option<u64>,
 }
 
 /// A replicated ledger's settings (`--peers` and the flags it needs).
@@ -212,6 +217,7 @@ pub struct Settings {
     pub interruption_consumers: usize,
     /// How long a received message stays hidden.
     pub interruption_visibility: std::time::Duration,
+    pub gc_interval: std::time::Duration,
     pub rebalance: dovetail_core::interruption::Rebalance,
 }
 
@@ -359,6 +365,10 @@ impl Settings {
             region,
             metrics_addr: args.metrics_addr.or(file.metrics_addr).map_or_else(|| addr("0.0.0.0:8080"), Ok)?,
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            gc_interval: match args.gc_interval.or(file.gc_interval).unwrap_or(120) {
+                0 => return Err("--gc-interval must be at least 1 second".into()),
+                n => std::time::Duration::from_secs(n),
+            },
             log_level: args.log_level.clone().or(file.log_level).unwrap_or_else(|| "info".to_string()),
             health_addr: args.health_addr.or(file.health_addr).map_or_else(|| addr("0.0.0.0:8081"), Ok)?,
             zones,

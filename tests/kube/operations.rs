@@ -136,3 +136,68 @@ fn a_provisioning_decision_on_the_raft_ledger_is_one_trace_from_routing_through_
     drop(agent);
     clean_up(&env, ns, &ctl);
 }
+
+/// An instance of `ami` in moto, with the cluster's tag or without; its id.
+async fn run_instance(ec2: &aws_sdk_ec2::Client, ami: &str, cluster_tag: bool) -> String {
+    use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
+    let mut tags = TagSpecification::builder().resource_type(ResourceType::Instance);
+    tags = tags.tags(Tag::builder().key("Name").value("made-by-hand").build());
+    if cluster_tag {
+        tags = tags.tags(Tag::builder().key("kubernetes.io/cluster/dovetail-test").value("owned").build());
+    }
+    let run = ec2
+        .run_instances()
+        .image_id(ami)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .tag_specifications(tags.build())
+        .send()
+        .await
+        .expect("run an instance outside dovetail");
+    run.instances()[0].instance_id().expect("its id").to_string()
+}
+
+async fn state_of(ec2: &aws_sdk_ec2::Client, id: &str) -> String {
+    let out = ec2.describe_instances().instance_ids(id).send().await.expect("describe instances");
+    out.reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .find_map(|i| i.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()))
+        .unwrap_or_else(|| "gone".to_string())
+}
+
+#[test]
+fn an_instance_tagged_for_the_cluster_that_no_nodeclaim_knows_is_terminated_after_the_grace_and_an_untagged_one_never()
+{
+    let Some((env, _serial, _)) = getting_started() else { return };
+    let (rt, endpoint, ec2) = ha::own_role(&env);
+    let images = rt.block_on(ec2.describe_images().owners("amazon").send()).expect("images");
+    let ami = images.images().iter().find_map(|i| i.image_id()).expect("an image").to_string();
+    let leaked = rt.block_on(run_instance(&ec2, &ami, true));
+    let foreign = rt.block_on(run_instance(&ec2, &ami, false));
+    let started = Instant::now();
+    let ctl =
+        Controller::start_aws(&env, "gc", &endpoint, &["--ami-parameter-prefix", AMI_PARAMETERS, "--gc-interval", "2"]);
+    // Terminated, and the termination logged with the instance.
+    env.wait("the leaked instance terminated", Duration::from_secs(90), |_| {
+        match rt.block_on(state_of(&ec2, &leaked)).as_str() {
+            "shutting-down" | "terminated" | "gone" if ctl.log().contains(&leaked) => Ok(()),
+            other => Err(format!("{leaked} is {other}\n{}", ctl.log())),
+        }
+    });
+    // Not before its grace: 30 s from its launch.
+    assert!(started.elapsed() >= Duration::from_secs(25), "terminated after {:?}", started.elapsed());
+    let text = ctl.scrape();
+    assert!(series_sum(&text, "dovetail_garbage_collected_instances_total", &[]) >= 1.0, "{text}");
+    // Several passes later the one without the cluster's tag still runs.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        rt.block_on(state_of(&ec2, &foreign)),
+        "running",
+        "an instance not tagged for the cluster is never touched"
+    );
+    rt.block_on(ec2.terminate_instances().instance_ids(&foreign).send()).expect("the test's own instance cleaned up");
+    // No NodeClaim was made: nothing of the cluster's to clean up.
+    assert!(env.items(&["get", "nodeclaims"]).is_empty());
+}

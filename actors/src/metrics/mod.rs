@@ -61,6 +61,7 @@ pub struct Metrics {
     proposal_duration: Histograms,
     commit_index: Gauge,
     failovers: Counter,
+    collected: Counter,
 }
 
 impl Default for Metrics {
@@ -92,6 +93,7 @@ impl Metrics {
             proposal_duration: histograms(),
             commit_index: Gauge::default(),
             failovers: Counter::default(),
+            collected: Counter::default(),
         };
         {
             let mut r = m.lock();
@@ -186,6 +188,11 @@ impl Metrics {
                 "dovetail_ledger_commit_index",
                 "The highest log index of an entry this control node proposed and saw committed",
                 m.commit_index.clone(),
+            );
+            r.register(
+                "dovetail_garbage_collected_instances",
+                "Instances tagged for the cluster that no NodeClaim knew, terminated by garbage collection",
+                m.collected.clone(),
             );
             r.register(
                 "dovetail_ledger_failovers",
@@ -340,6 +347,11 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// Instances terminated by garbage collection.
+    pub fn collected(&self, n: u64) {
+        self.collected.inc_by(n);
     }
 
     /// The ledger's leader changed.

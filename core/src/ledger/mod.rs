@@ -346,6 +346,19 @@ impl State {
             Command::ReplaceInterrupted { instances, replacements } => {
                 self.replace_interrupted(at, instances, replacements)
             }
+            Command::Collect { instances } => {
+                let rejected = instances
+                    .iter()
+                    .filter_map(|(id, batch)| {
+                        if let Some(claim) = self.index.by_instance.get(id) {
+                            return Some((id.clone(), format!("instance of claim {claim}")));
+                        }
+                        let live = batch.as_ref().filter(|b| self.batches.contains_key(*b))?;
+                        Some((id.clone(), format!("of launch batch {live}, still recorded")))
+                    })
+                    .collect();
+                Outcome::Advanced { rejected }
+            }
             Command::MarkUnavailable { offerings, until } => {
                 if *until > at {
                     for offering in offerings {
@@ -919,6 +932,31 @@ pub(super) mod tests {
         assert_eq!(s.apply(&entry(4, Command::RemovePool { pool: "default".into() })), Outcome::Done);
         let out = s.apply(&entry(5, reserve("default", vec![req("b", 1, 0.1)])));
         assert_eq!(out, Outcome::Reserved { granted: vec![], denied: vec![("b".into(), Denial::UnknownPool)] });
+    }
+
+    #[test]
+    fn garbage_collection_keeps_instances_a_claim_holds_or_a_recorded_batch_may_be_making() {
+        let mut s = State::default();
+        initialized_pool(&mut s, "default", 1, ResourceList::new());
+        // A claim reserved and launching: its batch is recorded, its instance not yet named.
+        s.apply(&entry(2, reserve("default", vec![req("fresh", 2, 0.1)])));
+        let batch = LaunchBatch { id: "b-fresh".into(), claims: vec!["fresh".to_string()].into() };
+        s.apply(&entry(2, Command::Launch { zone: "us-east-1a".into(), batches: vec![batch] }));
+        let out = s.apply(&entry(
+            3,
+            Command::Collect {
+                instances: vec![
+                    ("i-default-0".into(), None),
+                    ("i-in-flight".into(), Some("b-fresh".into())),
+                    ("i-leaked".into(), Some("b-long-gone".into())),
+                    ("i-by-hand".into(), None),
+                ],
+            },
+        ));
+        let Outcome::Advanced { rejected } = out else { panic!("{out:?}") };
+        let kept: Vec<&str> = rejected.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(kept, ["i-default-0", "i-in-flight"], "{rejected:?}");
+        assert!(rejected[0].1.contains("default-0"), "the claim is named: {rejected:?}");
     }
 
     /// A pool `name` with `n` initialized claims `name-0`.. of 2 cpu at $0.1/h.

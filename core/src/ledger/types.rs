@@ -345,6 +345,14 @@ pub enum Command {
         instances: Vec<String>,
         replacements: Vec<Replacement>,
     },
+    /// Garbage collection: instances tagged for the cluster that no claim knows, each with
+    /// the launch batch its tag names (if any), to be terminated. The outcome is
+    /// [`Outcome::Advanced`]: an instance a claim holds, or of a batch still recorded (a launch
+    /// that has not said yet which instance is whose), is rejected and must not be touched;
+    /// the others may be terminated in this term.
+    Collect {
+        instances: Vec<(String, Option<String>)>,
+    },
 }
 
 impl Command {
@@ -365,6 +373,7 @@ impl Command {
             Command::EndDisruption { .. } => "end_disruption",
             Command::Interrupt { .. } => "interrupt",
             Command::ReplaceInterrupted { .. } => "replace_interrupted",
+            Command::Collect { .. } => "collect",
         }
     }
 }
