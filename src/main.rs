@@ -65,33 +65,33 @@ fn main() -> ExitCode {
     if let Err(e) = dovetail_actors::memory_settings() {
         eprintln!("warning: transparent huge pages stay on (prctl: {e}); peak RSS may be higher");
     }
-    let cli = Cli::parse();
+    let Cli { command, telemetry: otel } = Cli::parse();
     // The commands that log install their subscriber once their settings are read.
-    if let Command::Controller(args) = &cli.command {
-        return controller::run(args, &cli.telemetry);
-    }
-    if let Command::NodeAgent(args) = &cli.command {
-        return controller::agent::run(args, &cli.telemetry);
-    }
-    let telemetry = match telemetry::install(&cli.telemetry, None, None) {
+    let command = match command {
+        Command::Controller(args) => return controller::run(&args, &otel),
+        Command::NodeAgent(args) => return controller::agent::run(&args, &otel),
+        other => other,
+    };
+    let telemetry = match telemetry::install(&otel, None, None) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    let code = match cli.command {
+    let code = match command {
         Command::Plan(args) => plan::run(&args),
         Command::BenchInput(args) => bench_input::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Loadtest(args) => loadtest::run(&args),
-        Command::Controller(_) | Command::NodeAgent(_) => ExitCode::SUCCESS,
         Command::Crdgen(args) => crdgen::run(&args),
         Command::Explain(args) => {
             use dovetail_core::clock::Clock;
             explain::run(&args, dovetail_core::clock::SystemClock.now_millis())
         }
         Command::Ledger(args) => ledger::run(&args),
+        // Returned above, each with its own subscriber.
+        Command::Controller(_) | Command::NodeAgent(_) => ExitCode::SUCCESS,
     };
     // Spans still queued are exported before the process ends.
     if let Some(t) = telemetry {

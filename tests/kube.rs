@@ -565,17 +565,9 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
     clean_up(&env, ns, &ctl);
 }
 
-/// The sum of the samples of `series` (exactly that name) whose labels include `labels`.
+/// The sum of the samples of `series` whose labels include `labels`, in a scrape.
 fn series_sum(text: &str, series: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (name_labels, value) = l.rsplit_once(' ')?;
-            let (name, rest) = name_labels.split_once('{').unwrap_or((name_labels, ""));
-            let all = labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
-            (name == series && all).then(|| value.parse::<f64>().ok()).flatten()
-        })
-        .sum()
+    dovetail_actors::metrics::sum_of(text, series, labels)
 }
 
 #[test]

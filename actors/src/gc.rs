@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dovetail_cloud::{CloudError, CloudProvider, TAG_LAUNCH_BATCH};
+use dovetail_cloud::{CloudError, CloudProvider, InstanceState, TAG_LAUNCH_BATCH};
 use dovetail_core::clock::Clock;
 use dovetail_core::ledger::{Command, Entry, Outcome};
 use dovetail_raft::Ledger;
@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 pub struct Collected {
     /// Instances no claim knows and older than the grace, proposed.
     pub proposed: usize,
-    /// Terminated (or found gone).
+    /// Terminated.
     pub terminated: Vec<String>,
 }
 
@@ -58,6 +58,7 @@ impl Gc {
         // Instances a claim names by tag are the lifecycle's; the rest, once old enough.
         let candidates: Vec<(String, Option<String>)> = listed
             .iter()
+            .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Running))
             .filter(|i| i.claim.is_none() && now.saturating_sub(i.launched_at) >= self.cfg.grace)
             .map(|i| (i.id.clone(), i.tags.get(TAG_LAUNCH_BATCH).cloned()))
             .collect();
@@ -89,10 +90,12 @@ impl Gc {
         let mut terminated = Vec::new();
         for (id, r) in doomed.into_iter().zip(results) {
             match r {
-                Ok(()) | Err(CloudError::NotFound { .. }) => {
+                Ok(()) => {
                     tracing::info!(instance = %id, "garbage collection: terminated an instance tagged for the cluster that no NodeClaim knows");
                     terminated.push(id);
                 }
+                // Gone since it was listed: nothing to do, nothing to count.
+                Err(CloudError::NotFound { .. }) => {}
                 Err(e) => self.errors.warn("collect_instances", e.kind(), &format!("instance/{id}"), &e),
             }
         }

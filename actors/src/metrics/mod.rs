@@ -14,7 +14,7 @@
 pub mod metered;
 pub mod state;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::metrics::counter::Counter;
@@ -424,9 +424,6 @@ pub fn to_prometheus_text(open_metrics: &str) -> String {
     }
     out
 }
-
-/// Shared handle.
-pub type SharedMetrics = Arc<Metrics>;
 
 #[cfg(test)]
 mod tests {

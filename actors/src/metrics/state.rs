@@ -2,7 +2,7 @@
 //! gauges, and dovetail's error counts. Nothing is kept between scrapes, so a node that is
 //! gone has no series left behind.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dovetail_cluster::ClusterView;
@@ -245,17 +245,6 @@ pub async fn follow_nodes(view: Arc<dyn ClusterView>, metrics: Arc<Metrics>, eve
         }
         tokio::time::sleep(every).await;
     }
-}
-
-/// The names of every NodePool with a series, for tests.
-pub fn pools_in(text: &str, series: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter(|l| l.starts_with(series))
-        .filter_map(|l| {
-            let rest = l.split_once("nodepool=\"")?.1;
-            Some(rest.split_once('"')?.0.to_string())
-        })
-        .collect()
 }
 
 #[cfg(test)]
