@@ -16,6 +16,7 @@ pub mod agent;
 mod aws;
 mod ha;
 pub(crate) mod http;
+mod nodeclasses;
 mod pools;
 pub mod settings;
 

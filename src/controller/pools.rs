@@ -27,6 +27,8 @@ use dovetail_core::requirements::Requirement;
 use dovetail_core::resources::ResourceList;
 use dovetail_raft::{Ledger, propose_now, read_with};
 
+use super::nodeclasses::{self, Resolution};
+
 /// Why a NodePool is not provisioned for, as its conditions say.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Unready {
@@ -62,6 +64,8 @@ pub struct Pools {
     evented: BTreeMap<String, ConversionError>,
     /// EC2NodeClasses the cloud could not resolve (by name, with why), as of the last sync.
     unresolved: BTreeMap<String, ConversionError>,
+    /// What the cloud last answered for each EC2NodeClass (its status shows it).
+    resolutions: BTreeMap<String, Resolution>,
     /// When each EC2NodeClass was last resolved, and its hash then.
     resolved_at: BTreeMap<String, (String, u64)>,
     /// The status last written per EC2NodeClass.
@@ -82,6 +86,7 @@ impl Pools {
             catalog,
             aws,
             unresolved: BTreeMap::new(),
+            resolutions: BTreeMap::new(),
             resolved_at: BTreeMap::new(),
             classes_written: BTreeMap::new(),
             class_zones: BTreeMap::new(),
@@ -233,6 +238,7 @@ impl Pools {
         let Some(aws) = self.aws.clone() else { return };
         let classes = cluster.nodeclasses();
         self.unresolved.retain(|name, _| classes.contains_key(name));
+        self.resolutions.retain(|name, _| classes.contains_key(name));
         self.resolved_at.retain(|name, _| classes.contains_key(name));
         self.class_zones.retain(|name, _| classes.contains_key(name));
         for (name, nc) in classes.iter() {
@@ -252,29 +258,39 @@ impl Pools {
             }
             self.resolved_at.insert(name.clone(), (class.hash.clone(), now));
             let object = format!("EC2NodeClass {name:?}");
-            let resolved = tokio::time::timeout(std::time::Duration::from_secs(20), aws.resolve(&class)).await;
+            let resolved = tokio::time::timeout(std::time::Duration::from_secs(20), aws.resolve_status(&class)).await;
             let Ok(resolved) = resolved else {
                 tracing::warn!(ec2nodeclass = %name, "EC2NodeClass {name}: resolving it took over 20 s; asked again later");
                 continue;
             };
-            match resolved {
-                Ok(r) => {
-                    self.unresolved.remove(name);
-                    let zones: BTreeSet<String> = r.subnets.iter().map(|(_, zone)| zone.clone()).collect();
-                    self.class_zones.insert(name.clone(), zones);
-                }
-                Err(CloudError::NodeClassNotReady { reason, .. }) => {
-                    let e = ConversionError { object, field: "spec".into(), message: reason };
-                    self.unresolved.insert(name.clone(), e);
-                }
+            let resolution = match resolved {
+                Ok((r, unmet)) => Resolution::Parts(r, unmet),
                 Err(CloudError::Invalid { what, reason }) => {
-                    let e = ConversionError { object, field: what, message: reason };
+                    Resolution::Refused(ConversionError { object: object.clone(), field: what, message: reason })
+                }
+                Err(CloudError::NodeClassNotReady { reason, .. }) => Resolution::Refused(ConversionError {
+                    object: object.clone(),
+                    field: "spec".into(),
+                    message: reason,
+                }),
+                Err(e) => {
+                    tracing::warn!(ec2nodeclass = %name, error = %e, "EC2NodeClass {name} could not be resolved now");
+                    continue;
+                }
+            };
+            match resolution.unready(&object) {
+                Some(e) => {
                     self.unresolved.insert(name.clone(), e);
                 }
-                Err(e) => {
-                    tracing::warn!(ec2nodeclass = %name, error = %e, "EC2NodeClass {name} could not be resolved now")
+                None => {
+                    self.unresolved.remove(name);
+                    if let Resolution::Parts(r, _) = &resolution {
+                        let zones: BTreeSet<String> = r.subnets.iter().map(|(_, zone)| zone.clone()).collect();
+                        self.class_zones.insert(name.clone(), zones);
+                    }
                 }
             }
+            self.resolutions.insert(name.clone(), resolution);
         }
     }
 
@@ -490,10 +506,10 @@ impl Pools {
         self.report_classes(cluster, plane, &current, &now).await;
     }
 
-    /// Writes each EC2NodeClass's conditions where they changed, as Karpenter shows them
-    /// (`kubectl get ec2nodeclasses` reads `Ready`): `ValidationSucceeded` (False naming the
-    /// field of a rule it breaks) and `Ready` (False with why: invalid, or with `--cloud aws`
-    /// its subnets, security groups, AMIs or instance profile not found).
+    /// Writes each EC2NodeClass's status where it changed, as Karpenter shows it (`kubectl get
+    /// ec2nodeclasses` reads `Ready`): `ValidationSucceeded` (False naming the field of a rule
+    /// it breaks), with `--cloud aws` what its selector terms resolved to and a condition per
+    /// part (subnets, security groups, AMIs, instance profile), and `Ready` (False with why).
     async fn report_classes(&mut self, cluster: &KubeCluster, plane: &Plane, current: &dyn Fn() -> bool, now: &str) {
         let classes = cluster.nodeclasses();
         let invalid = cluster.invalid();
@@ -501,27 +517,10 @@ impl Pools {
         names.extend(invalid.keys().filter_map(|k| k.strip_prefix("EC2NodeClass ")).map(str::to_string));
         for name in &names {
             let bad = invalid.get(&format!("EC2NodeClass {name}"));
-            let unmet = |kind: &str, reason: &str, message: String| Condition {
-                kind: kind.into(),
-                status: false,
-                reason: reason.into(),
-                message,
-            };
-            let validation = match bad {
-                Some(e) => unmet("ValidationSucceeded", "ValidationFailed", format!("{}: {}", e.field, e.message)),
-                None => Condition::met("ValidationSucceeded"),
-            };
-            let ready = match (bad, self.unresolved.get(name)) {
-                (Some(_), _) => unmet("Ready", "ValidationFailed", validation.message.clone()),
-                (None, Some(e)) => unmet("Ready", "NodeClassNotReady", format!("{}: {}", e.field, e.message)),
-                (None, None) => Condition::met("Ready"),
-            };
             // What was written, or after a restart what the class shows (an invalid one too).
             let before = self.classes_written.get(name).cloned().or_else(|| cluster.nodeclass_status(name));
             let previous = before.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
-            let status = crd::EC2NodeClassStatus {
-                conditions: Some(convert::conditions_object(&[ready, validation], &previous, now)),
-            };
+            let status = nodeclasses::status(self.resolutions.get(name), bad, &previous, now);
             if before.as_ref() == Some(&status) {
                 self.classes_written.insert(name.clone(), status);
                 continue;

@@ -56,7 +56,7 @@ fn setting(name: &str, default: u32) -> u32 {
 
 /// The node role of these tests' EC2NodeClass: not the getting-started one, which another test
 /// of this process (sharing moto) expects to be missing at its start.
-const ROLE: &str = "KarpenterNodeRole-dovetail-ha";
+pub(super) const ROLE: &str = "KarpenterNodeRole-dovetail-ha";
 
 /// Seeds moto ([`seeded_moto`]), makes [`ROLE`] there (once per process) and points the
 /// getting-started EC2NodeClass at it; moto's runtime, endpoint and EC2 client.

@@ -201,3 +201,192 @@ fn an_instance_tagged_for_the_cluster_that_no_nodeclaim_knows_is_terminated_afte
     // No NodeClaim was made: nothing of the cluster's to clean up.
     assert!(env.items(&["get", "nodeclaims"]).is_empty());
 }
+
+/// An EC2NodeClass's condition of `kind`, as `(status, reason, message)`.
+fn class_condition(status: &serde_json::Value, kind: &str) -> Option<(String, String, String)> {
+    let c = status["conditions"].as_array()?.iter().find(|c| c["type"] == kind)?.clone();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+/// The `id`s of a status list (`subnets`, `securityGroups`, `amis`), sorted.
+fn ids(status: &serde_json::Value, list: &str) -> Vec<String> {
+    let mut out: Vec<String> = status[list]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x["id"].as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// An EC2NodeClass with the given selector terms (YAML flow lists) and the tests' role (and
+/// `amiFamily: AL2023` when the AMI terms name no alias, as Karpenter's rules require).
+fn node_class(name: &str, subnets: &str, groups: &str, amis: &str) -> String {
+    let family = if amis.contains("alias") { "" } else { "  amiFamily: AL2023\n" };
+    format!(
+        "apiVersion: karpenter.k8s.aws/v1\nkind: EC2NodeClass\nmetadata:\n  name: {name}\nspec:\n  role: \"{}\"\n{family}  \
+         amiSelectorTerms: {amis}\n  subnetSelectorTerms: {subnets}\n  securityGroupSelectorTerms: {groups}\n",
+        ha::ROLE
+    )
+}
+
+#[test]
+fn ec2nodeclass_selectors_by_tag_id_alias_and_name_resolve_into_its_status_and_one_whose_subnets_match_nothing_is_not_ready_and_its_nodepool_says_why()
+ {
+    let Some((env, _serial, _)) = getting_started() else { return };
+    let (rt, endpoint, ec2) = ha::own_role(&env);
+    let sdk = rt.block_on(moto_sdk(&endpoint));
+    let ssm = aws_sdk_ssm::Client::new(&sdk);
+    // What moto holds: the subnets and security group tagged for the cluster, one subnet and
+    // the group by id, an image by name, and the alias's images (its SSM parameters).
+    let tagged =
+        aws_sdk_ec2::types::Filter::builder().name("tag:karpenter.sh/discovery").values("dovetail-test").build();
+    let subnets = rt.block_on(ec2.describe_subnets().filters(tagged.clone()).send()).expect("subnets");
+    let mut tagged_subnets: Vec<(String, String)> = subnets
+        .subnets()
+        .iter()
+        .filter_map(|s| Some((s.subnet_id()?.to_string(), s.availability_zone()?.to_string())))
+        .collect();
+    tagged_subnets.sort();
+    let groups = rt.block_on(ec2.describe_security_groups().filters(tagged).send()).expect("security groups");
+    let mut tagged_groups: Vec<String> =
+        groups.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)).collect();
+    tagged_groups.sort();
+    assert!(!tagged_subnets.is_empty() && !tagged_groups.is_empty(), "seeded: {tagged_subnets:?} {tagged_groups:?}");
+    let (subnet, zone) = tagged_subnets[0].clone();
+    let group = tagged_groups[0].clone();
+    let images = rt.block_on(ec2.describe_images().owners("amazon").send()).expect("images");
+    let named = images.images().iter().find(|i| i.name().is_some() && i.image_id().is_some()).expect("a named image");
+    let (image, image_name) =
+        (named.image_id().unwrap_or_default().to_string(), named.name().unwrap_or_default().to_string());
+    let params = rt
+        .block_on(ssm.get_parameters_by_path().path(AMI_PARAMETERS).recursive(true).send())
+        .expect("the alias's parameters");
+    let mut alias_images: Vec<String> = params
+        .parameters()
+        .iter()
+        .filter(|p| p.name().is_some_and(|n| n.contains("/recommended/image_id")))
+        .filter_map(|p| p.value().map(str::to_string))
+        .collect();
+    alias_images.sort();
+    alias_images.dedup();
+    assert!(!alias_images.is_empty(), "the alias's parameters are seeded under {AMI_PARAMETERS}");
+
+    env.apply(&node_class(
+        "by-id",
+        &format!("[{{id: {subnet}}}]"),
+        &format!("[{{id: {group}}}]"),
+        &format!("[{{name: \"{image_name}\"}}]"),
+    ));
+    env.apply(&node_class(
+        "nowhere",
+        "[{tags: {karpenter.sh/discovery: no-such-cluster}}]",
+        "[{tags: {karpenter.sh/discovery: dovetail-test}}]",
+        "[{alias: al2023@latest}]",
+    ));
+    let stranded =
+        super::team_pool("stranded", "In", "2").replace("name: default\n  limits", "name: nowhere\n  limits");
+    assert!(stranded.contains("name: nowhere"), "{stranded}");
+    env.apply(&stranded);
+    let ctl = Controller::start_aws(&env, "nodeclass", &endpoint, &["--ami-parameter-prefix", AMI_PARAMETERS]);
+    let status = |e: &Env, name: &str| e.json(&["get", "ec2nodeclass", name])["status"].clone();
+
+    // By tag, with the alias: every tagged subnet and group, the alias's images, the profile.
+    // (Resolved against this test's moto: a status an earlier controller wrote may be there.)
+    let subnet_ids: Vec<String> = tagged_subnets.iter().map(|(id, _)| id.clone()).collect();
+    env.wait("the default EC2NodeClass resolved", Duration::from_secs(90), |e| {
+        let s = status(e, "default");
+        match class_condition(&s, "Ready") {
+            Some((r, ..)) if r == "True" && ids(&s, "subnets") == subnet_ids => Ok(()),
+            other => Err(format!("{other:?} {s}\n{}", ctl.log())),
+        }
+    });
+    let s = status(&env, "default");
+    assert_eq!(ids(&s, "subnets"), subnet_ids, "{s}");
+    let zones: Vec<(String, String)> = s["subnets"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| {
+                    (
+                        x["id"].as_str().unwrap_or_default().to_string(),
+                        x["zone"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut zones = zones;
+    zones.sort();
+    assert_eq!(zones, tagged_subnets, "each subnet with its zone: {s}");
+    assert_eq!(ids(&s, "securityGroups"), tagged_groups, "{s}");
+    let mut alias_found = ids(&s, "amis");
+    alias_found.dedup();
+    assert_eq!(alias_found, alias_images, "the alias's images: {s}");
+    let archs: Vec<&str> = s["amis"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x["requirements"][0]["values"][0].as_str()).collect())
+        .unwrap_or_default();
+    assert!(!archs.is_empty() && archs.iter().all(|a| ["amd64", "arm64"].contains(a)), "{s}");
+    let profile = dovetail_cloud::aws::profile_name("dovetail-test", "us-east-1", "default");
+    assert_eq!(s["instanceProfile"].as_str(), Some(profile.as_str()), "{s}");
+    for kind in ["SubnetsReady", "SecurityGroupsReady", "AMIsReady", "InstanceProfileReady", "ValidationSucceeded"] {
+        assert_eq!(class_condition(&s, kind).map(|c| c.0).as_deref(), Some("True"), "{kind}: {s}");
+    }
+
+    // By id, and the AMI by name: exactly those, with the group's name and the image's.
+    env.wait("the by-id EC2NodeClass resolved", Duration::from_secs(60), |e| {
+        let s = status(e, "by-id");
+        match class_condition(&s, "Ready") {
+            Some((r, ..)) if r == "True" && ids(&s, "subnets") == std::slice::from_ref(&subnet) => Ok(()),
+            other => Err(format!("{other:?} {s}\n{}", ctl.log())),
+        }
+    });
+    let s = status(&env, "by-id");
+    assert_eq!(ids(&s, "subnets"), std::slice::from_ref(&subnet), "{s}");
+    assert_eq!(s["subnets"][0]["zone"].as_str(), Some(zone.as_str()), "{s}");
+    assert_eq!(ids(&s, "securityGroups"), std::slice::from_ref(&group), "{s}");
+    assert_eq!(s["securityGroups"][0]["name"].as_str(), Some("default"), "{s}");
+    assert!(ids(&s, "amis").contains(&image), "the image named {image_name}: {s}");
+    let names: Vec<&str> =
+        s["amis"].as_array().map(|a| a.iter().filter_map(|x| x["name"].as_str()).collect()).unwrap_or_default();
+    assert!(!names.is_empty() && names.iter().all(|n| *n == image_name), "{s}");
+
+    // Subnets matching nothing: not ready, saying which part and why; the parts that resolved
+    // are shown; its NodePool is not ready and names the class and the field.
+    env.wait("the nowhere EC2NodeClass not ready", Duration::from_secs(60), |e| {
+        let s = status(e, "nowhere");
+        match (class_condition(&s, "Ready"), class_condition(&s, "SubnetsReady")) {
+            (Some((r, reason, message)), Some((sr, sreason, _)))
+                if r == "False"
+                    && reason == "SubnetsNotFound"
+                    && message.contains("spec.subnetSelectorTerms")
+                    && message.contains("no-such-cluster")
+                    && sr == "False"
+                    && sreason == "SubnetsNotFound" =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?} {s}\n{}", ctl.log())),
+        }
+    });
+    let s = status(&env, "nowhere");
+    assert!(s["subnets"].is_null(), "{s}");
+    assert_eq!(ids(&s, "securityGroups"), tagged_groups, "{s}");
+    assert_eq!(class_condition(&s, "SecurityGroupsReady").map(|c| c.0).as_deref(), Some("True"), "{s}");
+    env.wait("the stranded NodePool says why", Duration::from_secs(60), |e| {
+        match super::condition(e, "stranded", "Ready") {
+            Some((r, reason, message))
+                if r == "False"
+                    && reason == "NodeClassNotReady"
+                    && message.contains("nowhere")
+                    && message.contains("spec.subnetSelectorTerms") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}\n{}", ctl.log())),
+        }
+    });
+    env.kubectl(&["delete", "nodepools", "--all", "--wait=false"]);
+    env.kubectl(&["delete", "ec2nodeclasses", "by-id", "nowhere", "--wait=false"]);
+}

@@ -6,7 +6,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::Condition;
+use super::common::{Condition, NodeSelectorRequirementWithMinValues};
 
 /// `spec` of an EC2NodeClass.
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -154,6 +154,51 @@ pub struct MetadataOptions {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EC2NodeClassStatus {
+    /// The subnets the selector terms resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnets: Option<Vec<SubnetStatus>>,
+    /// The security groups the selector terms resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_groups: Option<Vec<SecurityGroupStatus>>,
+    /// The AMIs the selector terms (or the alias) resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amis: Option<Vec<AmiStatus>>,
+    /// The instance profile the nodes get: `spec.instanceProfile`, or the one managed for
+    /// `spec.role`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_profile: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+}
+
+/// A resolved subnet.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SubnetStatus {
+    pub id: String,
+    pub zone: String,
+    #[serde(default, rename = "zoneID", skip_serializing_if = "Option::is_none")]
+    pub zone_id: Option<String>,
+}
+
+/// A resolved security group.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityGroupStatus {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A resolved AMI and the node requirements it serves (its architecture).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AmiStatus {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub requirements: Vec<NodeSelectorRequirementWithMinValues>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecated: Option<bool>,
 }

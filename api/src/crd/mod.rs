@@ -8,7 +8,10 @@ pub mod nodepool;
 pub mod schema;
 
 pub use common::{Condition, NodeClassReference, NodeSelectorRequirementWithMinValues};
-pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, KubeletConfiguration};
+pub use ec2nodeclass::{
+    AmiStatus, EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, KubeletConfiguration, SecurityGroupStatus,
+    SubnetStatus,
+};
 pub use nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 pub use nodepool::{NodePool, NodePoolSpec, NodePoolStatus};
 

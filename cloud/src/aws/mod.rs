@@ -25,7 +25,7 @@ use dovetail_core::catalog::{CapacityType, Catalog, InstanceType, NodeClassSetti
 
 pub use catalog::SpotPrices;
 pub use errors::{CAPACITY_CODES, THROTTLE_RETRY_AFTER};
-pub use nodeclass::{AmiParameters, Resolved, alias_parameter};
+pub use nodeclass::{AmiParameters, Names, Resolved, Unmet, alias_parameter};
 pub use profile::{profile_name, profile_path, role_name};
 pub use queue::SqsQueue;
 
@@ -320,22 +320,45 @@ impl AwsProvider {
         Ok(true)
     }
 
-    /// The node class's subnets, security groups and images (cached for `resolve_ttl`).
+    /// The node class's subnets, security groups and images (cached for `resolve_ttl`); the
+    /// first part not found is `NodeClassNotReady`.
     pub async fn resolve(&self, nc: &NodeClass) -> Result<Arc<Resolved>, CloudError> {
+        let (r, unmet) = self.resolve_status(nc).await?;
+        match unmet.first() {
+            Some(u) => Err(u.error(&nc.name)),
+            None => Ok(r),
+        }
+    }
+
+    /// Each part of the node class resolved on its own, as its status shows them: what was
+    /// found, and each part that found nothing (subnets, security groups, AMIs, the instance
+    /// profile of `spec.role`, which is made when missing). A class whose every part resolved
+    /// is cached for `resolve_ttl`, so the status is re-resolved on that period. An error is
+    /// a call that failed or a spec that cannot work.
+    pub async fn resolve_status(&self, nc: &NodeClass) -> Result<(Arc<Resolved>, Vec<nodeclass::Unmet>), CloudError> {
         let key = (nc.name.clone(), nc.hash.clone());
         if let Some((r, at)) = lock(&self.caches).resolved.get(&key)
             && self.clock.now().saturating_sub(*at) < self.cfg.resolve_ttl
         {
-            return Ok(r.clone());
+            return Ok((r.clone(), Vec::new()));
         }
-        let mut r = nodeclass::resolve(&self.ec2, &self.ssm, &self.amis, nc).await?;
+        let (mut r, mut unmet) = nodeclass::resolve_parts(&self.ec2, &self.ssm, &self.amis, nc).await?;
         if let (None, Some(role)) = (&r.instance_profile, &nc.role) {
-            let name = profile::ensure(&self.iam, (&self.cfg.cluster, &self.region), &nc.name, role).await?;
-            r.instance_profile = Some(name);
+            match profile::ensure(&self.iam, (&self.cfg.cluster, &self.region), &nc.name, role).await {
+                Ok(name) => r.instance_profile = Some(name),
+                Err(CloudError::NodeClassNotReady { reason, .. }) => unmet.push(nodeclass::Unmet {
+                    condition: "InstanceProfileReady",
+                    reason: "NodeRoleNotFound",
+                    message: reason,
+                }),
+                Err(e) => return Err(e),
+            }
         }
         let r = Arc::new(r);
-        lock(&self.caches).resolved.insert(key, (r.clone(), self.clock.now()));
-        Ok(r)
+        if unmet.is_empty() {
+            lock(&self.caches).resolved.insert(key, (r.clone(), self.clock.now()));
+        }
+        Ok((r, unmet))
     }
 
     /// Deletes the instance profiles managed for node classes not in `keep` (the classes that

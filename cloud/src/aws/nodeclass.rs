@@ -16,7 +16,7 @@ use super::errors::from_sdk;
 use crate::{CloudError, NodeClass, TAG_CLUSTER_PREFIX};
 
 /// What a node class resolves to.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Resolved {
     /// (subnet id, zone).
     pub subnets: Vec<(String, String)>,
@@ -26,6 +26,36 @@ pub struct Resolved {
     /// The instance profile the nodes get: `spec.instanceProfile`, or the one managed for
     /// `spec.role`.
     pub instance_profile: Option<String>,
+    /// What the status shows beside the ids.
+    pub names: Names,
+}
+
+/// Names and zone ids of what a node class resolved to, for its status.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Names {
+    /// Subnet id -> availability zone id.
+    pub zone_ids: BTreeMap<String, String>,
+    /// Security group id -> name.
+    pub groups: BTreeMap<String, String>,
+    /// AMI id -> name.
+    pub images: BTreeMap<String, String>,
+}
+
+/// A part of a node class that did not resolve: the status condition it makes false
+/// (Karpenter's `SubnetsReady`, `SecurityGroupsReady`, `AMIsReady`, `InstanceProfileReady`),
+/// Karpenter's reason, and what was looked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unmet {
+    pub condition: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Unmet {
+    /// The error a launch on the node class gets.
+    pub fn error(&self, node_class: &str) -> CloudError {
+        CloudError::NodeClassNotReady { node_class: node_class.to_string(), reason: self.message.clone() }
+    }
 }
 
 /// EC2 filters for one selector term: `id` selects by id, `name` by name (security groups'
@@ -46,16 +76,32 @@ fn filters(term: &BTreeMap<String, String>, id_filter: &str) -> Vec<Filter> {
         .collect()
 }
 
-/// Resolves subnets, security groups and images; an empty selection is `NodeClassNotReady`,
-/// an unknown alias `Invalid`.
+/// Resolves subnets, security groups and images; the first part found empty is
+/// `NodeClassNotReady`, an unknown alias `Invalid`.
 pub async fn resolve(
     ec2: &Client,
     ssm: &SsmClient,
     amis: &AmiParameters,
     nc: &NodeClass,
 ) -> Result<Resolved, CloudError> {
-    let not_ready = |reason: String| CloudError::NodeClassNotReady { node_class: nc.name.clone(), reason };
-    let mut subnets: Vec<(String, String)> = Vec::new();
+    let (resolved, unmet) = resolve_parts(ec2, ssm, amis, nc).await?;
+    match unmet.first() {
+        Some(u) => Err(u.error(&nc.name)),
+        None => Ok(resolved),
+    }
+}
+
+/// Resolves each part of the node class on its own (as Karpenter's EC2NodeClass controller
+/// does), so the status shows what was found and names each part that found nothing. An
+/// error is a call that failed or a spec that cannot work (an unknown alias).
+pub async fn resolve_parts(
+    ec2: &Client,
+    ssm: &SsmClient,
+    amis: &AmiParameters,
+    nc: &NodeClass,
+) -> Result<(Resolved, Vec<Unmet>), CloudError> {
+    let mut r = Resolved { instance_profile: nc.instance_profile.clone(), ..Resolved::default() };
+    let mut unmet = Vec::new();
     for term in &nc.subnet_selector {
         let out = ec2
             .describe_subnets()
@@ -65,17 +111,23 @@ pub async fn resolve(
             .map_err(|e| from_sdk("DescribeSubnets", e))?;
         for s in out.subnets() {
             if let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone())
-                && !subnets.iter().any(|(i, _)| i == id)
+                && !r.subnets.iter().any(|(i, _)| i == id)
             {
-                subnets.push((id.to_string(), zone.to_string()));
+                r.subnets.push((id.to_string(), zone.to_string()));
+                if let Some(zone_id) = s.availability_zone_id() {
+                    r.names.zone_ids.insert(id.to_string(), zone_id.to_string());
+                }
             }
         }
     }
-    if subnets.is_empty() {
-        return Err(not_ready(format!("no subnet matches subnetSelectorTerms {:?}", nc.subnet_selector)));
+    r.subnets.sort();
+    if r.subnets.is_empty() {
+        unmet.push(Unmet {
+            condition: "SubnetsReady",
+            reason: "SubnetsNotFound",
+            message: format!("no subnet matches subnetSelectorTerms {:?}", nc.subnet_selector),
+        });
     }
-    subnets.sort();
-    let mut security_groups: Vec<String> = Vec::new();
     for term in &nc.security_group_selector {
         let out = ec2
             .describe_security_groups()
@@ -85,24 +137,35 @@ pub async fn resolve(
             .map_err(|e| from_sdk("DescribeSecurityGroups", e))?;
         for g in out.security_groups() {
             if let Some(id) = g.group_id()
-                && !security_groups.iter().any(|i| i == id)
+                && !r.security_groups.iter().any(|i| i == id)
             {
-                security_groups.push(id.to_string());
+                r.security_groups.push(id.to_string());
+                if let Some(name) = g.group_name() {
+                    r.names.groups.insert(id.to_string(), name.to_string());
+                }
             }
         }
     }
-    if security_groups.is_empty() {
-        return Err(not_ready(format!(
-            "no security group matches securityGroupSelectorTerms {:?}",
-            nc.security_group_selector
-        )));
+    r.security_groups.sort();
+    if r.security_groups.is_empty() {
+        unmet.push(Unmet {
+            condition: "SecurityGroupsReady",
+            reason: "SecurityGroupsNotFound",
+            message: format!("no security group matches securityGroupSelectorTerms {:?}", nc.security_group_selector),
+        });
     }
-    security_groups.sort();
-    let images = images(ec2, ssm, amis, nc).await?;
-    if images.is_empty() {
-        return Err(not_ready("no AMI matches amiSelectorTerms".to_string()));
+    match images(ec2, ssm, amis, nc).await? {
+        Ok(found) => {
+            for (id, arch, name) in found {
+                if let Some(name) = name {
+                    r.names.images.insert(id.clone(), name);
+                }
+                r.images.push((id, arch));
+            }
+        }
+        Err(message) => unmet.push(Unmet { condition: "AMIsReady", reason: "AMINotFound", message }),
     }
-    Ok(Resolved { subnets, security_groups, images, instance_profile: nc.instance_profile.clone() })
+    Ok((r, unmet))
 }
 
 /// Where alias AMIs are looked up: the public SSM parameters of the EKS-optimized AMIs.
@@ -141,15 +204,19 @@ pub fn alias_parameter(p: &AmiParameters, family: &str, version: &str, arch: &st
     }
 }
 
+/// An AMI found: (id, architecture `amd64`/`arm64`, name when EC2 knows it).
+type Image = (String, String, Option<String>);
+
 /// The AMIs of the node class: for an alias, the image each architecture's public SSM
-/// parameter names; else every image the selector terms match.
+/// parameter names (their names read from EC2); else every image the selector terms match.
+/// `Ok(Err(why))` when none is found.
 async fn images(
     ec2: &Client,
     ssm: &SsmClient,
     amis: &AmiParameters,
     nc: &NodeClass,
-) -> Result<Vec<(String, String)>, CloudError> {
-    let mut out = Vec::new();
+) -> Result<Result<Vec<Image>, String>, CloudError> {
+    let mut out: Vec<Image> = Vec::new();
     if let Some(alias) = &nc.ami_alias {
         let invalid = |reason: String| CloudError::Invalid {
             what: format!("EC2NodeClass {} spec.amiSelectorTerms[].alias {alias:?}", nc.name),
@@ -172,7 +239,7 @@ async fn images(
             match ssm.get_parameter().name(&path).send().await {
                 Ok(p) => {
                     if let Some(id) = p.parameter().and_then(|p| p.value()) {
-                        out.push((id.to_string(), label.to_string()));
+                        out.push((id.to_string(), label.to_string(), None));
                     }
                 }
                 Err(e) if aws_sdk_ssm::error::ProvideErrorMetadata::code(&e) == Some("ParameterNotFound") => {}
@@ -189,15 +256,25 @@ async fn images(
             }
         }
         if out.is_empty() {
-            return Err(CloudError::NodeClassNotReady {
-                node_class: nc.name.clone(),
-                reason: format!(
-                    "no AMI for alias {alias} on Kubernetes {} (SSM parameters under {})",
-                    amis.kubernetes_version, amis.prefix
-                ),
-            });
+            return Ok(Err(format!(
+                "no AMI for alias {alias} on Kubernetes {} (SSM parameters under {})",
+                amis.kubernetes_version, amis.prefix
+            )));
         }
-        return Ok(out);
+        let ids: Vec<String> = out.iter().map(|(id, ..)| id.clone()).collect();
+        // By filter, not by id: an id EC2 does not know is then no error (the launch says so).
+        let named = ec2
+            .describe_images()
+            .filters(Filter::builder().name("image-id").set_values(Some(ids)).build())
+            .send()
+            .await
+            .map_err(|e| from_sdk("DescribeImages", e))?;
+        for i in named.images() {
+            if let Some(found) = out.iter_mut().find(|(id, ..)| Some(id.as_str()) == i.image_id()) {
+                found.2 = i.name().map(str::to_string);
+            }
+        }
+        return Ok(Ok(out));
     }
     for term in &nc.ami_selector {
         let mut f = Vec::new();
@@ -221,12 +298,17 @@ async fn images(
                 Some("arm64") => "arm64",
                 _ => "amd64",
             };
-            if let Some(id) = i.image_id() {
-                out.push((id.to_string(), arch.to_string()));
+            if let Some(id) = i.image_id()
+                && !out.iter().any(|(known, ..)| known == id)
+            {
+                out.push((id.to_string(), arch.to_string(), i.name().map(str::to_string)));
             }
         }
     }
-    Ok(out)
+    if out.is_empty() {
+        return Ok(Err(format!("no AMI matches amiSelectorTerms {:?}", nc.ami_selector)));
+    }
+    Ok(Ok(out))
 }
 
 /// The owners an AMI term searches, as Karpenter: its `owner` (an account id, or `self`,

@@ -328,7 +328,15 @@ impl KubeCluster {
         name: &str,
         status: &crd::EC2NodeClassStatus,
     ) -> Result<u64, ClusterError> {
-        self.patch_status::<crd::EC2NodeClass>("EC2NodeClass", name, json!({ "status": status })).await
+        // A merge patch leaves out what the status no longer has: a part that resolves to
+        // nothing now is removed by name.
+        let mut value = json!(status);
+        if let Some(fields) = value.as_object_mut() {
+            for key in ["subnets", "securityGroups", "amis", "instanceProfile"] {
+                fields.entry(key).or_insert(serde_json::Value::Null);
+            }
+        }
+        self.patch_status::<crd::EC2NodeClass>("EC2NodeClass", name, json!({ "status": value })).await
     }
 
     /// Merges `patch` into a cluster-scoped object's status subresource.
