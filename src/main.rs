@@ -6,6 +6,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod bench_input;
+mod configdoc;
 mod controller;
 mod crdgen;
 mod explain;
@@ -59,6 +60,10 @@ enum Command {
     /// (moto), registering a Ready Node for each, like kwok. Takes the controller's flags.
     #[command(hide = true)]
     NodeAgent(Box<controller::ControllerArgs>),
+    /// Prints docs/configuration.md: every flag, environment variable, settings-file key,
+    /// label and annotation, from the CLI's definitions.
+    #[command(hide = true)]
+    ConfigDoc,
 }
 
 fn main() -> ExitCode {
@@ -90,6 +95,10 @@ fn main() -> ExitCode {
             explain::run(&args, dovetail_core::clock::SystemClock.now_millis())
         }
         Command::Ledger(args) => ledger::run(&args),
+        Command::ConfigDoc => {
+            print!("{}", configdoc::render());
+            ExitCode::SUCCESS
+        }
         // Returned above, each with its own subscriber.
         Command::Controller(_) | Command::NodeAgent(_) => ExitCode::SUCCESS,
     };

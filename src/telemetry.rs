@@ -41,6 +41,9 @@ pub struct TelemetryArgs {
 /// What `install` set up; `shutdown` flushes it.
 pub struct Telemetry {
     export: Option<(SdkTracerProvider, tokio::runtime::Runtime)>,
+    /// Without an exporter, JSON logs still get trace ids: spans are made by a provider that
+    /// exports nothing, kept here for the process's life.
+    _ids_only: Option<SdkTracerProvider>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,7 +91,11 @@ pub fn install(args: &TelemetryArgs, logs: Option<&Logs>, instance: Option<&str>
     if export.is_none() && logs.is_none() {
         return Ok(None);
     }
-    let otel = export.as_ref().map(|(provider, _)| {
+    // A decision's JSON log lines carry its trace id whether or not spans are exported.
+    let json = logs.is_some_and(|l| l.format == LogFormat::Json);
+    let ids_only = (export.is_none() && json).then(|| SdkTracerProvider::builder().build());
+    let provider = export.as_ref().map(|(p, _)| p).or(ids_only.as_ref());
+    let otel = provider.map(|provider| {
         // Only dovetail's own spans: the exporter's HTTP and gRPC stacks must not trace themselves.
         let only_dovetail = tracing_subscriber::filter::Targets::new().with_target("dovetail", tracing::Level::INFO);
         tracing_opentelemetry::layer().with_tracer(provider.tracer("dovetail")).with_filter(only_dovetail)
@@ -105,7 +112,7 @@ pub fn install(args: &TelemetryArgs, logs: Option<&Logs>, instance: Option<&str>
     });
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(otel).with(lines))
         .map_err(|e| format!("installing the tracing subscriber: {e}"))?;
-    Ok(Some(Telemetry { export }))
+    Ok(Some(Telemetry { export, _ids_only: ids_only }))
 }
 
 /// The OTLP exporter and its runtime, when an endpoint is configured.

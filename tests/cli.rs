@@ -179,11 +179,65 @@ fn simulate_names_the_bad_field_of_a_scenario() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `GET http://addr/metrics`, or `None` while nothing answers there.
+fn get_metrics(addr: &str) -> Option<String> {
+    let out = Command::new("curl").args(["-sf", "--max-time", "5", &format!("http://{addr}/metrics")]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `promtool check metrics` on `text` (Prometheus's own parser and lint).
+fn promtool_check(text: &str) {
+    #[allow(clippy::disallowed_methods, reason = "scripts/test names promtool for the tests")]
+    let promtool = std::env::var("DOVETAIL_PROMTOOL")
+        .expect("DOVETAIL_PROMTOOL names promtool (scripts/test installs it in ~/.cache/dovetail/bin)");
+    let mut child = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("the scrape goes to promtool");
+    let checked = child.wait_with_output().expect("promtool ends");
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
 #[test]
 fn loadtest_runs_the_ci_scenario_on_the_wall_clock_and_checks_its_thresholds() {
     let out_dir = std::env::temp_dir().join(format!("dovetail-cli-loadtest-{}", std::process::id()));
     let out_arg = out_dir.to_string_lossy().to_string();
-    let out = dovetail(&["loadtest", "--builtin", "ci", "--out", &out_arg], None);
+    // Its metrics served while it runs: Karpenter's series and R, and promtool's lint passes.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
+        .args(["loadtest", "--builtin", "ci", "--out", &out_arg, "--metrics-addr", &addr])
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dovetail");
+    let mut scraped = None;
+    for _ in 0..150usize {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let Some(text) = get_metrics(&addr) else { continue };
+        let created = dovetail_actors::metrics::sum_of(&text, "karpenter_nodeclaims_created_total", &[]);
+        let r = dovetail_actors::metrics::sum_of(&text, "dovetail_fleet_cost_ratio", &[]);
+        if created > 0.0 && r > 0.0 {
+            scraped = Some(text);
+            break;
+        }
+    }
+    let out = child.wait_with_output().expect("wait for dovetail");
+    let text = scraped.unwrap_or_else(|| panic!("no NodeClaim or R scraped\n{}", String::from_utf8_lossy(&out.stderr)));
+    promtool_check(&text);
+    let r = dovetail_actors::metrics::sum_of(&text, "dovetail_fleet_cost_ratio", &[]);
+    assert!(r >= 1.0 - 1e-9, "R of the live fleet is at least its bound: {r}\n{text}");
+    assert!(dovetail_actors::metrics::sum_of(&text, "karpenter_pods_state", &[]) > 0.0, "{text}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("(wall clock)") && stdout.contains("thresholds       all met"), "{stdout}");
@@ -623,4 +677,34 @@ fn explain_says_why_a_node_of_a_plan_input_would_or_would_not_be_disrupted() {
     let out = dovetail(&["explain", "node", "zz", "--disruption", "-"], Some(DISRUPTION_INPUT));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains(r#"node "zz" is not in -"#));
+}
+
+/// The shipped alert rules pass `promtool check rules`, and each names a runbook that
+/// docs/operations.md has (its heading is the alert's name).
+#[test]
+fn the_shipped_alerts_pass_promtool_and_each_has_its_runbook() {
+    #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    let rules = format!("{root}/deploy/prometheus/alerts.yaml");
+    #[allow(clippy::disallowed_methods, reason = "scripts/test names promtool for the tests")]
+    let promtool = std::env::var("DOVETAIL_PROMTOOL")
+        .expect("DOVETAIL_PROMTOOL names promtool (scripts/test installs it in ~/.cache/dovetail/bin)");
+    let out = Command::new(&promtool).args(["check", "rules", &rules]).output().expect("promtool runs");
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&rules).expect("the rules");
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+    let ops = std::fs::read_to_string(format!("{root}/docs/operations.md")).expect("docs/operations.md");
+    let headings: BTreeSet<String> =
+        ops.lines().filter_map(|l| l.strip_prefix("### ")).map(|h| h.trim().to_lowercase()).collect();
+    let mut alerts = 0;
+    for group in yaml["groups"].as_sequence().into_iter().flatten() {
+        for rule in group["rules"].as_sequence().into_iter().flatten() {
+            let name = rule["alert"].as_str().expect("an alert's name");
+            let url = rule["annotations"]["runbook_url"].as_str().unwrap_or_default();
+            assert_eq!(url, format!("docs/operations.md#{}", name.to_lowercase()), "{name}'s runbook");
+            assert!(headings.contains(&name.to_lowercase()), "docs/operations.md has a `### {name}` runbook");
+            alerts += 1;
+        }
+    }
+    assert!(alerts >= 10, "{alerts} alerts");
 }

@@ -15,6 +15,7 @@
 // A test harness reads its environment and paces its waits by the wall clock.
 #![allow(clippy::disallowed_methods)]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -527,9 +528,23 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
     let solves = sum("karpenter_scheduler_scheduling_duration_seconds_count", &[("controller", "provisioner")]);
     assert!(solves >= 1.0 && sum("karpenter_provisioner_scheduling_duration_seconds_count", &[]) == solves);
     let creates = [("controller", "nodeclaim.lifecycle"), ("method", "Create"), ("provider", "sim")];
-    assert!(sum("karpenter_cloudprovider_duration_seconds_count", &creates) >= 1.0, "{text}");
+    // One Create observed per NodeClaim, as Karpenter calls Create once per NodeClaim.
+    assert!(sum("karpenter_cloudprovider_duration_seconds_count", &creates) >= made, "{text}");
     assert!(sum("dovetail_ledger_proposals_total", &[("command", "reserve"), ("outcome", "committed")]) >= 1.0);
     assert_eq!(sum("karpenter_cluster_state_synced", &[]), 1.0);
+    // The dashboard and the alerts read what is served: the families this scrape has, and
+    // those that appear only once their event happened (an error, an interruption), taken
+    // from the same registry with each event recorded once.
+    let events = dovetail_actors::metrics::Metrics::new();
+    events.cloud_call("Create", "aws", 0.1, Some("InsufficientCapacityError"));
+    events.launch_failed("us-east-1a", "spot", "insufficient_capacity");
+    events.interruption_received("spot_interrupted");
+    events.nodeclaim_disrupted("underutilized", "default", "spot");
+    events.nodeclaim_terminated("default", "spot");
+    events.nodes_changed("default", 1, 1);
+    events.disruption_decision("delete", "underutilized", "single");
+    let missing = dashboard_and_alert_series_missing(&[&text, &events.encode()]);
+    assert_eq!(missing, Vec::<String>::new(), "the dashboard and alerts read what is served\n{text}");
 
     // The scale-down: the Deployment to zero, the empty nodes consolidated away.
     env.kubectl(&[
@@ -568,6 +583,47 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
 /// The sum of the samples of `series` whose labels include `labels`, in a scrape.
 fn series_sum(text: &str, series: &str, labels: &[(&str, &str)]) -> f64 {
     dovetail_actors::metrics::sum_of(text, series, labels)
+}
+
+/// The series the shipped Grafana dashboard (`deploy/grafana/dovetail.json`) and alert rules
+/// (`deploy/prometheus/alerts.yaml`) query that none of the scrapes `texts` has a family for (a
+/// histogram's `_bucket` read as its family): none, or panels are empty and alerts never fire.
+fn dashboard_and_alert_series_missing(texts: &[&str]) -> Vec<String> {
+    let dashboard = std::fs::read_to_string(repo().join("deploy/grafana/dovetail.json")).expect("the dashboard");
+    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    for panel in json["panels"].as_array().into_iter().flatten() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.extend(target["expr"].as_str().map(str::to_string));
+        }
+    }
+    assert!(exprs.len() > 20, "the dashboard's queries: {exprs:?}");
+    let alerts = std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yaml")).expect("the alerts");
+    let rules: serde_yaml::Value = serde_yaml::from_str(&alerts).expect("the alerts are YAML");
+    let before = exprs.len();
+    for group in rules["groups"].as_sequence().into_iter().flatten() {
+        for rule in group["rules"].as_sequence().into_iter().flatten() {
+            exprs.extend(rule["expr"].as_str().map(str::to_string));
+        }
+    }
+    assert!(exprs.len() - before >= 10, "the alerts' expressions: {exprs:?}");
+    let families: BTreeSet<&str> = texts
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let mut missing = BTreeSet::new();
+    for expr in &exprs {
+        let words = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+        for word in words.filter(|w| w.starts_with("karpenter_") || w.starts_with("dovetail_")) {
+            let family = word.strip_suffix("_bucket").unwrap_or(word);
+            if !families.contains(family) {
+                missing.insert(word.to_string());
+            }
+        }
+    }
+    missing.into_iter().collect()
 }
 
 #[test]

@@ -83,8 +83,14 @@ async fn run(n: usize, idle: u64, ec2: bool, adaptive: bool) -> Result<f64, Box<
     .await?;
     let config = Arc::new(Config::default());
     let errors = Arc::new(Errors::new());
-    let executor =
-        Executor::new(cluster.clone(), ledger.clone(), errors.clone(), config.executor.clone(), clock.clone());
+    let executor = Executor::new(
+        cluster.clone(),
+        ledger.clone(),
+        errors.clone(),
+        Default::default(),
+        config.executor.clone(),
+        clock.clone(),
+    );
     let zones: Vec<(String, Addr<ZoneActor>)> = ZONES
         .iter()
         .map(|z| {

@@ -204,6 +204,9 @@ pub struct Config {
     pub disruption: DisruptionConfig,
     pub interruption: InterruptionConfig,
     pub gc: GcConfig,
+    /// How often R of the live fleet (`dovetail_fleet_cost_ratio`) is computed: a bound over
+    /// every pod, so not at each scrape. `None`: never (a run that serves no metrics).
+    pub cost_every: Option<Duration>,
 }
 
 /// Instance garbage collection (Karpenter's `instance.garbagecollection`).
@@ -243,6 +246,7 @@ impl Default for Config {
             disruption: DisruptionConfig::default(),
             interruption: InterruptionConfig::default(),
             gc: GcConfig::default(),
+            cost_every: Some(Duration::from_secs(60)),
         }
     }
 }

@@ -89,12 +89,13 @@ struct Backoff {
 const MAX_BACKOFF_ENTRIES: usize = 10_000;
 
 impl Executor {
-    /// An executor writing through `writer`, fenced by `ledger`'s terms; eviction backoffs
-    /// run on `clock`.
+    /// An executor writing through `writer`, fenced by `ledger`'s terms, counting into
+    /// `errors` and `metrics`; eviction backoffs run on `clock`.
     pub fn new(
         writer: Arc<dyn ClusterWriter>,
         ledger: Arc<dyn Ledger>,
         errors: Arc<Errors>,
+        metrics: Arc<Metrics>,
         cfg: ExecutorConfig,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -106,24 +107,12 @@ impl Executor {
                 permits,
                 in_flight: Mutex::new(HashSet::new()),
                 errors,
-                metrics: Arc::new(Metrics::new()),
+                metrics,
                 cfg,
                 clock,
                 backoff: Mutex::new(HashMap::new()),
                 drain_events: Mutex::new(HashMap::new()),
             }),
-        }
-    }
-
-    /// The same executor counting into `metrics` (before it is shared: a clone made earlier
-    /// keeps counting where it did).
-    pub fn metered(self, metrics: Arc<Metrics>) -> Self {
-        match Arc::try_unwrap(self.inner) {
-            Ok(mut inner) => {
-                inner.metrics = metrics;
-                Executor { inner: Arc::new(inner) }
-            }
-            Err(inner) => Executor { inner },
         }
     }
 
@@ -167,6 +156,7 @@ impl Executor {
         }
         // Released however the task ends, cancelled included (an actor that stops drops its
         // futures): a key left marked would refuse that effect forever.
+        self.inner.metrics.effects(1, 0);
         let _guard = InFlightGuard { executor: &self.inner, key };
         let Action::Evict(pod) = &effect.action else {
             return self.fenced(term, effect).await;
@@ -282,6 +272,7 @@ impl Executor {
         let Ok(_permit) = self.inner.permits.clone().acquire_owned().await else {
             return Done::Failed(ClusterError::Unavailable { reason: "the executor is closed".into() });
         };
+        let _running = RunningGuard::new(&self.inner.metrics);
         match self.execute(term, effect).await {
             Ok(true) => Done::Applied,
             Ok(false) => Done::Unchanged,
@@ -448,6 +439,23 @@ struct InFlightGuard<'a> {
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
         self.executor.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.key);
+        self.executor.metrics.effects(-1, 0);
+    }
+}
+
+/// Counts an effect holding a permit (`dovetail_executor_effects_running`) until dropped.
+struct RunningGuard<'a>(&'a Metrics);
+
+impl<'a> RunningGuard<'a> {
+    fn new(metrics: &'a Metrics) -> Self {
+        metrics.effects(0, 1);
+        RunningGuard(metrics)
+    }
+}
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.effects(0, -1);
     }
 }
 
@@ -479,6 +487,7 @@ mod tests {
             cluster.clone(),
             ledger.clone(),
             errors.clone(),
+            Default::default(),
             ExecutorConfig::default(),
             Arc::new(ManualClock::new()),
         );
@@ -522,7 +531,14 @@ mod tests {
 
         let (cluster, ledger, _, errors) = setup();
         let clock = Arc::new(ManualClock::new());
-        let ex = Executor::new(cluster.clone(), ledger, errors.clone(), ExecutorConfig::default(), clock.clone());
+        let ex = Executor::new(
+            cluster.clone(),
+            ledger,
+            errors.clone(),
+            Default::default(),
+            ExecutorConfig::default(),
+            clock.clone(),
+        );
         cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
         let claim = dovetail_cluster::NodeClaim {
             name: "default-abcde".into(),
@@ -689,6 +705,7 @@ mod tests {
             writer,
             ledger,
             Arc::new(Errors::new()),
+            Default::default(),
             ExecutorConfig::default(),
             Arc::new(ManualClock::new()),
         );

@@ -67,6 +67,8 @@ pub struct Plane {
     wiring: PoolWiring,
     /// The pools as routed (the interruption actor sizes replacements with them).
     routed: BTreeMap<String, (PoolInput, Addr<NodePoolActor>)>,
+    /// The same, for pricing the fleet (`dovetail_fleet_cost_ratio`).
+    priced: crate::metrics::cost::Pools,
     /// The interruption actor, once queues are given ([`Plane::consume_interruptions`]).
     pub interruption: Option<Addr<InterruptionActor>>,
     /// Stops the queue consumers when sent `true` or dropped with the plane.
@@ -136,10 +138,10 @@ impl Plane {
             s.cluster.clone(),
             s.ledger.clone(),
             errors.clone(),
+            metrics.clone(),
             config.executor.clone(),
             s.clock.clone(),
-        )
-        .metered(metrics.clone());
+        );
         let limiter = Arc::new(RegionLimiter::new(cfg.limits, s.clock.clone()));
         let zones: BTreeMap<String, Addr<ZoneActor>> = cfg
             .zones
@@ -178,6 +180,7 @@ impl Plane {
             cloud: s.cloud.clone(),
             nominations,
         };
+        let priced = crate::metrics::cost::Pools::default();
         let mut plane = Plane {
             feed: None,
             router: router.clone(),
@@ -187,6 +190,7 @@ impl Plane {
             executor,
             wiring,
             routed: BTreeMap::new(),
+            priced: priced.clone(),
             interruption: None,
             stop_consumers: None,
             tasks: vec![
@@ -199,15 +203,22 @@ impl Plane {
                     crate::gc::Gc {
                         cloud: s.cloud.clone(),
                         ledger: s.ledger.clone(),
+                        view: s.view.clone(),
+                        cluster: s.cluster.clone(),
                         clock: s.clock.clone(),
                         errors: errors.clone(),
-                        metrics,
+                        metrics: metrics.clone(),
                         cfg: config.gc.clone(),
                     }
                     .run(),
                 ),
             ],
         };
+        if let Some(every) = config.cost_every {
+            let (view, ledger) = (s.view.clone(), s.ledger.clone());
+            let task = crate::metrics::cost::follow_cost(view, ledger, priced, metrics, every);
+            plane.tasks.push(actix_rt::spawn(task));
+        }
         // The pools are routed to before the feed sends the first pods.
         for (pool, types, node_class) in cfg.pools {
             plane.set_pool(pool, types, node_class);
@@ -259,6 +270,10 @@ impl Plane {
         input.requirements.add(labels::ZONE, Requirement::is_in(w.zones.keys().map(String::as_str)));
         let input = PoolInput { pool: input, instance_types: types };
         self.routed.insert(input.pool.name.clone(), (input.clone(), actor.clone()));
+        self.priced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(input.pool.name.clone(), input.clone());
         self.router.do_send(SetPool(RoutedPool { input, actor }));
         self.tell_interruption();
     }
@@ -314,6 +329,7 @@ impl Plane {
     /// keeps its claims' lifecycle until [`Plane::stop_pool`].
     pub fn retire_pool(&mut self, name: &str) {
         self.router.do_send(RemovePool(name.to_string()));
+        self.priced.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
         if self.routed.remove(name).is_some() {
             self.tell_interruption();
         }

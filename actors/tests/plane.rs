@@ -142,6 +142,7 @@ mod common {
                 cluster,
                 ledger,
                 errors.clone(),
+                Default::default(),
                 Config::default().executor,
                 Arc::new(dovetail_core::clock::SystemClock),
             ),
@@ -2509,3 +2510,6 @@ mod timers {
         System::current().stop();
     }
 }
+
+#[path = "plane/gc.rs"]
+mod gc;

@@ -137,7 +137,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let cloud = Arc::new(SimCloud::new(config, all_types.clone(), clock.clone()));
     let cluster = Arc::new(SimCluster::new());
     let metrics = opts.metrics.clone().unwrap_or_default();
-    metrics.collect(dovetail_actors::metrics::state::ClusterState { view: cluster.clone() });
+    metrics.collect(dovetail_actors::metrics::state::ClusterState { view: cluster.clone(), leading: None });
     for ds in &sc.cluster.daemonsets {
         cluster.apply_daemonset(ds.clone());
     }
@@ -165,6 +165,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     }
     let mut config = Config { window: sc.window.clone(), ..Config::default() };
     config.disruption.enabled = sc.disruption;
+    // R of the live fleet only for a run that serves it, read often: runs are short.
+    config.cost_every = opts.metrics.as_ref().map(|_| std::time::Duration::from_secs(5));
     let mut plane = Plane::start(
         PlaneConfig { zones: sc.zones.clone(), pools: pools.clone(), limits, config },
         Seams {

@@ -20,7 +20,9 @@ use dovetail_core::nodepool::{Budget, BudgetNodes, DisruptionReason};
 use dovetail_core::resources::{ResourceList, ResourceName};
 use serde::{Deserialize, Serialize};
 
+mod collect;
 mod interruption;
+pub use collect::CollectableV1;
 pub use interruption::{InterruptionV1, NoticeV1, ReplacementV1};
 
 /// Why a record did not decode into the ledger's types.
@@ -261,7 +263,7 @@ pub enum CommandV1 {
         replacements: Vec<ReplacementV1>,
     },
     Collect {
-        instances: Vec<(String, Option<String>)>,
+        instances: Vec<CollectableV1>,
     },
 }
 
@@ -462,7 +464,9 @@ impl From<&Command> for CommandV1 {
                 instances: instances.clone(),
                 replacements: replacements.iter().map(ReplacementV1::from).collect(),
             },
-            Command::Collect { instances } => CommandV1::Collect { instances: instances.clone() },
+            Command::Collect { instances } => {
+                CommandV1::Collect { instances: instances.iter().map(CollectableV1::from).collect() }
+            }
         }
     }
 }
@@ -519,7 +523,9 @@ impl CommandV1 {
                 instances: instances.clone(),
                 replacements: replacements.iter().map(ReplacementV1::to_core).collect(),
             },
-            CommandV1::Collect { instances } => Command::Collect { instances: instances.clone() },
+            CommandV1::Collect { instances } => {
+                Command::Collect { instances: instances.iter().map(CollectableV1::to_core).collect() }
+            }
         })
     }
 }

@@ -24,6 +24,8 @@ pub struct Metrics {
     errors: Mutex<Option<Arc<Errors>>>,
     agent: Mutex<AgentStats>,
     leadership: Mutex<Option<tokio::sync::watch::Receiver<dovetail_raft::Leadership>>>,
+    /// Whether this control node leads (Karpenter's cluster-state gauges are the leader's).
+    pub leading: Arc<AtomicBool>,
 }
 
 impl Metrics {
@@ -36,10 +38,12 @@ impl Metrics {
     pub fn set_leadership(&self, watch: tokio::sync::watch::Receiver<dovetail_raft::Leadership>) {
         *self.leadership.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(watch.clone());
         let plane = self.plane.clone();
+        let leading = self.leading.clone();
         let mut watch = watch;
         actix_rt::spawn(async move {
             let mut last: Option<String> = None;
             loop {
+                leading.store(watch.borrow().leader, Ordering::SeqCst);
                 let leader = watch.borrow_and_update().leader_id.clone();
                 if let Some(id) = leader {
                     if last.as_ref().is_some_and(|l| *l != id) {

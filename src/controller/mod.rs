@@ -140,7 +140,10 @@ async fn serve(s: Settings) -> Result<(), String> {
     tracing::info!(server = %v.server, policy = %v.policy, eviction = %v.eviction, "connected");
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(http::Metrics::default());
-    metrics.plane.collect(dovetail_actors::metrics::state::ClusterState { view: cluster.clone() });
+    metrics.plane.collect(dovetail_actors::metrics::state::ClusterState {
+        view: cluster.clone(),
+        leading: Some(metrics.leading.clone()),
+    });
     http::serve_health(s.health_addr, ready.clone()).await?;
     http::serve_metrics(s.metrics_addr, metrics.clone(), cluster.clone()).await?;
     wait_synced(&cluster).await;

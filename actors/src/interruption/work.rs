@@ -10,6 +10,7 @@ use dovetail_core::clock::Clock;
 use dovetail_core::cluster::{Event, NodeClaim, NodePatch, ObjectKind, Snapshot};
 use dovetail_core::effect::{Action, Effect};
 use dovetail_core::interruption::{self, Going, Kind, Promised};
+use dovetail_core::labels;
 use dovetail_core::ledger::{Command, Entry, Millis, Notice, Outcome, Replacement, State, Term};
 use dovetail_core::plane::{Latencies, Names, disrupted_taint};
 use dovetail_core::provisioning::{planned_claim, unique_claim_name};
@@ -264,6 +265,13 @@ impl Work {
             events.push(Effect::new(claim, Action::Event(e)));
             if n.acts {
                 acted.acted += 1;
+                // Karpenter counts an interrupted NodeClaim as disrupted, the message's kind its
+                // reason.
+                if let Some(nc) = snap.nodeclaims.get(claim) {
+                    let capacity_type =
+                        nc.spec.labels.get(labels::CAPACITY_TYPE).map(String::as_str).unwrap_or_default();
+                    self.executor.metrics().nodeclaim_disrupted(n.kind.as_str(), &nc.spec.nodepool, capacity_type);
+                }
                 to_size.push(n.instance.clone());
                 if let Some(node) = nodes.node(claim) {
                     claim_of.insert(node.clone(), claim.to_string());

@@ -35,18 +35,29 @@ impl MeteredCloud {
     }
 
     fn done<T>(&self, method: &str, start: Duration, result: &Result<T, CloudError>) {
-        let error = result.as_ref().err().map(CloudError::kind);
+        let error = result.as_ref().err().map(error_label);
         self.metrics.cloud_call(method, self.provider, self.clock.now().saturating_sub(start).as_secs_f64(), error);
     }
 
+    /// A call made for several NodeClaims at once (a fleet, a batch of terminations): one
+    /// observation per item, as Karpenter's calls are one per NodeClaim, each with the call's
+    /// duration (every item waited for it) and its own error.
     fn done_each<T>(&self, method: &str, start: Duration, results: &[Result<T, CloudError>]) {
         let seconds = self.clock.now().saturating_sub(start).as_secs_f64();
-        // One call, one observation; each failed item counted as an error of the call.
-        let first_error = results.iter().find_map(|r| r.as_ref().err()).map(CloudError::kind);
-        self.metrics.cloud_call(method, self.provider, seconds, first_error);
-        for e in results.iter().filter_map(|r| r.as_ref().err()).skip(1) {
-            self.metrics.cloud_call_error(method, self.provider, e.kind());
+        for r in results {
+            self.metrics.cloud_call(method, self.provider, seconds, r.as_ref().err().map(error_label));
         }
+    }
+}
+
+/// Karpenter's `error` label: its three well-known provider errors by their type names; the
+/// others (Karpenter's empty default) by dovetail's kind (`throttled`, `invalid`, ...).
+fn error_label(e: &CloudError) -> &'static str {
+    match e {
+        CloudError::InsufficientCapacity { .. } => "InsufficientCapacityError",
+        CloudError::NotFound { .. } => "NodeClaimNotFoundError",
+        CloudError::NodeClassNotReady { .. } => "NodeClassNotReadyError",
+        other => other.kind(),
     }
 }
 

@@ -11,10 +11,12 @@
 //! `karpenter_cluster_utilization_percent`) are not served; docs/operations.md lists them
 //! with the dovetail series to use instead.
 
+pub mod cost;
 pub mod metered;
 pub mod state;
 
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::metrics::counter::Counter;
@@ -62,6 +64,11 @@ pub struct Metrics {
     commit_index: Gauge,
     failovers: Counter,
     collected: Counter,
+    collected_claims: Counter,
+    collected_nodes: Counter,
+    cost_ratio: Gauge<f64, AtomicU64>,
+    effects_in_flight: Gauge,
+    effects_running: Gauge,
 }
 
 impl Default for Metrics {
@@ -94,6 +101,11 @@ impl Metrics {
             commit_index: Gauge::default(),
             failovers: Counter::default(),
             collected: Counter::default(),
+            collected_claims: Counter::default(),
+            collected_nodes: Counter::default(),
+            cost_ratio: Gauge::default(),
+            effects_in_flight: Gauge::default(),
+            effects_running: Gauge::default(),
         };
         {
             let mut r = m.lock();
@@ -195,6 +207,31 @@ impl Metrics {
                 m.collected.clone(),
             );
             r.register(
+                "dovetail_fleet_cost_ratio",
+                "R: what the live fleet costs per hour over the lower bound of what its pods need (1 is the bound; 0 until the first reading)",
+                m.cost_ratio.clone(),
+            );
+            r.register(
+                "dovetail_executor_effects_in_flight",
+                "Cluster effects the executor holds: waiting for a permit or under way",
+                m.effects_in_flight.clone(),
+            );
+            r.register(
+                "dovetail_executor_effects_running",
+                "Cluster effects under way (holding one of the executor's permits)",
+                m.effects_running.clone(),
+            );
+            r.register(
+                "dovetail_garbage_collected_nodeclaims",
+                "NodeClaims whose instance was gone from the cloud, ended by garbage collection",
+                m.collected_claims.clone(),
+            );
+            r.register(
+                "dovetail_garbage_collected_nodes",
+                "Nodes of instances garbage collection terminated, deleted with them",
+                m.collected_nodes.clone(),
+            );
+            r.register(
                 "dovetail_ledger_failovers",
                 "Times the ledger's leader changed as this control node saw it (a new term with a leader)",
                 m.failovers.clone(),
@@ -289,17 +326,6 @@ impl Metrics {
         }
     }
 
-    /// One more failed item of a cloud call already observed (a batch call's other failures).
-    pub fn cloud_call_error(&self, method: &str, provider: &str, error: &str) {
-        let labels = vec![
-            ("controller", controller_of(method).to_string()),
-            ("method", method.to_string()),
-            ("provider", provider.to_string()),
-            ("error", error.to_string()),
-        ];
-        self.cloud_errors.get_or_create(&labels).inc();
-    }
-
     /// A launch that failed, by the offering it asked for.
     pub fn launch_failed(&self, zone: &str, capacity_type: &str, reason: &str) {
         let labels = vec![
@@ -352,6 +378,27 @@ impl Metrics {
     /// Instances terminated by garbage collection.
     pub fn collected(&self, n: u64) {
         self.collected.inc_by(n);
+    }
+
+    /// R of the live fleet, as last computed.
+    pub fn set_cost_ratio(&self, r: f64) {
+        self.cost_ratio.set(r);
+    }
+
+    /// The executor's effects held (`in_flight`) and under way (`running`), each +1 or -1.
+    pub fn effects(&self, in_flight: i64, running: i64) {
+        self.effects_in_flight.inc_by(in_flight);
+        self.effects_running.inc_by(running);
+    }
+
+    /// NodeClaims ended by garbage collection (their instance gone).
+    pub fn collected_claims(&self, n: u64) {
+        self.collected_claims.inc_by(n);
+    }
+
+    /// Nodes deleted with the instances garbage collection terminated.
+    pub fn collected_nodes(&self, n: u64) {
+        self.collected_nodes.inc_by(n);
     }
 
     /// The ledger's leader changed.

@@ -19,6 +19,9 @@ use crate::errors::Errors;
 /// Karpenter's gauges of the cluster's state, from the view at each scrape.
 pub struct ClusterState {
     pub view: Arc<dyn ClusterView>,
+    /// Served only while this is true (the control node leads, as only Karpenter's leader
+    /// serves them: several replicas must not each report the cluster); always when `None`.
+    pub leading: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl std::fmt::Debug for ClusterState {
@@ -175,6 +178,9 @@ impl ClusterState {
 
 impl Collector for ClusterState {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if self.leading.as_ref().is_some_and(|l| !l.load(std::sync::atomic::Ordering::SeqCst)) {
+            return Ok(());
+        }
         let s = self.view.snapshot();
         self.encode_snapshot(&s, self.view.synced(), &mut encoder)
     }
@@ -256,7 +262,7 @@ mod tests {
     fn the_state_series_come_from_the_view_at_scrape_time() {
         let cluster = Arc::new(SimCluster::new());
         let m = Metrics::new();
-        m.collect(ClusterState { view: cluster.clone() });
+        m.collect(ClusterState { view: cluster.clone(), leading: None });
         let text = m.encode();
         assert!(text.contains("# TYPE karpenter_nodes_allocatable gauge\n"), "{text}");
         assert!(text.contains("# TYPE karpenter_pods_state gauge\n"), "{text}");

@@ -349,12 +349,15 @@ impl State {
             Command::Collect { instances } => {
                 let rejected = instances
                     .iter()
-                    .filter_map(|(id, batch)| {
-                        if let Some(claim) = self.index.by_instance.get(id) {
-                            return Some((id.clone(), format!("instance of claim {claim}")));
+                    .filter_map(|c| {
+                        if let Some(claim) = self.index.by_instance.get(&c.id) {
+                            return Some((c.id.clone(), format!("instance of claim {claim}")));
                         }
-                        let live = batch.as_ref().filter(|b| self.batches.contains_key(*b))?;
-                        Some((id.clone(), format!("of launch batch {live}, still recorded")))
+                        if let Some(claim) = c.claim.as_ref().filter(|claim| self.claims.contains_key(*claim)) {
+                            return Some((c.id.clone(), format!("tagged for claim {claim}, still recorded")));
+                        }
+                        let live = c.batch.as_ref().filter(|b| self.batches.contains_key(*b))?;
+                        Some((c.id.clone(), format!("of launch batch {live}, still recorded")))
                     })
                     .collect();
                 Outcome::Advanced { rejected }
@@ -946,17 +949,24 @@ pub(super) mod tests {
             3,
             Command::Collect {
                 instances: vec![
-                    ("i-default-0".into(), None),
-                    ("i-in-flight".into(), Some("b-fresh".into())),
-                    ("i-leaked".into(), Some("b-long-gone".into())),
-                    ("i-by-hand".into(), None),
+                    collectable("i-default-0", None, None),
+                    collectable("i-in-flight", None, Some("b-fresh")),
+                    collectable("i-leaked", None, Some("b-long-gone")),
+                    collectable("i-by-hand", None, None),
+                    collectable("i-second", Some("default-0"), None),
+                    collectable("i-of-a-gone-claim", Some("gone"), Some("b-gone")),
                 ],
             },
         ));
         let Outcome::Advanced { rejected } = out else { panic!("{out:?}") };
         let kept: Vec<&str> = rejected.iter().map(|(id, _)| id.as_str()).collect();
-        assert_eq!(kept, ["i-default-0", "i-in-flight"], "{rejected:?}");
+        assert_eq!(kept, ["i-default-0", "i-in-flight", "i-second"], "{rejected:?}");
         assert!(rejected[0].1.contains("default-0"), "the claim is named: {rejected:?}");
+        assert!(rejected[2].1.contains("default-0"), "the tagged claim is named: {rejected:?}");
+    }
+
+    fn collectable(id: &str, claim: Option<&str>, batch: Option<&str>) -> Collectable {
+        Collectable { id: id.into(), claim: claim.map(str::to_string), batch: batch.map(str::to_string) }
     }
 
     /// A pool `name` with `n` initialized claims `name-0`.. of 2 cpu at $0.1/h.

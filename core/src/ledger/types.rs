@@ -345,14 +345,24 @@ pub enum Command {
         instances: Vec<String>,
         replacements: Vec<Replacement>,
     },
-    /// Garbage collection: instances tagged for the cluster that no claim knows, each with
-    /// the launch batch its tag names (if any), to be terminated. The outcome is
-    /// [`Outcome::Advanced`]: an instance a claim holds, or of a batch still recorded (a launch
-    /// that has not said yet which instance is whose), is rejected and must not be touched;
-    /// the others may be terminated in this term.
+    /// Garbage collection: instances tagged for the cluster that no claim is known to hold,
+    /// to be terminated. The outcome is [`Outcome::Advanced`]: an instance a claim holds, one
+    /// whose claim tag names a claim still recorded (its lifecycle's to end), or of a batch
+    /// still recorded (a launch that has not said yet which instance is whose) is rejected and
+    /// must not be touched; the others may be terminated in this term.
     Collect {
-        instances: Vec<(String, Option<String>)>,
+        instances: Vec<Collectable>,
     },
+}
+
+/// An instance garbage collection proposes, with what its tags name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collectable {
+    pub id: String,
+    /// The claim its tag names (a launch whose claim went before it said so).
+    pub claim: Option<String>,
+    /// The launch batch its tag names.
+    pub batch: Option<String>,
 }
 
 impl Command {
