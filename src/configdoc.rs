@@ -58,7 +58,7 @@ fn keys() -> Vec<Key> {
         Key {
             name: dovetail_cloud::TAG_CLUSTER_PREFIX,
             on: "EC2 instance (tag key prefix, `<prefix><cluster>: owned`)",
-            what: "Instances with it are the cluster's: garbage collection terminates those no NodeClaim knows, after 30 s.",
+            what: "Instances with it and `karpenter.sh/nodepool` are dovetail's: garbage collection terminates those no NodeClaim knows, after 30 s. The cluster's tag alone (a managed node group's) is never touched.",
         },
         Key {
             name: dovetail_cloud::TAG_LAUNCH_BATCH,

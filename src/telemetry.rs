@@ -1,7 +1,9 @@
 //! OpenTelemetry export and logs: the binary installs a `tracing` subscriber with an OTLP
 //! exporter when an endpoint is configured (`--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`),
 //! and flushes it before exit, and with the log lines of the commands that log. Without
-//! either nothing is installed and spans cost nothing.
+//! either nothing is installed and spans cost nothing. JSON logs (the controller's default)
+//! keep spans even without an exporter, so each line carries its decision's trace id: spans
+//! are made (ids, attributes) and dropped when they end.
 //!
 //! Configuration follows the OpenTelemetry specification:
 //! - the endpoint is a base URL: `http/protobuf` sends spans to `URL/v1/traces`, `grpc` to
@@ -100,19 +102,35 @@ pub fn install(args: &TelemetryArgs, logs: Option<&Logs>, instance: Option<&str>
         let only_dovetail = tracing_subscriber::filter::Targets::new().with_target("dovetail", tracing::Level::INFO);
         tracing_opentelemetry::layer().with_tracer(provider.tracer("dovetail")).with_filter(only_dovetail)
     });
-    let lines = logs.map(|l| {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .or_else(|_| tracing_subscriber::EnvFilter::try_new(&l.level))
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-        match l.format {
-            LogFormat::Json => fmt.event_format(Json).with_filter(filter).boxed(),
-            LogFormat::Text => fmt.with_filter(filter).boxed(),
+    let lines = match logs {
+        Some(l) => {
+            let filter = log_filter(l)?;
+            let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+            Some(match l.format {
+                LogFormat::Json => fmt.event_format(Json).with_filter(filter).boxed(),
+                LogFormat::Text => fmt.with_filter(filter).boxed(),
+            })
         }
-    });
+        None => None,
+    };
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(otel).with(lines))
         .map_err(|e| format!("installing the tracing subscriber: {e}"))?;
     Ok(Some(Telemetry { export, _ids_only: ids_only }))
+}
+
+/// The log filter: `RUST_LOG` when set, else `--log-level`; one that does not parse is an
+/// error naming where it came from, not a silent `info`.
+fn log_filter(l: &Logs) -> Result<tracing_subscriber::EnvFilter, String> {
+    match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => tracing_subscriber::EnvFilter::try_new(&v)
+            .map_err(|e| format!("RUST_LOG: {v:?} is not a log level or filter: {e}")),
+        _ => tracing_subscriber::EnvFilter::try_new(&l.level).map_err(|e| {
+            format!(
+                "--log-level (logLevel, DOVETAIL_LOG_LEVEL): {:?} is not a log level (debug, info, warn, error) or filter: {e}",
+                l.level
+            )
+        }),
+    }
 }
 
 /// The OTLP exporter and its runtime, when an endpoint is configured.

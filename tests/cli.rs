@@ -179,34 +179,6 @@ fn simulate_names_the_bad_field_of_a_scenario() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `GET http://addr/metrics`, or `None` while nothing answers there.
-fn get_metrics(addr: &str) -> Option<String> {
-    let out = Command::new("curl").args(["-sf", "--max-time", "5", &format!("http://{addr}/metrics")]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `promtool check metrics` on `text` (Prometheus's own parser and lint).
-fn promtool_check(text: &str) {
-    #[allow(clippy::disallowed_methods, reason = "scripts/test names promtool for the tests")]
-    let promtool = std::env::var("DOVETAIL_PROMTOOL")
-        .expect("DOVETAIL_PROMTOOL names promtool (scripts/test installs it in ~/.cache/dovetail/bin)");
-    let mut child = Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs");
-    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("the scrape goes to promtool");
-    let checked = child.wait_with_output().expect("promtool ends");
-    assert!(
-        checked.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&checked.stdout),
-        String::from_utf8_lossy(&checked.stderr)
-    );
-}
-
 #[test]
 fn loadtest_runs_the_ci_scenario_on_the_wall_clock_and_checks_its_thresholds() {
     let out_dir = std::env::temp_dir().join(format!("dovetail-cli-loadtest-{}", std::process::id()));
@@ -379,16 +351,28 @@ fn simulate_exports_one_connected_trace_per_decision_over_grpc_and_http_protobuf
         // One trace per class decision: a single router.route root, every other span's parent
         // in the same trace.
         let mut full = BTreeSet::new();
+        let mut disruptions = 0;
         for t in traces.values() {
             let roots: Vec<&otlp::Span> = t.spans.iter().copied().filter(|s| s.parent.is_empty()).collect();
             assert_eq!(roots.len(), 1, "{wire:?}: one root per trace: {roots:?}");
             let root = roots[0];
-            assert_eq!(root.name, "router.route", "{root:?}");
-            assert!(root.attributes["pods"].parse::<u64>().is_ok_and(|n| n > 0), "{root:?}");
             let here: BTreeSet<&[u8]> = t.spans.iter().map(|s| s.span_id.as_slice()).collect();
             for s in &t.spans {
                 assert!(s.parent.is_empty() || here.contains(s.parent.as_slice()), "{wire:?}: dangling parent: {s:?}");
             }
+            // A disruption decision (the scenario's scale-down is consolidated): its ledger
+            // entry under it.
+            if root.name == "nodepool.disrupt" {
+                let a = &root.attributes;
+                assert!(!a["nodepool"].is_empty() && !a["reason"].is_empty(), "{root:?}");
+                assert!(a["candidates"].parse::<u64>().is_ok_and(|n| n > 0), "{root:?}");
+                let proposed = t.children(root, "ledger.propose");
+                assert!(proposed.iter().any(|p| p.attributes["command"] == "disrupt"), "{wire:?}: {:?}", t.spans);
+                disruptions += 1;
+                continue;
+            }
+            assert_eq!(root.name, "router.route", "{root:?}");
+            assert!(root.attributes["pods"].parse::<u64>().is_ok_and(|n| n > 0), "{root:?}");
             assert_eq!(t.children(root, "router.simulate").len(), 1, "{root:?}");
             if launched_and_bound(t, root) {
                 // The scenario's workloads: Deployments web and api, Job etl.
@@ -396,6 +380,7 @@ fn simulate_exports_one_connected_trace_per_decision_over_grpc_and_http_protobuf
                 full.extend(["web", "api", "etl"].into_iter().filter(|w| class.starts_with(&format!("default/{w}"))));
             }
         }
+        assert!(disruptions >= 1, "{wire:?}: the scale-down's consolidation traced");
         assert!(traces.len() >= 3, "{wire:?}: {} traces", traces.len());
         assert_eq!(full.len(), 3, "{wire:?}: routing to binding traced for each workload: {full:?}");
     }
@@ -679,32 +664,6 @@ fn explain_says_why_a_node_of_a_plan_input_would_or_would_not_be_disrupted() {
     assert!(String::from_utf8_lossy(&out.stderr).contains(r#"node "zz" is not in -"#));
 }
 
-/// The shipped alert rules pass `promtool check rules`, and each names a runbook that
-/// docs/operations.md has (its heading is the alert's name).
-#[test]
-fn the_shipped_alerts_pass_promtool_and_each_has_its_runbook() {
-    #[allow(clippy::disallowed_methods, reason = "the checkout the test runs in, from cargo at run time")]
-    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
-    let rules = format!("{root}/deploy/prometheus/alerts.yaml");
-    #[allow(clippy::disallowed_methods, reason = "scripts/test names promtool for the tests")]
-    let promtool = std::env::var("DOVETAIL_PROMTOOL")
-        .expect("DOVETAIL_PROMTOOL names promtool (scripts/test installs it in ~/.cache/dovetail/bin)");
-    let out = Command::new(&promtool).args(["check", "rules", &rules]).output().expect("promtool runs");
-    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&rules).expect("the rules");
-    let yaml: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
-    let ops = std::fs::read_to_string(format!("{root}/docs/operations.md")).expect("docs/operations.md");
-    let headings: BTreeSet<String> =
-        ops.lines().filter_map(|l| l.strip_prefix("### ")).map(|h| h.trim().to_lowercase()).collect();
-    let mut alerts = 0;
-    for group in yaml["groups"].as_sequence().into_iter().flatten() {
-        for rule in group["rules"].as_sequence().into_iter().flatten() {
-            let name = rule["alert"].as_str().expect("an alert's name");
-            let url = rule["annotations"]["runbook_url"].as_str().unwrap_or_default();
-            assert_eq!(url, format!("docs/operations.md#{}", name.to_lowercase()), "{name}'s runbook");
-            assert!(headings.contains(&name.to_lowercase()), "docs/operations.md has a `### {name}` runbook");
-            alerts += 1;
-        }
-    }
-    assert!(alerts >= 10, "{alerts} alerts");
-}
+#[path = "cli/operations.rs"]
+mod operations;
+use operations::{get_metrics, promtool_check};

@@ -1,10 +1,12 @@
 //! Garbage collection, as Karpenter's `instance.garbagecollection` and
 //! `nodeclaim.garbagecollection`:
-//! - instances tagged for the cluster that no NodeClaim knows (a launch whose result was lost,
-//!   a claim deleted while its launch was under way, an instance made by hand with the
-//!   cluster's tag) are terminated once older than the grace period, and the Node such an
-//!   instance registered is deleted with it. Instances without the cluster's tag are never
-//!   listed, so never touched.
+//! - instances of dovetail's NodePools (the cluster's tag and `karpenter.sh/nodepool`) that no
+//!   NodeClaim knows (a launch whose result was lost, a claim deleted while its launch was
+//!   under way) are terminated once older than the grace period, and the Node such an
+//!   instance registered is deleted with it. Instances without both tags (a managed node
+//!   group's, the controller's own host, anything else) are never touched.
+//! - orphaned Nodes (of a NodePool, not Ready, no NodeClaim, their instance not running) are
+//!   deleted.
 //! - NodeClaims whose instance is gone from the cloud (terminated from the console, reclaimed
 //!   without a notice) and whose Node is not Ready are ended: their claim goes to
 //!   `Terminating`, and the lifecycle drains what is left, deletes the Node and the NodeClaim.
@@ -20,7 +22,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dovetail_cloud::{CloudError, CloudProvider, Instance, InstanceState, TAG_LAUNCH_BATCH};
+use dovetail_cloud::{CloudError, CloudProvider, Instance, InstanceState, TAG_LAUNCH_BATCH, TAG_NODEPOOL};
 use dovetail_cluster::{ClusterView, ClusterWriter, NodeUpdate};
 use dovetail_core::clock::Clock;
 use dovetail_core::cluster::{Snapshot, TERMINATION_FINALIZER};
@@ -38,7 +40,7 @@ pub struct Collected {
     pub proposed: usize,
     /// Terminated.
     pub terminated: Vec<String>,
-    /// Nodes of terminated instances, deleted.
+    /// Nodes of terminated instances, and orphaned ones, deleted.
     pub nodes: Vec<String>,
     /// NodeClaims whose instance was gone, ended.
     pub claims: Vec<String>,
@@ -78,20 +80,27 @@ impl Gc {
         };
         // Read after the list: a NodeClaim made while listing is seen.
         let snap = self.view.snapshot();
-        let mut out = self.collect_instances(term, &listed, &snap).await;
-        out.nodes = self.delete_nodes(term, &out.terminated, &snap).await;
+        let (mut out, orphans) = self.collect_instances(term, &listed, &snap).await;
+        let gone: Vec<String> = out.terminated.iter().chain(&orphans).cloned().collect();
+        out.nodes = self.delete_nodes(term, &gone, &snap).await;
         out.claims = self.end_claims(term, &listed, &snap).await;
         out
     }
 
-    /// Terminates the instances no NodeClaim knows, older than the grace, that the ledger
-    /// lets go.
-    async fn collect_instances(&self, term: Term, listed: &[Instance], snap: &Snapshot) -> Collected {
+    /// Terminates the instances of dovetail's NodePools that no NodeClaim knows, older than
+    /// the grace, and finds the orphaned Nodes (of a NodePool, not Ready, no NodeClaim, their
+    /// instance not running): both go through one `Collect` entry, and what the ledger lets go
+    /// is returned in `terminated` (instances) and `orphans` (the instances of orphaned Nodes,
+    /// whose Nodes are deleted).
+    async fn collect_instances(&self, term: Term, listed: &[Instance], snap: &Snapshot) -> (Collected, Vec<String>) {
         let now = self.clock.now();
         let referenced: BTreeSet<&str> =
             snap.nodeclaims.values().filter_map(|nc| nc.status.provider_id.as_deref().and_then(instance_of)).collect();
-        let candidates: Vec<Collectable> = listed
+        // Only what dovetail launched: an instance with the cluster's tag alone (a managed node
+        // group's, the controller's own host) is never a candidate.
+        let leaked: Vec<Collectable> = listed
             .iter()
+            .filter(|i| i.tags.contains_key(TAG_NODEPOOL))
             .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Running))
             .filter(|i| now.saturating_sub(i.launched_at) >= self.cfg.grace)
             .filter(|i| !referenced.contains(i.id.as_str()))
@@ -102,36 +111,58 @@ impl Gc {
                 batch: i.tags.get(TAG_LAUNCH_BATCH).cloned(),
             })
             .collect();
-        if candidates.is_empty() {
-            return Collected::default();
+        let alive: BTreeSet<&str> = listed
+            .iter()
+            .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Running | InstanceState::Stopped))
+            .map(|i| i.id.as_str())
+            .collect();
+        let claimed_nodes: BTreeSet<&str> =
+            snap.nodeclaims.values().filter_map(|nc| nc.status.node_name.as_deref()).collect();
+        let orphans: Vec<Collectable> = snap
+            .nodes
+            .values()
+            .filter(|n| n.nodepool().is_some() && !n.ready && !claimed_nodes.contains(n.name.as_str()))
+            .filter(|n| n.owner_claim.as_ref().is_none_or(|c| !snap.nodeclaims.contains_key(c)))
+            .filter_map(|n| n.provider_id.as_deref().and_then(instance_of))
+            .filter(|id| !alive.contains(id) && !referenced.contains(id))
+            .map(|id| Collectable { id: id.to_string(), claim: None, batch: None })
+            .collect();
+        if leaked.is_empty() && orphans.is_empty() {
+            return (Collected::default(), Vec::new());
         }
-        let proposed = candidates.len();
-        let ids: Vec<String> = candidates.iter().map(|c| c.id.clone()).collect();
-        let entry = Entry { term, at: self.clock.now_millis(), command: Command::Collect { instances: candidates } };
+        let proposed = leaked.len();
+        let leaked_ids: Vec<String> = leaked.iter().map(|c| c.id.clone()).collect();
+        let orphan_ids: Vec<String> = orphans.iter().map(|c| c.id.clone()).collect();
+        let mut instances = leaked;
+        instances.extend(orphans);
+        let entry = Entry { term, at: self.clock.now_millis(), command: Command::Collect { instances } };
         let rejected = match self.ledger.propose(entry).await.map(|c| c.outcome) {
             Ok(Outcome::Advanced { rejected }) => rejected,
             Ok(other) => {
                 self.errors.note("collect_instances", "refused", "ledger", &format!("{other:?}"));
-                return Collected { proposed, ..Collected::default() };
+                return (Collected { proposed, ..Collected::default() }, Vec::new());
             }
             Err(e) => {
                 self.errors.warn("collect_instances", "ledger", "ledger", &e);
-                return Collected { proposed, ..Collected::default() };
+                return (Collected { proposed, ..Collected::default() }, Vec::new());
             }
         };
         for (id, why) in &rejected {
             tracing::debug!(instance = %id, why = %why, "garbage collection: instance kept");
         }
-        let doomed: Vec<String> = ids.into_iter().filter(|id| !rejected.iter().any(|(r, _)| r == id)).collect();
-        if doomed.is_empty() || !self.ledger.leadership().borrow().is_current(term) {
-            return Collected { proposed, ..Collected::default() };
+        let let_go = |ids: Vec<String>| -> Vec<String> {
+            ids.into_iter().filter(|id| !rejected.iter().any(|(r, _)| r == id)).collect()
+        };
+        let (doomed, orphans) = (let_go(leaked_ids), let_go(orphan_ids));
+        if !self.ledger.leadership().borrow().is_current(term) {
+            return (Collected { proposed, ..Collected::default() }, Vec::new());
         }
-        let results = self.cloud.terminate(&doomed).await;
+        let results = if doomed.is_empty() { Vec::new() } else { self.cloud.terminate(&doomed).await };
         let mut terminated = Vec::new();
         for (id, r) in doomed.into_iter().zip(results) {
             match r {
                 Ok(()) => {
-                    tracing::info!(instance = %id, "garbage collection: terminated an instance tagged for the cluster that no NodeClaim knows");
+                    tracing::info!(instance = %id, "garbage collection: terminated an instance of a NodePool that no NodeClaim knows");
                     terminated.push(id);
                 }
                 // Gone since it was listed: nothing to do, nothing to count.
@@ -140,12 +171,12 @@ impl Gc {
             }
         }
         self.metrics.collected(terminated.len() as u64);
-        Collected { proposed, terminated, ..Collected::default() }
+        (Collected { proposed, terminated, ..Collected::default() }, orphans)
     }
 
-    /// Deletes the Nodes the terminated instances registered (as Karpenter's instance garbage
-    /// collection does), taking dovetail's termination finalizer off first: no NodeClaim is
-    /// there to drain them.
+    /// Deletes the Nodes of `gone` instances (those terminated, as Karpenter's instance garbage
+    /// collection does, and the orphans'), taking dovetail's termination finalizer off first:
+    /// no NodeClaim is there to drain them.
     async fn delete_nodes(&self, term: Term, terminated: &[String], snap: &Snapshot) -> Vec<String> {
         let gone: BTreeSet<&str> = terminated.iter().map(String::as_str).collect();
         let mut deleted = Vec::new();
@@ -165,7 +196,7 @@ impl Gc {
             }
             match self.cluster.delete_node(&node.name).await {
                 Ok(_) => {
-                    tracing::info!(node = %node.name, instance, "garbage collection: deleted the node of a terminated instance no NodeClaim knew");
+                    tracing::info!(node = %node.name, instance, "garbage collection: deleted a node of a NodePool whose instance is gone and that no NodeClaim knew");
                     deleted.push(node.name.clone());
                 }
                 Err(dovetail_cluster::ClusterError::NotFound { .. }) => {}
@@ -176,12 +207,13 @@ impl Gc {
         deleted
     }
 
-    /// Ends the registered claims whose instance the cloud no longer has running (absent from
-    /// the list, or shutting down or terminated) and whose Node is not Ready.
+    /// Ends the registered claims whose instance the cloud no longer has (absent from the list,
+    /// shutting down or terminated; a stopped one is still there, as Karpenter) and whose Node
+    /// is not Ready.
     async fn end_claims(&self, term: Term, listed: &[Instance], snap: &Snapshot) -> Vec<String> {
         let alive: BTreeSet<&str> = listed
             .iter()
-            .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Running))
+            .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Running | InstanceState::Stopped))
             .map(|i| i.id.as_str())
             .collect();
         let registered = read_with(self.ledger.as_ref(), |st| {

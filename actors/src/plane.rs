@@ -83,6 +83,8 @@ impl Drop for Plane {
         for t in self.tasks.drain(..) {
             t.abort();
         }
+        // The fleet's R is the acting plane's: a node that stopped acting does not report it.
+        self.executor.metrics().set_cost_ratio(0.0);
     }
 }
 

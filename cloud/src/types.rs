@@ -89,6 +89,8 @@ pub struct Lookup {
 pub enum InstanceState {
     Pending,
     Running,
+    /// Stopping or stopped: still the cluster's (Karpenter keeps it), not serving.
+    Stopped,
     ShuttingDown,
     Terminated,
 }

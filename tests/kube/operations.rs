@@ -137,13 +137,26 @@ fn a_provisioning_decision_on_the_raft_ledger_is_one_trace_from_routing_through_
     clean_up(&env, ns, &ctl);
 }
 
-/// An instance of `ami` in moto, with the cluster's tag or without; its id.
-async fn run_instance(ec2: &aws_sdk_ec2::Client, ami: &str, cluster_tag: bool) -> String {
+/// How an instance made outside dovetail is tagged.
+#[derive(Clone, Copy, PartialEq)]
+enum Tagged {
+    /// The cluster's tag and a NodePool's: as dovetail tags what it launches.
+    AsDovetails,
+    /// The cluster's tag only: a managed node group's instance (the controller's host).
+    ClusterOnly,
+    Untagged,
+}
+
+/// An instance of `ami` in moto, tagged as `tagged` says; its id.
+async fn run_instance(ec2: &aws_sdk_ec2::Client, ami: &str, tagged: Tagged) -> String {
     use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
     let mut tags = TagSpecification::builder().resource_type(ResourceType::Instance);
     tags = tags.tags(Tag::builder().key("Name").value("made-by-hand").build());
-    if cluster_tag {
+    if tagged != Tagged::Untagged {
         tags = tags.tags(Tag::builder().key("kubernetes.io/cluster/dovetail-test").value("owned").build());
+    }
+    if tagged == Tagged::AsDovetails {
+        tags = tags.tags(Tag::builder().key("karpenter.sh/nodepool").value("default").build());
     }
     let run = ec2
         .run_instances()
@@ -168,14 +181,14 @@ async fn state_of(ec2: &aws_sdk_ec2::Client, id: &str) -> String {
 }
 
 #[test]
-fn an_instance_tagged_for_the_cluster_that_no_nodeclaim_knows_is_terminated_after_the_grace_and_an_untagged_one_never()
-{
+fn an_instance_of_a_nodepool_that_no_nodeclaim_knows_is_terminated_after_the_grace_and_one_of_no_nodepool_never() {
     let Some((env, _serial, _)) = getting_started() else { return };
     let (rt, endpoint, ec2) = ha::own_role(&env);
     let images = rt.block_on(ec2.describe_images().owners("amazon").send()).expect("images");
     let ami = images.images().iter().find_map(|i| i.image_id()).expect("an image").to_string();
-    let leaked = rt.block_on(run_instance(&ec2, &ami, true));
-    let foreign = rt.block_on(run_instance(&ec2, &ami, false));
+    let leaked = rt.block_on(run_instance(&ec2, &ami, Tagged::AsDovetails));
+    let node_group = rt.block_on(run_instance(&ec2, &ami, Tagged::ClusterOnly));
+    let foreign = rt.block_on(run_instance(&ec2, &ami, Tagged::Untagged));
     let started = Instant::now();
     let ctl =
         Controller::start_aws(&env, "gc", &endpoint, &["--ami-parameter-prefix", AMI_PARAMETERS, "--gc-interval", "2"]);
@@ -190,14 +203,15 @@ fn an_instance_tagged_for_the_cluster_that_no_nodeclaim_knows_is_terminated_afte
     assert!(started.elapsed() >= Duration::from_secs(25), "terminated after {:?}", started.elapsed());
     let text = ctl.scrape();
     assert!(series_sum(&text, "dovetail_garbage_collected_instances_total", &[]) >= 1.0, "{text}");
-    // Several passes later the one without the cluster's tag still runs.
+    // Several passes later the others still run: one not tagged for the cluster, and one with
+    // the cluster's tag alone (as a managed node group's instances are tagged).
     std::thread::sleep(Duration::from_secs(6));
-    assert_eq!(
-        rt.block_on(state_of(&ec2, &foreign)),
-        "running",
-        "an instance not tagged for the cluster is never touched"
-    );
-    rt.block_on(ec2.terminate_instances().instance_ids(&foreign).send()).expect("the test's own instance cleaned up");
+    for (id, what) in [(&foreign, "not tagged for the cluster"), (&node_group, "of no NodePool")] {
+        assert_eq!(rt.block_on(state_of(&ec2, id)), "running", "an instance {what} is never touched");
+    }
+    let mine = [foreign.clone(), node_group.clone()];
+    rt.block_on(ec2.terminate_instances().set_instance_ids(Some(mine.to_vec())).send())
+        .expect("the test's own instances cleaned up");
     // No NodeClaim was made: nothing of the cluster's to clean up.
     assert!(env.items(&["get", "nodeclaims"]).is_empty());
 }

@@ -50,6 +50,7 @@ use dovetail_core::ledger::Millis;
 use dovetail_core::plane::{Latencies, Names};
 use dovetail_core::scheduling::PoolInput;
 use dovetail_raft::Ledger;
+use tracing::Instrument;
 
 use crate::config::Config;
 use crate::errors::Errors;
@@ -344,6 +345,7 @@ impl InterruptionActor {
         let started = self.clock.now_millis();
         let received = batches.iter().map(|b| b.received).min().unwrap_or(started);
         let parsed = self.parse(&batches);
+        let received_count = parsed.events.len();
         drop(batches);
         let queues = self.queues.clone();
         let names = self.queue_names.clone();
@@ -370,7 +372,9 @@ impl InterruptionActor {
             };
             (acted, job, ends, work.clock.now_millis())
         };
-        ctx.spawn(fut.into_actor(self).map(move |(acted, job, ends, at), act, ctx| {
+        // Each stage is a trace of its own: its ledger entry (and commit) and its effects.
+        let span = tracing::info_span!(parent: None, "cluster.interrupt", stage = "record", messages = received_count);
+        ctx.spawn(fut.instrument(span).into_actor(self).map(move |(acted, job, ends, at), act, ctx| {
             act.count(&acted, &ends, at.saturating_sub(started), at);
             act.running = false;
             if let Some(job) = job {
@@ -411,6 +415,7 @@ impl InterruptionActor {
         }
         self.replacing = true;
         let jobs = std::mem::take(&mut self.to_replace);
+        let runs = jobs.len();
         let started = self.clock.now_millis();
         let queues = self.queues.clone();
         let names = self.queue_names.clone();
@@ -444,7 +449,8 @@ impl InterruptionActor {
             }
             (outcome.unwrap_or_default(), ends, work.clock.now_millis())
         };
-        ctx.spawn(fut.into_actor(self).map(move |(acted, ends, at), act, ctx| {
+        let span = tracing::info_span!(parent: None, "cluster.interrupt", stage = "replace", runs = runs);
+        ctx.spawn(fut.instrument(span).into_actor(self).map(move |(acted, ends, at), act, ctx| {
             act.count(&acted, &ends, at.saturating_sub(started), at);
             act.replacing = false;
             act.replace(ctx);

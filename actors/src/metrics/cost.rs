@@ -74,7 +74,8 @@ pub async fn follow_cost(
         let r = tokio::task::spawn_blocking(move || ratio(pools, daemonsets, &pods, price)).await;
         match r {
             Ok(Some(r)) => metrics.set_cost_ratio(r),
-            Ok(None) => {}
+            // No pods on the fleet: no ratio (0, as before the first reading).
+            Ok(None) => metrics.set_cost_ratio(0.0),
             Err(e) => tracing::warn!(error = %e, "metrics: pricing the fleet failed"),
         }
     }

@@ -40,6 +40,7 @@ use dovetail_core::plane::disrupted_taint;
 use dovetail_core::provisioning::{available_types, planned_claim, unique_claim_name};
 use dovetail_core::scheduling::PoolInput;
 use dovetail_raft::read_with;
+use tracing::Instrument;
 
 use super::NodePoolActor;
 
@@ -494,7 +495,26 @@ impl NodePoolActor {
             let mut any = false;
             for (command, effects) in chain {
                 let counted = disruption_counts(&command, &capacity);
-                if !propose_one((&*ledger, &errors, &pool, &executor), term, now, command, effects).await {
+                // A disruption decision is a trace of its own: its ledger entry (and commit)
+                // and its effects under it.
+                let span = match &command {
+                    Command::Disrupt { command: id, reason, candidates, replacements, .. } => tracing::info_span!(
+                        parent: None,
+                        "nodepool.disrupt",
+                        nodepool = %pool,
+                        command = %id,
+                        reason = reason.as_str(),
+                        candidates = candidates.len(),
+                        replacements = replacements.len(),
+                        applied = tracing::field::Empty,
+                    ),
+                    _ => tracing::Span::none(),
+                };
+                let applied = propose_one((&*ledger, &errors, &pool, &executor), term, now, command, effects)
+                    .instrument(span.clone())
+                    .await;
+                span.record("applied", applied);
+                if !applied {
                     break;
                 }
                 if let Some(c) = counted {
@@ -571,7 +591,10 @@ struct DisruptionCounts {
 
 fn disruption_counts(c: &Command, capacity: &BTreeMap<String, String>) -> Option<DisruptionCounts> {
     let Command::Disrupt { reason, candidates, replacements, .. } = c else { return None };
+    // Karpenter's: `empty`, `single` or `multi` (by the candidates of an underutilized
+    // command: dovetail's repack of m nodes onto n counts as `multi`), none for drift.
     let consolidation_type = match (reason, candidates.len()) {
+        (dovetail_core::nodepool::DisruptionReason::Empty, _) => "empty",
         (dovetail_core::nodepool::DisruptionReason::Underutilized, 1) => "single",
         (dovetail_core::nodepool::DisruptionReason::Underutilized, _) => "multi",
         _ => "",

@@ -1,8 +1,9 @@
 //! Garbage collection on the sim cloud, the sim cluster and the in-process ledger: a leaked
 //! instance (its claim tag names no NodeClaim and no claim of the ledger) is terminated after
 //! the grace and the Node it registered deleted; instances a NodeClaim or the ledger knows,
-//! and younger ones, are kept; a registered claim whose instance is gone is ended; nothing
-//! happens on a view that has not synced.
+//! and younger ones, are kept; a registered claim whose instance is gone is ended; an orphaned
+//! Node of a NodePool is deleted, a Node of no NodePool never; nothing happens on a view that
+//! has not synced.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +105,12 @@ async fn leaked_instances_and_their_nodes_go_after_the_grace_known_ones_stay_and
     // The lost claim's instance is terminated behind dovetail's back; its node is NotReady.
     cloud.terminate(std::slice::from_ref(&lost)).await.into_iter().for_each(|r| r.expect("terminated"));
     cluster.apply_node(node("lost-node", &lost, false));
+    // An orphaned Node of a NodePool: no NodeClaim, not Ready, its instance gone.
+    let mut orphan = node("orphan-node", "i-long-gone", false);
+    orphan.labels.insert(dovetail_core::labels::NODEPOOL.into(), "default".into());
+    cluster.apply_node(orphan);
+    // Not a NodePool's: never touched, Ready or not.
+    cluster.apply_node(node("someone-elses", "i-not-ours", false));
 
     let errors = Arc::new(Errors::new());
     let gc = Gc {
@@ -117,10 +124,12 @@ async fn leaked_instances_and_their_nodes_go_after_the_grace_known_ones_stay_and
         cfg: GcConfig { every: Duration::from_secs(120), grace: Duration::from_secs(30) },
     };
 
-    // Within the grace nothing is proposed; the lost claim already ends.
+    // Within the grace no instance is proposed; the lost claim already ends, the orphaned Node
+    // goes.
     let early = gc.pass().await;
     assert_eq!((early.proposed, early.terminated.len()), (0, 0), "{early:?}");
     assert_eq!(early.claims, ["lost"], "{early:?}");
+    assert_eq!(early.nodes, ["orphan-node"], "an orphaned Node needs no grace: {early:?}");
 
     clock.advance(Duration::from_secs(31));
     let young = launch(&cloud, "launched-just-now").await;
@@ -144,7 +153,16 @@ async fn leaked_instances_and_their_nodes_go_after_the_grace_known_ones_stay_and
     assert!(!live.contains(&leaked));
     use dovetail_cluster::ClusterView;
     let snap = cluster.snapshot();
-    assert!(!snap.nodes.contains_key("leaked-node") && snap.nodes.contains_key("held-node"), "{:?}", snap.nodes.keys());
+    assert!(
+        !snap.nodes.contains_key("leaked-node") && !snap.nodes.contains_key("orphan-node"),
+        "{:?}",
+        snap.nodes.keys()
+    );
+    assert!(
+        snap.nodes.contains_key("held-node") && snap.nodes.contains_key("someone-elses"),
+        "{:?}",
+        snap.nodes.keys()
+    );
     let s = state(ledger.as_ref()).await;
     assert!(matches!(s.claim("lost").map(|c| &c.state), Some(ClaimState::Terminating { .. })), "{:?}", s.claim("lost"));
     assert!(matches!(s.claim("held").map(|c| &c.state), Some(ClaimState::Registered { .. })), "{:?}", s.claim("held"));
@@ -152,6 +170,6 @@ async fn leaked_instances_and_their_nodes_go_after_the_grace_known_ones_stay_and
     let text = gc.metrics.encode();
     let sum = |series: &str| dovetail_actors::metrics::sum_of(&text, series, &[]);
     assert_eq!(sum("dovetail_garbage_collected_instances_total"), 1.0, "{text}");
-    assert_eq!(sum("dovetail_garbage_collected_nodes_total"), 1.0, "{text}");
+    assert_eq!(sum("dovetail_garbage_collected_nodes_total"), 2.0, "{text}");
     assert_eq!(sum("dovetail_garbage_collected_nodeclaims_total"), 1.0, "{text}");
 }

@@ -458,6 +458,7 @@ impl AwsProvider {
             Some(InstanceStateName::Pending) => InstanceState::Pending,
             Some(InstanceStateName::Running) => InstanceState::Running,
             Some(InstanceStateName::Terminated) => InstanceState::Terminated,
+            Some(InstanceStateName::Stopping | InstanceStateName::Stopped) => InstanceState::Stopped,
             _ => InstanceState::ShuttingDown,
         };
         let it = types.by_name.get(&instance_type);

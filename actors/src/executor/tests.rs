@@ -1,0 +1,254 @@
+//! The executor's unit tests.
+
+use super::*;
+use dovetail_cluster::sim::SimCluster;
+use dovetail_cluster::{ClusterView, NodePatch};
+use dovetail_core::clock::ManualClock;
+use dovetail_core::node::Node;
+use dovetail_core::taints::{Effect as TaintEffect, Taint};
+use dovetail_raft::InProcess;
+
+fn setup() -> (Arc<SimCluster>, Arc<InProcess>, Executor, Arc<Errors>) {
+    let cluster = Arc::new(SimCluster::new());
+    let ledger = Arc::new(InProcess::new());
+    let errors = Arc::new(Errors::new());
+    let ex = Executor::new(
+        cluster.clone(),
+        ledger.clone(),
+        errors.clone(),
+        Default::default(),
+        ExecutorConfig::default(),
+        Arc::new(ManualClock::new()),
+    );
+    (cluster, ledger, ex, errors)
+}
+
+fn taint_node(node: &str) -> Effect {
+    let patch = NodePatch {
+        add_taints: vec![Taint::new("karpenter.sh/disrupted", "", TaintEffect::NoSchedule)],
+        ..NodePatch::default()
+    };
+    Effect::new("default-abcde", Action::PatchNode { node: node.into(), patch })
+}
+
+#[tokio::test]
+async fn a_conflict_is_retried_from_a_fresh_read_and_what_others_wrote_stays() {
+    let (cluster, _, ex, errors) = setup();
+    let other = Taint::new("node.kubernetes.io/unreachable", "", TaintEffect::NoExecute);
+    cluster.apply_node(Node { name: "n1".into(), taints: vec![other.clone()], ..Node::default() });
+    cluster.inject_conflicts(2);
+    let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
+    assert_eq!(done[0].1, Done::Applied);
+    let taints = cluster.snapshot().nodes["n1"].taints.clone();
+    assert!(taints.contains(&other), "the other writer's taint stays");
+    assert!(taints.iter().any(|t| t.key == "karpenter.sh/disrupted"));
+    assert_eq!(cluster.writes().get("update_node"), Some(&3), "two conflicts, then the write");
+    assert!(errors.counts().is_empty(), "resolved conflicts are not errors");
+    // Applied again: nothing to write.
+    let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
+    assert_eq!(done[0].1, Done::Unchanged);
+    assert_eq!(cluster.writes().get("update_node"), Some(&3));
+}
+
+#[tokio::test]
+async fn a_refused_eviction_backs_off_per_pod_doubling_and_its_node_gets_one_failed_draining_event() {
+    use dovetail_core::clock::ManualClock;
+    use dovetail_core::cluster::{IntOrPercent, Pdb};
+    use dovetail_core::labels::LabelSelector;
+    use dovetail_core::pod::Pod;
+    use std::time::Duration;
+
+    let (cluster, ledger, _, errors) = setup();
+    let clock = Arc::new(ManualClock::new());
+    let ex = Executor::new(
+        cluster.clone(),
+        ledger,
+        errors.clone(),
+        Default::default(),
+        ExecutorConfig::default(),
+        clock.clone(),
+    );
+    cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+    let claim = dovetail_cluster::NodeClaim {
+        name: "default-abcde".into(),
+        spec: dovetail_core::nodepool::NodeClaimSpec::default(),
+        finalizers: Vec::new(),
+        deleting: false,
+        status: dovetail_cluster::NodeClaimStatus { node_name: Some("n1".into()), ..Default::default() },
+        resource_version: 0,
+    };
+    cluster.create_nodeclaim(claim).await.expect("claim");
+    let web = |i: usize| PodKey::new("default", &format!("web-{i}"));
+    let app = BTreeMap::from([("app".to_string(), "web".to_string())]);
+    for i in 0..2 {
+        cluster.apply_pod(Pod { key: web(i), labels: app.clone().into(), ..Pod::default() });
+        cluster.bind(&web(i), "n1").expect("bind");
+    }
+    cluster.apply_pdb(Pdb {
+        key: PodKey::new("default", "web"),
+        selector: LabelSelector::new(app.clone(), Vec::new()),
+        min_available: Some(IntOrPercent::Int(2)),
+        max_unavailable: None,
+        disruptions_allowed: 0,
+    });
+    let evict = |i: usize| vec![Effect::new("default-abcde", Action::Evict(web(i)))];
+    let calls = || cluster.writes().get("evict").copied().unwrap_or(0);
+    let term = dovetail_raft::FIRST_TERM;
+    let run = |i| {
+        let ex = ex.clone();
+        async move { ex.run(term, evict(i)).await.remove(0).1 }
+    };
+    assert!(matches!(run(0).await, Done::Failed(ClusterError::DisruptionBudget { .. })));
+    assert_eq!(errors.counts().get("evict/disruption_budget"), Some(&1), "refusals are counted");
+    // Asked again at once: not sent.
+    assert_eq!(run(0).await, Done::BackingOff);
+    assert_eq!(calls(), 1);
+    // The other pod has its own backoff.
+    assert!(matches!(run(1).await, Done::Failed(_)));
+    assert_eq!(calls(), 2);
+    // 100 ms, then 200 ms, 400 ms, ... each refusal doubles the wait.
+    let mut waited = Vec::new();
+    for _ in 0..8 {
+        let before = calls();
+        let mut ms = 0;
+        while calls() == before && ms < 20_000 {
+            clock.advance(Duration::from_millis(10));
+            ms += 10;
+            let done = run(0).await;
+            assert!(matches!(done, Done::BackingOff | Done::Failed(ClusterError::DisruptionBudget { .. })), "{done:?}");
+        }
+        waited.push(ms);
+    }
+    assert_eq!(waited, [100, 200, 400, 800, 1600, 3200, 6400, 10_000], "capped at 10 s");
+    let events: Vec<_> = cluster.events().into_iter().filter(|e| e.reason == "FailedDraining").collect();
+    assert_eq!(events.len(), 1, "one per node, not per refused pod or refusal: {events:?}");
+    assert!(events.iter().all(|e| e.kind == ObjectKind::Node && e.name == "n1" && e.warning), "{events:?}");
+    assert!(events[0].message.contains("default/web-0"), "{}", events[0].message);
+    // The budget allows one: the next try after the wait goes through, and the pod's
+    // backoff is forgotten.
+    cluster.apply_pod(Pod { key: web(2), labels: app.clone().into(), ..Pod::default() });
+    cluster.bind(&web(2), "n1").expect("bind");
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(run(0).await, Done::Applied);
+    assert!(!ex.backing_off(&web(0)));
+}
+
+#[tokio::test]
+async fn effects_of_a_stale_term_never_run() {
+    let (cluster, ledger, ex, errors) = setup();
+    cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+    ledger.elect(0);
+    let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
+    assert_eq!(done[0].1, Done::Fenced);
+    assert!(cluster.snapshot().nodes["n1"].taints.is_empty());
+    assert!(cluster.writes().is_empty(), "no API call at all");
+    assert_eq!(errors.counts().get("patch_node/fenced"), Some(&1));
+}
+
+/// A writer whose first node read never answers (a call cut off by a stopping actor).
+struct Hanging {
+    inner: Arc<SimCluster>,
+    hung: std::sync::atomic::AtomicBool,
+}
+
+impl ClusterWriter for Hanging {
+    fn create_nodeclaim(
+        &self,
+        c: dovetail_cluster::NodeClaim,
+    ) -> dovetail_cluster::BoxFuture<'_, Result<u64, ClusterError>> {
+        self.inner.create_nodeclaim(c)
+    }
+    fn get_nodeclaim<'a>(
+        &'a self,
+        n: &'a str,
+    ) -> dovetail_cluster::BoxFuture<'a, Result<Arc<dovetail_cluster::NodeClaim>, ClusterError>> {
+        self.inner.get_nodeclaim(n)
+    }
+    fn update_nodeclaim_status<'a>(
+        &'a self,
+        n: &'a str,
+        s: dovetail_cluster::NodeClaimStatus,
+        rv: u64,
+    ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+        self.inner.update_nodeclaim_status(n, s, rv)
+    }
+    fn update_nodeclaim_metadata<'a>(
+        &'a self,
+        n: &'a str,
+        u: dovetail_cluster::NodeClaimUpdate,
+        rv: u64,
+    ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+        self.inner.update_nodeclaim_metadata(n, u, rv)
+    }
+    fn delete_nodeclaim<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+        self.inner.delete_nodeclaim(n)
+    }
+    fn get_node<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<Arc<Node>, ClusterError>> {
+        if !self.hung.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
+        self.inner.get_node(n)
+    }
+    fn update_node<'a>(
+        &'a self,
+        n: &'a str,
+        u: NodeUpdate,
+        rv: u64,
+    ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+        self.inner.update_node(n, u, rv)
+    }
+    fn delete_node<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+        self.inner.delete_node(n)
+    }
+    fn evict<'a>(
+        &'a self,
+        p: &'a dovetail_core::pod::PodKey,
+    ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+        self.inner.evict(p)
+    }
+    fn delete_pod<'a>(
+        &'a self,
+        p: &'a dovetail_core::pod::PodKey,
+        grace_seconds: Option<i64>,
+    ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
+        self.inner.delete_pod(p, grace_seconds)
+    }
+    fn record_event(&self, e: dovetail_cluster::Event) -> dovetail_cluster::BoxFuture<'_, Result<(), ClusterError>> {
+        self.inner.record_event(e)
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_effect_does_not_leave_its_key_in_flight() {
+    let cluster = Arc::new(SimCluster::new());
+    cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+    let writer = Arc::new(Hanging { inner: cluster.clone(), hung: std::sync::atomic::AtomicBool::new(false) });
+    let ledger = Arc::new(InProcess::new());
+    let ex = Executor::new(
+        writer,
+        ledger,
+        Arc::new(Errors::new()),
+        Default::default(),
+        ExecutorConfig::default(),
+        Arc::new(ManualClock::new()),
+    );
+    let effect = taint_node("n1");
+    // Cut off mid-call (an actor that stops drops its futures).
+    let cut =
+        tokio::time::timeout(std::time::Duration::from_millis(50), ex.run_one(dovetail_raft::FIRST_TERM, &effect))
+            .await;
+    assert!(cut.is_err(), "the first read hangs");
+    let done = ex.run_one(dovetail_raft::FIRST_TERM, &effect).await;
+    assert_eq!(done, Done::Applied, "the key was released when the first run was dropped");
+    assert!(cluster.snapshot().nodes["n1"].taints.iter().any(|t| t.key == "karpenter.sh/disrupted"));
+}
+
+#[tokio::test]
+async fn a_conflict_that_outlives_the_retries_fails_and_is_counted() {
+    let (cluster, _, ex, errors) = setup();
+    cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+    cluster.inject_conflicts(100);
+    let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
+    assert!(matches!(done[0].1, Done::Failed(ClusterError::Conflict { .. })));
+    assert_eq!(errors.counts().get("patch_node/conflict"), Some(&1));
+}
