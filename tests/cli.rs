@@ -184,8 +184,7 @@ fn loadtest_runs_the_ci_scenario_on_the_wall_clock_and_checks_its_thresholds() {
     let out_dir = std::env::temp_dir().join(format!("dovetail-cli-loadtest-{}", std::process::id()));
     let out_arg = out_dir.to_string_lossy().to_string();
     // Its metrics served while it runs: Karpenter's series and R, and promtool's lint passes.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.1:{}", operations::free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_dovetail"))
         .args(["loadtest", "--builtin", "ci", "--out", &out_arg, "--metrics-addr", &addr])
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")

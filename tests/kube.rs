@@ -368,16 +368,21 @@ impl Drop for Controller {
     }
 }
 
-/// A free port on 127.0.0.1 not handed out before in this process (the port is released
-/// when this returns, so two calls could otherwise name the same one: a controller's health
-/// and metrics addresses once did).
+/// A free port on 127.0.0.1 (never the same one twice in this process), for a server a test
+/// starts. Taken below the kernel's ephemeral range (`ip_local_port_range`, 32768 and up by
+/// default): a port the kernel hands out for one of the many outgoing connections (moto, the
+/// API server, the peers) between this check and the server's bind would make it "address
+/// already in use". A run of the three-node HA test failed so.
 fn free_port() -> Option<u16> {
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    for _ in 0..50 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
-        let port = l.local_addr().ok()?.port();
-        if !given.contains(&port) {
+    // Spread by process, so two test processes rarely try the same ports first.
+    let start = 20_000 + (std::process::id() % 500) as u16 * 20;
+    for port in (start..32_000).chain(20_000..start) {
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.push(port);
             return Some(port);
         }

@@ -5,6 +5,17 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+/// A free port on 127.0.0.1 for a server the test starts, below the kernel's ephemeral range
+/// (32768 and up by default), so no outgoing connection takes it between this check and the
+/// server's bind.
+pub(crate) fn free_port() -> u16 {
+    let start = 20_000 + (std::process::id() % 500) as u16 * 20;
+    (start..32_000)
+        .chain(20_000..start)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below 32000")
+}
+
 /// `GET http://addr/metrics`, or `None` while nothing answers there.
 pub(crate) fn get_metrics(addr: &str) -> Option<String> {
     let out = Command::new("curl").args(["-sf", "--max-time", "5", &format!("http://{addr}/metrics")]).output().ok()?;
