@@ -126,6 +126,69 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// Where the test's log lines go.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buffer {
+        type Writer = Buffer;
+        fn make_writer(&'a self) -> Buffer {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn a_line_is_one_json_object_with_karpenters_keys_and_its_decisions_trace_id() {
+        let buffer = Buffer::default();
+        // As `telemetry::install` makes it with JSON logs and no exporter: spans get ids. The
+        // global default, as in the binary: a formatter reads the span's trace through the
+        // dispatcher, and a scoped one reads as none while it dispatches.
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("dovetail")))
+            .with(tracing_subscriber::fmt::layer().with_writer(buffer.clone()).event_format(Json));
+        assert!(tracing::subscriber::set_global_default(subscriber).is_ok(), "the only test that installs one");
+        tracing::info!(nodepool = "default", "outside any decision (logs test)");
+        {
+            let span = tracing::info_span!("router.route", pods = 3);
+            let _in = span.enter();
+            tracing::warn!(nodepool = "default", claims = 2, ok = true, "computed new nodeclaim(s) (logs test)");
+        }
+        let text = String::from_utf8(buffer.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+            .unwrap_or_default();
+        // Other tests of this binary may log meanwhile: this test's lines by their messages.
+        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap_or(Value::Null)).collect();
+        assert!(lines.iter().all(Value::is_object), "every line is one JSON object: {text}");
+        let find = |m: &str| lines.iter().find(|l| l["message"] == m).cloned().unwrap_or(Value::Null);
+        let (plain, decision) =
+            (find("outside any decision (logs test)"), find("computed new nodeclaim(s) (logs test)"));
+        assert!(plain.is_object() && decision.is_object(), "{text}");
+        assert!(plain.get("trace_id").is_none() && plain.get("span").is_none(), "{plain}");
+        assert_eq!(decision["level"], "warn");
+        assert_eq!(decision["logger"], "dovetail::logs::tests");
+        let fields = (&decision["nodepool"], &decision["claims"], &decision["ok"]);
+        assert_eq!(fields, (&Value::from("default"), &Value::from(2), &Value::from(true)), "{decision}");
+        assert_eq!(decision["span"], "router.route");
+        let hex =
+            |v: &Value, n: usize| v.as_str().is_some_and(|s| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(hex(&decision["trace_id"], 32) && hex(&decision["span_id"], 16), "{decision}");
+        assert!(decision["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{decision}");
+    }
 
     #[test]
     fn time_is_rfc3339_utc() {

@@ -268,4 +268,43 @@ mod tests {
         assert!(text.contains("# TYPE karpenter_pods_state gauge\n"), "{text}");
         assert!(text.contains("karpenter_scheduler_queue_depth 0"), "{text}");
     }
+
+    #[test]
+    fn a_node_and_its_pods_are_read_with_karpenters_labels_and_only_by_the_leader() {
+        use dovetail_core::node::Node;
+        use dovetail_core::pod::{Pod, PodKey};
+        let cluster = Arc::new(SimCluster::new());
+        let mut node = Node { name: "n1".into(), ready: true, ..Node::default() };
+        node.labels.insert(labels::NODEPOOL.into(), "default".into());
+        node.labels.insert(labels::INSTANCE_TYPE.into(), "m5.large".into());
+        node.allocatable = ResourceList::cpu_mem(1_930, 7 << 30);
+        cluster.apply_node(node);
+        let pod = |name: &str, on: Option<&str>| Pod {
+            key: PodKey::new("default", name),
+            requests: ResourceList::cpu_mem(500, 1 << 30),
+            node_name: on.map(str::to_string),
+            ..Pod::default()
+        };
+        cluster.apply_pod(pod("bound", Some("n1")));
+        // Marked unschedulable by kube-scheduler: what waits for a node.
+        cluster.apply_pod(Pod { unschedulable: true, ..pod("pending", None) });
+        let leading = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let m = Metrics::new();
+        m.collect(ClusterState { view: cluster.clone(), leading: Some(leading.clone()) });
+        let text = m.encode();
+        let sum = |series: &str, l: &[(&str, &str)]| super::super::sum_of(&text, series, l);
+        let alloc =
+            [("node_name", "n1"), ("nodepool", "default"), ("instance_type", "m5.large"), ("resource_type", "cpu")];
+        assert_eq!(sum("karpenter_nodes_allocatable", &alloc), 1.93, "{text}");
+        assert_eq!(sum("karpenter_nodes_total_pod_requests", &[("node_name", "n1"), ("resource_type", "cpu")]), 0.5);
+        assert_eq!(sum("karpenter_pods_state", &[("name", "bound"), ("node", "n1"), ("nodepool", "default")]), 1.0);
+        assert_eq!(sum("karpenter_scheduler_queue_depth", &[]), 1.0, "the pending pod: {text}");
+        // A control node that does not lead serves none of the cluster's state.
+        leading.store(false, std::sync::atomic::Ordering::SeqCst);
+        let follower = m.encode();
+        assert!(
+            !follower.contains("karpenter_nodes_allocatable") && !follower.contains("karpenter_pods_state"),
+            "{follower}"
+        );
+    }
 }
