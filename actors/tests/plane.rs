@@ -363,6 +363,112 @@ mod zone {
             "the stale entry changed nothing"
         );
     }
+
+    /// A cloud whose TerminateInstances fails whole, transiently, whenever the call holds
+    /// `poison` (as moto answered a 500 for one batch again and again).
+    struct PoisonedTerminate {
+        inner: Arc<SimCloud>,
+        poison: String,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl CloudProvider for PoisonedTerminate {
+        fn launch<'a>(
+            &'a self,
+            r: &'a [LaunchRequest],
+        ) -> dovetail_cloud::BoxFuture<'a, Vec<Result<dovetail_cloud::Instance, CloudError>>> {
+            self.inner.launch(r)
+        }
+        fn find<'a>(
+            &'a self,
+            l: &'a [dovetail_cloud::Lookup],
+        ) -> dovetail_cloud::BoxFuture<'a, Vec<Result<Option<dovetail_cloud::Instance>, CloudError>>> {
+            self.inner.find(l)
+        }
+        fn terminate<'a>(&'a self, ids: &'a [String]) -> dovetail_cloud::BoxFuture<'a, Vec<Result<(), CloudError>>> {
+            Box::pin(async move {
+                self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if ids.contains(&self.poison) {
+                    return ids.iter().map(|_| Err(CloudError::Transient { message: "500".into() })).collect();
+                }
+                self.inner.terminate(ids).await
+            })
+        }
+        fn get<'a>(
+            &'a self,
+            id: &'a str,
+        ) -> dovetail_cloud::BoxFuture<'a, Result<dovetail_cloud::Instance, CloudError>> {
+            self.inner.get(id)
+        }
+        fn list(&self) -> dovetail_cloud::BoxFuture<'_, Result<Vec<dovetail_cloud::Instance>, CloudError>> {
+            self.inner.list()
+        }
+        fn instance_types<'a>(
+            &'a self,
+            nc: &'a dovetail_cloud::NodeClass,
+        ) -> dovetail_cloud::BoxFuture<'a, Result<Vec<dovetail_core::catalog::InstanceType>, CloudError>> {
+            self.inner.instance_types(nc)
+        }
+        fn is_drifted<'a>(
+            &'a self,
+            i: &'a dovetail_cloud::Instance,
+            nc: &'a dovetail_cloud::NodeClass,
+        ) -> dovetail_cloud::BoxFuture<'a, Result<Option<dovetail_cloud::DriftReason>, CloudError>> {
+            self.inner.is_drifted(i, nc)
+        }
+    }
+
+    /// One instance the cloud keeps failing a call for does not hold back the others asked
+    /// with it: a batch that fails whole is halved until the others go (each claim asked
+    /// again, as its pool does).
+    #[actix_rt::test]
+    async fn a_termination_batch_failing_whole_is_split_so_one_bad_instance_holds_back_no_other() {
+        use dovetail_actors::zone::{Terminate, Terminated};
+        let w = world(0, ApiLimits::default()).await;
+        let cloud = Arc::new(PoisonedTerminate {
+            inner: w.cloud.clone(),
+            poison: "i-poison".into(),
+            calls: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let zone =
+            ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud.clone(), w.ledger.clone(), w.clock.clone()).start();
+        let (collector, mut replies) = forward::<Terminated>();
+        let term = {
+            use dovetail_raft::Ledger;
+            w.ledger.leadership().borrow().term
+        };
+        let mut left: Vec<(String, String)> = (0..13).map(|i| (format!("claim-{i}"), format!("i-{i}"))).collect();
+        left.push(("claim-bad".into(), "i-poison".into()));
+        let mut done: Vec<String> = Vec::new();
+        // Bounded: each round asks again for every claim not yet done.
+        for _round in 0..12usize {
+            for (claim, instance) in &left {
+                let msg = Terminate {
+                    claim: claim.clone(),
+                    instance: Some(instance.clone()),
+                    batch: None,
+                    term,
+                    reply: collector.clone().recipient(),
+                };
+                zone.send(msg).await.expect("mailbox");
+            }
+            for _ in 0..left.len() {
+                let r = tokio::time::timeout(Duration::from_secs(10), replies.recv())
+                    .await
+                    .expect("an answer within 10 s")
+                    .expect("collector alive");
+                if r.result.is_ok() {
+                    done.push(r.claim);
+                }
+            }
+            left.retain(|(c, _)| !done.contains(c));
+            if left.len() == 1 {
+                break;
+            }
+        }
+        assert_eq!(left, [("claim-bad".to_string(), "i-poison".to_string())], "done: {done:?}");
+        assert_eq!(done.len(), 13, "every other instance went");
+    }
 }
 
 mod pool {

@@ -438,8 +438,13 @@ impl ZoneActor {
             ctx.spawn(work.into_actor(self).map(|results, act, _| {
                 // EC2 throttles a call for more instances than its bucket holds whole: a
                 // throttled batch halves the next ones, a batch that went doubles them again.
+                // A batch that failed whole for another passing reason halves them too: one id
+                // the cloud cannot handle must not hold back the others, asked with it again
+                // and again (moto answered a batch of 14 a 500 for two minutes).
                 let throttled = results.iter().any(|r| matches!(r, Err(Some(CloudError::Throttled { .. }))));
-                act.terminate_max = if throttled {
+                let failed_whole =
+                    results.len() > 1 && results.iter().all(|r| matches!(r, Err(Some(CloudError::Transient { .. }))));
+                act.terminate_max = if throttled || failed_whole {
                     (act.terminate_max / 2).max(1)
                 } else {
                     act.terminate_max.saturating_mul(2).min(TERMINATE_MAX)
