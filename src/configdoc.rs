@@ -3,8 +3,6 @@
 //! labels and annotations dovetail reads or writes. `dovetail config-doc > docs/configuration.md`
 //! writes it; a test fails when the checked-in file is stale.
 
-use std::fmt::Write as _;
-
 use clap::CommandFactory;
 
 /// A label or annotation dovetail reads or writes, with what it does.
@@ -125,13 +123,13 @@ fn table(out: &mut String, cmd: &clap::Command, file_keys: bool) {
             if !help.is_empty() && !help.ends_with('.') {
                 help.push('.');
             }
-            let _ = write!(help, " One of {}.", values.join(", "));
+            help += &format!(" One of {}.", values.join(", "));
         }
         if file_keys {
             let key = if long == "config" { String::new() } else { format!("`{}`", camel(long)) };
-            let _ = writeln!(out, "| {flag} | {env} | {key} | {default} | {help} |");
+            out.push_str(&format!("| {flag} | {env} | {key} | {default} | {help} |\n"));
         } else {
-            let _ = writeln!(out, "| {flag} | {env} | {default} | {help} |");
+            out.push_str(&format!("| {flag} | {env} | {default} | {help} |\n"));
         }
     }
     out.push('\n');
@@ -159,15 +157,15 @@ pub fn render() -> String {
     }
     table(&mut out, &global, false);
     for sub in cli.get_subcommands().filter(|s| !s.is_hide_set()) {
-        let _ = writeln!(out, "## `dovetail {}`\n", sub.get_name());
+        out += &format!("## `dovetail {}`\n\n", sub.get_name());
         if let Some(about) = sub.get_long_about().or(sub.get_about()) {
-            let _ = writeln!(out, "{}\n", cell(&about.to_string()));
+            out += &format!("{}\n\n", cell(&about.to_string()));
         }
         table(&mut out, sub, sub.get_name() == "controller");
         for nested in sub.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
-            let _ = writeln!(out, "### `dovetail {} {}`\n", sub.get_name(), nested.get_name());
+            out += &format!("### `dovetail {} {}`\n\n", sub.get_name(), nested.get_name());
             if let Some(about) = nested.get_long_about().or(nested.get_about()) {
-                let _ = writeln!(out, "{}\n", cell(&about.to_string()));
+                out += &format!("{}\n\n", cell(&about.to_string()));
             }
             table(&mut out, nested, false);
         }
@@ -176,7 +174,7 @@ pub fn render() -> String {
         "## Labels, annotations, taints, finalizers and tags\n\n| Name | On | What it does |\n|---|---|---|\n",
     );
     for k in keys() {
-        let _ = writeln!(out, "| `{}` | {} | {} |", k.name, k.on, cell(k.what));
+        out += &format!("| `{}` | {} | {} |\n", k.name, k.on, cell(k.what));
     }
     out
 }

@@ -65,28 +65,11 @@ fn key(field: &Field) -> String {
     }
 }
 
-/// RFC 3339 UTC with milliseconds, from the wall clock.
+/// RFC 3339 UTC with milliseconds, from the wall clock (core's date, the millis added).
 fn now_rfc3339() -> String {
     let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
+    let seconds = dovetail_core::clock::rfc3339(d.as_secs());
+    format!("{}.{:03}Z", seconds.trim_end_matches('Z'), d.subsec_millis())
 }
 
 impl<S, N> FormatEvent<S, N> for Json
