@@ -477,6 +477,7 @@ async fn follow_pools(
         tokio::time::sleep(SETTLE).await;
         changes.borrow_and_update();
         pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
+        pools.collect(&cluster, ledger.as_ref(), clock.as_ref()).await;
     }
 }
 

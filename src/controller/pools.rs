@@ -223,10 +223,22 @@ impl Pools {
         }
         self.keep_orphans(cluster, plane, ledger, now).await;
         self.stop_finished(cluster, plane, ledger, now).await;
-        // Garbage collection comes last: a new leader's pools must not wait for it.
-        if leadership.leader {
-            self.collect_profiles(cluster, clock.now_millis(), &current).await;
+    }
+
+    /// The leader's garbage collection of the instance profiles managed for node classes that
+    /// are gone. Called after a sync, never before a new leader's first decisions: it waits
+    /// on IAM (over a second on moto late in the 20-round HA run, which a new leader's first
+    /// decision waited for while this ran inside its first sync).
+    pub async fn collect(&mut self, cluster: &KubeCluster, ledger: &dyn Ledger, clock: &dyn Clock) {
+        let leadership = ledger.leadership().borrow().clone();
+        if !leadership.leader {
+            return;
         }
+        let current = {
+            let watch = ledger.leadership();
+            move || watch.borrow().is_current(leadership.term)
+        };
+        self.collect_profiles(cluster, clock.now_millis(), &current).await;
     }
 
     /// With `--cloud aws`, resolves every EC2NodeClass (the provider caches what it found for
