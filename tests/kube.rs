@@ -548,6 +548,8 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
     events.nodeclaim_terminated("default", "spot");
     events.nodes_changed("default", 1, 1);
     events.disruption_decision("delete", "underutilized", "single");
+    let allowance = dovetail_core::ledger::Allowance { nodes: 10, disrupting: 0, allowed: 1, rate_left: None };
+    events.budgets.set("default", dovetail_core::nodepool::DisruptionReason::Empty, &allowance);
     let missing = dashboard_and_alert_series_missing(&[&text, &events.encode()]);
     assert_eq!(missing, Vec::<String>::new(), "the dashboard and alerts read what is served\n{text}");
 
@@ -582,6 +584,20 @@ fn a_deployment_gets_nodeclaims_nodes_and_every_pod_bound_by_the_real_scheduler(
     assert_eq!(sum("karpenter_nodeclaims_created_total", &created), made, "no NodeClaim made by the scale-down");
     assert_eq!(sum("karpenter_pods_state", &[("namespace", ns)]), 0.0, "{text}");
     assert!(!text.contains("karpenter_nodes_allocatable{"), "no series left of nodes that are gone\n{text}");
+    // The budget gauges, from the leader's rounds: the default budget (10%) of no node left
+    // allows none for every reason, and none is counted against it.
+    env.wait("the budget gauges of a pool with no node", Duration::from_secs(30), |_| {
+        let text = ctl.scrape();
+        let lines = ["Underutilized", "Empty", "Drifted"].map(|r| {
+            let labels = format!("{{nodepool=\"default\",reason=\"{r}\"}} 0");
+            [
+                format!("karpenter_nodepools_allowed_disruptions{labels}"),
+                format!("karpenter_nodepools_nodes_consuming_budgets{labels}"),
+            ]
+        });
+        let missing: Vec<&String> = lines.iter().flatten().filter(|l| !text.lines().any(|t| t == l.as_str())).collect();
+        if missing.is_empty() { Ok(()) } else { Err(format!("not served: {missing:?}\n{text}")) }
+    });
     clean_up(&env, ns, &ctl);
 }
 

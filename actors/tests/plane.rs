@@ -509,6 +509,8 @@ mod pool {
         pub(crate) ledger: Arc<InProcess>,
         pub(crate) clock: Arc<ManualClock>,
         pub(crate) pool: Addr<NodePoolActor>,
+        /// What the pool's actors count (the served metrics).
+        pub(crate) metrics: Arc<dovetail_actors::metrics::Metrics>,
         errors: Arc<Errors>,
         unplaced: mpsc::Receiver<Unplaced>,
     }
@@ -552,6 +554,7 @@ mod pool {
             .collect();
         let (router, unplaced) = forward::<Unplaced>();
         let (executor, errors) = executor(cluster.clone(), ledger.clone());
+        let metrics = executor.metrics().clone();
         let wiring = PoolWiring {
             view: cluster.clone(),
             cluster: cluster.clone(),
@@ -566,7 +569,7 @@ mod pool {
             nominations: Default::default(),
         };
         let pool = NodePoolActor::new(pool, types(), node_class(), wiring).start();
-        World { cloud: sim, cluster, ledger: inner, clock, pool, errors, unplaced }
+        World { cloud: sim, cluster, ledger: inner, clock, pool, metrics, errors, unplaced }
     }
 
     /// A second NodePool actor for `pool` over the world's cloud, cluster and ledger (with
@@ -1302,6 +1305,18 @@ mod pool {
         rate: Option<dovetail_core::disruption::budget::Rate>,
         spot_to_spot: bool,
     ) -> World {
+        disrupting_world_over(pool, budgets, rate, spot_to_spot, |l| l).await
+    }
+
+    /// The same, with the pool's actors on `over(the ledger)` (a ledger whose leadership the
+    /// test moves).
+    pub(crate) async fn disrupting_world_over(
+        pool: NodePool,
+        budgets: Vec<Budget>,
+        rate: Option<dovetail_core::disruption::budget::Rate>,
+        spot_to_spot: bool,
+        over: impl FnOnce(Arc<dyn Ledger>) -> Arc<dyn Ledger>,
+    ) -> World {
         let clock = Arc::new(ManualClock::new());
         let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
         let ledger = Arc::new(InProcess::new());
@@ -1318,7 +1333,7 @@ mod pool {
         config.disruption.spot_to_spot = spot_to_spot;
         config.disruption.every = Duration::from_secs(3600);
         let (c, l): (Arc<dyn CloudProvider>, Arc<dyn Ledger>) = (cloud.clone(), ledger.clone());
-        start_over(pool, c, l, Arc::new(SimCluster::new()), clock, config, (cloud, ledger))
+        start_over(pool, c, over(l), Arc::new(SimCluster::new()), clock, config, (cloud, ledger))
     }
 
     /// Empty nodes go once the command held for the validation delay, at most as many at once

@@ -190,6 +190,7 @@ async fn serve(s: Settings) -> Result<(), String> {
     }
     // Followers read ahead what the EC2NodeClasses resolve to, for the leader they may become.
     let warming = aws.clone().map(|aws| tokio::spawn(warm_classes(cluster.clone(), aws, ledger.leadership())));
+    let plane_metrics = metrics.plane.clone();
     let term_ctx = Acting { s, cluster, ledger: ledger.clone(), clock, catalog, aws, metrics, queues };
     // Only the leader acts: each term it leads in, the plane runs on an arbiter of its own,
     // stopped (every actor and task on it) and joined as soon as this node no longer leads in
@@ -241,6 +242,9 @@ async fn serve(s: Settings) -> Result<(), String> {
             () = &mut shutdown => End::Shutdown,
         };
         stop_and_join(arbiter, term).await;
+        // The actors of the term are dropped with its arbiter: their budget gauges go with them
+        // (only a leader serves them).
+        plane_metrics.budgets.clear();
         match end {
             End::Lost => {
                 tracing::info!(raft.term = term, "ledger.acting: no longer leading, the control plane stopped")

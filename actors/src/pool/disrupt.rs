@@ -33,7 +33,7 @@ use dovetail_core::cluster::{Event, NodePatch, ObjectKind, StatusPatch};
 use dovetail_core::disruption::candidates::Blocker;
 use dovetail_core::disruption::{self, Decision, Input, Memory, Plan, Progress, Proposal, Verdict};
 use dovetail_core::effect::{Action, Effect};
-use dovetail_core::ledger::{Claim, Command, Entry, Millis, Offering, Outcome, Step, Term};
+use dovetail_core::ledger::{Allowance, Claim, Command, Entry, Millis, Offering, Outcome, Step, Term};
 use dovetail_core::lifecycle::provider_id;
 use dovetail_core::nodepool::DisruptionReason;
 use dovetail_core::plane::disrupted_taint;
@@ -103,9 +103,14 @@ impl NodePoolActor {
             return;
         }
         let leadership = self.ledger.leadership().borrow().clone();
+        if !leadership.leader {
+            // Only the leader serves the pool's budget gauges (as the cluster's state).
+            self.executor.metrics().budgets.forget(&self.pool.name);
+            return;
+        }
         // The last round's proposals are still being committed: the next round plans from
         // what they made (a command proposed twice, a taint removed under a new lease).
-        if !leadership.leader || self.types.is_empty() || self.disruption_in_flight > 0 {
+        if self.types.is_empty() || self.disruption_in_flight > 0 {
             return;
         }
         let due = self
@@ -123,6 +128,7 @@ impl NodePoolActor {
         let retired = self.retired;
         let cloud_drift = self.cloud_drift.clone();
         let nominated = self.nominations.active(self.clock.now_millis());
+        let metrics = self.executor.metrics().clone();
         let work = async move {
             let now = clock.now_millis();
             let snapshot = view.snapshot();
@@ -130,6 +136,7 @@ impl NodePoolActor {
             let timeout = to_millis(cfg.disruption.command_timeout);
             let name = pool.name.clone();
             let snap = snapshot.clone();
+            let reasons = [DisruptionReason::Empty, DisruptionReason::Drifted, DisruptionReason::Underutilized];
             let read = read_with(&*ledger, move |s| {
                 let claims: Vec<Claim> = s.claims_of(&name).cloned().collect();
                 let by_provider = snap.nodes_by_provider_id();
@@ -143,11 +150,8 @@ impl NodePoolActor {
                     })
                     .map(|c| c.id.clone())
                     .collect();
-                let reasons = [DisruptionReason::Empty, DisruptionReason::Drifted, DisruptionReason::Underutilized];
-                let available: BTreeMap<DisruptionReason, u32> = reasons
-                    .into_iter()
-                    .map(|r| (r, s.allowance(&name, r, &not_ready, now).map(|a| a.available()).unwrap_or(0)))
-                    .collect();
+                let allowances: BTreeMap<DisruptionReason, Allowance> =
+                    reasons.into_iter().filter_map(|r| Some((r, s.allowance(&name, r, &not_ready, now)?))).collect();
                 let mut leases = BTreeMap::new();
                 let mut commands = Vec::new();
                 for (id, cmd) in s.disruptions().iter().filter(|(_, d)| d.pool == name) {
@@ -162,16 +166,27 @@ impl NodePoolActor {
                     leases.entry(claim).or_insert_with(|| format!("interruption/{}", record.kind));
                 }
                 let unavailable: BTreeSet<Offering> = s.unavailable(now).cloned().collect();
-                (claims, available, leases, commands, (unavailable, not_ready))
+                (claims, allowances, leases, commands, (unavailable, not_ready))
             })
             .await;
-            let (claims, available, leases, commands, (unavailable, not_ready)) = match read {
+            let (claims, allowances, leases, commands, (unavailable, not_ready)) = match read {
                 Ok(r) => r,
                 Err(e) => {
                     errors.warn("read_disruption", "ledger", &pool.name, &e);
                     return Err(memory);
                 }
             };
+            // Karpenter's budget gauges, from the count the ledger grants leases by.
+            // A retired pool (its NodePool gone) has none, as Karpenter lists only live pools.
+            metrics.budgets.forget(&pool.name);
+            if !retired {
+                for (reason, a) in &allowances {
+                    metrics.budgets.set(&pool.name, *reason, a);
+                }
+            }
+            // A reason the ledger does not know the pool for allows nothing.
+            let available: BTreeMap<DisruptionReason, u32> =
+                reasons.into_iter().map(|r| (r, allowances.get(&r).map_or(0, Allowance::available))).collect();
             let terminating: BTreeSet<String> =
                 claims.iter().filter(|c| c.state.is_terminating()).map(|c| c.id.clone()).collect();
             let leased: BTreeSet<String> = leases.keys().cloned().collect();

@@ -417,6 +417,10 @@ impl Actor for NodePoolActor {
             }
         });
     }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.executor.metrics().budgets.forget(&self.pool.name);
+    }
 }
 
 impl Handler<LaunchOutcome> for NodePoolActor {

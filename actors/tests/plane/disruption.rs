@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dovetail_actors::pool::{Disrupt, GetDecisions, Reconfigure};
+use dovetail_actors::pool::{Disrupt, GetDecisions, Reconfigure, Retire};
 use dovetail_cloud::CloudProvider;
 use dovetail_cluster::ClusterView;
 use dovetail_core::catalog::CapacityType;
@@ -15,17 +15,19 @@ use dovetail_core::clock::Clock;
 use dovetail_core::cluster::{IntOrPercent, Pdb};
 use dovetail_core::disruption::budget::Rate;
 use dovetail_core::labels::{self, LabelSelector};
-use dovetail_core::ledger::{ClaimState, State};
+use dovetail_core::ledger::{ClaimState, Entry, State};
 use dovetail_core::nodepool::{Budget, BudgetNodes, DisruptionReason, NodePool};
 use dovetail_core::plane::DO_NOT_DISRUPT;
 use dovetail_core::pod::{Pod, PodKey};
 use dovetail_core::requirements::{Requirement, Requirements};
 use dovetail_core::resources::ResourceList;
+use dovetail_raft::{BoxFuture, Committed, Leadership, Ledger, LedgerError};
+use tokio::sync::watch;
 
 use crate::common::{node_class, state, types};
 use crate::pool::{
-    World, another_actor, disrupt_until, disrupting_world_full, launched, m5_large_on_demand, pods, provision,
-    register_all,
+    World, another_actor, disrupt_until, disrupting_world_full, disrupting_world_over, launched, m5_large_on_demand,
+    pods, provision, register_all,
 };
 
 fn budget(nodes: BudgetNodes) -> Budget {
@@ -196,6 +198,101 @@ async fn nodes_not_ready_count_against_the_budget() {
     w.clock.advance(Duration::from_secs(15));
     let s = disrupt_until(&w, "a command", |s| !s.disruptions().is_empty()).await;
     assert_eq!(s.disruptions().values().map(|d| d.candidates.len()).sum::<usize>(), 1, "one at a time");
+}
+
+/// A ledger whose leadership the test moves (the in-process one always leads): a control
+/// node that stops leading and leads again.
+struct Moved {
+    inner: Arc<dyn Ledger>,
+    leadership: watch::Sender<Leadership>,
+}
+
+impl Ledger for Moved {
+    fn propose(&self, entry: Entry) -> BoxFuture<'_, Result<Committed, LedgerError>> {
+        self.inner.propose(entry)
+    }
+
+    fn read<'a>(&'a self, f: Box<dyn FnOnce(&State) + Send + 'a>) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.read(f)
+    }
+
+    fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.subscribe()
+    }
+}
+
+/// Rounds until the pool's budget gauges read `want` ((reason, allowed, consuming); empty:
+/// no series), at most 50; the last scrape.
+async fn budget_gauges(w: &World, want: &[(&str, f64, f64)]) -> String {
+    let pool = m5_large_on_demand(ResourceList::new()).name;
+    let read = |text: &str| -> Vec<(String, f64, f64)> {
+        ["Underutilized", "Empty", "Drifted"]
+            .into_iter()
+            .filter(|r| text.contains(&format!("nodepool=\"{pool}\",reason=\"{r}\"")))
+            .map(|r| {
+                let l = [("nodepool", pool.as_str()), ("reason", r)];
+                let sum = |series| dovetail_actors::metrics::sum_of(text, series, &l);
+                (
+                    r.to_string(),
+                    sum("karpenter_nodepools_allowed_disruptions"),
+                    sum("karpenter_nodepools_nodes_consuming_budgets"),
+                )
+            })
+            .collect()
+    };
+    let want: Vec<(String, f64, f64)> = want.iter().map(|(r, a, c)| (r.to_string(), *a, *c)).collect();
+    let mut text = String::new();
+    for _ in 0..50 {
+        w.pool.send(Disrupt).await.expect("mailbox");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        text = w.metrics.encode();
+        if read(&text) == want {
+            return text;
+        }
+    }
+    panic!("the budget gauges never read {want:?}: {:?}\n{text}", read(&text));
+}
+
+/// Karpenter's budget gauges are the ledger's count: per reason, what the active budgets
+/// allow at once (50% of 4 nodes rounded up; a drift budget of 0; no budget for a reason is
+/// MaxInt32) and the nodes counted against them (a NotReady one). Only a leading actor of a
+/// live pool serves them: a follower's and a retired pool's series are gone.
+#[actix_rt::test]
+async fn the_budget_gauges_show_what_the_ledger_allows_and_only_the_leader_serves_them() {
+    let drift_closed = Budget {
+        nodes: BudgetNodes::Count(0),
+        schedule: None,
+        duration: None,
+        reasons: vec![DisruptionReason::Drifted],
+    };
+    let half = Budget {
+        reasons: vec![DisruptionReason::Underutilized, DisruptionReason::Drifted],
+        ..budget(BudgetNodes::Percent(50))
+    };
+    let (tx, _) = watch::channel(Leadership { term: dovetail_raft::FIRST_TERM, leader: true, leader_id: None });
+    let leadership = tx.clone();
+    let over = move |inner: Arc<dyn Ledger>| -> Arc<dyn Ledger> { Arc::new(Moved { inner, leadership }) };
+    let pool = m5_large_on_demand(ResourceList::new());
+    let w = disrupting_world_over(pool, vec![drift_closed, half], None, false, over).await;
+    let keys = nodes(&w, 4, 1500).await;
+    let snap = w.cluster.snapshot();
+    let busy = snap.pods.get(&keys[0]).and_then(|p| p.node_name.clone()).expect("bound");
+    let node = snap.nodes.get(&busy).expect("node").as_ref().clone();
+    w.cluster.apply_node(dovetail_core::node::Node { ready: false, ..node });
+    let unbounded = f64::from(i32::MAX);
+    let leading = [("Underutilized", 2.0, 1.0), ("Empty", unbounded, 1.0), ("Drifted", 0.0, 1.0)];
+    budget_gauges(&w, &leading).await;
+    // Deposed: the series go with the next round.
+    tx.send_modify(|l| l.leader = false);
+    budget_gauges(&w, &[]).await;
+    tx.send_modify(|l| {
+        l.leader = true;
+        l.term += 1;
+    });
+    budget_gauges(&w, &leading).await;
+    // Its NodePool gone: none either.
+    w.pool.send(Retire).await.expect("mailbox");
+    budget_gauges(&w, &[]).await;
 }
 
 /// dovetail's rate budget: at most one node starts disrupting per ten minutes, however many
