@@ -40,6 +40,10 @@ pub enum DisruptionReason {
 }
 
 impl DisruptionReason {
+    /// Every reason a budget may name.
+    pub const ALL: [DisruptionReason; 3] =
+        [DisruptionReason::Underutilized, DisruptionReason::Empty, DisruptionReason::Drifted];
+
     /// The name Karpenter uses (budgets' `reasons`, the `reason` metric label).
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -51,9 +55,7 @@ impl DisruptionReason {
 
     /// The reason of a name, as [`DisruptionReason::as_str`] writes it.
     pub fn parse(s: &str) -> Option<DisruptionReason> {
-        [DisruptionReason::Underutilized, DisruptionReason::Empty, DisruptionReason::Drifted]
-            .into_iter()
-            .find(|r| r.as_str() == s)
+        DisruptionReason::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 

@@ -454,20 +454,22 @@ impl Acting {
         }
         // Follows the NodePools for the whole term; it returns only when the cluster view
         // closes, which ends the term's acting.
-        follow_pools(pools, plane, cluster, ledger, clock).await;
+        follow_pools(pools, plane, cluster, ledger, clock, term).await;
         Err("the cluster view closed: NodePools are no longer followed".into())
     }
 }
 
 /// Keeps the plane's pools and the NodePools' statuses as the cluster is: after each change
 /// (at most every `SETTLE`, so a burst of pod events is one pass) and every 5 s (the counts of
-/// what the pools hold, as Karpenter's counter requeues).
+/// what the pools hold, as Karpenter's counter requeues); garbage collection after each pass,
+/// in `term`.
 async fn follow_pools(
     mut pools: pools::Pools,
     mut plane: Plane,
     cluster: Arc<KubeCluster>,
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
+    term: u64,
 ) {
     const SETTLE: Duration = Duration::from_millis(500);
     let mut changes = cluster.changes();
@@ -481,7 +483,7 @@ async fn follow_pools(
         tokio::time::sleep(SETTLE).await;
         changes.borrow_and_update();
         pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
-        pools.collect(&cluster, ledger.as_ref(), clock.as_ref()).await;
+        pools.collect(&cluster, ledger.as_ref(), clock.as_ref(), term).await;
     }
 }
 

@@ -229,15 +229,15 @@ impl Pools {
     /// are gone. Called after a sync, never before a new leader's first decisions: it waits
     /// on IAM (over a second on moto late in the 20-round HA run, which a new leader's first
     /// decision waited for while this ran inside its first sync).
-    pub async fn collect(&mut self, cluster: &KubeCluster, ledger: &dyn Ledger, clock: &dyn Clock) {
-        let leadership = ledger.leadership().borrow().clone();
-        if !leadership.leader {
-            return;
-        }
+    /// `term`: the one this control plane acts in; nothing is deleted outside it.
+    pub async fn collect(&mut self, cluster: &KubeCluster, ledger: &dyn Ledger, clock: &dyn Clock, term: u64) {
         let current = {
             let watch = ledger.leadership();
-            move || watch.borrow().is_current(leadership.term)
+            move || watch.borrow().is_current(term)
         };
+        if !current() {
+            return;
+        }
         self.collect_profiles(cluster, clock.now_millis(), &current).await;
     }
 
@@ -307,8 +307,9 @@ impl Pools {
     }
 
     /// With `--cloud aws`, deletes the instance profiles managed for EC2NodeClasses that are
-    /// gone and that no NodeClaim names any more: at start, when a class or a NodeClaim of a
-    /// gone class goes, and every 30 min (Karpenter's garbage collection interval).
+    /// gone and that no NodeClaim names any more: once a term's first decisions were made (see
+    /// [`Pools::collect`]), when a class or a NodeClaim of a gone class goes, and every 30 min
+    /// (Karpenter's garbage collection interval).
     async fn collect_profiles(&mut self, cluster: &KubeCluster, now: u64, current: &(dyn Fn() -> bool + Send + Sync)) {
         const EVERY_MS: u64 = 30 * 60 * 1000;
         const AFTER_FAILURE_MS: u64 = 5 * 60 * 1000;

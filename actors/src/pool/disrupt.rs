@@ -67,6 +67,8 @@ pub(super) struct Planned {
     terminating: BTreeSet<String>,
     /// Claims whose node is not ready: the ledger counts them as disrupting.
     not_ready: Vec<String>,
+    /// What the pool's budgets leave, by reason, as the ledger counted it.
+    allowances: BTreeMap<DisruptionReason, Allowance>,
     now: Millis,
 }
 
@@ -128,7 +130,6 @@ impl NodePoolActor {
         let retired = self.retired;
         let cloud_drift = self.cloud_drift.clone();
         let nominated = self.nominations.active(self.clock.now_millis());
-        let metrics = self.executor.metrics().clone();
         let work = async move {
             let now = clock.now_millis();
             let snapshot = view.snapshot();
@@ -136,7 +137,6 @@ impl NodePoolActor {
             let timeout = to_millis(cfg.disruption.command_timeout);
             let name = pool.name.clone();
             let snap = snapshot.clone();
-            let reasons = [DisruptionReason::Empty, DisruptionReason::Drifted, DisruptionReason::Underutilized];
             let read = read_with(&*ledger, move |s| {
                 let claims: Vec<Claim> = s.claims_of(&name).cloned().collect();
                 let by_provider = snap.nodes_by_provider_id();
@@ -150,8 +150,10 @@ impl NodePoolActor {
                     })
                     .map(|c| c.id.clone())
                     .collect();
-                let allowances: BTreeMap<DisruptionReason, Allowance> =
-                    reasons.into_iter().filter_map(|r| Some((r, s.allowance(&name, r, &not_ready, now)?))).collect();
+                let allowances: BTreeMap<DisruptionReason, Allowance> = DisruptionReason::ALL
+                    .into_iter()
+                    .filter_map(|r| Some((r, s.allowance(&name, r, &not_ready, now)?)))
+                    .collect();
                 let mut leases = BTreeMap::new();
                 let mut commands = Vec::new();
                 for (id, cmd) in s.disruptions().iter().filter(|(_, d)| d.pool == name) {
@@ -176,17 +178,11 @@ impl NodePoolActor {
                     return Err(memory);
                 }
             };
-            // Karpenter's budget gauges, from the count the ledger grants leases by.
-            // A retired pool (its NodePool gone) has none, as Karpenter lists only live pools.
-            metrics.budgets.forget(&pool.name);
-            if !retired {
-                for (reason, a) in &allowances {
-                    metrics.budgets.set(&pool.name, *reason, a);
-                }
-            }
             // A reason the ledger does not know the pool for allows nothing.
-            let available: BTreeMap<DisruptionReason, u32> =
-                reasons.into_iter().map(|r| (r, allowances.get(&r).map_or(0, Allowance::available))).collect();
+            let available: BTreeMap<DisruptionReason, u32> = DisruptionReason::ALL
+                .into_iter()
+                .map(|r| (r, allowances.get(&r).map_or(0, Allowance::available)))
+                .collect();
             let terminating: BTreeSet<String> =
                 claims.iter().filter(|c| c.state.is_terminating()).map(|c| c.id.clone()).collect();
             let leased: BTreeSet<String> = leases.keys().cloned().collect();
@@ -215,7 +211,7 @@ impl NodePoolActor {
                     now,
                 };
                 let plan = disruption::plan(&input, &mut memory);
-                Planned { plan, memory, snapshot, commands, leased, terminating, not_ready, now }
+                Planned { plan, memory, snapshot, commands, leased, terminating, not_ready, allowances, now }
             };
             tokio::task::spawn_blocking(work).await.map_err(|e| {
                 errors.warn("plan_disruption", "panic", &label, &e);
@@ -224,7 +220,8 @@ impl NodePoolActor {
         };
         ctx.spawn(work.into_actor(self).map(move |planned, act, ctx| match planned {
             Err(memory) => act.disruption_memory = Some(memory),
-            Ok(Planned { plan, memory, snapshot, commands, leased, terminating, not_ready, now }) => {
+            Ok(Planned { plan, memory, snapshot, commands, leased, terminating, not_ready, allowances, now }) => {
+                act.report_budgets(term, &allowances);
                 // A command under validation is proposed when its validation ends, not at the
                 // next period (Karpenter waits exactly its 15 s too).
                 if let Some(due) = memory.validation_due(to_millis(act.cfg.disruption.validation), now) {
@@ -239,6 +236,18 @@ impl NodePoolActor {
                 act.act_on_disruption(ctx, term, round, &snapshot);
             }
         }));
+    }
+
+    /// Karpenter's budget gauges, from the count the ledger grants leases by: set while this
+    /// actor leads in the round's term and its pool is live (Karpenter lists only live pools),
+    /// removed otherwise.
+    fn report_budgets(&self, term: Term, allowances: &BTreeMap<DisruptionReason, Allowance>) {
+        let budgets = &self.executor.metrics().budgets;
+        if self.retired || !self.ledger.leadership().borrow().is_current(term) {
+            budgets.forget(&self.pool.name);
+        } else {
+            budgets.update(&self.pool.name, allowances);
+        }
     }
 
     /// Asks the cloud provider which of the pool's launched instances drifted from the

@@ -503,6 +503,7 @@ impl Handler<Retire> for NodePoolActor {
 
     fn handle(&mut self, _: Retire, _: &mut Context<Self>) {
         self.retired = true;
+        self.executor.metrics().budgets.forget(&self.pool.name);
     }
 }
 

@@ -290,9 +290,32 @@ async fn the_budget_gauges_show_what_the_ledger_allows_and_only_the_leader_serve
         l.term += 1;
     });
     budget_gauges(&w, &leading).await;
-    // Its NodePool gone: none either.
+    // Its NodePool gone: none either, at once.
     w.pool.send(Retire).await.expect("mailbox");
+    assert!(!budget_series(&w.metrics.encode()), "retired");
     budget_gauges(&w, &[]).await;
+    // Back, then its actor stopped (with no round after): its series go with it.
+    let pool = m5_large_on_demand(ResourceList::new());
+    w.pool.send(Reconfigure { pool, types: types(), node_class: node_class() }).await.expect("mailbox");
+    budget_gauges(&w, &leading).await;
+    w.pool.send(dovetail_actors::Restart).await.expect("mailbox");
+    let mut gone = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        gone = !budget_series(&w.metrics.encode());
+        if gone {
+            break;
+        }
+    }
+    assert!(gone, "the stopped actor's series: {}", w.metrics.encode());
+}
+
+/// Whether a scrape has any budget gauge sample.
+fn budget_series(text: &str) -> bool {
+    text.lines().any(|l| {
+        l.starts_with("karpenter_nodepools_allowed_disruptions{")
+            || l.starts_with("karpenter_nodepools_nodes_consuming_budgets{")
+    })
 }
 
 /// dovetail's rate budget: at most one node starts disrupting per ten minutes, however many
