@@ -18,6 +18,7 @@ mod ha;
 pub(crate) mod http;
 mod nodeclasses;
 mod pools;
+mod profiles;
 pub mod settings;
 
 use std::process::ExitCode;
@@ -428,6 +429,12 @@ impl Acting {
         )
         .map_err(|e| e.to_string())?;
         metrics.set_errors(plane.errors.clone());
+        // The instance profiles of gone classes, collected on a task of its own: never in
+        // the way of the pools' sync (a new leader's first decisions wait for it).
+        if let Some(aws) = &aws {
+            let collector = profiles::ProfileCollector::new(aws.clone());
+            actix_rt::spawn(profiles::follow(collector, cluster.clone(), ledger.clone(), clock.clone(), term));
+        }
         let mut pools = pools::Pools::new(catalog, s.zones.clone(), aws);
         pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
         // Pods come once every NodePool is routed to: those pending now are decided at once.
@@ -454,22 +461,20 @@ impl Acting {
         }
         // Follows the NodePools for the whole term; it returns only when the cluster view
         // closes, which ends the term's acting.
-        follow_pools(pools, plane, cluster, ledger, clock, term).await;
+        follow_pools(pools, plane, cluster, ledger, clock).await;
         Err("the cluster view closed: NodePools are no longer followed".into())
     }
 }
 
 /// Keeps the plane's pools and the NodePools' statuses as the cluster is: after each change
 /// (at most every `SETTLE`, so a burst of pod events is one pass) and every 5 s (the counts of
-/// what the pools hold, as Karpenter's counter requeues); garbage collection after each pass,
-/// in `term`.
+/// what the pools hold, as Karpenter's counter requeues).
 async fn follow_pools(
     mut pools: pools::Pools,
     mut plane: Plane,
     cluster: Arc<KubeCluster>,
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
-    term: u64,
 ) {
     const SETTLE: Duration = Duration::from_millis(500);
     let mut changes = cluster.changes();
@@ -483,7 +488,6 @@ async fn follow_pools(
         tokio::time::sleep(SETTLE).await;
         changes.borrow_and_update();
         pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;
-        pools.collect(&cluster, ledger.as_ref(), clock.as_ref(), term).await;
     }
 }
 

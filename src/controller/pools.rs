@@ -73,11 +73,6 @@ pub struct Pools {
     /// With `--cloud aws`: the zones each EC2NodeClass's subnets are in, as last resolved (its
     /// pools launch there only).
     class_zones: BTreeMap<String, BTreeSet<String>>,
-    /// With `--cloud aws`: when the managed instance profiles were last collected, and the
-    /// classes kept then (one of them gone makes the next collection due).
-    profiles_collected: Option<(u64, BTreeSet<String>)>,
-    /// When the last collection failed (the next waits).
-    profiles_failed_at: Option<u64>,
 }
 
 impl Pools {
@@ -90,8 +85,6 @@ impl Pools {
             resolved_at: BTreeMap::new(),
             classes_written: BTreeMap::new(),
             class_zones: BTreeMap::new(),
-            profiles_collected: None,
-            profiles_failed_at: None,
             zones,
             running: BTreeMap::new(),
             retired: BTreeSet::new(),
@@ -225,22 +218,6 @@ impl Pools {
         self.stop_finished(cluster, plane, ledger, now).await;
     }
 
-    /// The leader's garbage collection of the instance profiles managed for node classes that
-    /// are gone. Called after a sync, never before a new leader's first decisions: it waits
-    /// on IAM (over a second on moto late in the 20-round HA run, which a new leader's first
-    /// decision waited for while this ran inside its first sync).
-    /// `term`: the one this control plane acts in; nothing is deleted outside it.
-    pub async fn collect(&mut self, cluster: &KubeCluster, ledger: &dyn Ledger, clock: &dyn Clock, term: u64) {
-        let current = {
-            let watch = ledger.leadership();
-            move || watch.borrow().is_current(term)
-        };
-        if !current() {
-            return;
-        }
-        self.collect_profiles(cluster, clock.now_millis(), &current).await;
-    }
-
     /// With `--cloud aws`, resolves every EC2NodeClass (the provider caches what it found for
     /// a while): one whose subnets, security groups or AMIs cannot be found, or that asks for
     /// what is not supported, keeps its pools from being provisioned for, and their status says
@@ -304,55 +281,6 @@ impl Pools {
             }
             self.resolutions.insert(name.clone(), resolution);
         }
-    }
-
-    /// With `--cloud aws`, deletes the instance profiles managed for EC2NodeClasses that are
-    /// gone and that no NodeClaim names any more: once a term's first decisions were made (see
-    /// [`Pools::collect`]), when a class or a NodeClaim of a gone class goes, and every 30 min
-    /// (Karpenter's garbage collection interval).
-    async fn collect_profiles(&mut self, cluster: &KubeCluster, now: u64, current: &(dyn Fn() -> bool + Send + Sync)) {
-        const EVERY_MS: u64 = 30 * 60 * 1000;
-        const AFTER_FAILURE_MS: u64 = 5 * 60 * 1000;
-        let Some(aws) = self.aws.clone() else { return };
-        // Never on a view that is not synced, nor while a NodeClaim cannot be read (it may name
-        // a class): a class missing from such a view is not gone.
-        let invalid = cluster.invalid();
-        if !cluster.synced() || invalid.keys().any(|k| k.starts_with("NodeClaim ")) {
-            return;
-        }
-        let mut keep: BTreeSet<String> = cluster.nodeclasses().keys().cloned().collect();
-        // A class that fails validation still exists.
-        keep.extend(invalid.keys().filter_map(|k| k.strip_prefix("EC2NodeClass ")).map(str::to_string));
-        keep.extend(cluster.pools_and_claims().nodeclaims.values().map(|nc| nc.spec.node_class.name.clone()));
-        if let Some(at) = self.profiles_failed_at
-            && now.saturating_sub(at) < AFTER_FAILURE_MS
-        {
-            return;
-        }
-        let due = match &self.profiles_collected {
-            None => true,
-            Some((at, kept)) => now.saturating_sub(*at) >= EVERY_MS || !kept.is_subset(&keep),
-        };
-        if !due {
-            return;
-        }
-        let collected =
-            tokio::time::timeout(std::time::Duration::from_secs(60), aws.collect_instance_profiles(&keep, current))
-                .await;
-        let failed = match collected {
-            Ok(Ok(deleted)) => {
-                if !deleted.is_empty() {
-                    tracing::info!(deleted = deleted.len(), "instance profiles of gone EC2NodeClasses deleted");
-                }
-                self.profiles_collected = Some((now, keep));
-                self.profiles_failed_at = None;
-                return;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "it took over 60 s".to_string(),
-        };
-        tracing::warn!(error = %failed, "collecting the instance profiles of gone EC2NodeClasses failed; asked again in 5 min");
-        self.profiles_failed_at = Some(now);
     }
 
     /// NodeClaims whose NodePool does not run (missing, or invalid, or without its NodeClass

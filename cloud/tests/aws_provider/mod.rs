@@ -369,3 +369,42 @@ async fn a_node_class_read_ahead_resolves_without_calls_and_a_missing_profile_is
     assert_eq!(proxy.total_calls(), before, "a new leader's resolve waits for no EC2, SSM or IAM call");
     assert_eq!(proxy.calls("CreateInstanceProfile"), 0, "the follower made nothing");
 }
+
+/// Garbage collection of managed instance profiles: those of node classes not kept are
+/// deleted (their role taken off first), the kept one stays, and a leader whose term ended
+/// deletes none.
+#[tokio::test]
+async fn the_profiles_of_gone_node_classes_are_deleted_and_none_once_the_term_ended() {
+    let h = Aws::new("collect").await;
+    let sdk = dovetail_cloud::aws::sdk_config(&config("collect", &format!("http://{}", h.proxy.addr))).await;
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    let role = "KarpenterNodeRole-collect";
+    let made =
+        aws_sdk_iam::Client::new(&sdk).create_role().role_name(role).assume_role_policy_document(trust).send().await;
+    if let Err(e) = made {
+        assert!(format!("{e:?}").contains("EntityAlreadyExists"), "create role: {e:?}");
+    }
+    let class = |name: &str| NodeClass {
+        name: name.into(),
+        role: Some(role.into()),
+        hash: format!("h-{name}"),
+        ..h.node_class()
+    };
+    for name in ["kept", "gone", "also-gone"] {
+        let r = h.cloud.resolve(&class(name)).await.expect("resolve, making the profile");
+        assert!(r.instance_profile.is_some(), "{name}: {r:?}");
+    }
+    let keep: std::collections::BTreeSet<String> = ["kept".to_string()].into();
+    let ended = h.cloud.collect_instance_profiles(&keep, &|| false).await;
+    assert!(ended.is_err(), "a deposed leader stops: {ended:?}");
+    assert_eq!(h.proxy.calls("DeleteInstanceProfile"), 0, "and deletes nothing");
+    let mut deleted = h.cloud.collect_instance_profiles(&keep, &|| true).await.expect("collected");
+    deleted.sort();
+    let name = |class: &str| dovetail_cloud::aws::profile_name("collect", "us-east-1", class);
+    let mut gone = vec![name("also-gone"), name("gone")];
+    gone.sort();
+    assert_eq!(deleted, gone);
+    assert_eq!(h.proxy.calls("RemoveRoleFromInstanceProfile"), 2, "each role taken off first");
+    let again = h.cloud.collect_instance_profiles(&keep, &|| true).await.expect("collected");
+    assert!(again.is_empty(), "the kept class's profile stays: {again:?}");
+}
