@@ -144,18 +144,21 @@ pub async fn collect(
     current: &(dyn Fn() -> bool + Send + Sync),
 ) -> Result<Vec<String>, CloudError> {
     let wanted: std::collections::BTreeSet<String> = keep.iter().map(|c| profile_name(cluster, region, c)).collect();
+    let path = profile_path(cluster, region);
     let mut stale: Vec<(String, Vec<String>)> = Vec::new();
     let mut marker: Option<String> = None;
     // Bounded: 1,000 pages of up to 100 profiles.
     for _ in 0..1_000 {
         let out = iam
             .list_instance_profiles()
-            .path_prefix(profile_path(cluster, region))
+            .path_prefix(&path)
             .set_marker(marker.take())
             .send()
             .await
             .map_err(|e| from_sdk("ListInstanceProfiles", e))?;
-        for p in out.instance_profiles() {
+        // Only the cluster's own path, whatever the answer holds (moto's list ignores the
+        // prefix and answers every account's profile: another cluster's would have gone).
+        for p in out.instance_profiles().iter().filter(|p| p.path() == path) {
             if !wanted.contains(p.instance_profile_name()) {
                 let roles = p.roles().iter().map(|r| r.role_name().to_string()).collect();
                 stale.push((p.instance_profile_name().to_string(), roles));

@@ -371,8 +371,8 @@ async fn a_node_class_read_ahead_resolves_without_calls_and_a_missing_profile_is
 }
 
 /// Garbage collection of managed instance profiles: those of node classes not kept are
-/// deleted (their role taken off first), the kept one stays, and a leader whose term ended
-/// deletes none.
+/// deleted (their role taken off first), the kept one and another cluster's stay, and a leader
+/// whose term ended deletes none.
 #[tokio::test]
 async fn the_profiles_of_gone_node_classes_are_deleted_and_none_once_the_term_ended() {
     let h = Aws::new("collect").await;
@@ -394,6 +394,13 @@ async fn the_profiles_of_gone_node_classes_are_deleted_and_none_once_the_term_en
         let r = h.cloud.resolve(&class(name)).await.expect("resolve, making the profile");
         assert!(r.instance_profile.is_some(), "{name}: {r:?}");
     }
+    // Another cluster's managed profile (another path): never this cluster's to delete.
+    let iam = aws_sdk_iam::Client::new(&sdk);
+    let other_path = dovetail_cloud::aws::profile_path("collect-other", "us-east-1");
+    let other = iam.create_instance_profile().instance_profile_name("collect-other_1").path(&other_path).send().await;
+    if let Err(e) = other {
+        assert!(format!("{e:?}").contains("EntityAlreadyExists"), "create profile: {e:?}");
+    }
     let keep: std::collections::BTreeSet<String> = ["kept".to_string()].into();
     let ended = h.cloud.collect_instance_profiles(&keep, &|| false).await;
     assert!(ended.is_err(), "a deposed leader stops: {ended:?}");
@@ -407,4 +414,6 @@ async fn the_profiles_of_gone_node_classes_are_deleted_and_none_once_the_term_en
     assert_eq!(h.proxy.calls("RemoveRoleFromInstanceProfile"), 2, "each role taken off first");
     let again = h.cloud.collect_instance_profiles(&keep, &|| true).await.expect("collected");
     assert!(again.is_empty(), "the kept class's profile stays: {again:?}");
+    let still = iam.get_instance_profile().instance_profile_name("collect-other_1").send().await;
+    assert!(still.is_ok(), "another cluster's profile stays: {still:?}");
 }
