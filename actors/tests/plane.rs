@@ -1274,6 +1274,19 @@ mod pool {
         assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Initialized { .. })), "{:?}", s.claims());
     }
 
+    /// Plans disruption (bounded) until a node's decision says it is validating.
+    pub(crate) async fn until_validating(w: &World) {
+        for _ in 0..300 {
+            w.pool.send(Disrupt).await.expect("mailbox");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let decisions = w.pool.send(GetDecisions).await.expect("decisions");
+            if decisions.values().any(|d| d.verdict.to_string().contains("validating")) {
+                return;
+            }
+        }
+        panic!("no node validating within 3 s: {:?}", w.pool.send(GetDecisions).await.expect("decisions"));
+    }
+
     /// Plans disruption and reconciles (bounded) until `done` holds of the ledger.
     pub(crate) async fn disrupt_until(w: &World, what: &str, done: impl Fn(&State) -> bool) -> State {
         for _ in 0..300 {
@@ -1367,10 +1380,11 @@ mod pool {
         assert_eq!(cmd.candidates.len(), 2, "the budget allows two at once");
         // No replacement: the candidates are terminated, drained and gone.
         disrupt_until(&w, "two gone", |s| s.claims().len() == 2).await;
-        // The third empty node, once the first two no longer count as disrupting.
+        // The third empty node, once the first two no longer count as disrupting: its
+        // validation begins before the clock moves on (a fixed pause was too short on a loaded
+        // machine, and the validation then began after the clock had moved).
         w.clock.advance(Duration::from_secs(1));
-        w.pool.send(Disrupt).await.expect("mailbox");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        until_validating(&w).await;
         w.clock.advance(Duration::from_secs(15));
         disrupt_until(&w, "three gone", |s| s.claims().len() == 1).await;
         let snap = w.cluster.snapshot();
