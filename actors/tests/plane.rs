@@ -57,14 +57,17 @@ mod common {
         (Forward(tx).start(), rx)
     }
 
-    /// A cloud whose launch calls take `delay` (the sim answers at once), so restarts and
-    /// deletions land while calls are under way.
-    pub struct SlowLaunch {
+    /// A cloud with faults a test asks for: launch calls that take `delay` (the sim answers at
+    /// once), so restarts and deletions land while calls are under way; and TerminateInstances
+    /// failing whole, transiently, whenever the call holds `poison` (as moto answered a 500 for
+    /// one batch again and again).
+    pub struct FaultyCloud {
         pub inner: Arc<dyn CloudProvider>,
         pub delay: Duration,
+        pub poison: Option<String>,
     }
 
-    impl CloudProvider for SlowLaunch {
+    impl CloudProvider for FaultyCloud {
         fn launch<'a>(&'a self, requests: &'a [LaunchRequest]) -> BoxFuture<'a, Vec<Result<Instance, CloudError>>> {
             Box::pin(async move {
                 tokio::time::sleep(self.delay).await;
@@ -75,6 +78,10 @@ mod common {
             self.inner.find(lookups)
         }
         fn terminate<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Vec<Result<(), CloudError>>> {
+            if self.poison.as_ref().is_some_and(|p| ids.contains(p)) {
+                let failed = ids.iter().map(|_| Err(CloudError::Transient { message: "500".into() })).collect();
+                return Box::pin(std::future::ready(failed));
+            }
             self.inner.terminate(ids)
         }
         fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Instance, CloudError>> {
@@ -152,7 +159,7 @@ mod common {
 }
 
 mod zone {
-    use crate::common::{Forward, forward, node_class, propose, state, types};
+    use crate::common::{FaultyCloud, Forward, forward, node_class, propose, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
@@ -364,60 +371,6 @@ mod zone {
         );
     }
 
-    /// A cloud whose TerminateInstances fails whole, transiently, whenever the call holds
-    /// `poison` (as moto answered a 500 for one batch again and again).
-    struct PoisonedTerminate {
-        inner: Arc<SimCloud>,
-        poison: String,
-        calls: std::sync::atomic::AtomicUsize,
-    }
-
-    impl CloudProvider for PoisonedTerminate {
-        fn launch<'a>(
-            &'a self,
-            r: &'a [LaunchRequest],
-        ) -> dovetail_cloud::BoxFuture<'a, Vec<Result<dovetail_cloud::Instance, CloudError>>> {
-            self.inner.launch(r)
-        }
-        fn find<'a>(
-            &'a self,
-            l: &'a [dovetail_cloud::Lookup],
-        ) -> dovetail_cloud::BoxFuture<'a, Vec<Result<Option<dovetail_cloud::Instance>, CloudError>>> {
-            self.inner.find(l)
-        }
-        fn terminate<'a>(&'a self, ids: &'a [String]) -> dovetail_cloud::BoxFuture<'a, Vec<Result<(), CloudError>>> {
-            Box::pin(async move {
-                self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if ids.contains(&self.poison) {
-                    return ids.iter().map(|_| Err(CloudError::Transient { message: "500".into() })).collect();
-                }
-                self.inner.terminate(ids).await
-            })
-        }
-        fn get<'a>(
-            &'a self,
-            id: &'a str,
-        ) -> dovetail_cloud::BoxFuture<'a, Result<dovetail_cloud::Instance, CloudError>> {
-            self.inner.get(id)
-        }
-        fn list(&self) -> dovetail_cloud::BoxFuture<'_, Result<Vec<dovetail_cloud::Instance>, CloudError>> {
-            self.inner.list()
-        }
-        fn instance_types<'a>(
-            &'a self,
-            nc: &'a dovetail_cloud::NodeClass,
-        ) -> dovetail_cloud::BoxFuture<'a, Result<Vec<dovetail_core::catalog::InstanceType>, CloudError>> {
-            self.inner.instance_types(nc)
-        }
-        fn is_drifted<'a>(
-            &'a self,
-            i: &'a dovetail_cloud::Instance,
-            nc: &'a dovetail_cloud::NodeClass,
-        ) -> dovetail_cloud::BoxFuture<'a, Result<Option<dovetail_cloud::DriftReason>, CloudError>> {
-            self.inner.is_drifted(i, nc)
-        }
-    }
-
     /// One instance the cloud keeps failing a call for does not hold back the others asked
     /// with it: a batch that fails whole is halved until the others go (each claim asked
     /// again, as its pool does).
@@ -425,11 +378,8 @@ mod zone {
     async fn a_termination_batch_failing_whole_is_split_so_one_bad_instance_holds_back_no_other() {
         use dovetail_actors::zone::{Terminate, Terminated};
         let w = world(0, ApiLimits::default()).await;
-        let cloud = Arc::new(PoisonedTerminate {
-            inner: w.cloud.clone(),
-            poison: "i-poison".into(),
-            calls: std::sync::atomic::AtomicUsize::new(0),
-        });
+        let cloud =
+            Arc::new(FaultyCloud { inner: w.cloud.clone(), delay: Duration::ZERO, poison: Some("i-poison".into()) });
         let zone =
             ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud.clone(), w.ledger.clone(), w.clock.clone()).start();
         let (collector, mut replies) = forward::<Terminated>();
@@ -472,7 +422,7 @@ mod zone {
 }
 
 mod pool {
-    use crate::common::{SlowLaunch, SlowLedger, executor, forward, node_class, propose, state, types};
+    use crate::common::{FaultyCloud, SlowLedger, executor, forward, node_class, propose, state, types};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -1111,7 +1061,7 @@ mod pool {
         )
         .await;
         let slow: Arc<dyn CloudProvider> =
-            Arc::new(SlowLaunch { inner: sim.clone(), delay: Duration::from_millis(300) });
+            Arc::new(FaultyCloud { inner: sim.clone(), delay: Duration::from_millis(300), poison: None });
         let cluster = Arc::new(SimCluster::new());
         let w = start_over(
             m5_large_on_demand(ResourceList::new()),
@@ -1861,7 +1811,7 @@ mod router {
 /// The whole plane (Router, two NodePools, three zones) on the sim cloud and sim cluster,
 /// with the test playing the kubelets (registration) and kube-scheduler (binding).
 mod integration {
-    use crate::common::{SlowLaunch, node_class, propose, state, types};
+    use crate::common::{FaultyCloud, node_class, propose, state, types};
     use std::collections::BTreeMap;
     use std::sync::Arc;
     use std::time::Duration;
@@ -1987,7 +1937,7 @@ mod integration {
         }
         // Under restarts, launch calls take a while so some are cut off mid-call.
         let seam_cloud: Arc<dyn CloudProvider> = match restarts_wanted {
-            1.. => Arc::new(SlowLaunch { inner: cloud.clone(), delay: Duration::from_millis(120) }),
+            1.. => Arc::new(FaultyCloud { inner: cloud.clone(), delay: Duration::from_millis(120), poison: None }),
             0 => cloud.clone(),
         };
         let plane = start_plane(&pools, config(100), seam_cloud, &cluster, &ledger, &clock);
