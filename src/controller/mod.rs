@@ -432,8 +432,7 @@ impl Acting {
         // The instance profiles of gone classes, collected on a task of its own: never in
         // the way of the pools' sync (a new leader's first decisions wait for it).
         if let Some(aws) = &aws {
-            let collector = profiles::ProfileCollector::new(aws.clone());
-            actix_rt::spawn(profiles::follow(collector, cluster.clone(), ledger.clone(), clock.clone(), term));
+            actix_rt::spawn(profiles::follow(aws.clone(), cluster.clone(), ledger.clone(), clock.clone(), term));
         }
         let mut pools = pools::Pools::new(catalog, s.zones.clone(), aws);
         pools.sync(&cluster, &mut plane, ledger.as_ref(), clock.as_ref()).await;

@@ -20,7 +20,7 @@ use dovetail_raft::Ledger;
 const PASS_EVERY: Duration = Duration::from_secs(5);
 
 /// The collection's memory within a term.
-pub struct ProfileCollector {
+struct ProfileCollector {
     aws: Arc<AwsProvider>,
     /// When the managed instance profiles were last collected, and the classes kept then (one
     /// of them gone makes the next collection due).
@@ -30,10 +30,6 @@ pub struct ProfileCollector {
 }
 
 impl ProfileCollector {
-    pub fn new(aws: Arc<AwsProvider>) -> Self {
-        ProfileCollector { aws, collected: None, failed_at: None }
-    }
-
     /// One pass: the collection if it is due (never collected in this term, a class kept at
     /// the last one gone, or 30 min passed), and not within 5 min of a failure.
     async fn pass(&mut self, cluster: &KubeCluster, now: u64, current: &(dyn Fn() -> bool + Send + Sync)) {
@@ -41,6 +37,11 @@ impl ProfileCollector {
         const AFTER_FAILURE_MS: u64 = 5 * 60 * 1000;
         // Never on a view that is not synced, nor while a NodeClaim cannot be read (it may name
         // a class): a class missing from such a view is not gone.
+        if let Some(at) = self.failed_at
+            && now.saturating_sub(at) < AFTER_FAILURE_MS
+        {
+            return;
+        }
         let invalid = cluster.invalid();
         if !cluster.synced() || invalid.keys().any(|k| k.starts_with("NodeClaim ")) {
             return;
@@ -49,11 +50,6 @@ impl ProfileCollector {
         // A class that fails validation still exists.
         keep.extend(invalid.keys().filter_map(|k| k.strip_prefix("EC2NodeClass ")).map(str::to_string));
         keep.extend(cluster.pools_and_claims().nodeclaims.values().map(|nc| nc.spec.node_class.name.clone()));
-        if let Some(at) = self.failed_at
-            && now.saturating_sub(at) < AFTER_FAILURE_MS
-        {
-            return;
-        }
         let due = match &self.collected {
             None => true,
             Some((at, kept)) => now.saturating_sub(*at) >= EVERY_MS || !kept.is_subset(&keep),
@@ -83,12 +79,13 @@ impl ProfileCollector {
 /// Runs the collection for `term`: a pass every 5 s, the first 5 s into the term; nothing is
 /// deleted once this node no longer leads in it (checked before each deletion too).
 pub async fn follow(
-    mut collector: ProfileCollector,
+    aws: Arc<AwsProvider>,
     cluster: Arc<KubeCluster>,
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
     term: u64,
 ) {
+    let mut collector = ProfileCollector { aws, collected: None, failed_at: None };
     let watch = ledger.leadership();
     let current = move || watch.borrow().is_current(term);
     loop {
