@@ -44,6 +44,16 @@ fn keys() -> Vec<Key> {
             what: "`N/DURATION` (e.g. `5/10m`): at most N nodes of the pool start disrupting in any DURATION, beside the budgets; enforced by the ledger.",
         },
         Key {
+            name: dovetail_core::pod::MIRROR_ANNOTATION,
+            on: "Pod (annotation; or a `v1` Node owner reference)",
+            what: "A static pod's mirror: never evicted or waited for by a drain, never counted when a node is checked for emptiness, never provisioned for (the kubelet writes it again when deleted).",
+        },
+        Key {
+            name: dovetail_core::disruption::candidates::DELETION_COST_ANNOTATION,
+            on: "Pod (annotation)",
+            what: "Makes a pod cheaper (negative) or dearer to move in the disruption cost that orders consolidation candidates, as Karpenter's.",
+        },
+        Key {
             name: "karpenter.sh/disrupted",
             on: "Node (taint, NoSchedule)",
             what: "Put on a node being disrupted or interrupted before it is drained.",

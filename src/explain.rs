@@ -160,6 +160,7 @@ pub fn explain_node(args: &NodeArgs, file: &str, now: Millis) -> anyhow::Result<
                 ..NodeClaimStatus::default()
             },
             resource_version: 0,
+            created: None,
         };
         cluster.nodeclaims.insert(id.clone(), Arc::new(nc));
         claim_of.insert(n.name.clone(), id);

@@ -15,10 +15,12 @@
 //! with the object and the action and counted ([`crate::errors::Errors`]).
 //!
 //! **Evictions back off per pod**, as Karpenter's eviction queue: a pod whose eviction was
-//! refused (its PodDisruptionBudget allows none, or the server throttled) is not asked again
+//! refused (its PodDisruptionBudget allows none, several budgets cover it, or the server
+//! throttled) is not asked again
 //! before a wait that doubles from `eviction_backoff_min` to `eviction_backoff_max`; asked
 //! sooner it is told [`Done::BackingOff`]. A pod's first refusal is also a `FailedDraining`
-//! Warning event on its node, as Karpenter records, at most one per node every 2 minutes.
+//! Warning event on its node, as Karpenter records, at most one per node every 2 minutes; a
+//! pod that several budgets cover gets a `FailedEviction` Warning of its own, naming why.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -179,8 +181,12 @@ impl Executor {
     /// Starts or doubles a refused pod's wait (the first refusal is a `FailedDraining` event
     /// on its node), or forgets it once it went.
     async fn after_eviction(&self, term: Term, effect: &Effect, pod: &PodKey, done: &Done) {
-        let refused =
-            matches!(done, Done::Failed(ClusterError::DisruptionBudget { .. } | ClusterError::Throttled { .. }));
+        let refused = matches!(
+            done,
+            Done::Failed(
+                ClusterError::DisruptionBudget { .. } | ClusterError::ManyPdbs { .. } | ClusterError::Throttled { .. }
+            )
+        );
         let first = {
             let mut b = self.inner.backoff.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if !refused {
@@ -199,8 +205,35 @@ impl Executor {
             e.wait = e.wait.saturating_mul(2).min(max);
             first
         };
-        if let (true, Done::Failed(ClusterError::DisruptionBudget { pdb, .. })) = (first, done) {
-            self.failed_draining(term, effect, pod, pdb).await;
+        match (first, done) {
+            (true, Done::Failed(ClusterError::DisruptionBudget { pdb, .. })) => {
+                self.failed_draining(term, effect, pod, pdb).await;
+            }
+            (true, Done::Failed(e @ ClusterError::ManyPdbs { .. })) => self.many_pdbs(term, pod, e).await,
+            _ => {}
+        }
+    }
+
+    /// A Warning on the pod itself when several PodDisruptionBudgets cover it: the eviction
+    /// API refuses it until its owner mends the budgets, so the drain holds there. Said at its
+    /// first refusal (and again once its backoff was forgotten), not at every retry.
+    async fn many_pdbs(&self, term: Term, pod: &PodKey, e: &ClusterError) {
+        let Ok(_permit) = self.inner.permits.clone().acquire_owned().await else { return };
+        let event = Event {
+            kind: ObjectKind::Pod,
+            name: pod.to_string(),
+            warning: true,
+            reason: "FailedEviction".into(),
+            message: format!(
+                "Cannot evict pod {pod}: {e}. Make at most one PodDisruptionBudget select it; \
+                 its node's drain waits until then"
+            ),
+        };
+        if self.gate(term).await.is_err() {
+            return;
+        }
+        if let Err(e) = self.inner.writer.record_event(event).await {
+            self.inner.errors.warn("event", e.kind(), &format!("pod/{pod}"), &e);
         }
     }
 
@@ -233,7 +266,7 @@ impl Executor {
             reason: "FailedDraining".into(),
             message: format!("Failed to drain node, evicting pod {pod} violates a PDB{why}"),
         };
-        if self.check(term).is_err() {
+        if self.gate(term).await.is_err() {
             return;
         }
         if let Err(e) = self.inner.writer.record_event(event).await {
@@ -285,14 +318,22 @@ impl Executor {
                 let object = object_of(effect);
                 match &e {
                     // Expected now and then: a PDB holds the pod, a conflict outlived the retries.
-                    ClusterError::DisruptionBudget { .. } | ClusterError::Conflict { .. } => {
-                        self.inner.errors.note(effect.kind(), e.kind(), &object, &e)
-                    }
+                    ClusterError::DisruptionBudget { .. }
+                    | ClusterError::ManyPdbs { .. }
+                    | ClusterError::Conflict { .. } => self.inner.errors.note(effect.kind(), e.kind(), &object, &e),
                     _ => self.inner.errors.warn(effect.kind(), e.kind(), &object, &e),
                 }
                 Done::Failed(e)
             }
         }
+    }
+
+    /// Waits for the writer's pacing (its rate limit, a throttle pause), then refuses to go
+    /// on once `term` is over: what runs right before each write, so that no write waits out
+    /// a pause after its term was checked.
+    async fn gate(&self, term: Term) -> Result<(), Stop> {
+        self.inner.writer.ready().await;
+        self.check(term)
     }
 
     /// Refuses to go on once `term` is over.
@@ -301,7 +342,9 @@ impl Executor {
         if current.is_current(term) { Ok(()) } else { Err(Stop::Fenced(current.term)) }
     }
 
-    /// One effect; whether it changed the cluster. The term is checked before each call.
+    /// One effect; whether it changed the cluster. The term is checked right before each
+    /// write, after the writer's pacing (a write never waits out a throttle pause after its
+    /// check).
     async fn execute(&self, term: Term, effect: &Effect) -> Result<bool, Stop> {
         let w = &self.inner.writer;
         let claim = effect.claim.as_str();
@@ -310,7 +353,7 @@ impl Executor {
             Err(ClusterError::NotFound { .. }) => Ok(false),
             Err(e) => Err(Stop::Failed(e)),
         };
-        self.check(term)?;
+        self.gate(term).await?;
         match &effect.action {
             Action::CreateNodeClaim(nc) => match w.create_nodeclaim(nc.as_ref().clone()).await {
                 Ok(_) => Ok(true),
@@ -332,7 +375,7 @@ impl Executor {
                         return Ok(false);
                     }
                     let finalizers = nc.finalizers.iter().filter(|f| *f != TERMINATION_FINALIZER).cloned().collect();
-                    self.check(term)?;
+                    self.gate(term).await?;
                     let update = NodeClaimUpdate { finalizers, ..NodeClaimUpdate::of(&nc) };
                     let written = w.update_nodeclaim_metadata(claim, update, nc.resource_version).await;
                     if written.is_ok() {
@@ -353,7 +396,7 @@ impl Executor {
                         }
                         let mut update = NodeClaimUpdate::of(&nc);
                         update.labels.extend(labels.iter().cloned());
-                        self.check(term)?;
+                        self.gate(term).await?;
                         let written = w.update_nodeclaim_metadata(claim, update, nc.resource_version).await;
                         written.map(|_| true).map_err(Stop::Failed)
                     })
@@ -365,7 +408,7 @@ impl Executor {
                 self.retrying(term, || async {
                     let Some(n) = found(w.get_node(node).await)? else { return Ok(false) };
                     let Some(patched) = patch.apply(&n) else { return Ok(false) };
-                    self.check(term)?;
+                    self.gate(term).await?;
                     let written = w.update_node(node, NodeUpdate::of(&patched), n.resource_version).await;
                     written.map(|_| true).map_err(Stop::Failed)
                 })
@@ -387,7 +430,7 @@ impl Executor {
         self.retrying(term, || async {
             let Some(nc) = found(w.get_nodeclaim(claim).await)? else { return Ok(false) };
             let Some(status) = patch.apply(&nc.status) else { return Ok(false) };
-            self.check(term)?;
+            self.gate(term).await?;
             let written = w.update_nodeclaim_status(claim, status, nc.resource_version).await;
             written.map(|_| true).map_err(Stop::Failed)
         })

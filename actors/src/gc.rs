@@ -94,8 +94,14 @@ impl Gc {
     /// whose Nodes are deleted).
     async fn collect_instances(&self, term: Term, listed: &[Instance], snap: &Snapshot) -> (Collected, Vec<String>) {
         let now = self.clock.now();
-        let referenced: BTreeSet<&str> =
+        // What a NodeClaim names, or an object that could not be read (a newer Karpenter's
+        // NodeClaim, a Node with a bad field): those still own their instances.
+        let mut referenced: BTreeSet<&str> =
             snap.nodeclaims.values().filter_map(|nc| nc.status.provider_id.as_deref().and_then(instance_of)).collect();
+        let unreadable: BTreeSet<&str> =
+            snap.unreadable.values().filter_map(|u| u.provider_id.as_deref().and_then(instance_of)).collect();
+        referenced.extend(unreadable.iter().copied());
+        let claim_exists = |c: &str| snap.nodeclaims.contains_key(c) || snap.unreadable_claim(c).is_some();
         // Only what dovetail launched: an instance with the cluster's tag alone (a managed node
         // group's, the controller's own host) is never a candidate.
         let leaked: Vec<Collectable> = listed
@@ -104,7 +110,7 @@ impl Gc {
             .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Running))
             .filter(|i| now.saturating_sub(i.launched_at) >= self.cfg.grace)
             .filter(|i| !referenced.contains(i.id.as_str()))
-            .filter(|i| !i.claim.as_ref().is_some_and(|c| snap.nodeclaims.contains_key(c)))
+            .filter(|i| !i.claim.as_deref().is_some_and(claim_exists))
             .map(|i| Collectable {
                 id: i.id.clone(),
                 claim: i.claim.clone(),
@@ -122,7 +128,7 @@ impl Gc {
             .nodes
             .values()
             .filter(|n| n.nodepool().is_some() && !n.ready && !claimed_nodes.contains(n.name.as_str()))
-            .filter(|n| n.owner_claim.as_ref().is_none_or(|c| !snap.nodeclaims.contains_key(c)))
+            .filter(|n| n.owner_claim.as_deref().is_none_or(|c| !claim_exists(c)))
             .filter_map(|n| n.provider_id.as_deref().and_then(instance_of))
             .filter(|id| !alive.contains(id) && !referenced.contains(id))
             .map(|id| Collectable { id: id.to_string(), claim: None, batch: None })

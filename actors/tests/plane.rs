@@ -466,7 +466,8 @@ mod pool {
     }
 
     async fn world(pool: NodePool, cloud: SimCloud, clock: Arc<ManualClock>) -> World {
-        let ledger = Arc::new(InProcess::new());
+        // Recording: a restart test replays its log, as a node with a stored log would.
+        let ledger = Arc::new(InProcess::recording());
         let set = Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() };
         propose(ledger.as_ref(), clock.now_millis(), set).await;
         start(pool, Arc::new(cloud), Arc::new(SimCluster::new()), ledger, clock)
@@ -840,6 +841,7 @@ mod pool {
                 deleting: false,
                 status: Default::default(),
                 resource_version: 0,
+                created: None,
             };
             first.cluster.create_nodeclaim(nc).await.expect("created");
         }

@@ -100,8 +100,8 @@ impl Manifest {
                 let ctx = Ctx::new(object_name("Pod", &p.metadata));
                 let spec = p.spec.clone().ok_or_else(|| conv(doc)(ctx.err("spec", "a Pod needs a spec")))?;
                 let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-                let daemon = p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet");
-                let meta = pod_meta(&p.metadata, creation, daemon);
+                let (daemon, owned_by_node) = convert::owners(&p.metadata);
+                let meta = PodMeta { owned_by_node, ..pod_meta(&p.metadata, creation, daemon) };
                 let meta = PodMeta {
                     terminal: matches!(phase.as_str(), "Succeeded" | "Failed")
                         || p.metadata.deletion_timestamp.is_some(),
@@ -255,6 +255,7 @@ fn pod_meta(meta: &ObjectMeta, creation: i64, daemon: bool) -> PodMeta {
         annotations: meta.annotations.clone().unwrap_or_default(),
         creation,
         daemon,
+        owned_by_node: false,
         terminal: false,
     }
 }

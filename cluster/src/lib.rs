@@ -48,6 +48,12 @@ pub enum ClusterError {
     /// An eviction a PodDisruptionBudget does not allow now (HTTP 429 in Kubernetes).
     #[error("evicting pod {pod} would violate PodDisruptionBudget {pdb}")]
     DisruptionBudget { pod: String, pdb: String },
+    /// An eviction the API refuses because more than one PodDisruptionBudget covers the pod
+    /// (HTTP 500 in Kubernetes: "This pod has more than one PodDisruptionBudget, which the
+    /// eviction subresource does not support"). It stays refused until the budgets are mended,
+    /// so it is backed off like a budget's refusal and reported on the pod.
+    #[error("pod {pod} is covered by more than one PodDisruptionBudget, which the eviction API does not support")]
+    ManyPdbs { pod: String },
     /// The object changed since it was read (its resource version is not the precondition's).
     #[error("{kind} {name} changed since it was read")]
     Conflict { kind: &'static str, name: String },
@@ -65,6 +71,7 @@ impl ClusterError {
             ClusterError::AlreadyExists { .. } => "already_exists",
             ClusterError::NotFound { .. } => "not_found",
             ClusterError::DisruptionBudget { .. } => "disruption_budget",
+            ClusterError::ManyPdbs { .. } => "many_pdbs",
             ClusterError::Conflict { .. } => "conflict",
             ClusterError::Throttled { .. } => "throttled",
             ClusterError::Unavailable { .. } => "unavailable",
@@ -120,7 +127,17 @@ impl NodeClaimUpdate {
 
 /// The write side. Every method is one API call; none retries. Writes made from a read carry
 /// its resource version and fail with `Conflict` when the object changed since.
+///
+/// A writer may pace its calls (a client's rate limit, a pause a throttled answer asked for):
+/// [`ClusterWriter::ready`] waits that out, so a caller that must check something right
+/// before a call (the executor's term) checks it after the wait, not before it.
 pub trait ClusterWriter: Send + Sync {
+    /// Waits until a call made now would be sent without waiting for the writer's pacing
+    /// (none, for a writer that does not pace). Takes nothing: a call after it may still wait
+    /// briefly if others called in between.
+    fn ready(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
     /// Creates a NodeClaim named `claim.name`; a second create of the name is `AlreadyExists`.
     fn create_nodeclaim(&self, claim: NodeClaim) -> BoxFuture<'_, Result<u64, ClusterError>>;
     /// Reads one NodeClaim (with its resource version).

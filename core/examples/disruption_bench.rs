@@ -132,6 +132,7 @@ fn cluster(nodes: usize, seed: u64, churn: u32) -> Cluster {
             deleting: false,
             status: Default::default(),
             resource_version: 1,
+            created: None,
         };
         snap.nodeclaims.insert(id.clone(), Arc::new(nc));
         let name = format!("node-{n:05}");

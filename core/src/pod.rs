@@ -133,6 +133,10 @@ pub struct Pod {
     pub creation: i64,
     /// Owned by a DaemonSet: never provisioned for.
     pub daemon: bool,
+    /// Owned by its Node (`v1` `Node` owner reference): the API object of a static pod, which
+    /// the kubelet runs from a file and recreates whenever it is deleted. Such a mirror pod is
+    /// never provisioned for, evicted or moved (see [`Pod::is_mirror`]).
+    pub owned_by_node: bool,
     /// A node selector term uses `matchFields`, which Karpenter does not support.
     pub uses_match_fields: bool,
     /// Phase `Succeeded`/`Failed`, or being deleted: ignored for topology.
@@ -201,6 +205,9 @@ impl PodInterner {
     }
 }
 
+/// The annotation the kubelet writes on a mirror (static) pod.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
 impl Pod {
     /// A pod with a name, namespace and requests, for tests and generators.
     pub fn new(namespace: &str, name: &str, requests: ResourceList) -> Self {
@@ -214,14 +221,24 @@ impl Pod {
         r
     }
 
+    /// Whether it is a mirror pod: the API object of a static pod that the kubelet runs from
+    /// its own manifest (owned by its Node, or carrying `kubernetes.io/config.mirror`).
+    /// Evicting or deleting one achieves nothing (the kubelet writes it again), so a drain
+    /// never waits for it and an emptiness check never counts it, as in Karpenter
+    /// (`IsOwnedByNode`).
+    pub fn is_mirror(&self) -> bool {
+        self.owned_by_node || self.annotations.contains_key(MIRROR_ANNOTATION)
+    }
+
     /// Whether a node should be provisioned for it (Karpenter's `IsProvisionable`): unbound,
-    /// not finished or terminating, not a DaemonSet's, not nominated, not gated, and marked
-    /// unschedulable by the scheduler.
+    /// not finished or terminating, not a DaemonSet's or a mirror pod, not nominated, not
+    /// gated, and marked unschedulable by the scheduler.
     pub fn is_provisionable(&self) -> bool {
         self.node_name.is_none()
             && !self.terminal
             && !self.deleting
             && !self.daemon
+            && !self.is_mirror()
             && self.nominated_node.is_none()
             && !self.scheduling_gated
             && self.unschedulable

@@ -137,6 +137,7 @@ pub fn planned_claim(c: &NewClaim, pool: &PoolInput, zones: &[String], id: Strin
             deleting: false,
             status: NodeClaimStatus::default(),
             resource_version: 0,
+            created: None,
         },
         pods: c.pods.clone(),
     })

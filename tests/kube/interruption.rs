@@ -328,6 +328,9 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
             body(EventKind::StateChange("terminated"), &terminated.id, "e-terminated"),
             // Nothing to act on, and a body that is not an event at all.
             body(EventKind::StateChange("running"), &rebalanced.id, "e-running"),
+            // Another cluster's instance, in the account-wide queue: no claim here knows it.
+            body(EventKind::SpotInterruption, "i-0another0cluster", "e-other-spot"),
+            body(EventKind::StateChange("stopping"), "i-0another0cluster", "e-other-stopping"),
             "{\"version\": \"0\", \"source\": \"aws.ec2\", \"detail-type\": \"EC2 Spot Instance Interruption Warning\""
                 .into(),
         ];
@@ -349,9 +352,9 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
             let left = depth(&sqs, &url).await;
             let s = read_with(inner.as_ref(), State::clone).await.expect("read");
             let recorded: u64 = interrupted.iter().filter(|i| s.interruption(&i.id).is_some()).map(messages_of).sum();
-            // The rebalance, no-op and malformed messages need no record; the interrupted
-            // instances' messages go only once recorded.
-            let deletable = recorded + 3;
+            // The rebalance, no-op and malformed messages need no record, nor do the other
+            // cluster's two; the interrupted instances' messages go only once recorded.
+            let deletable = recorded + 5;
             assert!(sent - left <= deletable, "{} messages gone, {recorded} recorded", sent - left);
             looks += 1;
             if left == 0 {
@@ -392,9 +395,9 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
         }
         let stats = w.stats().await;
         let kinds: BTreeMap<&str, u64> = [
-            ("spot_interrupted", 2),
+            ("spot_interrupted", 3),
             ("scheduled_change", 1),
-            ("instance_stopped", 2),
+            ("instance_stopped", 3),
             ("instance_terminated", 2),
             ("capacity_reservation_interrupted", 1),
             ("rebalance_recommendation", 1),
@@ -412,6 +415,11 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
         assert_eq!(stats.tainted, 5, "{stats:?}");
         assert_eq!(stats.replacements, 5, "one pod a node, none fits elsewhere: a replacement each: {stats:?}");
         assert_eq!((stats.released, stats.failed_runs, stats.resumed), (0, 0, 0), "{stats:?}");
+        // The other cluster's notices: deleted and counted, never proposed (no record kept an
+        // hour, no offering marked unavailable).
+        assert_eq!(stats.unmatched, 2, "{stats:?}");
+        let s = read_with(inner.as_ref(), State::clone).await.expect("read");
+        assert!(s.interruption("i-0another0cluster").is_none(), "not recorded in the ledger");
         // A redelivery after the action committed (at-least-once): deleted, nothing done again.
         let duplicates = stats.duplicates;
         send(&sqs, &url, body(EventKind::SpotInterruption, &spot.id, "e-spot")).await;

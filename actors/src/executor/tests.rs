@@ -76,6 +76,7 @@ async fn a_refused_eviction_backs_off_per_pod_doubling_and_its_node_gets_one_fai
         deleting: false,
         status: dovetail_cluster::NodeClaimStatus { node_name: Some("n1".into()), ..Default::default() },
         resource_version: 0,
+        created: None,
     };
     cluster.create_nodeclaim(claim).await.expect("claim");
     let web = |i: usize| PodKey::new("default", &format!("web-{i}"));
@@ -145,13 +146,36 @@ async fn effects_of_a_stale_term_never_run() {
     assert_eq!(errors.counts().get("patch_node/fenced"), Some(&1));
 }
 
-/// A writer whose first node read never answers (a call cut off by a stopping actor).
-struct Hanging {
+/// A writer with faults a test asks for: its first node read never answers (`hang`: a call
+/// cut off by a stopping actor), and it paces its calls (`pacing`: a throttle pause) until the
+/// test opens the gate, in `ready` and in each node write, as the kube writer's rate limit
+/// does.
+struct Faulty {
     inner: Arc<SimCluster>,
+    hang: bool,
     hung: std::sync::atomic::AtomicBool,
+    pacing: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
-impl ClusterWriter for Hanging {
+impl Faulty {
+    fn of(inner: Arc<SimCluster>) -> Faulty {
+        Faulty { inner, hang: false, hung: std::sync::atomic::AtomicBool::new(false), pacing: None }
+    }
+
+    async fn paced(&self) {
+        if let Some(gate) = &self.pacing {
+            let mut gate = gate.clone();
+            if gate.wait_for(|open| *open).await.is_err() {
+                panic!("the test dropped the gate");
+            }
+        }
+    }
+}
+
+impl ClusterWriter for Faulty {
+    fn ready(&self) -> dovetail_cluster::BoxFuture<'_, ()> {
+        Box::pin(self.paced())
+    }
     fn create_nodeclaim(
         &self,
         c: dovetail_cluster::NodeClaim,
@@ -184,7 +208,7 @@ impl ClusterWriter for Hanging {
         self.inner.delete_nodeclaim(n)
     }
     fn get_node<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<Arc<Node>, ClusterError>> {
-        if !self.hung.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if self.hang && !self.hung.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Box::pin(std::future::pending());
         }
         self.inner.get_node(n)
@@ -195,7 +219,10 @@ impl ClusterWriter for Hanging {
         u: NodeUpdate,
         rv: u64,
     ) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
-        self.inner.update_node(n, u, rv)
+        Box::pin(async move {
+            self.paced().await;
+            self.inner.update_node(n, u, rv).await
+        })
     }
     fn delete_node<'a>(&'a self, n: &'a str) -> dovetail_cluster::BoxFuture<'a, Result<u64, ClusterError>> {
         self.inner.delete_node(n)
@@ -222,7 +249,7 @@ impl ClusterWriter for Hanging {
 async fn a_cancelled_effect_does_not_leave_its_key_in_flight() {
     let cluster = Arc::new(SimCluster::new());
     cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
-    let writer = Arc::new(Hanging { inner: cluster.clone(), hung: std::sync::atomic::AtomicBool::new(false) });
+    let writer = Arc::new(Faulty { hang: true, ..Faulty::of(cluster.clone()) });
     let ledger = Arc::new(InProcess::new());
     let ex = Executor::new(
         writer,
@@ -243,6 +270,41 @@ async fn a_cancelled_effect_does_not_leave_its_key_in_flight() {
     assert!(cluster.snapshot().nodes["n1"].taints.iter().any(|t| t.key == "karpenter.sh/disrupted"));
 }
 
+/// The term is checked after the writer's pacing, right before the write: a leader deposed
+/// while its write waited out a throttle pause writes nothing. (Checked before the wait, the
+/// write went out after the term had ended.)
+#[tokio::test]
+async fn a_write_that_waited_out_a_throttle_pause_is_fenced_if_the_term_ended_meanwhile() {
+    let cluster = Arc::new(SimCluster::new());
+    cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let writer = Arc::new(Faulty { pacing: Some(gate), ..Faulty::of(cluster.clone()) });
+    let ledger = Arc::new(InProcess::new());
+    let errors = Arc::new(Errors::new());
+    let ex = Executor::new(
+        writer,
+        ledger.clone(),
+        errors.clone(),
+        Default::default(),
+        ExecutorConfig::default(),
+        Arc::new(ManualClock::new()),
+    );
+    let run = {
+        let ex = ex.clone();
+        tokio::spawn(async move { ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await })
+    };
+    // The effect waits for the writer's pacing; meanwhile another node leads.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!run.is_finished(), "the write waits for the pause");
+    ledger.elect(0);
+    open.send_replace(true);
+    let done = tokio::time::timeout(std::time::Duration::from_secs(10), run).await.expect("ends").expect("joined");
+    assert_eq!(done[0].1, Done::Fenced);
+    assert!(cluster.snapshot().nodes["n1"].taints.is_empty(), "nothing written after the term ended");
+    assert_eq!(cluster.writes().get("update_node"), None, "no write call at all");
+    assert_eq!(errors.counts().get("patch_node/fenced"), Some(&1));
+}
+
 #[tokio::test]
 async fn a_conflict_that_outlives_the_retries_fails_and_is_counted() {
     let (cluster, _, ex, errors) = setup();
@@ -251,4 +313,69 @@ async fn a_conflict_that_outlives_the_retries_fails_and_is_counted() {
     let done = ex.run(dovetail_raft::FIRST_TERM, vec![taint_node("n1")]).await;
     assert!(matches!(done[0].1, Done::Failed(ClusterError::Conflict { .. })));
     assert_eq!(errors.counts().get("patch_node/conflict"), Some(&1));
+}
+
+#[tokio::test]
+async fn a_pod_covered_by_two_pdbs_is_backed_off_and_reported_on_the_pod_not_evicted_every_second() {
+    use dovetail_core::cluster::{IntOrPercent, Pdb};
+    use dovetail_core::labels::LabelSelector;
+    use dovetail_core::pod::Pod;
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    let (cluster, ledger, _, errors) = setup();
+    let clock = Arc::new(ManualClock::new());
+    let ex = Executor::new(
+        cluster.clone(),
+        ledger,
+        errors.clone(),
+        Default::default(),
+        ExecutorConfig::default(),
+        clock.clone(),
+    );
+    cluster.apply_node(Node { name: "n1".into(), ..Node::default() });
+    let web = PodKey::new("default", "web-0");
+    let app = BTreeMap::from([("app".to_string(), "web".to_string())]);
+    cluster.apply_pod(Pod { key: web.clone(), labels: app.clone().into(), ..Pod::default() });
+    cluster.bind(&web, "n1").expect("bind");
+    // Two budgets select the pod, each allowing a disruption: the eviction API refuses it
+    // anyway (HTTP 500 on a real server).
+    for name in ["web", "web-too"] {
+        cluster.apply_pdb(Pdb {
+            key: PodKey::new("default", name),
+            selector: LabelSelector::new(app.clone(), Vec::new()),
+            min_available: None,
+            max_unavailable: Some(IntOrPercent::Int(1)),
+            disruptions_allowed: 1,
+        });
+    }
+    let calls = || cluster.writes().get("evict").copied().unwrap_or(0);
+    let run = || {
+        let ex = ex.clone();
+        let web = web.clone();
+        async move {
+            ex.run(dovetail_raft::FIRST_TERM, vec![Effect::new("default-abcde", Action::Evict(web))]).await.remove(0).1
+        }
+    };
+    assert!(matches!(run().await, Done::Failed(ClusterError::ManyPdbs { .. })));
+    // A reconcile a second later asks again: the pod is backing off, nothing is sent.
+    clock.advance(Duration::from_millis(50));
+    assert_eq!(run().await, Done::BackingOff);
+    assert_eq!(calls(), 1, "asked once, not at every reconcile");
+    // Over a minute of reconciles every second, the waits double up to the cap: a handful of
+    // calls, not sixty.
+    for _ in 0..60 {
+        clock.advance(Duration::from_secs(1));
+        let done = run().await;
+        assert!(matches!(done, Done::BackingOff | Done::Failed(ClusterError::ManyPdbs { .. })), "{done:?}");
+    }
+    assert!(calls() <= 15, "{} evictions in a minute", calls());
+    assert!(ex.backing_off(&web), "still refused, still backing off");
+    // The misconfiguration is said once, on the pod itself, naming what to mend.
+    let events: Vec<_> = cluster.events().into_iter().filter(|e| e.reason == "FailedEviction").collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!((events[0].kind, events[0].name.as_str(), events[0].warning), (ObjectKind::Pod, "default/web-0", true));
+    assert!(events[0].message.contains("more than one PodDisruptionBudget"), "{}", events[0].message);
+    assert_eq!(errors.counts().get("evict/many_pdbs").copied(), Some(calls()), "each refusal is counted");
+    assert!(cluster.snapshot().pods.get(&web).is_some(), "the pod stays where it is");
 }

@@ -96,6 +96,9 @@ pub struct InterruptionStats {
     pub duplicates: u64,
     /// Notices that only brought a recorded instance's deadline earlier.
     pub earlier: u64,
+    /// Notices for instances no claim of the ledger or NodeClaim of the cluster knows
+    /// (another cluster's, in an account-wide queue): dropped before the ledger.
+    pub unmatched: u64,
     /// Instances a failed run recorded and did not size, tainted and sized by a later one.
     pub resumed: u64,
     /// Interrupted nodes whose taint the cluster took.
@@ -472,6 +475,8 @@ impl InterruptionActor {
         s.tainted += acted.tainted;
         s.acted += acted.acted;
         s.duplicates += acted.duplicates;
+        s.unmatched += acted.unmatched;
+        self.executor.metrics().interruption_unmatched(acted.unmatched);
         s.replacements += acted.replacements;
         s.replacements_denied += acted.denied;
         s.pods_on_existing += acted.on_existing;

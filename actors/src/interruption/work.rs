@@ -36,6 +36,8 @@ pub(super) struct Acted {
     pub(super) resumed: u64,
     /// Nodes whose taint the cluster took.
     pub(super) tainted: u64,
+    /// Notices for instances no claim knows, dropped.
+    pub(super) unmatched: u64,
     pub(super) replacements: u64,
     pub(super) denied: u64,
     pub(super) on_existing: u64,
@@ -107,12 +109,22 @@ struct Classified {
     resume: Vec<(String, String)>,
     /// Notices for instances the ledger knows, with nothing new (deleted, nothing done).
     duplicates: u64,
+    /// Notices for instances no claim of the ledger and no NodeClaim of the cluster knows:
+    /// dropped (deleted, counted), never proposed. Karpenter's EventBridge rules forward the
+    /// whole account's state changes; another cluster's or a plain EC2 user's instances are
+    /// none of this ledger's business (an hour of records and a log entry each).
+    unmatched: u64,
 }
 
-/// Reads `notices` against `s`.
-fn classify(s: &State, notices: Vec<Notice>) -> Classified {
+/// Reads `notices` against `s`; `in_cluster` says whether a NodeClaim of the cluster names an
+/// instance (one the ledger may not know yet: adopted at the next reconcile).
+fn classify(s: &State, notices: Vec<Notice>, in_cluster: &dyn Fn(&str) -> bool) -> Classified {
     let mut c = Classified::default();
     for n in notices {
+        if n.claim.is_none() && s.interruption(&n.instance).is_none() && !in_cluster(&n.instance) {
+            c.unmatched += 1;
+            continue;
+        }
         match s.interruption(&n.instance) {
             Some(r) if !n.acts || r.acts => {
                 if r.acts
@@ -224,14 +236,24 @@ impl Work {
         let settings = self.cfg.lifecycle.interruption;
         let now = self.clock.now_millis();
         let mut since = now;
-        // 1. The notices, read against the ledger's records.
+        // The instances the cluster's NodeClaims name (readable or not), for notices the
+        // ledger does not know.
+        let snap = self.view.snapshot();
+        let in_cluster = move |instance: &str| {
+            let ends_with = |p: &str| p.rsplit('/').next() == Some(instance);
+            snap.nodeclaims.values().any(|nc| nc.status.provider_id.as_deref().is_some_and(ends_with))
+                || snap.unreadable.values().any(|u| u.provider_id.as_deref().is_some_and(ends_with))
+        };
+        // 1. The notices, read against the ledger's records; those of instances nobody here
+        // knows are dropped before anything is proposed.
         let plan = read_with(&*self.ledger, move |s| {
             let notices = interruption::notices(&events, |i| s.claim_of_instance(i), &settings);
-            classify(s, notices)
+            classify(s, notices, &in_cluster)
         })
         .await
         .map_err(|e| NotActed::Ledger(e.to_string()))?;
         acted.duplicates = plan.duplicates;
+        acted.unmatched = plan.unmatched;
         if plan.propose.is_empty() && plan.resume.is_empty() {
             return Ok((acted, None));
         }
@@ -503,6 +525,7 @@ mod tests {
                     ..NodeClaimStatus::default()
                 },
                 resource_version: 1,
+                created: None,
             };
             snap.nodeclaims.insert((*name).into(), Arc::new(c));
         }

@@ -63,6 +63,7 @@ pub struct Metrics {
     launch_failures: Family<Labels, Counter>,
     interruption_received: Family<Labels, Counter>,
     interruption_deleted: Counter,
+    interruption_unmatched: Counter,
     interruption_queue_duration: Histogram,
     proposals: Family<Labels, Counter>,
     proposal_duration: Histograms,
@@ -189,6 +190,11 @@ impl Metrics {
     /// Interruption messages deleted from their queue.
     pub fn interruption_deleted(&self, n: u64) {
         self.interruption_deleted.inc_by(n);
+    }
+
+    /// Interruption notices dropped: no claim knows their instance.
+    pub fn interruption_unmatched(&self, n: u64) {
+        self.interruption_unmatched.inc_by(n);
     }
 
     /// A message's time in its queue: from EC2's sending to its receipt.

@@ -29,6 +29,7 @@ impl Metrics {
             launch_failures: Family::default(),
             interruption_received: Family::default(),
             interruption_deleted: Counter::default(),
+            interruption_unmatched: Counter::default(),
             interruption_queue_duration: duration_histogram(),
             proposals: Family::default(),
             proposal_duration: histograms(),
@@ -115,6 +116,11 @@ impl Metrics {
                 "karpenter_interruption_deleted_messages",
                 "Number of interruption messages deleted from the queue",
                 m.interruption_deleted.clone(),
+            );
+            r.register(
+                "dovetail_interruption_unmatched_notices",
+                "Interruption notices for instances no NodeClaim of this cluster knows (another cluster's, in an account-wide queue): deleted, never recorded",
+                m.interruption_unmatched.clone(),
             );
             r.register(
                 "karpenter_interruption_message_queue_duration_seconds",

@@ -88,6 +88,7 @@ async fn leaked_instances_and_their_nodes_go_after_the_grace_known_ones_stay_and
         deleting: false,
         status: NodeClaimStatus::default(),
         resource_version: 0,
+        created: None,
     };
     cluster.create_nodeclaim(nc).await.expect("created");
     registered(&ledger, "held", &held).await;
@@ -172,4 +173,63 @@ async fn leaked_instances_and_their_nodes_go_after_the_grace_known_ones_stay_and
     assert_eq!(sum("dovetail_garbage_collected_instances_total"), 1.0, "{text}");
     assert_eq!(sum("dovetail_garbage_collected_nodes_total"), 2.0, "{text}");
     assert_eq!(sum("dovetail_garbage_collected_nodeclaims_total"), 1.0, "{text}");
+}
+
+#[actix_rt::test]
+async fn garbage_collection_never_terminates_what_a_nodeclaim_it_cannot_read_owns() {
+    use dovetail_core::cluster::{Unreadable, UnreadableKind};
+    let clock = Arc::new(ManualClock::new());
+    let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+    let cluster = Arc::new(SimCluster::new());
+    let ledger = Arc::new(InProcess::new());
+    propose(ledger.as_ref(), 0, Command::SetPool { pool: "default".into(), limits: ResourceList::new() }).await;
+    // Two instances whose NodeClaims a newer Karpenter wrote with a field the adapter cannot
+    // convert: one names its instance (launched), one is still known by its claim tag only.
+    let named = launch(&cloud, "from-a-newer-karpenter").await;
+    let tagged = launch(&cloud, "still-launching").await;
+    let leaked = launch(&cloud, "deleted-while-launching").await;
+    let unreadable = |name: &str, provider_id: Option<String>| Unreadable {
+        kind: UnreadableKind::NodeClaim,
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        provider_id,
+        labels: [(dovetail_core::labels::NODEPOOL.to_string(), "default".to_string())].into(),
+        error: "NodeClaim: spec.requirements[0].operator: unknown operator \"Gte\"".into(),
+    };
+    cluster.make_unreadable(unreadable("from-a-newer-karpenter", Some(format!("aws:///{ZONE}/{named}"))));
+    cluster.make_unreadable(unreadable("still-launching", None));
+    // The named instance's Node, NotReady (its kubelet restarting) with the NodeClaim as owner.
+    let mut node = Node {
+        name: "newer-node".into(),
+        provider_id: Some(format!("aws:///{ZONE}/{named}")),
+        owner_claim: Some("from-a-newer-karpenter".into()),
+        finalizers: vec![TERMINATION_FINALIZER.into()],
+        ready: false,
+        ..Node::default()
+    };
+    node.labels.insert(dovetail_core::labels::NODEPOOL.into(), "default".into());
+    cluster.apply_node(node);
+    let gc = Gc {
+        cloud: cloud.clone(),
+        ledger: ledger.clone(),
+        view: cluster.clone(),
+        cluster: cluster.clone(),
+        clock: clock.clone(),
+        errors: Arc::new(Errors::new()),
+        metrics: Default::default(),
+        cfg: GcConfig { every: Duration::from_secs(120), grace: Duration::from_secs(30) },
+    };
+    clock.advance(Duration::from_secs(60));
+    let out = gc.pass().await;
+    assert_eq!(out.terminated, std::slice::from_ref(&leaked), "only the truly leaked one: {out:?}");
+    assert!(out.nodes.is_empty(), "the unreadable NodeClaim's Node is not an orphan: {out:?}");
+    let live: Vec<String> = cloud
+        .instances()
+        .into_iter()
+        .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Running))
+        .map(|i| i.id)
+        .collect();
+    assert!(live.contains(&named) && live.contains(&tagged), "{live:?}");
+    use dovetail_cluster::ClusterView;
+    assert!(cluster.snapshot().nodes.contains_key("newer-node"));
 }

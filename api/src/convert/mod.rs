@@ -23,7 +23,7 @@ pub use nodeclaim::{
 };
 pub use nodeclass::{node_class_settings, validate_nodeclass};
 pub use nodepool::{default_nodepool, nodepool};
-pub use pod::{PodMeta, node, pod_from_spec, pod_object};
+pub use pod::{PodMeta, kept_annotation, node, owners, pod_from_spec, pod_object};
 pub use storage::{class_topology, volume_claim, volume_topology};
 
 /// A field of an object that could not be converted.

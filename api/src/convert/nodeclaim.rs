@@ -176,6 +176,7 @@ pub fn nodeclaim_from_object(nc: &crd::NodeClaim) -> Result<dovetail_core::clust
             conditions,
         },
         resource_version: nc.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
+        created: nc.metadata.creation_timestamp.as_ref().and_then(|t| u64::try_from(t.0.as_millisecond()).ok()),
     })
 }
 

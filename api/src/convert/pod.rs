@@ -14,9 +14,24 @@ use k8s_openapi::api::core::v1 as core;
 
 use super::{ConversionError, Ctx, label_selector, requirements, resource_list, taint};
 
-/// The annotations a pod keeps: dovetail reads Karpenter's (`karpenter.sh/do-not-disrupt`)
-/// and no others, so a cache of many pods does not hold everything tools write there.
-pub const KEPT_ANNOTATIONS: &str = "karpenter.sh/";
+/// The annotations a pod keeps: the ones dovetail reads, and no others, so a cache of many
+/// pods does not hold everything tools write there.
+/// - Karpenter's (`karpenter.sh/do-not-disrupt`);
+/// - `kubernetes.io/config.mirror`, which marks a static pod's mirror (never evicted, never
+///   counted on its node);
+/// - `controller.kubernetes.io/pod-deletion-cost`, which the disruption cost reads.
+pub fn kept_annotation(key: &str) -> bool {
+    key.starts_with("karpenter.sh/")
+        || key == dovetail_core::pod::MIRROR_ANNOTATION
+        || key == dovetail_core::disruption::candidates::DELETION_COST_ANNOTATION
+}
+
+/// What a pod's owner references say: whether a DaemonSet owns it, and whether its Node does
+/// (`v1` `Node`: a static pod's mirror, as Karpenter's `IsOwnedByNode` reads it).
+pub fn owners(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (bool, bool) {
+    let refs = || meta.owner_references.iter().flatten();
+    (refs().any(|o| o.kind == "DaemonSet"), refs().any(|o| o.kind == "Node" && o.api_version == "v1"))
+}
 
 /// The identity and metadata a pod gets (from its own metadata or a workload's).
 #[derive(Clone, Debug, Default)]
@@ -28,6 +43,8 @@ pub struct PodMeta {
     /// Orders pods of equal size.
     pub creation: i64,
     pub daemon: bool,
+    /// Owned by its Node: a mirror pod.
+    pub owned_by_node: bool,
     pub terminal: bool,
 }
 
@@ -290,11 +307,12 @@ pub fn pod_from_spec(ctx: &Ctx, field: &str, meta: PodMeta, spec: &core::PodSpec
         priority: spec.priority.unwrap_or(0),
         creation: meta.creation,
         daemon: meta.daemon,
+        owned_by_node: meta.owned_by_node,
         uses_match_fields,
         terminal: meta.terminal,
         volume_requirements: Vec::new(),
         volume_claims,
-        annotations: meta.annotations.into_iter().filter(|(k, _)| k.starts_with(KEPT_ANNOTATIONS)).collect(),
+        annotations: meta.annotations.into_iter().filter(|(k, _)| kept_annotation(k)).collect(),
         termination_grace_seconds: spec.termination_grace_period_seconds,
         scheduling_gated: spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()),
         scheduler_name: spec.scheduler_name.clone().filter(|s| !s.is_empty() && s != "default-scheduler"),
@@ -374,13 +392,15 @@ pub fn pod_object(p: &core::Pod) -> Result<Pod, ConversionError> {
     let spec = p.spec.as_ref().ok_or_else(|| ctx.err("spec", "a Pod needs a spec"))?;
     let status = p.status.as_ref();
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or_default();
+    let (daemon, owned_by_node) = owners(meta);
     let pm = PodMeta {
         namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
         name: meta.name.clone().unwrap_or_default(),
         labels: meta.labels.clone().unwrap_or_default(),
         annotations: meta.annotations.clone().unwrap_or_default(),
         creation: meta.creation_timestamp.as_ref().map_or(0, |t| t.0.as_millisecond()),
-        daemon: meta.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet"),
+        daemon,
+        owned_by_node,
         terminal: matches!(phase, "Succeeded" | "Failed"),
     };
     let mut pod = pod_from_spec(&ctx, "spec", pm, spec)?;
@@ -392,4 +412,47 @@ pub fn pod_object(p: &core::Pod) -> Result<Pod, ConversionError> {
     pod.nominated_node = status.and_then(|s| s.nominated_node_name.clone()).filter(|n| !n.is_empty());
     pod.started_at = status.and_then(|s| s.start_time.as_ref()).and_then(|t| u64::try_from(t.0.as_millisecond()).ok());
     Ok(pod)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(value: serde_json::Value) -> Pod {
+        let p: core::Pod = serde_json::from_value(value).expect("a pod");
+        pod_object(&p).expect("converts")
+    }
+
+    #[test]
+    fn a_static_pods_mirror_keeps_what_says_so_and_the_deletion_cost_survives() {
+        let mirror = live(serde_json::json!({
+            "metadata": {"name": "kube-proxy-ip-1", "namespace": "kube-system",
+                         "annotations": {"kubernetes.io/config.mirror": "abc", "kubernetes.io/config.source": "file",
+                                         "kubernetes.io/config.hash": "abc"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "ip-1", "uid": "u1"}]},
+            "spec": {"nodeName": "ip-1", "containers": [{"name": "proxy"}]}
+        }));
+        assert!(mirror.owned_by_node && mirror.is_mirror());
+        assert_eq!(mirror.annotations.keys().collect::<Vec<_>>(), ["kubernetes.io/config.mirror"]);
+        // Owned by its Node alone (an annotation some tool stripped): still a mirror.
+        let owned = live(serde_json::json!({
+            "metadata": {"name": "nginx-proxy-ip-1", "namespace": "kube-system",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "ip-1", "uid": "u1"}]},
+            "spec": {"nodeName": "ip-1", "containers": [{"name": "proxy"}]}
+        }));
+        assert!(owned.is_mirror());
+        assert!(!owned.is_provisionable(), "never provisioned for");
+        let web = live(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "shop",
+                         "annotations": {"controller.kubernetes.io/pod-deletion-cost": "-100",
+                                         "karpenter.sh/do-not-disrupt": "true", "prometheus.io/scrape": "true"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "u2"}]},
+            "spec": {"containers": [{"name": "app"}]}
+        }));
+        assert!(!web.is_mirror() && !web.daemon);
+        assert_eq!(
+            web.annotations.keys().collect::<Vec<_>>(),
+            ["controller.kubernetes.io/pod-deletion-cost", "karpenter.sh/do-not-disrupt"]
+        );
+    }
 }

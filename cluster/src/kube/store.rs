@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dovetail_api::convert::{self, ConversionError, Ctx};
 use dovetail_api::crd;
-use dovetail_core::cluster::{IntOrPercent, NodeClaim, Pdb, Snapshot, VolumeClaim, VolumeError};
+use dovetail_core::cluster::{
+    IntOrPercent, NodeClaim, Pdb, Snapshot, Unreadable, UnreadableKind, VolumeClaim, VolumeError,
+};
 use dovetail_core::labels::Labels;
 use dovetail_core::node::Node;
 use dovetail_core::nodepool::NodePool;
@@ -71,35 +73,35 @@ pub struct Store {
     pub interner: PodInterner,
 }
 
-impl Store {
-    /// The snapshot handed out: the caches, with each pending pod's volume claims resolved
-    /// into its topology alternatives. A pod whose claims cannot be resolved (a claim, its
-    /// volume or its class not found) is left out, as Karpenter does not provision for it;
-    /// why is logged once per change.
-    pub fn view(&mut self) -> Snapshot {
-        let mut snap = self.snap.clone();
-        let with_volumes: Vec<Arc<Pod>> =
-            snap.pods.pending().filter(|p| !p.volume_claims.is_empty()).cloned().collect();
-        let mut errors = BTreeMap::new();
-        for pod in with_volumes {
-            match snap.storage.requirements(&pod) {
-                Ok(reqs) => {
-                    let mut p = pod.as_ref().clone();
-                    p.volume_requirements = reqs;
-                    snap.pods.insert(p.key.clone(), Arc::new(p));
+/// The snapshot handed out: the caches, with each pending pod's volume claims resolved into
+/// its topology alternatives. A pod whose claims cannot be resolved (a claim, its volume or
+/// its class not found) is left out, as Karpenter does not provision for it; why is logged
+/// once per change (`said`: what the last snapshot said, replaced by what this one finds).
+///
+/// It works on a copy taken under the store's lock, which is cheap (the pods are a
+/// [`dovetail_core::cluster::chunked::ChunkedMap`]: a pointer per chunk); nothing here holds
+/// the lock the watches need.
+pub fn resolve_volumes(mut snap: Snapshot, said: &mut BTreeMap<PodKey, VolumeError>) -> Snapshot {
+    let with_volumes: Vec<Arc<Pod>> = snap.pods.pending().filter(|p| !p.volume_claims.is_empty()).cloned().collect();
+    let mut errors = BTreeMap::new();
+    for pod in with_volumes {
+        match snap.storage.requirements(&pod) {
+            Ok(reqs) => {
+                let mut p = pod.as_ref().clone();
+                p.volume_requirements = reqs;
+                snap.pods.insert(p.key.clone(), Arc::new(p));
+            }
+            Err(e) => {
+                if said.get(&pod.key) != Some(&e) {
+                    tracing::warn!(pod = %pod.key, error = %e, "not provisioning for pod {}: {e}", pod.key);
                 }
-                Err(e) => {
-                    if self.volume_errors.get(&pod.key) != Some(&e) {
-                        tracing::warn!(pod = %pod.key, error = %e, "not provisioning for pod {}: {e}", pod.key);
-                    }
-                    snap.pods.remove(&pod.key);
-                    errors.insert(pod.key.clone(), e);
-                }
+                snap.pods.remove(&pod.key);
+                errors.insert(pod.key.clone(), e);
             }
         }
-        self.volume_errors = errors;
-        snap
     }
+    *said = errors;
+    snap
 }
 
 /// The store with its change signal.
@@ -192,6 +194,36 @@ impl Cached for k8s::Pod {
     }
 }
 
+/// Keeps an object that could not be converted by identity ([`Unreadable`]), with the error
+/// its conversion recorded.
+fn keep_unreadable(
+    store: &mut Store,
+    kind: UnreadableKind,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    provider_id: Option<String>,
+) {
+    let name = meta.name.clone().unwrap_or_default();
+    let key = Unreadable::key(kind, &name);
+    let error = store.invalid.get(&key).map(ToString::to_string).unwrap_or_default();
+    let kept = Unreadable {
+        kind,
+        name,
+        uid: meta.uid.clone().unwrap_or_default(),
+        provider_id: provider_id.filter(|p| !p.is_empty()),
+        labels: meta.labels.clone().unwrap_or_default(),
+        error,
+    };
+    store.snap.unreadable.insert(key, Arc::new(kept));
+}
+
+fn forget_unreadable(store: &mut Store, kind: UnreadableKind, name: &str) {
+    store.snap.unreadable.remove(&Unreadable::key(kind, name));
+}
+
+fn clear_unreadable(store: &mut Store, kind: UnreadableKind) {
+    store.snap.unreadable.retain(|_, u| u.kind != kind);
+}
+
 impl Cached for k8s::Node {
     const KIND: &'static str = "Node";
     type Item = Node;
@@ -199,13 +231,21 @@ impl Cached for k8s::Node {
         convert::node(&Ctx::new(format!("Node {}", self.id())), self)
     }
     fn upsert(store: &mut Store, item: Node) {
+        forget_unreadable(store, UnreadableKind::Node, &item.name);
         store.snap.nodes.insert(item.name.clone(), Arc::new(item));
     }
     fn remove(store: &mut Store, id: &str) {
+        forget_unreadable(store, UnreadableKind::Node, id);
         store.snap.nodes.remove(id);
     }
     fn clear(store: &mut Store) {
+        clear_unreadable(store, UnreadableKind::Node);
         store.snap.nodes.clear();
+    }
+    /// A Node that cannot be read still stands on its instance: nothing takes it for lost.
+    fn remember_invalid(&self, store: &mut Store) {
+        let provider_id = self.spec.as_ref().and_then(|s| s.provider_id.clone());
+        keep_unreadable(store, UnreadableKind::Node, &self.metadata, provider_id);
     }
 }
 
@@ -217,19 +257,28 @@ impl Cached for crd::NodeClaim {
         Ok((convert::nodeclaim_from_object(self)?, conditions, self.metadata.uid.clone().unwrap_or_default()))
     }
     fn upsert(store: &mut Store, (claim, conditions, uid): Self::Item) {
+        forget_unreadable(store, UnreadableKind::NodeClaim, &claim.name);
         store.claim_conditions.insert(claim.name.clone(), conditions);
         store.claim_uids.insert(claim.name.clone(), uid);
         store.snap.nodeclaims.insert(claim.name.clone(), Arc::new(claim));
     }
     fn remove(store: &mut Store, id: &str) {
+        forget_unreadable(store, UnreadableKind::NodeClaim, id);
         store.claim_conditions.remove(id);
         store.claim_uids.remove(id);
         store.snap.nodeclaims.remove(id);
     }
     fn clear(store: &mut Store) {
+        clear_unreadable(store, UnreadableKind::NodeClaim);
         store.claim_conditions.clear();
         store.claim_uids.clear();
         store.snap.nodeclaims.clear();
+    }
+    /// A NodeClaim that cannot be read (a newer Karpenter's field) still owns its instance
+    /// and its Node: kept by identity, so neither looks orphaned to garbage collection.
+    fn remember_invalid(&self, store: &mut Store) {
+        let provider_id = self.status.as_ref().and_then(|s| s.provider_id.clone());
+        keep_unreadable(store, UnreadableKind::NodeClaim, &self.metadata, provider_id);
     }
 }
 
@@ -315,6 +364,7 @@ impl Cached for DaemonSet {
             annotations: tmeta.annotations.unwrap_or_default(),
             creation: 0,
             daemon: true,
+            owned_by_node: false,
             terminal: false,
         };
         convert::pod_from_spec(&ctx, "spec.template.spec", meta, template)
@@ -470,7 +520,8 @@ impl Cached for DynamicObject {
 /// Follows one kind until the stream ends (never, in practice: the watcher relists after a
 /// 410 and retries errors with backoff).
 pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher::Config) {
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut config = config;
+    let mut events = watcher::watcher(api.clone(), config.clone()).default_backoff().boxed();
     let mut listing: Option<Vec<K::Item>> = None;
     // Every object the (re)list returned, valid or not: an invalid one deleted while the watch
     // was down must not stay reported.
@@ -534,11 +585,25 @@ pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher
                 });
             }
             Err(e) => {
-                tracing::warn!(kind = K::KIND, error = %e, "watch of {} failed; retrying with backoff", K::KIND);
                 *shared.lock().watch_errors.entry(K::KIND).or_default() += 1;
+                if config.initial_list_strategy == watcher::InitialListStrategy::StreamingList && refuses_streaming(&e)
+                {
+                    // An API server of a mixed-version group (or with the feature turned off
+                    // since discovery) refuses streamed lists: this kind lists instead.
+                    tracing::warn!(kind = K::KIND, error = %e, "the API server refused a streamed list of {}; listing instead", K::KIND);
+                    config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
+                    events = watcher::watcher(api.clone(), config.clone()).default_backoff().boxed();
+                    continue;
+                }
+                tracing::warn!(kind = K::KIND, error = %e, "watch of {} failed; retrying with backoff", K::KIND);
             }
         }
     }
+}
+
+/// Whether a watch error is the server refusing a streamed list (422 at the watch's start).
+fn refuses_streaming(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 422)
 }
 
 /// The object converted, or `None` with the error recorded (named by object and field) and

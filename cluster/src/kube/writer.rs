@@ -94,6 +94,10 @@ pub fn taints_json<'a>(taints: impl IntoIterator<Item = &'a dovetail_core::taint
 }
 
 impl ClusterWriter for KubeCluster {
+    fn ready(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.paced())
+    }
+
     fn create_nodeclaim(&self, claim: NodeClaim) -> BoxFuture<'_, Result<u64, ClusterError>> {
         Box::pin(async move {
             self.admit().await;
@@ -268,6 +272,13 @@ impl ClusterWriter for KubeCluster {
                         return Err(ClusterError::Throttled { kind: "pod", name: pod.to_string() });
                     }
                     Err(ClusterError::DisruptionBudget { pod: pod.to_string(), pdb })
+                }
+                // Several PodDisruptionBudgets cover the pod: the eviction subresource answers
+                // 500 (an internal error) and will until the budgets are mended.
+                Err(kube::Error::Api(s))
+                    if s.code == 500 && s.message.contains("more than one PodDisruptionBudget") =>
+                {
+                    Err(ClusterError::ManyPdbs { pod: pod.to_string() })
                 }
                 // The pod's namespace is being deleted (the API refuses new content there,
                 // evictions included): the namespace controller deletes the pod; the drain

@@ -32,6 +32,9 @@ pub struct SimCluster {
     state: Mutex<State>,
     tx: watch::Sender<u64>,
     synced: AtomicBool,
+    /// The API server's clock: NodeClaims created get their `creationTimestamp` from it
+    /// (without one, none, as a test that does not care).
+    clock: Option<Arc<dyn dovetail_core::clock::Clock>>,
 }
 
 struct State {
@@ -67,7 +70,13 @@ impl SimCluster {
             interner: PodInterner::default(),
             deleted: Default::default(),
         };
-        SimCluster { state: Mutex::new(state), tx: watch::channel(0).0, synced: AtomicBool::new(true) }
+        SimCluster { state: Mutex::new(state), tx: watch::channel(0).0, synced: AtomicBool::new(true), clock: None }
+    }
+
+    /// The same, stamping the objects it creates with `clock`'s time, as an API server does.
+    pub fn with_clock(mut self, clock: Arc<dyn dovetail_core::clock::Clock>) -> Self {
+        self.clock = Some(clock);
+        self
     }
 
     /// Whether the view reports the initial lists in (a cache warming up says no).
@@ -182,6 +191,21 @@ impl SimCluster {
         });
         debug_assert!(changed.is_ok(), "an infallible change");
         gone
+    }
+
+    /// Makes an object unreadable, as a NodeClaim of a newer Karpenter is to the kube adapter:
+    /// it leaves the typed caches and is kept by identity only
+    /// ([`dovetail_core::cluster::Unreadable`]).
+    pub fn make_unreadable(&self, u: dovetail_core::cluster::Unreadable) -> u64 {
+        self.change(|s, _| {
+            match u.kind {
+                dovetail_core::cluster::UnreadableKind::NodeClaim => s.nodeclaims.remove(&u.name).map(|_| ()),
+                dovetail_core::cluster::UnreadableKind::Node => s.nodes.remove(&u.name).map(|_| ()),
+            };
+            s.unreadable.insert(dovetail_core::cluster::Unreadable::key(u.kind, &u.name), Arc::new(u));
+            Ok(())
+        })
+        .unwrap_or_default()
     }
 
     /// Binds a pending pod to a node (what kube-scheduler does).
@@ -455,6 +479,8 @@ fn precondition(kind: &'static str, name: &str, have: u64, want: u64) -> Result<
 
 impl SimCluster {
     fn create_nodeclaim_now(&self, mut claim: NodeClaim) -> Result<u64, ClusterError> {
+        // The server's time, never the caller's.
+        claim.created = self.clock.as_ref().map(|c| c.now_millis());
         self.write("create_nodeclaim", None, |s, v| {
             if s.nodeclaims.contains_key(&claim.name) {
                 return Err(ClusterError::AlreadyExists { kind: "nodeclaim", name: claim.name.clone() });
@@ -536,21 +562,31 @@ impl SimCluster {
         self.write("evict", None, |s, _| {
             let p = s.pods.get(pod).ok_or_else(|| not_found("pod", pod.to_string()))?;
             let counted = p.node_name.as_ref().is_some_and(|n| s.nodes.contains_key(n));
-            if counted
-                && let Some(pdb) = s.pdbs.values().find(|b| {
-                    b.key.namespace == pod.namespace && b.selector.matches(&p.labels) && b.disruptions_allowed <= 0
-                })
-            {
+            let covering: Vec<_> =
+                s.pdbs.values().filter(|b| b.key.namespace == pod.namespace && b.selector.matches(&p.labels)).collect();
+            // As the eviction subresource: a running pod several budgets cover is refused (500).
+            if counted && covering.len() > 1 {
+                return Err(ClusterError::ManyPdbs { pod: pod.to_string() });
+            }
+            if counted && let Some(pdb) = covering.iter().find(|b| b.disruptions_allowed <= 0) {
                 return Err(ClusterError::DisruptionBudget { pod: pod.to_string(), pdb: pdb.key.to_string() });
             }
-            s.pods.remove(pod);
+            // A mirror pod's kubelet writes it again at once while its node runs.
+            if !(counted && p.is_mirror()) {
+                s.pods.remove(pod);
+            }
             Ok(())
         })
     }
 
     fn delete_pod_now(&self, key: &PodKey, grace_seconds: Option<i64>) -> Result<u64, ClusterError> {
         let v = self.write("delete_pod", None, |s, _| {
-            s.pods.remove(key).map(|_| ()).ok_or_else(|| not_found("pod", key.to_string()))
+            let p = s.pods.get(key).ok_or_else(|| not_found("pod", key.to_string()))?;
+            // A mirror pod's kubelet writes it again at once while its node runs.
+            if !(p.is_mirror() && p.node_name.as_ref().is_some_and(|n| s.nodes.contains_key(n))) {
+                s.pods.remove(key);
+            }
+            Ok(())
         })?;
         let mut state = self.lock();
         if state.deleted.len() >= EVENTS_KEPT {
@@ -680,6 +716,7 @@ mod tests {
             deleting: false,
             status: NodeClaimStatus::default(),
             resource_version: 0,
+            created: None,
         }
     }
 
@@ -815,13 +852,19 @@ mod tests {
 
         c.apply_pod(pod("a", "web"));
         assert_eq!(c.schedule(), 0, "the unregistered taint keeps pods off");
-        assert!(c.snapshot().pods[&PodKey::new("default", "a")].unschedulable, "marked as kube-scheduler marks it");
+        assert!(
+            c.snapshot().pods.get(&PodKey::new("default", "a")).expect("the pod").unschedulable,
+            "marked as kube-scheduler marks it"
+        );
         let mut update = NodeUpdate::of(&n);
         update.taints.clear();
         c.update_node("ip-10-0-0-1", update, n.resource_version).await.expect("registered by the lifecycle");
         assert_eq!(c.schedule(), 1);
         assert_eq!(c.snapshot().pods_on("ip-10-0-0-1").count(), 1);
-        assert!(!c.snapshot().pods[&PodKey::new("default", "a")].unschedulable, "bound pods lose the mark");
+        assert!(
+            !c.snapshot().pods.get(&PodKey::new("default", "a")).expect("the pod").unschedulable,
+            "bound pods lose the mark"
+        );
         // A pod too big for any node stays pending, marked; a gated one is not looked at.
         let mut big = pod("big", "web");
         big.requests = ResourceList::cpu_mem(64_000, 1 << 30);

@@ -394,6 +394,7 @@ mod tests {
             deleting: false,
             status: Default::default(),
             resource_version: 0,
+            created: None,
         };
         c.create_nodeclaim_now(claim).expect("claim");
         let r = Registration {

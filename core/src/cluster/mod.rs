@@ -19,6 +19,7 @@ use crate::pod::{Pod, PodKey};
 use crate::resources::ResourceList;
 use crate::taints::Taint;
 
+pub mod chunked;
 mod pods;
 mod storage;
 
@@ -92,6 +93,19 @@ pub struct NodeClaim {
     pub status: NodeClaimStatus,
     /// `metadata.resourceVersion`: the precondition of a write made from this read.
     pub resource_version: u64,
+    /// `metadata.creationTimestamp`, Unix ms, once the API server made the object (`None` on
+    /// one not created yet). `expireAfter` counts from it, as in Karpenter: not from when a
+    /// ledger took the claim over (a restart, or a migration from Karpenter, must not reset
+    /// every node's expiry).
+    pub created: Option<u64>,
+}
+
+impl NodeClaim {
+    /// When the claim's life began for `expireAfter`: its object's creation, else (an object
+    /// not read back from a server yet) `fallback`, the ledger's reservation time.
+    pub fn born(&self, fallback: u64) -> u64 {
+        self.created.unwrap_or(fallback)
+    }
 }
 
 /// An integer or a percentage, as PDBs write `minAvailable`/`maxUnavailable`.
@@ -125,6 +139,45 @@ pub struct Pdb {
     pub disruptions_allowed: i32,
 }
 
+/// The kind of an object kept by identity only ([`Unreadable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum UnreadableKind {
+    NodeClaim,
+    Node,
+}
+
+impl UnreadableKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnreadableKind::NodeClaim => "NodeClaim",
+            UnreadableKind::Node => "Node",
+        }
+    }
+}
+
+/// An object the cluster adapter could not convert (a field of a newer Karpenter, a value
+/// out of range), kept by identity: what it owns must never look orphaned. A NodeClaim that
+/// cannot be read still owns its instance and its Node, so garbage collection leaves them
+/// alone and the lifecycle does not take the claim for deleted. The error names the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unreadable {
+    pub kind: UnreadableKind,
+    pub name: String,
+    pub uid: String,
+    /// `status.providerID` of a NodeClaim, `spec.providerID` of a Node.
+    pub provider_id: Option<String>,
+    pub labels: Labels,
+    /// Why it could not be converted (the object and field).
+    pub error: String,
+}
+
+impl Unreadable {
+    /// The key it is kept under in [`Snapshot::unreadable`].
+    pub fn key(kind: UnreadableKind, name: &str) -> String {
+        format!("{} {name}", kind.as_str())
+    }
+}
+
 /// Everything the cluster holds at one resource version. Objects are shared.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -140,9 +193,22 @@ pub struct Snapshot {
     pub namespaces: BTreeMap<String, Labels>,
     /// What volume topology reads.
     pub storage: Storage,
+    /// NodeClaims and Nodes that could not be converted, by `Kind name` ([`Unreadable`]).
+    pub unreadable: BTreeMap<String, Arc<Unreadable>>,
 }
 
 impl Snapshot {
+    /// The NodeClaim `name` exists but could not be read.
+    pub fn unreadable_claim(&self, name: &str) -> Option<&Unreadable> {
+        self.unreadable.get(&Unreadable::key(UnreadableKind::NodeClaim, name)).map(|u| u.as_ref())
+    }
+
+    /// Whether an object that could not be read names `provider_id` (a NodeClaim's instance,
+    /// or a Node on it).
+    pub fn unreadable_owns(&self, provider_id: &str) -> Option<&Unreadable> {
+        self.unreadable.values().find(|u| u.provider_id.as_deref() == Some(provider_id)).map(|u| u.as_ref())
+    }
+
     /// Pods not bound to a node (and not finished).
     pub fn pending(&self) -> impl Iterator<Item = &Arc<Pod>> {
         self.pods.pending()
@@ -467,6 +533,7 @@ mod tests {
                 ..NodeClaimStatus::default()
             },
             resource_version: 1,
+            created: None,
         })
     }
 

@@ -16,8 +16,7 @@ use crate::node::Node;
 use crate::plane::{DO_NOT_DISRUPT, disrupted_taint, do_not_disrupt};
 use crate::pod::{Pod, PodKey};
 
-/// The annotation a mirror (static) pod carries.
-pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub use crate::pod::MIRROR_ANNOTATION;
 /// The annotation that makes a pod cheaper (or dearer) to evict.
 pub const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
 
@@ -121,7 +120,7 @@ pub fn is_reschedulable(p: &Pod) -> bool {
     !p.terminal
         && !p.deleting
         && !p.daemon
-        && !p.annotations.contains_key(MIRROR_ANNOTATION)
+        && !p.is_mirror()
         && !p.tolerations.iter().any(|t| t.tolerates(&disrupted_taint()))
 }
 
@@ -225,7 +224,7 @@ pub fn candidate<'a>(
     let lifetime_left = match nc.spec.expire_after {
         Some(d) if !d.is_zero() => {
             let total = crate::clock::to_millis(d) as f64;
-            let age = now.saturating_sub(claim.reserved_at) as f64;
+            let age = now.saturating_sub(nc.born(claim.reserved_at)) as f64;
             ((total - age) / total).clamp(0.0, 1.0)
         }
         _ => 1.0,

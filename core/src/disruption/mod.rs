@@ -133,7 +133,7 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             && let Some(expire) = nc.spec.expire_after.map(to_millis)
             && !nc.deleting
             && !claim.state.is_terminating()
-            && input.now.saturating_sub(claim.reserved_at) >= expire
+            && input.now.saturating_sub(nc.born(claim.reserved_at)) >= expire
         {
             out.expired.push(claim.id.clone());
             out.decisions.insert(claim.id.clone(), decide(Verdict::Expired { expire_after: expire }));

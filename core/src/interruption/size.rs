@@ -204,6 +204,7 @@ mod tests {
             deleting: false,
             status: NodeClaimStatus::default(),
             resource_version: 1,
+            created: None,
         };
         snap.nodeclaims.insert(name.into(), Arc::new(c));
     }

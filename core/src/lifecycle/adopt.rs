@@ -100,6 +100,7 @@ mod tests {
                 ..NodeClaimStatus::default()
             },
             resource_version: 1,
+            created: None,
         }
     }
 

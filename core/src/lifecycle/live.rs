@@ -174,27 +174,15 @@ fn launch_labels(input: &Input<'_>, claim: &Claim) -> Vec<(String, String)> {
 /// Registration (Karpenter's): the node gets the claim's labels and taints and
 /// `karpenter.sh/registered`, loses `karpenter.sh/unregistered`, and carries the termination
 /// finalizer; the NodeClaim names its node and is `Registered`.
+///
+/// The node is synced once, as Karpenter does: the patch that carries the claim's labels and
+/// taints also writes `karpenter.sh/registered`, and a node that has it is not patched
+/// again. A label or taint an admin takes off a registered node stays off (a `NoExecute`
+/// taint put back would evict its pods).
 fn register(plan: &mut Plan, claim: &Claim, state: &ClaimState, nc: &NodeClaim, node: &Node) {
-    let mut labels: Vec<(String, String)> = nc
-        .spec
-        .labels
-        .iter()
-        .filter(|(k, v)| node.labels.get(*k) != Some(*v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if node.labels.get(labels::REGISTERED).map(String::as_str) != Some("true") {
-        labels.push((labels::REGISTERED.to_string(), "true".to_string()));
-    }
-    let patch = NodePatch {
-        add_taints: nc.spec.taints.clone(),
-        remove_taints: node.taints.iter().filter(|t| t.key == UNREGISTERED_TAINT).cloned().collect(),
-        labels,
-        add_finalizers: vec![TERMINATION_FINALIZER.to_string()],
-        owner_claim: Some(nc.name.clone()),
-        ..NodePatch::default()
-    };
-    if patch.apply(node).is_some() {
-        plan.effect(&claim.id, Action::PatchNode { node: node.name.clone(), patch });
+    let registered = node.labels.get(labels::REGISTERED).map(String::as_str) == Some("true");
+    if !registered {
+        sync_node(plan, claim, nc, node);
     }
     let status = StatusPatch {
         node_name: Some(node.name.clone()),
@@ -206,6 +194,31 @@ fn register(plan: &mut Plan, claim: &Claim, state: &ClaimState, nc: &NodeClaim, 
     }
     if matches!(state, ClaimState::Launched { .. }) {
         plan.step(&claim.id, Step::Registered);
+    }
+}
+
+/// The registration patch of a node that is not registered yet: the claim's labels and
+/// taints, `karpenter.sh/registered`, the termination finalizer, the owner reference, and
+/// `karpenter.sh/unregistered` off, all in one write.
+fn sync_node(plan: &mut Plan, claim: &Claim, nc: &NodeClaim, node: &Node) {
+    let mut labels: Vec<(String, String)> = nc
+        .spec
+        .labels
+        .iter()
+        .filter(|(k, v)| node.labels.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.push((labels::REGISTERED.to_string(), "true".to_string()));
+    let patch = NodePatch {
+        add_taints: nc.spec.taints.clone(),
+        remove_taints: node.taints.iter().filter(|t| t.key == UNREGISTERED_TAINT).cloned().collect(),
+        labels,
+        add_finalizers: vec![TERMINATION_FINALIZER.to_string()],
+        owner_claim: Some(nc.name.clone()),
+        ..NodePatch::default()
+    };
+    if patch.apply(node).is_some() {
+        plan.effect(&claim.id, Action::PatchNode { node: node.name.clone(), patch });
     }
 }
 

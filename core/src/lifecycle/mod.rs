@@ -284,6 +284,9 @@ pub fn reconcile(input: &Input<'_>, cfg: &Config, memory: &mut Memory) -> Plan {
                 nc.as_deref().and_then(|nc| nc.status.provider_id.as_deref()).and_then(|p| by_provider.get(p).copied())
             })
             .map(|n| Cow::Borrowed(n.as_ref()));
+        if !claim.state.is_terminating() && held_by_unreadable(snap, claim, nc.is_none(), node.is_none()) {
+            continue;
+        }
         let mut cx =
             Claimed { claim, state: claim.state.clone(), changed_at: claim.changed_at, nc, node, now: input.now };
         // At most one pass per state a claim can move through.
@@ -324,6 +327,16 @@ pub fn reconcile(input: &Input<'_>, cfg: &Config, memory: &mut Memory) -> Plan {
     memory.keep_only(&seen_missing);
     plan.normalize();
     plan
+}
+
+/// Whether a claim's NodeClaim or Node is missing from the view only because the cluster
+/// adapter could not read it (a newer Karpenter's field; the adapter reports it). Such a
+/// claim is left as it is: taking the object for deleted would terminate a live node.
+fn held_by_unreadable(snap: &Snapshot, claim: &Claim, no_nc: bool, no_node: bool) -> bool {
+    if no_nc && snap.unreadable_claim(&claim.id).is_some() {
+        return true;
+    }
+    no_node && claim.state.instance().is_some_and(|i| snap.unreadable_owns(&provider_id(&claim.zone, i)).is_some())
 }
 
 /// What a step does to a claim's state (`None`: the claim is gone), as the ledger applies

@@ -87,6 +87,7 @@ impl World {
             deleting: false,
             status: Default::default(),
             resource_version: 1,
+            created: Some(self.now),
         };
         self.snap.nodeclaims.insert(id.into(), Arc::new(nc));
         for s in steps {
@@ -299,6 +300,50 @@ fn a_node_missing_from_one_snapshot_terminates_nothing() {
 }
 
 #[test]
+fn a_claim_whose_nodeclaim_or_node_cannot_be_read_is_never_taken_for_deleted() {
+    use crate::cluster::{Unreadable, UnreadableKind};
+    let mut w = World::new();
+    w.claim("default-abcde", vec![launched("i-1"), Step::Registered, Step::Initialized]);
+    let node = w.node("i-1");
+    w.claim("default-fghij", vec![launched("i-2"), Step::Registered, Step::Initialized]);
+    let other = w.node("i-2");
+    let plan = w.plan();
+    w.apply(&plan);
+    // A newer Karpenter rewrote the first NodeClaim with a field the adapter cannot convert,
+    // and the second claim's Node got a taint effect it does not know: both leave the typed
+    // caches and are kept by identity.
+    w.snap.nodeclaims.remove("default-abcde");
+    let kept = |kind, name: &str, provider: &str| Unreadable {
+        kind,
+        name: name.into(),
+        uid: "u".into(),
+        provider_id: Some(provider_id(ZONE, provider)),
+        labels: Default::default(),
+        error: "spec: unknown".into(),
+    };
+    let u = kept(UnreadableKind::NodeClaim, "default-abcde", "i-1");
+    w.snap.unreadable.insert(Unreadable::key(u.kind, &u.name), Arc::new(u));
+    w.snap.nodes.remove(&other);
+    let u = kept(UnreadableKind::Node, &other, "i-2");
+    w.snap.unreadable.insert(Unreadable::key(u.kind, &u.name), Arc::new(u));
+    // Far past the grace after which a missing NodeClaim or Node means deleted: nothing.
+    for _ in 0..10 {
+        w.now += 60_000;
+        let plan = w.plan();
+        assert!(plan.steps.is_empty() && plan.effects.is_empty(), "{:?} {:?}", plan.steps, plan.effects);
+    }
+    assert!(w.snap.nodes.contains_key(&node));
+    assert_eq!(w.state("default-abcde"), Some(ClaimState::Initialized { instance: "i-1".into() }));
+    // Once readable again it is planned as before; once really gone, it is lost.
+    w.snap.unreadable.clear();
+    w.now += 60_000;
+    assert!(w.plan().steps.is_empty(), "the absence starts counting now");
+    w.now += 60_000;
+    let plan = w.plan();
+    assert!(plan.steps.contains(&("default-abcde".into(), Step::Terminating)), "{:?}", plan.steps);
+}
+
+#[test]
 fn registration_patches_single_items_and_initialization_follows_in_one_plan() {
     let mut w = World::new();
     w.claim("default-abcde", vec![launched("i-1")]);
@@ -327,6 +372,38 @@ fn registration_patches_single_items_and_initialization_follows_in_one_plan() {
     w.apply(&plan);
     assert_eq!(w.snap.nodes[&node].labels.get(labels::INITIALIZED).map(String::as_str), Some("true"));
     assert!(w.plan().is_empty());
+}
+
+#[test]
+fn a_label_or_taint_an_admin_takes_off_a_registered_node_stays_off() {
+    let mut w = World::new();
+    w.claim("default-abcde", vec![launched("i-1")]);
+    let nc = Arc::make_mut(w.snap.nodeclaims.get_mut("default-abcde").expect("nodeclaim"));
+    nc.spec.taints = vec![Taint::new("dedicated", "batch", TaintEffect::NoExecute)];
+    let node = w.node("i-1");
+    let plan = w.plan();
+    w.apply(&plan);
+    let n = &w.snap.nodes[&node];
+    assert_eq!(n.labels.get(labels::REGISTERED).map(String::as_str), Some("true"));
+    assert!(n.taints.iter().any(|t| t.key == "dedicated"), "registration put the claim's taint on");
+    // An admin takes the taint and a label off the registered node.
+    let n = Arc::make_mut(w.snap.nodes.get_mut(&node).expect("node"));
+    n.taints.retain(|t| t.key != "dedicated");
+    n.labels.remove("team");
+    for _ in 0..3 {
+        let plan = w.plan();
+        assert!(
+            !has(
+                &plan,
+                |a| matches!(a, Action::PatchNode { patch, .. } if !patch.add_taints.is_empty() || patch.labels.iter().any(|(k, _)| k == "team"))
+            ),
+            "registration is not applied again: {:?}",
+            plan.effects
+        );
+        w.apply(&plan);
+    }
+    let n = &w.snap.nodes[&node];
+    assert!(!n.taints.iter().any(|t| t.key == "dedicated") && !n.labels.contains_key("team"));
 }
 
 #[test]

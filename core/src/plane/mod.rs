@@ -399,14 +399,15 @@ pub const DEFAULT_POD_GRACE_SECONDS: i64 = 30;
 
 /// The next step of draining `pods` at `now`. With a `deadline` (deletion time plus the
 /// NodeClaim's terminationGracePeriod), each pod is deleted from `deadline - its grace period`
-/// (at least 1 s) on. Pods that tolerate the disrupted taint or have finished are never
-/// evicted and do not hold a tier.
+/// (at least 1 s) on. Pods that tolerate the disrupted taint, have finished, or are mirror
+/// pods (the kubelet writes a static pod's object again as soon as it is deleted, so a drain
+/// that waited for one would never end) are never evicted and do not hold a tier.
 pub fn drain_step<'a>(pods: impl IntoIterator<Item = &'a Pod>, now: Millis, deadline: Option<Millis>) -> DrainStep<'a> {
     let taint = disrupted_taint();
     let mut step = DrainStep::default();
     let mut tiers: [Vec<&Pod>; 4] = Default::default();
     for p in pods {
-        if p.terminal || p.tolerations.iter().any(|t| t.tolerates(&taint)) {
+        if p.terminal || p.is_mirror() || p.tolerations.iter().any(|t| t.tolerates(&taint)) {
             continue;
         }
         if let Some(deadline) = deadline {
@@ -778,6 +779,23 @@ mod tests {
         let s = drain_step(&pods, 570_000, Some(600_000));
         assert_eq!(names(&s.delete), vec!["pinned", "for-a-while", "not-really", "slow", "ds"]);
         assert!(s.evict.is_empty() && s.waiting.is_empty());
+    }
+
+    #[test]
+    fn a_mirror_pod_never_holds_a_drain_and_is_never_evicted() {
+        let mut annotated = Pod { key: PodKey::new("kube-system", "kube-proxy-ip-1"), ..Pod::default() };
+        annotated.annotations.insert(crate::pod::MIRROR_ANNOTATION.to_string(), "abc123".to_string());
+        let owned = Pod { key: PodKey::new("kube-system", "nginx-proxy-ip-1"), owned_by_node: true, ..Pod::default() };
+        let pods = vec![annotated.clone(), owned.clone()];
+        let s = drain_step(&pods, 0, None);
+        assert!(s.is_done(), "a node running only static pods is drained: {s:?}");
+        // Not even a terminationGracePeriod deletes them: the kubelet would write them again.
+        assert!(drain_step(&pods, 10_000, Some(0)).is_done());
+        let web = Pod { key: PodKey::new("default", "web"), ..Pod::default() };
+        let pods = vec![annotated, owned, web];
+        let s = drain_step(&pods, 0, None);
+        assert_eq!(s.evict.iter().map(|p| p.key.name.as_str()).collect::<Vec<_>>(), vec!["web"]);
+        assert!(s.waiting.is_empty());
     }
 
     #[test]

@@ -151,6 +151,7 @@ fn world(nodes: &[NodeSpec], pending: &[PodSpec], limit_cpu: Option<i64>) -> Wor
                 ..NodeClaimStatus::default()
             },
             resource_version: 1,
+            created: None,
         };
         snap.nodeclaims.insert(claim.clone(), Arc::new(nc));
         let mut bound = Vec::new();
