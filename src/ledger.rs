@@ -45,6 +45,15 @@ struct Target {
     /// The group's shared secret (the nodes' --raft-secret-file).
     #[arg(long, env = "DOVETAIL_RAFT_SECRET_FILE")]
     raft_secret_file: PathBuf,
+    /// With a group on mutual TLS: the group's CA certificate (PEM), as the nodes'.
+    #[arg(long, env = "DOVETAIL_RAFT_TLS_CA", requires_all = ["raft_tls_cert", "raft_tls_key"])]
+    raft_tls_ca: Option<PathBuf>,
+    /// With --raft-tls-ca: a certificate of the group's CA for this command (PEM).
+    #[arg(long, env = "DOVETAIL_RAFT_TLS_CERT", requires = "raft_tls_ca")]
+    raft_tls_cert: Option<PathBuf>,
+    /// With --raft-tls-ca: its private key (PEM).
+    #[arg(long, env = "DOVETAIL_RAFT_TLS_KEY", requires = "raft_tls_ca")]
+    raft_tls_key: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "text")]
     output: Output,
 }
@@ -102,6 +111,26 @@ pub fn run(args: &LedgerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let tls = match (&target.raft_tls_ca, &target.raft_tls_cert, &target.raft_tls_key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let files = dovetail_raft::tls::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() };
+            match dovetail_raft::tls::Tls::load(&files) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    eprintln!("error: --raft-tls-*: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        _ => None,
+    };
+    let client = match dovetail_raft::http::RaftClient::new(secret, tls) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: --raft-secret-file {}: {e}", target.raft_secret_file.display());
+            return ExitCode::from(2);
+        }
+    };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -110,7 +139,7 @@ pub fn run(args: &LedgerArgs) -> ExitCode {
         }
     };
     let request = match &args.command {
-        LedgerCommand::Status(_) => return rt.block_on(status(target, &secret)),
+        LedgerCommand::Status(_) => return rt.block_on(status(target, &client)),
         LedgerCommand::Join(a) => MembershipRequest::Join {
             id: a.node_id,
             addr: a.raft_addr.clone(),
@@ -125,7 +154,7 @@ pub fn run(args: &LedgerArgs) -> ExitCode {
         MembershipRequest::Remove { .. } => Duration::ZERO,
     } + dovetail_raft::membership::COMMIT_TIMEOUT * 3
         + Duration::from_secs(30);
-    match rt.block_on(dovetail_raft::http::change_membership(&target.addr, &secret, &request, wait)) {
+    match rt.block_on(dovetail_raft::http::change_membership(&target.addr, &client, &request, wait)) {
         Ok(members) => print_out(target.output, &members, || render(&request, &members)),
         Err(e) => {
             eprintln!("error: {e}");
@@ -134,8 +163,8 @@ pub fn run(args: &LedgerArgs) -> ExitCode {
     }
 }
 
-async fn status(target: &Target, secret: &str) -> ExitCode {
-    match dovetail_raft::http::fetch_status(&target.addr, secret, Duration::from_secs(10)).await {
+async fn status(target: &Target, client: &dovetail_raft::http::RaftClient) -> ExitCode {
+    match dovetail_raft::http::fetch_status(&target.addr, client, Duration::from_secs(10)).await {
         Ok(status) => print_out(target.output, &status, || status.render()),
         Err(e) => {
             eprintln!("error: {e}");

@@ -447,6 +447,21 @@ fn the_ha_overlay_renders_a_statefulset_of_three_behind_a_headless_service() {
     let svc = of_kind("Service").into_iter().find(|s| s["metadata"]["name"] == "dovetail-raft").expect("the service");
     assert_eq!(svc["spec"]["clusterIP"], "None");
     assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
+    // Only the control nodes reach the Raft port; metrics and probes stay open.
+    let policy = of_kind("NetworkPolicy");
+    assert_eq!(policy.len(), 1, "a NetworkPolicy guards the Raft port");
+    let p = &policy[0]["spec"];
+    assert_eq!(p["podSelector"]["matchLabels"]["app.kubernetes.io/name"], "dovetail");
+    let rules = p["ingress"].as_sequence().expect("ingress rules");
+    let raft = rules
+        .iter()
+        .find(|r| r["ports"].as_sequence().is_some_and(|ps| ps.iter().any(|port| port["port"] == "raft")))
+        .expect("a rule for the raft port");
+    assert_eq!(raft["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"], "dovetail", "{raft:?}");
+    assert!(
+        rules.iter().all(|r| r["from"].is_null() || r == raft),
+        "only the raft rule names who may connect: {rules:?}"
+    );
 }
 
 /// Three control nodes' ledgers over HTTP on 127.0.0.1 (in this process, stores in memory)

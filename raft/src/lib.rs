@@ -13,8 +13,10 @@ pub mod http;
 pub mod membership;
 pub mod network;
 pub mod replicated;
+pub mod runtime;
 pub mod status;
 pub mod store;
+pub mod tls;
 pub mod types;
 pub mod wire;
 
@@ -103,9 +105,15 @@ pub async fn propose_now(ledger: &dyn Ledger, at: Millis, command: Command) -> R
     ledger.propose(Entry { term, at, command }).await
 }
 
-/// The single-node ledger: applies each proposal at once and keeps the log, so a restart can
-/// replay it ([`InProcess::from_log`]). It is a one-node cluster that leads in term 1;
-/// [`InProcess::elect`] starts a new term, as a failover would (tests of fencing).
+/// The single-node ledger: applies each proposal at once. It is a one-node cluster that
+/// leads in term 1; [`InProcess::elect`] starts a new term, as a failover would (tests of
+/// fencing).
+///
+/// It keeps the state, not the log: nothing stores a single node's log, so a restart starts
+/// from an empty ledger and adopts the NodeClaims the cluster shows, and a log kept in memory
+/// would only grow with every decision round until the process ran out of memory.
+/// [`InProcess::recording`] keeps the log, for tests that play a restart from a stored log
+/// ([`InProcess::from_log`]).
 pub struct InProcess {
     inner: Mutex<Inner>,
     leadership: watch::Sender<Leadership>,
@@ -114,7 +122,10 @@ pub struct InProcess {
 #[derive(Default)]
 struct Inner {
     state: State,
-    log: Vec<Entry>,
+    /// Entries applied so far: the index of the last one.
+    index: u64,
+    /// The whole log, when recording (tests only).
+    log: Option<Vec<Entry>>,
 }
 
 impl Default for InProcess {
@@ -127,24 +138,47 @@ impl Default for InProcess {
 pub const FIRST_TERM: Term = 1;
 
 impl InProcess {
+    /// A ledger that keeps its state only.
     pub fn new() -> Self {
-        InProcess::from_log(Vec::new())
+        InProcess::replayed(Vec::new(), false)
     }
 
-    /// A ledger rebuilt by replaying `log` (what a restarted node does with its stored log).
+    /// A ledger that also keeps its whole log, so that a test can play a restart from it
+    /// ([`InProcess::from_log`]). Its memory grows with every entry: never for a long run.
+    pub fn recording() -> Self {
+        InProcess::replayed(Vec::new(), true)
+    }
+
+    /// A ledger rebuilt by replaying `log` (what a restarted node does with its stored log);
+    /// it goes on recording.
     pub fn from_log(log: Vec<Entry>) -> Self {
+        InProcess::replayed(log, true)
+    }
+
+    fn replayed(log: Vec<Entry>, recording: bool) -> Self {
         let mut state = State::default();
         for e in &log {
             state.apply(e);
         }
         let term = state.term().max(FIRST_TERM);
         let (leadership, _) = watch::channel(Leadership { term, leader: true, leader_id: Some("local".into()) });
-        InProcess { inner: Mutex::new(Inner { state, log }), leadership }
+        let index = log.len() as u64;
+        InProcess { inner: Mutex::new(Inner { state, index, log: recording.then_some(log) }), leadership }
     }
 
-    /// The log so far.
+    /// The log so far, when recording (else empty).
     pub fn log(&self) -> Vec<Entry> {
-        self.lock().log.clone()
+        self.lock().log.clone().unwrap_or_default()
+    }
+
+    /// Entries held in memory: none unless recording.
+    pub fn retained(&self) -> usize {
+        self.lock().log.as_ref().map_or(0, Vec::len)
+    }
+
+    /// The index of the last entry applied.
+    pub fn last_index(&self) -> u64 {
+        self.lock().index
     }
 
     /// A new term begins with this node leading (a failover to a new leader, as far as the
@@ -155,7 +189,7 @@ impl InProcess {
             let mut inner = self.lock();
             let entry = Entry { term, at, command: Command::Lead };
             inner.state.apply(&entry);
-            inner.log.push(entry);
+            inner.record(entry);
         }
         self.leadership.send_replace(Leadership { term, leader: true, leader_id: Some("local".into()) });
         term
@@ -166,13 +200,23 @@ impl InProcess {
     }
 }
 
+impl Inner {
+    /// Counts an applied entry (and keeps it, when recording).
+    fn record(&mut self, entry: Entry) {
+        self.index += 1;
+        if let Some(log) = &mut self.log {
+            log.push(entry);
+        }
+    }
+}
+
 impl Ledger for InProcess {
     fn propose(&self, entry: Entry) -> BoxFuture<'_, Result<Committed, LedgerError>> {
         Box::pin(async move {
             let mut inner = self.lock();
             let outcome = inner.state.apply(&entry);
-            inner.log.push(entry);
-            Ok(Committed { index: inner.log.len() as u64, outcome })
+            inner.record(entry);
+            Ok(Committed { index: inner.index, outcome })
         })
     }
 
@@ -212,7 +256,7 @@ mod tests {
 
     #[tokio::test]
     async fn proposals_commit_in_order_and_a_restart_replays_the_log() {
-        let ledger = InProcess::new();
+        let ledger = InProcess::recording();
         let limits = ResourceList::from_pairs([(ResourceName::Nodes, 1)]);
         let set = Command::SetPool { pool: "default".into(), limits };
         assert_eq!(propose_now(&ledger, 0, set).await.map(|c| c.index), Ok(1));
@@ -229,7 +273,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_term_fences_the_old_one() {
-        let ledger = InProcess::new();
+        let ledger = InProcess::recording();
         propose_now(&ledger, 0, Command::SetPool { pool: "default".into(), limits: ResourceList::new() })
             .await
             .expect("pool");
@@ -244,5 +288,25 @@ mod tests {
         assert!(state.claims().is_empty(), "a fenced proposal changes nothing");
         let restarted = InProcess::from_log(ledger.log());
         assert_eq!(restarted.leadership().borrow().term, term, "a replay keeps the term");
+    }
+
+    #[tokio::test]
+    async fn the_single_node_ledger_keeps_its_state_not_every_entry_it_ever_applied() {
+        let ledger = InProcess::new();
+        propose_now(&ledger, 0, Command::SetPool { pool: "default".into(), limits: ResourceList::new() })
+            .await
+            .expect("pool");
+        // Weeks of decision rounds: each claim reserved, then gone.
+        for i in 0..20_000u64 {
+            let id = format!("c{i}");
+            let reserved = ledger.propose(reserve(FIRST_TERM, &id)).await.expect("committed");
+            assert!(matches!(reserved.outcome, Outcome::Reserved { ref granted, .. } if granted.len() == 1));
+            let gone = Command::Advance { steps: vec![(id, dovetail_core::ledger::Step::Gone)] };
+            propose_now(&ledger, i, gone).await.expect("committed");
+        }
+        assert_eq!(ledger.last_index(), 40_001, "every entry counted");
+        assert_eq!(ledger.retained(), 0, "and none kept: nothing could read them back");
+        let state = read_with(&ledger, State::clone).await.expect("read");
+        assert!(state.claims().is_empty());
     }
 }

@@ -32,7 +32,7 @@ use crate::{BoxFuture, Committed, Leadership, Ledger, LedgerError};
 /// heartbeats every 50 ms, an election after 150 to 300 ms without one (openraft's followers
 /// also refuse votes while they heard a leader recently, so a failover takes about two
 /// election timeouts).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RaftSettings {
     /// How often the leader sends heartbeats.
     pub heartbeat_ms: u64,
@@ -62,7 +62,47 @@ impl Default for RaftSettings {
 }
 
 impl RaftSettings {
+    /// Checks that the timing can work; the error names the setting. An election timeout
+    /// must leave room for a few heartbeats to be lost (three, at least), or a busy leader is
+    /// deposed by a follower that merely heard it late; the lease (nine tenths of the shortest
+    /// timeout) must outlast a heartbeat, or a leader is never in its lease.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.heartbeat_ms < 10 {
+            return Err(format!("the raft heartbeat must be at least 10 ms, got {} ms", self.heartbeat_ms));
+        }
+        if self.election_timeout_min_ms < self.heartbeat_ms.saturating_mul(3) {
+            return Err(format!(
+                "the shortest raft election timeout ({} ms) must be at least three heartbeats ({} ms)",
+                self.election_timeout_min_ms,
+                self.heartbeat_ms.saturating_mul(3)
+            ));
+        }
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms {
+            return Err(format!(
+                "the longest raft election timeout ({} ms) must be longer than the shortest ({} ms)",
+                self.election_timeout_max_ms, self.election_timeout_min_ms
+            ));
+        }
+        if self.election_timeout_max_ms > 60_000 {
+            return Err(format!(
+                "the longest raft election timeout must be at most 60 s, got {} ms",
+                self.election_timeout_max_ms
+            ));
+        }
+        if self.propose_timeout_ms < self.election_timeout_max_ms {
+            return Err(format!(
+                "a proposal's timeout ({} ms) must outlast an election ({} ms)",
+                self.propose_timeout_ms, self.election_timeout_max_ms
+            ));
+        }
+        if self.snapshot_every == 0 {
+            return Err("a snapshot every 0 entries: at least 1".into());
+        }
+        Ok(())
+    }
+
     fn config(&self) -> Result<Config, LedgerError> {
+        self.validate().map_err(|reason| LedgerError::Unavailable { reason: format!("raft settings: {reason}") })?;
         let config = Config {
             cluster_name: "dovetail".into(),
             heartbeat_interval: self.heartbeat_ms,
@@ -76,6 +116,19 @@ impl RaftSettings {
         };
         config.validate().map_err(|e| LedgerError::Unavailable { reason: format!("raft settings: {e}") })
     }
+}
+
+/// How a leader's lease fared: a lapse is its lease running out while it still led its term
+/// in Raft (no quorum heard for the lease: a stalled process, a network cut), which stops its
+/// effects until a quorum answers again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Terms this node led (its `Lead` committed).
+    pub terms_led: u64,
+    /// Times its lease ran out within a term it led.
+    pub lapses: u64,
+    /// The longest of those, ms.
+    pub longest_lapse_ms: u64,
 }
 
 /// A control node's replica of the ledger.
@@ -130,7 +183,7 @@ impl RaftLedger {
             lease_ms: settings.election_timeout_min_ms,
             lead_timeout: propose_timeout,
         };
-        let tx = Arc::new(Publish { tx, stopped: AtomicBool::new(false) });
+        let tx = Arc::new(Publish { tx, stopped: AtomicBool::new(false), stats: Default::default() });
         let watcher = tokio::spawn(watch_leadership(id, raft.clone(), tx.clone(), clock, timing));
         Ok(RaftLedger { id, raft, machine, leadership: rx, publish: tx, watcher, propose_timeout })
     }
@@ -158,6 +211,11 @@ impl RaftLedger {
     /// The openraft node (its RPC handlers and metrics).
     pub fn raft(&self) -> &Raft<TypeConfig> {
         &self.raft
+    }
+
+    /// How its leases fared so far.
+    pub fn lease_stats(&self) -> LeaseStats {
+        *crate::lock(&self.publish.stats)
     }
 
     /// Stops the node (its stores stay as they are on disk). The watch says it leads nothing
@@ -204,6 +262,8 @@ async fn watch_leadership(id: NodeId, raft: Raft<TypeConfig>, tx: Arc<Publish>, 
     let mut metrics = raft.metrics();
     let mut led: Option<u64> = None;
     let mut lease_end: Option<tokio::time::Instant> = None;
+    // When the lease ran out, in a term still led (a lapse under way).
+    let mut lapsed: Option<tokio::time::Instant> = None;
     loop {
         let observed = tokio::time::Instant::now();
         let (term, state, leader, since_ack) = {
@@ -224,6 +284,8 @@ async fn watch_leadership(id: NodeId, raft: Raft<TypeConfig>, tx: Arc<Publish>, 
                     match tokio::time::timeout(timing.lead_timeout, write).await {
                         Ok(Ok(r)) if !r.data.decode().is_fenced() => {
                             led = Some(term);
+                            lapsed = None;
+                            crate::lock(&tx.stats).terms_led += 1;
                             tracing::info!(
                                 node = id,
                                 raft.term = term,
@@ -249,10 +311,26 @@ async fn watch_leadership(id: NodeId, raft: Raft<TypeConfig>, tx: Arc<Publish>, 
             }
         }
         if led == Some(term) {
-            let held = lease_end.is_some_and(|end| tokio::time::Instant::now() < end);
+            let now = tokio::time::Instant::now();
+            let held = lease_end.is_some_and(|end| now < end);
             if tx.set(term, held, Some(id.to_string())) {
                 tracing::info!(node = id, raft.term = term, held, "ledger.lease");
+                match (held, lapsed) {
+                    (false, None) => {
+                        lapsed = Some(now);
+                        crate::lock(&tx.stats).lapses += 1;
+                    }
+                    (true, Some(since)) => {
+                        lapsed = None;
+                        let ms = u64::try_from(now.duration_since(since).as_millis()).unwrap_or(u64::MAX);
+                        let mut stats = crate::lock(&tx.stats);
+                        stats.longest_lapse_ms = stats.longest_lapse_ms.max(ms);
+                    }
+                    _ => {}
+                }
             }
+        } else {
+            lapsed = None;
         }
         // Wake at the next change, or when the lease runs out, or after a while.
         let until = match lease_end {
@@ -281,6 +359,8 @@ async fn watch_leadership(id: NodeId, raft: Raft<TypeConfig>, tx: Arc<Publish>, 
 struct Publish {
     tx: watch::Sender<Leadership>,
     stopped: AtomicBool,
+    /// How the leases went (the watcher counts, [`RaftLedger::lease_stats`] reads).
+    stats: std::sync::Mutex<LeaseStats>,
 }
 
 impl Publish {

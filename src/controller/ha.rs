@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use dovetail_core::clock::Clock;
-use dovetail_raft::http::{HttpServer, HttpTransport, fetch_status};
+use dovetail_raft::http::{HttpServer, HttpTransport, RaftClient, fetch_status};
 use dovetail_raft::network::Transport;
 use dovetail_raft::replicated::{RaftLedger, RaftSettings};
 use dovetail_raft::store::{LogStore, Machine};
@@ -21,11 +21,15 @@ use openraft::storage::RaftLogStorage;
 
 use super::settings::{HaSettings, Settings};
 
-/// A replicated ledger and the server its peers reach it on (serving while this is held).
+/// A replicated ledger and the server its peers reach it on (serving while this is held),
+/// both on a thread of Raft's own: no Kubernetes watch, snapshot or planner shares it, so
+/// heartbeats and the lease keep their pace however busy the rest of the process is.
 pub struct Raft {
     /// The replica.
     pub ledger: Arc<RaftLedger>,
     _server: HttpServer,
+    /// Dropped last: the thread the two above run on.
+    _runtime: dovetail_raft::runtime::RaftRuntime,
 }
 
 /// The ledger the settings ask for.
@@ -33,11 +37,20 @@ pub async fn ledger(s: &Settings, clock: Arc<dyn Clock>) -> Result<(Arc<dyn Ledg
     let Some(ha) = &s.ha else {
         return Ok((Arc::new(InProcess::new()), None));
     };
-    let raft = replicated(ha, clock).await?;
+    let runtime = dovetail_raft::runtime::RaftRuntime::start().map_err(|e| format!("the raft thread: {e}"))?;
+    let (ha, raft_settings) = (ha.clone(), s.raft.clone());
+    let (ledger, server) = runtime.run(replicated(ha, raft_settings, clock)).await??;
+    let raft = Raft { ledger: Arc::new(ledger), _server: server, _runtime: runtime };
     Ok((raft.ledger.clone() as Arc<dyn Ledger>, Some(raft)))
 }
 
-async fn replicated(ha: &HaSettings, clock: Arc<dyn Clock>) -> Result<Raft, String> {
+/// Starts the replica and its server (on the raft thread: what they spawn runs there).
+async fn replicated(
+    ha: HaSettings,
+    settings: RaftSettings,
+    clock: Arc<dyn Clock>,
+) -> Result<(RaftLedger, HttpServer), String> {
+    let ha = &ha;
     let secret = std::fs::read_to_string(&ha.secret_file)
         .map_err(|e| format!("--raft-secret-file {}: {e}", ha.secret_file.display()))?;
     let secret = secret.trim().to_string();
@@ -49,19 +62,29 @@ async fn replicated(ha: &HaSettings, clock: Arc<dyn Clock>) -> Result<Raft, Stri
         .map_err(|e| format!("--data-dir {}: reading the log: {e}", ha.data_dir.display()))?
         .last_log_id
         .is_none();
-    let transport: Arc<dyn Transport> = HttpTransport::new(secret.clone())
+    let tls = match &ha.tls {
+        Some(files) => Some(dovetail_raft::tls::Tls::load(files).map_err(|e| format!("--raft-tls-*: {e}"))?),
+        None => {
+            tracing::warn!(
+                node = ha.node_id,
+                "ledger.start: Raft messages and the group's secret travel in cleartext; set --raft-tls-ca, --raft-tls-cert and --raft-tls-key for mutual TLS"
+            );
+            None
+        }
+    };
+    let client = RaftClient::new(secret.clone(), tls)
         .map_err(|e| format!("--raft-secret-file {}: {e}", ha.secret_file.display()))?;
-    let ledger = RaftLedger::start(ha.node_id, &RaftSettings::default(), log, machine, transport, clock)
-        .await
-        .map_err(|e| e.to_string())?;
+    let transport: Arc<dyn Transport> = HttpTransport::with(client.clone());
+    let ledger =
+        RaftLedger::start(ha.node_id, &settings, log, machine, transport, clock).await.map_err(|e| e.to_string())?;
     let listener =
         tokio::net::TcpListener::bind(&ha.raft_addr).await.map_err(|e| format!("--raft-addr {}: {e}", ha.raft_addr))?;
-    let server = HttpServer::start(listener, ledger.raft().clone(), ledger.machine().clone(), secret.clone())
+    let server = HttpServer::serve(listener, ledger.raft().clone(), ledger.machine().clone(), client.clone())
         .map_err(|e| format!("--raft-addr {}: {e}", ha.raft_addr))?;
-    tracing::info!(node = ha.node_id, addr = %server.addr, peers = ?ha.peers, fresh, "ledger.start: raft node serving");
+    tracing::info!(node = ha.node_id, addr = %server.addr, peers = ?ha.peers, fresh, tls = client.tls(), "ledger.start: raft node serving");
     let lowest = ha.peers.keys().next().copied();
     if fresh && lowest == Some(ha.node_id) {
-        match existing_group(ha, &secret).await {
+        match existing_group(ha, &client).await {
             Some((peer, term)) => tracing::warn!(
                 node = ha.node_id,
                 peer,
@@ -74,14 +97,14 @@ async fn replicated(ha: &HaSettings, clock: Arc<dyn Clock>) -> Result<Raft, Stri
             },
         }
     }
-    Ok(Raft { ledger: Arc::new(ledger), _server: server })
+    Ok((ledger, server))
 }
 
 /// The first peer (other than this node) that answers with a group: its id and term.
 /// Peers that do not answer (not started yet) count as having none.
-async fn existing_group(ha: &HaSettings, secret: &str) -> Option<(u64, u64)> {
+async fn existing_group(ha: &HaSettings, client: &RaftClient) -> Option<(u64, u64)> {
     for (id, addr) in ha.peers.iter().filter(|(id, _)| **id != ha.node_id) {
-        match fetch_status(addr, secret, std::time::Duration::from_secs(2)).await {
+        match fetch_status(addr, client, std::time::Duration::from_secs(2)).await {
             Ok(st) if !st.members.is_empty() => return Some((*id, st.term)),
             Ok(_) => {}
             Err(e) => tracing::debug!(node = ha.node_id, peer = id, error = %e, "ledger.init: peer not answering"),

@@ -26,6 +26,8 @@ pub struct Metrics {
     leadership: Mutex<Option<tokio::sync::watch::Receiver<dovetail_raft::Leadership>>>,
     /// Whether this control node leads (Karpenter's cluster-state gauges are the leader's).
     pub leading: Arc<AtomicBool>,
+    /// With a replicated ledger: the replica, for its lease counts.
+    raft: Mutex<Option<Arc<dovetail_raft::replicated::RaftLedger>>>,
 }
 
 impl Metrics {
@@ -56,6 +58,11 @@ impl Metrics {
                 }
             }
         });
+    }
+
+    /// The replicated ledger's replica (`dovetail_ledger_lease_lapses_total`).
+    pub fn set_raft(&self, raft: Arc<dovetail_raft::replicated::RaftLedger>) {
+        *self.raft.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(raft);
     }
 
     pub fn set_agent(&self, stats: AgentStats) {
@@ -108,6 +115,15 @@ impl Metrics {
         out.push_str("# HELP dovetail_ledger_term The ledger's current term as this control node sees it.\n");
         out.push_str("# TYPE dovetail_ledger_term gauge\n");
         out.push_str(&format!("dovetail_ledger_term {term}\n"));
+        let lease =
+            self.raft.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().map(|r| r.lease_stats());
+        if let Some(lease) = lease {
+            out.push_str(
+                "# HELP dovetail_ledger_lease_lapses_total Times this control node's lease ran out while it led (no quorum heard for the lease: its effects paused).\n",
+            );
+            out.push_str("# TYPE dovetail_ledger_lease_lapses_total counter\n");
+            out.push_str(&format!("dovetail_ledger_lease_lapses_total {}\n", lease.lapses));
+        }
         let errors: BTreeMap<String, u64> = self
             .errors
             .lock()

@@ -93,6 +93,30 @@ pub struct ControllerArgs {
     /// message carries it).
     #[arg(long, env = "DOVETAIL_RAFT_SECRET_FILE")]
     pub raft_secret_file: Option<PathBuf>,
+    /// With --peers: the group's CA certificate (PEM). With --raft-tls-cert and
+    /// --raft-tls-key, Raft runs over mutual TLS: a peer without a certificate of this CA is
+    /// refused at the handshake. Without them Raft messages (and the secret) are cleartext.
+    #[arg(long, env = "DOVETAIL_RAFT_TLS_CA")]
+    pub raft_tls_ca: Option<PathBuf>,
+    /// With --raft-tls-ca: this node's certificate chain (PEM), naming the host its peers dial
+    /// (its --peers entry) and usable for server and client authentication.
+    #[arg(long, env = "DOVETAIL_RAFT_TLS_CERT")]
+    pub raft_tls_cert: Option<PathBuf>,
+    /// With --raft-tls-ca: this node's private key (PEM).
+    #[arg(long, env = "DOVETAIL_RAFT_TLS_KEY")]
+    pub raft_tls_key: Option<PathBuf>,
+    /// With --peers: how often the leader sends heartbeats, in milliseconds (default 50).
+    #[arg(long, env = "DOVETAIL_RAFT_HEARTBEAT_MS")]
+    pub raft_heartbeat_ms: Option<u64>,
+    /// With --peers: a follower that hears no heartbeat for a random time between the shortest
+    /// and the longest election timeout starts an election, in milliseconds (default 150; at
+    /// least three heartbeats). Nine tenths of it is the leader's lease: a leader that heard no
+    /// quorum for that long makes no effect. Every node of a group should use the same.
+    #[arg(long, env = "DOVETAIL_RAFT_ELECTION_TIMEOUT_MIN_MS")]
+    pub raft_election_timeout_min_ms: Option<u64>,
+    /// With --peers: the longest election timeout, in milliseconds (default 300).
+    #[arg(long, env = "DOVETAIL_RAFT_ELECTION_TIMEOUT_MAX_MS")]
+    pub raft_election_timeout_max_ms: Option<u64>,
     /// With --cloud aws: an SQS queue of EC2 interruption events (spot interruption warnings,
     /// rebalance recommendations, scheduled maintenance, instance state changes) to act on, by
     /// name (Karpenter's `settings.interruptionQueue`). Repeatable, or comma-separated: a
@@ -116,6 +140,14 @@ pub struct ControllerArgs {
     /// replaced and drained, as for a scheduled change, within the NodePool's limits).
     #[arg(long, env = "DOVETAIL_INTERRUPTION_REBALANCE")]
     pub interruption_rebalance: Option<String>,
+    /// With --cloud aws: how often spot prices are read again (DescribeSpotPriceHistory), in
+    /// seconds (default 43200: Karpenter's 12 h). Every NodePool's types take the new prices.
+    #[arg(long, env = "DOVETAIL_PRICE_REFRESH")]
+    pub price_refresh: Option<u64>,
+    /// With --cloud aws: how often the instance types and their offerings by zone are read
+    /// again, in seconds (default 43200: Karpenter's 12 h).
+    #[arg(long, env = "DOVETAIL_CATALOG_REFRESH")]
+    pub catalog_refresh: Option<u64>,
     /// A settings file (YAML); flags and DOVETAIL_* variables override it.
     #[arg(long, env = "DOVETAIL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -163,11 +195,19 @@ pub struct FileSettings {
     pub peers: Option<Vec<String>>,
     pub data_dir: Option<PathBuf>,
     pub raft_secret_file: Option<PathBuf>,
+    pub raft_tls_ca: Option<PathBuf>,
+    pub raft_tls_cert: Option<PathBuf>,
+    pub raft_tls_key: Option<PathBuf>,
+    pub raft_heartbeat_ms: Option<u64>,
+    pub raft_election_timeout_min_ms: Option<u64>,
+    pub raft_election_timeout_max_ms: Option<u64>,
     pub interruption_queue: Option<OneOrMany>,
     pub interruption_consumers: Option<usize>,
     pub interruption_visibility: Option<u64>,
     pub interruption_rebalance: Option<String>,
     pub gc_interval: Option<u64>,
+    pub price_refresh: Option<u64>,
+    pub catalog_refresh: Option<u64>,
 }
 
 /// A replicated ledger's settings (`--peers` and the flags it needs).
@@ -183,6 +223,8 @@ pub struct HaSettings {
     pub data_dir: PathBuf,
     /// The file holding the group's shared secret.
     pub secret_file: PathBuf,
+    /// The group's TLS material, when Raft runs over mutual TLS.
+    pub tls: Option<dovetail_raft::tls::TlsFiles>,
 }
 
 /// The settings in force.
@@ -211,6 +253,8 @@ pub struct Settings {
     pub ami_parameter_prefix: Option<String>,
     /// The replicated ledger; none for a single control node.
     pub ha: Option<HaSettings>,
+    /// The Raft group's timing (with `ha`).
+    pub raft: dovetail_raft::replicated::RaftSettings,
     /// The SQS queues of interruption events, by name (none: interruption handling is off).
     pub interruption_queues: Vec<String>,
     /// Long-pollers per queue to start with.
@@ -219,6 +263,10 @@ pub struct Settings {
     pub interruption_visibility: std::time::Duration,
     pub gc_interval: std::time::Duration,
     pub rebalance: dovetail_core::interruption::Rebalance,
+    /// With --cloud aws: how often spot prices, and the types and their offerings, are read
+    /// again.
+    pub price_refresh: std::time::Duration,
+    pub catalog_refresh: std::time::Duration,
 }
 
 /// Parses `--peers` entries (`ID=HOST:PORT`) into the group, naming the entry at fault.
@@ -250,6 +298,18 @@ impl HaSettings {
                 ("--raft-addr", args.raft_addr.is_some() || file.raft_addr.is_some()),
                 ("--data-dir", args.data_dir.is_some() || file.data_dir.is_some()),
                 ("--raft-secret-file", args.raft_secret_file.is_some() || file.raft_secret_file.is_some()),
+                ("--raft-tls-ca", args.raft_tls_ca.is_some() || file.raft_tls_ca.is_some()),
+                ("--raft-tls-cert", args.raft_tls_cert.is_some() || file.raft_tls_cert.is_some()),
+                ("--raft-tls-key", args.raft_tls_key.is_some() || file.raft_tls_key.is_some()),
+                ("--raft-heartbeat-ms", args.raft_heartbeat_ms.or(file.raft_heartbeat_ms).is_some()),
+                (
+                    "--raft-election-timeout-min-ms",
+                    args.raft_election_timeout_min_ms.or(file.raft_election_timeout_min_ms).is_some(),
+                ),
+                (
+                    "--raft-election-timeout-max-ms",
+                    args.raft_election_timeout_max_ms.or(file.raft_election_timeout_max_ms).is_some(),
+                ),
             ];
             if let Some((flag, _)) = stray.iter().find(|(_, set)| *set) {
                 return Err(format!("{flag} is for a replicated ledger: set --peers too"));
@@ -268,7 +328,28 @@ impl HaSettings {
             .clone()
             .or_else(|| file.raft_secret_file.clone())
             .ok_or("--peers needs --raft-secret-file")?;
-        Ok(Some(HaSettings { node_id, raft_addr, peers, data_dir, secret_file }))
+        let ca = args.raft_tls_ca.clone().or_else(|| file.raft_tls_ca.clone());
+        let cert = args.raft_tls_cert.clone().or_else(|| file.raft_tls_cert.clone());
+        let key = args.raft_tls_key.clone().or_else(|| file.raft_tls_key.clone());
+        let tls = match (ca, cert, key) {
+            (None, None, None) => None,
+            (Some(ca), Some(cert), Some(key)) => Some(dovetail_raft::tls::TlsFiles { ca, cert, key }),
+            (ca, cert, key) => {
+                let missing: Vec<&str> = [
+                    ("--raft-tls-ca", ca.is_none()),
+                    ("--raft-tls-cert", cert.is_none()),
+                    ("--raft-tls-key", key.is_none()),
+                ]
+                .into_iter()
+                .filter_map(|(flag, missing)| missing.then_some(flag))
+                .collect();
+                return Err(format!(
+                    "Raft over TLS needs --raft-tls-ca, --raft-tls-cert and --raft-tls-key: {} missing",
+                    missing.join(" and ")
+                ));
+            }
+        };
+        Ok(Some(HaSettings { node_id, raft_addr, peers, data_dir, secret_file, tls }))
     }
 }
 
@@ -283,6 +364,23 @@ impl Settings {
             }
         };
         let ha = HaSettings::resolve(args, &file)?;
+        let raft = {
+            let d = dovetail_raft::replicated::RaftSettings::default();
+            let r = dovetail_raft::replicated::RaftSettings {
+                heartbeat_ms: args.raft_heartbeat_ms.or(file.raft_heartbeat_ms).unwrap_or(d.heartbeat_ms),
+                election_timeout_min_ms: args
+                    .raft_election_timeout_min_ms
+                    .or(file.raft_election_timeout_min_ms)
+                    .unwrap_or(d.election_timeout_min_ms),
+                election_timeout_max_ms: args
+                    .raft_election_timeout_max_ms
+                    .or(file.raft_election_timeout_max_ms)
+                    .unwrap_or(d.election_timeout_max_ms),
+                ..d
+            };
+            r.validate().map_err(|e| format!("--raft-heartbeat-ms / --raft-election-timeout-*: {e}"))?;
+            r
+        };
         let cloud = args.cloud.or(file.cloud).ok_or("--cloud is required (aws or sim)")?;
         let cluster_name = args.cluster_name.clone().or(file.cluster_name).ok_or("--cluster-name is required")?;
         if cluster_name.is_empty() {
@@ -358,6 +456,12 @@ impl Settings {
                 .ok_or_else(|| format!("--interruption-rebalance must be event or replace, got {r:?}"))?,
         };
         let addr = |s: &str| s.parse::<SocketAddr>().map_err(|e| e.to_string());
+        let refresh = |flag: &str, v: Option<u64>| match v.unwrap_or(43_200) {
+            0 => Err(format!("{flag} must be at least 1 second")),
+            n => Ok(std::time::Duration::from_secs(n)),
+        };
+        let price_refresh = refresh("--price-refresh", args.price_refresh.or(file.price_refresh))?;
+        let catalog_refresh = refresh("--catalog-refresh", args.catalog_refresh.or(file.catalog_refresh))?;
         Ok(Settings {
             kubeconfig: args.kubeconfig.clone().or(file.kubeconfig),
             cloud,
@@ -382,10 +486,13 @@ impl Settings {
             cluster_ca_bundle: args.cluster_ca_bundle.clone().or(file.cluster_ca_bundle),
             ami_parameter_prefix: args.ami_parameter_prefix.clone().or(file.ami_parameter_prefix),
             ha,
+            raft,
             interruption_queues,
             interruption_consumers,
             interruption_visibility,
             rebalance,
+            price_refresh,
+            catalog_refresh,
         })
     }
 }
@@ -533,6 +640,62 @@ mod tests {
         let odd = ControllerArgs { interruption_rebalance: Some("ignore".into()), ..aws };
         assert!(err(odd).contains("event or replace"));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Raft's timing is a setting, checked: an election timeout shorter than three heartbeats,
+    /// or a longest one not longer than the shortest, is refused naming the flags; half the TLS
+    /// files is refused naming the missing ones; every one of these needs --peers.
+    #[test]
+    fn raft_timing_and_tls_are_settings_checked_and_named() {
+        let ha = ControllerArgs {
+            cloud: Some(CloudKind::Sim),
+            cluster_name: Some("c".into()),
+            node_id: Some(1),
+            raft_addr: Some("127.0.0.1:7101".into()),
+            peers: Some(vec!["1=127.0.0.1:7101".into()]),
+            data_dir: Some("/tmp/ledger".into()),
+            raft_secret_file: Some("/tmp/secret".into()),
+            ..ControllerArgs::default()
+        };
+        let s = Settings::resolve(&ha).expect("valid");
+        assert_eq!(s.raft, dovetail_raft::replicated::RaftSettings::default());
+        let slow = ControllerArgs {
+            raft_heartbeat_ms: Some(100),
+            raft_election_timeout_min_ms: Some(1_000),
+            raft_election_timeout_max_ms: Some(2_000),
+            ..ha.clone()
+        };
+        let s = Settings::resolve(&slow).expect("valid");
+        assert_eq!(
+            (s.raft.heartbeat_ms, s.raft.election_timeout_min_ms, s.raft.election_timeout_max_ms),
+            (100, 1_000, 2_000)
+        );
+        let err = |args: ControllerArgs| Settings::resolve(&args).expect_err("invalid");
+        let tight = ControllerArgs { raft_heartbeat_ms: Some(100), ..ha.clone() };
+        let e = err(tight);
+        assert!(e.contains("--raft-heartbeat-ms") && e.contains("three heartbeats"), "{e}");
+        let inverted = ControllerArgs { raft_election_timeout_max_ms: Some(150), ..ha.clone() };
+        assert!(err(inverted).contains("longer than the shortest"));
+        let half = ControllerArgs { raft_tls_ca: Some("/tmp/ca.pem".into()), ..ha.clone() };
+        let e = err(half);
+        assert!(e.contains("--raft-tls-cert and --raft-tls-key missing"), "{e}");
+        let whole = ControllerArgs {
+            raft_tls_ca: Some("/tmp/ca.pem".into()),
+            raft_tls_cert: Some("/tmp/node.pem".into()),
+            raft_tls_key: Some("/tmp/node.key".into()),
+            ..ha.clone()
+        };
+        let tls = Settings::resolve(&whole).expect("valid").ha.and_then(|h| h.tls).expect("tls files");
+        assert_eq!(tls.key, std::path::PathBuf::from("/tmp/node.key"));
+        let alone = ControllerArgs {
+            peers: None,
+            node_id: None,
+            raft_addr: None,
+            data_dir: None,
+            raft_secret_file: None,
+            ..slow
+        };
+        assert!(err(alone).contains("set --peers too"));
     }
 
     #[test]
