@@ -1299,6 +1299,10 @@ mod ha;
 #[path = "kube/disruption.rs"]
 mod disruption;
 
+// Defects a long run would find: how the caches list, a drain a pod's budgets refuse.
+#[path = "kube/correctness.rs"]
+mod correctness;
+
 #[path = "kube/interruption.rs"]
 mod interruption;
 
@@ -1334,9 +1338,12 @@ async fn seed_moto(endpoint: &str, minor: &str) -> (aws_sdk_ec2::Client, aws_sdk
     };
     let sdk = dovetail_cloud::aws::sdk_config(&cfg).await;
     let ec2 = aws_sdk_ec2::Client::new(&sdk);
-    let subnets = ec2.describe_subnets().send().await.expect("subnets");
+    let subnets = moto::setup("describing the subnets", || ec2.describe_subnets().send()).await;
     let default_group = aws_sdk_ec2::types::Filter::builder().name("group-name").values("default").build();
-    let groups = ec2.describe_security_groups().filters(default_group).send().await.expect("security groups");
+    let groups = moto::setup("describing the default security group", || {
+        ec2.describe_security_groups().filters(default_group.clone()).send()
+    })
+    .await;
     // Only the subnets of two zones: the NodePool must launch there only.
     let mut resources: Vec<String> = subnets
         .subnets()
@@ -1347,7 +1354,10 @@ async fn seed_moto(endpoint: &str, minor: &str) -> (aws_sdk_ec2::Client, aws_sdk
     assert!(!resources.is_empty(), "moto's default VPC has subnets in {SUBNET_ZONES:?}");
     resources.extend(groups.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)));
     let tag = aws_sdk_ec2::types::Tag::builder().key("karpenter.sh/discovery").value("dovetail-test").build();
-    ec2.create_tags().set_resources(Some(resources)).tags(tag).send().await.expect("tag subnets");
+    moto::setup("tagging the subnets", || {
+        ec2.create_tags().set_resources(Some(resources.clone())).tags(tag.clone()).send()
+    })
+    .await;
     let ssm = aws_sdk_ssm::Client::new(&sdk);
     ami_seed::seed_ami_parameters(&ec2, &ssm, minor, AMI_PARAMETERS).await;
     (ec2, aws_sdk_iam::Client::new(&sdk))

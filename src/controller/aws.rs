@@ -75,6 +75,8 @@ pub async fn provider(
         cluster_endpoint,
         cluster_ca,
         kubernetes_version: kubernetes_version.to_string(),
+        price_refresh: s.price_refresh,
+        catalog_refresh: s.catalog_refresh,
         ..AwsConfig::default()
     };
     if let Some(prefix) = &s.ami_parameter_prefix {

@@ -138,7 +138,7 @@ async fn serve(s: Settings) -> Result<(), String> {
     let kube_settings = KubeSettings { qps: s.kube_client_qps, burst: s.kube_client_burst };
     let cluster = Arc::new(KubeCluster::start(client, kube_settings, clock.clone()).await.map_err(|e| e.to_string())?);
     let v = cluster.versions();
-    tracing::info!(server = %v.server, policy = %v.policy, eviction = %v.eviction, "connected");
+    tracing::info!(server = %v.server, policy = %v.policy, eviction = %v.eviction, streaming_lists = v.streaming_lists, "connected");
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(http::Metrics::default());
     metrics.plane.collect(dovetail_actors::metrics::state::ClusterState {
@@ -152,8 +152,11 @@ async fn serve(s: Settings) -> Result<(), String> {
     tracing::info!("caches synced");
     // The ledger joins its group only now: a node that could win an election must be able to
     // act on synced caches.
-    let (ledger, _raft) = ha::ledger(&s, clock.clone()).await?;
+    let (ledger, raft) = ha::ledger(&s, clock.clone()).await?;
     metrics.set_leadership(ledger.leadership());
+    if let Some(r) = &raft {
+        metrics.set_raft(r.ledger.clone());
+    }
 
     let mut s = s;
     let (catalog, aws) = match s.cloud {
@@ -191,6 +194,10 @@ async fn serve(s: Settings) -> Result<(), String> {
     }
     // Followers read ahead what the EC2NodeClasses resolve to, for the leader they may become.
     let warming = aws.clone().map(|aws| tokio::spawn(warm_classes(cluster.clone(), aws, ledger.leadership())));
+    // Every control node keeps its catalog fresh (prices, types and offerings on the
+    // provider's cadence), leader or not: a new leader's pools take the latest at once.
+    let check = s.price_refresh.min(s.catalog_refresh).min(Duration::from_secs(60));
+    let refreshing = aws.clone().map(|aws| tokio::spawn(refresh_catalog(aws, check)));
     let plane_metrics = metrics.plane.clone();
     let term_ctx = Acting { s, cluster, ledger: ledger.clone(), clock, catalog, aws, metrics, queues };
     // Only the leader acts: each term it leads in, the plane runs on an arbiter of its own,
@@ -242,7 +249,7 @@ async fn serve(s: Settings) -> Result<(), String> {
             },
             () = &mut shutdown => End::Shutdown,
         };
-        stop_and_join(arbiter, term).await;
+        stop_and_join(arbiter, term).await?;
         // The actors of the term are dropped with its arbiter: their budget gauges go with them
         // (only a leader serves them).
         plane_metrics.budgets.clear();
@@ -255,10 +262,34 @@ async fn serve(s: Settings) -> Result<(), String> {
         }
     }
     tracing::info!("stopping");
-    if let Some(w) = warming {
-        w.abort();
+    for task in [warming, refreshing].into_iter().flatten() {
+        task.abort();
     }
     Ok(())
+}
+
+/// Reads the EC2 catalog again when the provider's refresh is due (checked every `check`: a
+/// minute, or the shorter refresh): spot prices every `--price-refresh`, types and offerings
+/// every `--catalog-refresh`. The pools take a new one at their next sync
+/// ([`pools::Pools::sync`]). A refresh that fails keeps the catalog in use and is tried again
+/// at the next check.
+async fn refresh_catalog(aws: Arc<dovetail_cloud::aws::AwsProvider>, check: Duration) {
+    loop {
+        tokio::time::sleep(check.max(Duration::from_secs(1))).await;
+        match tokio::time::timeout(Duration::from_secs(120), aws.refresh_if_due()).await {
+            Ok(Ok(true)) => tracing::info!(
+                generation = aws.catalog_generation(),
+                "cloud.catalog: the EC2 catalog was read again; the NodePools take it at their next sync"
+            ),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cloud.catalog: reading the EC2 catalog again failed; the one in use stays")
+            }
+            Err(_) => {
+                tracing::warn!("cloud.catalog: reading the EC2 catalog again took over 120 s; the one in use stays")
+            }
+        }
+    }
 }
 
 /// While this node does not lead: reads what every EC2NodeClass resolves to (subnets,
@@ -301,18 +332,53 @@ async fn warm_classes(
     }
 }
 
-/// Stops a term's arbiter and waits (at most 10 s) for its thread to end, so no actor of the
-/// term can still run when the next one starts.
-async fn stop_and_join(arbiter: actix_rt::Arbiter, term: u64) {
+/// How long a term's plane may take to stop before the process gives up on it.
+const JOIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// Stops a term's arbiter and waits for its thread to end: no later term's plane starts in
+/// this process while any actor of this one may still run. A plane still running after
+/// [`JOIN_LIMIT`] (a planner stuck in a solve) ends the process with an error, rather than run
+/// two terms' planes side by side; Kubernetes starts it again, a follower of the term after.
+async fn stop_and_join(arbiter: actix_rt::Arbiter, term: u64) -> Result<(), String> {
     arbiter.stop();
     let joined = tokio::task::spawn_blocking(move || arbiter.join());
-    match tokio::time::timeout(Duration::from_secs(10), joined).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(_))) => tracing::error!(raft.term = term, "ledger.acting: the control plane's thread panicked"),
-        Ok(Err(e)) => {
-            tracing::error!(raft.term = term, error = %e, "ledger.acting: waiting for the control plane failed")
+    join_within(joined, term, JOIN_LIMIT, Duration::from_secs(10)).await
+}
+
+/// Waits for a term's plane thread (`joined`) to end, saying every `every` that it has not;
+/// an error once `limit` passed.
+async fn join_within<T>(
+    joined: tokio::task::JoinHandle<std::thread::Result<T>>,
+    term: u64,
+    limit: Duration,
+    every: Duration,
+) -> Result<(), String> {
+    let mut joined = joined;
+    let mut waited = Duration::ZERO;
+    loop {
+        match tokio::time::timeout(every, &mut joined).await {
+            Ok(Ok(Ok(_))) => return Ok(()),
+            Ok(Ok(Err(_))) => {
+                tracing::error!(raft.term = term, "ledger.acting: the control plane's thread panicked");
+                return Ok(());
+            }
+            Ok(Err(e)) => {
+                return Err(format!("waiting for the control plane of term {term} to stop failed: {e}"));
+            }
+            Err(_) => {
+                waited += every;
+                if waited >= limit {
+                    return Err(format!(
+                        "the control plane of term {term} did not stop within {limit:?}: no later term's plane may                          start beside it, so the process ends"
+                    ));
+                }
+                tracing::warn!(
+                    raft.term = term,
+                    waited_s = waited.as_secs(),
+                    "ledger.acting: the control plane has not stopped yet; no later term's plane starts until it does"
+                );
+            }
         }
-        Err(_) => tracing::error!(raft.term = term, "ledger.acting: the control plane did not stop within 10 s"),
     }
 }
 
@@ -504,5 +570,37 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         r = tokio::signal::ctrl_c() => if let Err(e) = r { tracing::error!(error = %e, "SIGINT listener failed") },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A term's plane thread that stops is joined; one that does not stop within the limit
+    /// is an error (the process ends), never left running beside the next term's plane.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::disallowed_methods, reason = "the test measures its own wait by the wall clock")]
+    async fn no_later_terms_plane_starts_while_the_last_ones_thread_still_runs() {
+        let every = Duration::from_millis(20);
+        let quick = tokio::task::spawn_blocking(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            Ok::<(), Box<dyn std::any::Any + Send>>(())
+        });
+        assert_eq!(join_within(quick, 7, Duration::from_secs(5), every).await, Ok(()));
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        let hung = tokio::task::spawn_blocking(move || {
+            // A planner stuck in a solve: ends only when the test lets it.
+            match stuck.recv_timeout(Duration::from_secs(30)) {
+                Ok(()) | Err(_) => {}
+            }
+            Ok::<(), Box<dyn std::any::Any + Send>>(())
+        });
+        let started = std::time::Instant::now();
+        let out = join_within(hung, 8, Duration::from_millis(200), every).await;
+        let err = out.expect_err("a plane that does not stop ends the process");
+        assert!(err.contains("term 8") && err.contains("did not stop"), "{err}");
+        assert!(started.elapsed() >= Duration::from_millis(200), "it waited the limit out first");
+        release.send(()).expect("released");
     }
 }

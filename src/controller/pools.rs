@@ -46,12 +46,18 @@ struct Running {
     pool: NodePool,
     /// The EC2NodeClass's name and generation.
     class: (String, Option<i64>),
+    /// The catalog's generation its types were made from: a refreshed catalog (new prices,
+    /// offerings) gives every pool new types.
+    catalog: u64,
 }
 
 /// The controller's view of the pools: what runs, what is retired, what each status and event
 /// last said.
 pub struct Pools {
     catalog: Catalog,
+    /// The generation of `catalog`, as the provider counts them (0 for a catalog that never
+    /// changes: the embedded one of `--cloud sim`).
+    catalog_generation: u64,
     /// With `--cloud aws`: each EC2NodeClass is resolved (subnets, security groups, AMIs)
     /// before its pools are provisioned for, as Karpenter's EC2NodeClass readiness.
     aws: Option<Arc<AwsProvider>>,
@@ -77,8 +83,10 @@ pub struct Pools {
 
 impl Pools {
     pub fn new(catalog: Catalog, zones: Vec<String>, aws: Option<Arc<AwsProvider>>) -> Self {
+        let catalog_generation = aws.as_ref().map_or(0, |a| a.catalog_generation());
         Pools {
             catalog,
+            catalog_generation,
             aws,
             unresolved: BTreeMap::new(),
             resolutions: BTreeMap::new(),
@@ -147,7 +155,11 @@ impl Pools {
                     if let Some(zones) = self.class_zones.get(class) {
                         zoned.requirements.add(labels::ZONE, Requirement::is_in(zones.iter().map(String::as_str)));
                     }
-                    let running = Running { pool: zoned, class: (class.clone(), nc.metadata.generation) };
+                    let running = Running {
+                        pool: zoned,
+                        class: (class.clone(), nc.metadata.generation),
+                        catalog: self.catalog_generation,
+                    };
                     ok.insert(pool.name.clone(), (running, settings));
                 }
                 Err(e) => {
@@ -171,6 +183,7 @@ impl Pools {
         if leadership.leader {
             self.resolve_classes(cluster, clock.now_millis(), &current).await;
         }
+        self.take_fresh_catalog().await;
         let (desired, _) = self.desired(cluster);
         let now = clock.now_millis();
         for (name, (running, settings)) in &desired {
@@ -216,6 +229,29 @@ impl Pools {
         }
         self.keep_orphans(cluster, plane, ledger, now).await;
         self.stop_finished(cluster, plane, ledger, now).await;
+    }
+
+    /// Takes the provider's catalog when it was read again since this one (a refresh of
+    /// prices or offerings): the next pass gives every pool types made from it. The provider
+    /// holds it already, so this waits for no EC2 call.
+    async fn take_fresh_catalog(&mut self) {
+        let Some(aws) = &self.aws else { return };
+        let generation = aws.catalog_generation();
+        if generation == self.catalog_generation {
+            return;
+        }
+        match aws.catalog().await {
+            Ok(catalog) => {
+                tracing::info!(
+                    generation,
+                    types = catalog.instance_types.len(),
+                    "cloud.catalog: the NodePools take the catalog read again"
+                );
+                self.catalog = catalog;
+                self.catalog_generation = generation;
+            }
+            Err(e) => tracing::warn!(error = %e, "cloud.catalog: the catalog read again could not be taken"),
+        }
     }
 
     /// With `--cloud aws`, resolves every EC2NodeClass (the provider caches what it found for

@@ -64,8 +64,11 @@ pub struct AwsConfig {
     pub endpoint: Option<String>,
     pub credentials: Option<StaticCredentials>,
     pub spot_prices: SpotPrices,
-    /// How often spot prices are read again (with `SpotPrices::History`).
+    /// How often spot prices are read again (with `SpotPrices::History`; Karpenter: 12 h).
     pub price_refresh: Duration,
+    /// How often the instance types, their zones and the zones themselves are read again
+    /// (Karpenter: 12 h): a type EC2 starts offering in a zone, or stops, is seen then.
+    pub catalog_refresh: Duration,
     /// How long a node class's subnets, security groups and AMIs are reused.
     pub resolve_ttl: Duration,
     /// The cluster's API server endpoint and CA (base64), for the nodes' user data.
@@ -90,6 +93,7 @@ impl Default for AwsConfig {
             credentials: None,
             spot_prices: SpotPrices::History,
             price_refresh: Duration::from_secs(12 * 3600),
+            catalog_refresh: Duration::from_secs(12 * 3600),
             resolve_ttl: Duration::from_secs(300),
             cluster_endpoint: String::new(),
             cluster_ca: String::new(),
@@ -114,8 +118,8 @@ impl AwsConfig {
         if self.tag_concurrency == 0 {
             return bad("tag_concurrency", "must be positive");
         }
-        if self.resolve_ttl.is_zero() || self.price_refresh.is_zero() {
-            return bad("resolve_ttl/price_refresh", "must be positive");
+        if self.resolve_ttl.is_zero() || self.price_refresh.is_zero() || self.catalog_refresh.is_zero() {
+            return bad("resolve_ttl/price_refresh/catalog_refresh", "must be positive");
         }
         Ok(())
     }
@@ -152,18 +156,21 @@ pub async fn sdk_config(cfg: &AwsConfig) -> aws_config::SdkConfig {
 struct Types {
     catalog: Catalog,
     by_name: HashMap<String, InstanceType>,
-    /// When it was loaded, on the provider's clock.
+    /// When its types and offerings were read, and its spot prices, on the provider's clock.
     loaded: Duration,
+    priced: Duration,
+    /// Counts the reads: 1 for the first, one more at each refresh.
+    generation: u64,
 }
 
 impl Types {
-    fn new(catalog: Catalog, now: Duration) -> Self {
+    fn new(catalog: Catalog, loaded: Duration, priced: Duration, generation: u64) -> Self {
         let by_name = catalog
             .instance_types(&NodeClassSettings::default(), None)
             .into_iter()
             .map(|t| (t.name.clone(), t))
             .collect();
-        Types { catalog, by_name, loaded: now }
+        Types { catalog, by_name, loaded, priced, generation }
     }
 }
 
@@ -198,6 +205,8 @@ pub struct AwsProvider {
     amis: AmiParameters,
     region: String,
     types: tokio::sync::Mutex<Option<Arc<Types>>>,
+    /// The catalog's generation, readable without the lock ([`AwsProvider::catalog_generation`]).
+    generation: std::sync::atomic::AtomicU64,
     caches: Mutex<Caches>,
     stats: Mutex<AwsStats>,
     clock: Arc<dyn Clock>,
@@ -225,6 +234,7 @@ impl AwsProvider {
             sdk,
             cfg,
             types: tokio::sync::Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
             caches: Mutex::new(Caches::default()),
             stats: Mutex::new(AwsStats::default()),
             clock,
@@ -237,15 +247,58 @@ impl AwsProvider {
         queue::SqsQueue::named(&self.sdk, name).await
     }
 
-    /// Uses `catalog` instead of reading it from EC2 (an offline catalog, or a test's shared one).
+    /// Uses `catalog` instead of reading it from EC2 (an offline catalog, or a test's shared
+    /// one); it is read again from EC2 when a refresh is due ([`AwsProvider::refresh_if_due`]).
     pub async fn with_catalog(self, catalog: Catalog) -> Self {
-        *self.types.lock().await = Some(Arc::new(Types::new(catalog, self.clock.now())));
+        let now = self.clock.now();
+        *self.types.lock().await = Some(Arc::new(Types::new(catalog, now, now, 1)));
+        self.generation.store(1, std::sync::atomic::Ordering::Release);
         self
     }
 
     /// The region's catalog as the provider reads it (loading it if it has not yet).
     pub async fn catalog(&self) -> Result<Catalog, CloudError> {
         Ok(self.types().await?.catalog.clone())
+    }
+
+    /// How many times the catalog was read (0 before the first): a caller that keeps types
+    /// made from it compares this to know when to make them again.
+    pub fn catalog_generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Reads the catalog again when its time is due: the types, their zones and offerings
+    /// every `catalog_refresh`, the spot prices every `price_refresh` (with
+    /// `SpotPrices::History`). The calls are made without holding the catalog, so launches
+    /// go on with the one they have meanwhile; a refresh that fails keeps it (the error is
+    /// returned, and the refresh asked again at the next call). Whether anything was read.
+    pub async fn refresh_if_due(&self) -> Result<bool, CloudError> {
+        let current = self.types().await?;
+        let now = self.clock.now();
+        let fresh = if now.saturating_sub(current.loaded) >= self.cfg.catalog_refresh {
+            let catalog = catalog::load(&self.ec2, &self.region, self.cfg.spot_prices).await?;
+            Types::new(catalog, now, now, current.generation + 1)
+        } else if self.cfg.spot_prices == SpotPrices::History
+            && now.saturating_sub(current.priced) >= self.cfg.price_refresh
+        {
+            let mut catalog = current.catalog.clone();
+            let spot = catalog::spot_history(&self.ec2).await?;
+            for info in &mut catalog.instance_types {
+                info.spot_price = spot.get(&info.name).copied();
+            }
+            Types::new(catalog, current.loaded, now, current.generation + 1)
+        } else {
+            return Ok(false);
+        };
+        let generation = fresh.generation;
+        let mut slot = self.types.lock().await;
+        // Another refresh got there first: its answer stands.
+        if slot.as_ref().is_some_and(|t| t.generation >= generation) {
+            return Ok(false);
+        }
+        *slot = Some(Arc::new(fresh));
+        self.generation.store(generation, std::sync::atomic::Ordering::Release);
+        Ok(true)
     }
 
     /// The EC2 client (for callers that set up what the provider only reads).
@@ -266,31 +319,18 @@ impl AwsProvider {
         f(&mut lock(&self.stats));
     }
 
-    /// The region's catalog, read once and refreshed for spot prices.
+    /// The region's catalog, read once; [`AwsProvider::refresh_if_due`] reads it again on the
+    /// provider's cadence (never a launch: it would wait for the reads).
     async fn types(&self) -> Result<Arc<Types>, CloudError> {
         let mut slot = self.types.lock().await;
-        match slot.as_ref() {
-            Some(t)
-                if self.cfg.spot_prices == SpotPrices::BuiltIn
-                    || self.clock.now().saturating_sub(t.loaded) < self.cfg.price_refresh =>
-            {
-                return Ok(t.clone());
-            }
-            Some(t) => {
-                let mut catalog = t.catalog.clone();
-                let spot = catalog::spot_history(&self.ec2).await?;
-                for info in &mut catalog.instance_types {
-                    info.spot_price = spot.get(&info.name).copied();
-                }
-                let fresh = Arc::new(Types::new(catalog, self.clock.now()));
-                *slot = Some(fresh.clone());
-                return Ok(fresh);
-            }
-            None => {}
+        if let Some(t) = slot.as_ref() {
+            return Ok(t.clone());
         }
         let catalog = catalog::load(&self.ec2, &self.region, self.cfg.spot_prices).await?;
-        let fresh = Arc::new(Types::new(catalog, self.clock.now()));
+        let now = self.clock.now();
+        let fresh = Arc::new(Types::new(catalog, now, now, 1));
         *slot = Some(fresh.clone());
+        self.generation.store(1, std::sync::atomic::Ordering::Release);
         Ok(fresh)
     }
 

@@ -12,7 +12,7 @@ use dovetail_core::catalog::CapacityType;
 use dovetail_core::clock::SystemClock;
 
 use crate::conformance::aws::{Aws, config, moto_catalog};
-use crate::conformance::moto::{Proxy, moto};
+use crate::conformance::moto::{Proxy, moto, setup};
 use crate::conformance::suite::{Harness, request};
 
 #[tokio::test]
@@ -86,6 +86,57 @@ async fn the_catalog_comes_from_describe_instance_types_and_offerings() {
     let types = h.cloud.instance_types(&h.node_class()).await.expect("instance types");
     let m5 = types.iter().find(|t| t.name == "m5.large").expect("m5.large resolved");
     assert!(m5.offerings.iter().any(|o| o.zone == "us-east-1a" && o.capacity_type == CapacityType::OnDemand));
+}
+
+/// A leader that runs for weeks prices on today's market: spot prices are read again every
+/// `price_refresh`, types and offerings every `catalog_refresh`, and a refresh that fails
+/// keeps the catalog in use.
+#[tokio::test]
+async fn spot_prices_and_offerings_are_read_again_on_the_providers_cadence_and_a_failed_read_keeps_the_catalog() {
+    use dovetail_cloud::aws::SpotPrices;
+    use dovetail_core::clock::ManualClock;
+    use std::time::Duration;
+    let proxy = Proxy::start(moto().addr).await;
+    let clock = Arc::new(ManualClock::new());
+    let mut cfg = config("refresh", &format!("http://{}", proxy.addr));
+    cfg.spot_prices = SpotPrices::History;
+    cfg.price_refresh = Duration::from_secs(12 * 3600);
+    cfg.catalog_refresh = Duration::from_secs(24 * 3600);
+    let prices = |large: f64| vec![("m5.large".to_string(), "us-east-1a".to_string(), large)];
+    proxy.faults().spot_prices = Some(prices(0.05));
+    let cloud =
+        AwsProvider::connect(cfg, clock.clone()).await.expect("connect").with_catalog(moto_catalog().await).await;
+    let spot = |c: &dovetail_core::catalog::Catalog| {
+        c.instance_types.iter().find(|t| t.name == "m5.large").and_then(|t| t.spot_price)
+    };
+    assert_eq!(cloud.catalog_generation(), 1);
+    assert!(!cloud.refresh_if_due().await.expect("nothing due"), "nothing due yet");
+    assert_eq!(proxy.total_calls(), 0, "nothing read");
+    // 12 hours on: the spot prices, and nothing else.
+    clock.advance(Duration::from_secs(12 * 3600));
+    assert!(cloud.refresh_if_due().await.expect("prices read"));
+    assert_eq!(cloud.catalog_generation(), 2);
+    assert_eq!(spot(&cloud.catalog().await.expect("catalog")), Some(0.05));
+    assert_eq!((proxy.calls("DescribeSpotPriceHistory"), proxy.calls("DescribeInstanceTypes")), (1, 0));
+    // A day on: the whole catalog is due; EC2 throttles the first read, so the catalog in use
+    // stays, prices and all.
+    proxy.faults().spot_prices = Some(prices(0.07));
+    clock.advance(Duration::from_secs(12 * 3600));
+    proxy.faults().throttle_next = 1;
+    match cloud.refresh_if_due().await {
+        Err(dovetail_cloud::CloudError::Throttled { .. }) => {}
+        other => panic!("expected the throttled read's error, got {other:?}"),
+    }
+    assert_eq!(cloud.catalog_generation(), 2);
+    assert_eq!(spot(&cloud.catalog().await.expect("catalog")), Some(0.05), "the catalog in use stays");
+    // Asked again: the types, their offerings by zone and the prices are read.
+    assert!(cloud.refresh_if_due().await.expect("catalog read"));
+    assert_eq!(cloud.catalog_generation(), 3);
+    let c = cloud.catalog().await.expect("catalog");
+    assert_eq!(spot(&c), Some(0.07));
+    assert!(c.instance_types.len() > 1000 && c.zones.len() >= 3, "{} types", c.instance_types.len());
+    assert!(proxy.calls("DescribeInstanceTypes") >= 1 && proxy.calls("DescribeInstanceTypeOfferings") >= 1);
+    assert!(!cloud.refresh_if_due().await.expect("nothing due"), "and nothing is due right after");
 }
 
 #[tokio::test]
@@ -250,25 +301,34 @@ async fn drift_compares_the_node_class_hash_and_image() {
 #[tokio::test]
 async fn instances_no_claim_knows_are_listed_for_garbage_collection() {
     let h = Aws::new("leaks").await;
-    let image = h.cloud.ec2().describe_images().owners("amazon").send().await.expect("images");
+    // A few images, not moto's 1,300: the setup asks for what it needs.
+    let image = setup("describing an image", || {
+        h.cloud
+            .ec2()
+            .describe_images()
+            .owners("amazon")
+            .filters(aws_sdk_ec2::types::Filter::builder().name("name").values("al2023-ami-2023.*").build())
+            .send()
+    })
+    .await;
     let ami = image.images().iter().find_map(|i| i.image_id()).expect("an image").to_string();
-    let run = h
-        .cloud
-        .ec2()
-        .run_instances()
-        .image_id(ami)
-        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-        .min_count(1)
-        .max_count(1)
-        .tag_specifications(
-            aws_sdk_ec2::types::TagSpecification::builder()
-                .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
-                .tags(aws_sdk_ec2::types::Tag::builder().key("kubernetes.io/cluster/leaks").value("owned").build())
-                .build(),
-        )
-        .send()
-        .await
-        .expect("run a leaked instance");
+    let run = setup("running an instance no claim knows", || {
+        h.cloud
+            .ec2()
+            .run_instances()
+            .image_id(ami.clone())
+            .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+            .min_count(1)
+            .max_count(1)
+            .tag_specifications(
+                aws_sdk_ec2::types::TagSpecification::builder()
+                    .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+                    .tags(aws_sdk_ec2::types::Tag::builder().key("kubernetes.io/cluster/leaks").value("owned").build())
+                    .build(),
+            )
+            .send()
+    })
+    .await;
     let leaked = run.instances()[0].instance_id().expect("id").to_string();
     let listed = h.cloud.list().await.expect("list");
     let found = listed.iter().find(|i| i.id == leaked).expect("the leaked instance is listed");
