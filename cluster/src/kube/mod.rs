@@ -61,6 +61,22 @@ pub struct Versions {
     pub eviction: String,
     /// The server's `major.minor`.
     pub server: String,
+    /// Whether the server streams a watch's initial list (`sendInitialEvents`, the WatchList
+    /// feature: on by default in 1.32 and from 1.34; refused with 422 where it is off).
+    pub streaming_lists: bool,
+}
+
+/// How the reflectors list and watch. Lists are served from the API server's watch cache
+/// (`resourceVersion=0`, "any" semantics: what Karpenter's informers ask too), never a quorum
+/// read of etcd: a relist of 300,000 pods is the cache's work, not etcd's. No page size, as a
+/// page size makes the request a quorum read again (the cache does not paginate). Where the
+/// server streams lists, the initial list comes as watch events instead of one large answer.
+/// The caches wait for every kind's list before anything acts, and an object one list does not
+/// show yet counts as missing only after a grace, so a list slightly older than etcd is safe.
+pub fn watch_config(streaming_lists: bool) -> watcher::Config {
+    let mut cfg = watcher::Config::default().any_semantic();
+    cfg.page_size = None;
+    if streaming_lists { cfg.streaming_lists() } else { cfg }
 }
 
 /// The NodePools and NodeClaims as cached ([`KubeCluster::pools_and_claims`]).
@@ -163,7 +179,7 @@ impl KubeCluster {
         let versions = discover(&client).await?;
         let shared = Arc::new(Shared::new());
         let mut tasks = Vec::new();
-        let cfg = watcher::Config::default();
+        let cfg = watch_config(versions.streaming_lists);
         tasks.push(spawn::<k8s::Pod>(Api::all(client.clone()), &shared, cfg.clone()));
         tasks.push(spawn::<k8s::Node>(Api::all(client.clone()), &shared, cfg.clone()));
         tasks.push(spawn::<crd::NodeClaim>(Api::all(client.clone()), &shared, cfg.clone()));
@@ -293,6 +309,29 @@ impl KubeCluster {
     /// (retries and conflicts counted).
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Waits until a request made now would not wait: the throttle pause over and a token of
+    /// the rate limit there (none is taken; [`KubeCluster::admit`] takes it). Bounded: at most
+    /// the longest pause and a full bucket's refill.
+    async fn paced(&self) {
+        for _ in 0..4 {
+            let paused = self.paused_until.load(Ordering::Relaxed).saturating_sub(self.clock.now_millis());
+            if paused > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(paused)).await;
+                continue;
+            }
+            let wait_ms = {
+                let b = self.bucket.lock().await;
+                let elapsed = self.clock.now_millis().saturating_sub(b.at) as f64 / 1000.0;
+                let tokens = (b.tokens + elapsed * self.settings.qps).min(f64::from(self.settings.burst));
+                if tokens >= 1.0 { 0.0 } else { (1.0 - tokens) / self.settings.qps * 1000.0 }
+            };
+            if wait_ms <= 0.0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(wait_ms.ceil() as u64)).await;
+        }
     }
 
     /// Waits out a throttle pause, then for a token of the client's rate limit (every request
@@ -480,17 +519,49 @@ async fn discover(client: &kube::Client) -> Result<Versions, ClusterError> {
         .unwrap_or_else(
             || if info.minor.trim_end_matches('+') == "21" { "policy/v1beta1".into() } else { policy.into() },
         );
-    Ok(Versions { policy: policy.to_string(), eviction, server: format!("{}.{}", info.major, info.minor) })
+    let streaming_lists = streams_lists(client).await?;
+    Ok(Versions {
+        policy: policy.to_string(),
+        eviction,
+        server: format!("{}.{}", info.major, info.minor),
+        streaming_lists,
+    })
+}
+
+/// Whether the server streams initial lists: a watch asking for them (on Namespaces, which
+/// every reflector here may read) is answered, or refused as invalid (422: the WatchList
+/// feature is off, or the server predates it and refuses `resourceVersionMatch` on a watch).
+/// Any other error is returned, not read as "unsupported" (the caller retries).
+async fn streams_lists(client: &kube::Client) -> Result<bool, ClusterError> {
+    let api: Api<k8s::Namespace> = Api::all(client.clone());
+    let params = kube::api::WatchParams::streaming_lists().timeout(1);
+    match api.watch(&params, "0").await {
+        // The stream is dropped unread: only the answer's status mattered.
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => Ok(false),
+        Err(e) => Err(ClusterError::Unavailable { reason: format!("discovering streaming lists: {e}") }),
+    }
 }
 
 impl ClusterView for KubeCluster {
+    /// The caches as one snapshot. Under the store's lock only a copy is taken (cheap: the
+    /// pods are shared by chunk); the volumes are resolved after the lock is let go, so the
+    /// watches never wait for a snapshot being built. One built is kept until the next change.
     fn snapshot(&self) -> Arc<Snapshot> {
+        let (copy, mut said, version) = {
+            let s = self.shared.lock();
+            if let Some(shared) = &s.shared {
+                return shared.clone();
+            }
+            (s.snap.clone(), s.volume_errors.clone(), s.snap.resource_version)
+        };
+        let snap = Arc::new(store::resolve_volumes(copy, &mut said));
         let mut s = self.shared.lock();
-        if let Some(shared) = &s.shared {
-            return shared.clone();
+        // Kept only if nothing changed meanwhile (a change made its own copy stale).
+        if s.snap.resource_version == version {
+            s.volume_errors = said;
+            s.shared = Some(snap.clone());
         }
-        let snap = Arc::new(s.view());
-        s.shared = Some(snap.clone());
         snap
     }
 
