@@ -184,7 +184,12 @@ async fn state_of(ec2: &aws_sdk_ec2::Client, id: &str) -> String {
 fn an_instance_of_a_nodepool_that_no_nodeclaim_knows_is_terminated_after_the_grace_and_one_of_no_nodepool_never() {
     let Some((env, _serial, _)) = getting_started() else { return };
     let (rt, endpoint, ec2) = ha::own_role(&env);
-    let images = rt.block_on(ec2.describe_images().owners("amazon").send()).expect("images");
+    let images = rt.block_on(moto::setup("describing an image", || {
+        ec2.describe_images()
+            .owners("amazon")
+            .filters(aws_sdk_ec2::types::Filter::builder().name("name").values("al2023-ami-2023.*").build())
+            .send()
+    }));
     let ami = images.images().iter().find_map(|i| i.image_id()).expect("an image").to_string();
     let leaked = rt.block_on(run_instance(&ec2, &ami, Tagged::AsDovetails));
     let node_group = rt.block_on(run_instance(&ec2, &ami, Tagged::ClusterOnly));
@@ -269,7 +274,12 @@ fn ec2nodeclass_selectors_by_tag_id_alias_and_name_resolve_into_its_status_and_o
     assert!(!tagged_subnets.is_empty() && !tagged_groups.is_empty(), "seeded: {tagged_subnets:?} {tagged_groups:?}");
     let (subnet, zone) = tagged_subnets[0].clone();
     let group = tagged_groups[0].clone();
-    let images = rt.block_on(ec2.describe_images().owners("amazon").send()).expect("images");
+    let images = rt.block_on(moto::setup("describing an image", || {
+        ec2.describe_images()
+            .owners("amazon")
+            .filters(aws_sdk_ec2::types::Filter::builder().name("name").values("al2023-ami-2023.*").build())
+            .send()
+    }));
     let named = images.images().iter().find(|i| i.name().is_some() && i.image_id().is_some()).expect("a named image");
     let (image, image_name) =
         (named.image_id().unwrap_or_default().to_string(), named.name().unwrap_or_default().to_string());

@@ -9,13 +9,13 @@ pub async fn seed_ami_parameters(
     kubernetes_version: &str,
     prefix: &str,
 ) {
-    let found = ec2
-        .describe_images()
-        .owners("amazon")
-        .filters(aws_sdk_ec2::types::Filter::builder().name("name").values("al2023-ami-2023.*").build())
-        .send()
-        .await
-        .expect("describe images");
+    let found = super::moto::setup("describing the AL2023 images", || {
+        ec2.describe_images()
+            .owners("amazon")
+            .filters(aws_sdk_ec2::types::Filter::builder().name("name").values("al2023-ami-2023.*").build())
+            .send()
+    })
+    .await;
     let params =
         dovetail_cloud::aws::AmiParameters { kubernetes_version: kubernetes_version.into(), prefix: prefix.into() };
     for arch in ["x86_64", "arm64"] {
@@ -29,13 +29,14 @@ pub async fn seed_ami_parameters(
             .expect("an AL2023 image in moto")
             .to_string();
         let name = dovetail_cloud::aws::alias_parameter(&params, "al2023", "latest", arch).expect("al2023 path");
-        ssm.put_parameter()
-            .name(name)
-            .value(image)
-            .r#type(aws_sdk_ssm::types::ParameterType::String)
-            .overwrite(true)
-            .send()
-            .await
-            .expect("seed AMI parameter");
+        super::moto::setup("seeding the AMI parameter", || {
+            ssm.put_parameter()
+                .name(name.clone())
+                .value(image.clone())
+                .r#type(aws_sdk_ssm::types::ParameterType::String)
+                .overwrite(true)
+                .send()
+        })
+        .await;
     }
 }

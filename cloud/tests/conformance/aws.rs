@@ -11,7 +11,7 @@ use dovetail_core::clock::SystemClock;
 use tokio::sync::OnceCell;
 
 use super::ami_seed::seed_ami_parameters;
-use super::moto::{Proxy, moto};
+use super::moto::{Proxy, moto, setup};
 use super::suite::{self, Harness};
 
 pub const REGION: &str = "us-east-1";
@@ -67,37 +67,38 @@ impl Aws {
             .with_catalog(moto_catalog().await)
             .await;
         let ec2 = cloud.ec2();
-        let subnets = ec2.describe_subnets().send().await.expect("subnets");
-        let groups = ec2
-            .describe_security_groups()
-            .filters(aws_sdk_ec2::types::Filter::builder().name("group-name").values("default").build())
-            .send()
-            .await
-            .expect("security groups");
+        let subnets = setup("describing the subnets", || ec2.describe_subnets().send()).await;
+        let groups = setup("describing the default security group", || {
+            ec2.describe_security_groups()
+                .filters(aws_sdk_ec2::types::Filter::builder().name("group-name").values("default").build())
+                .send()
+        })
+        .await;
         let mut resources: Vec<String> =
             subnets.subnets().iter().filter_map(|s| s.subnet_id().map(str::to_string)).collect();
         resources.extend(groups.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)));
-        ec2.create_tags()
-            .set_resources(Some(resources))
-            .tags(
-                aws_sdk_ec2::types::Tag::builder()
-                    .key(format!("kubernetes.io/cluster/{cluster}"))
-                    .value("shared")
-                    .build(),
-            )
-            .send()
-            .await
-            .expect("tag subnets");
+        setup("tagging the subnets and security group", || {
+            ec2.create_tags()
+                .set_resources(Some(resources.clone()))
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key(format!("kubernetes.io/cluster/{cluster}"))
+                        .value("shared")
+                        .build(),
+                )
+                .send()
+        })
+        .await;
         let sdk = sdk_config(&cfg).await;
         seed_ami_parameters(ec2, &aws_sdk_ssm::Client::new(&sdk), "1.33", AMI_PARAMETERS).await;
         let sqs = aws_sdk_sqs::Client::new(&sdk);
-        let q = sqs
-            .create_queue()
-            .queue_name(format!("{cluster}-interruptions"))
-            .attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, "3")
-            .send()
-            .await
-            .expect("create queue");
+        let q = setup("creating the queue", || {
+            sqs.create_queue()
+                .queue_name(format!("{cluster}-interruptions"))
+                .attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, "3")
+                .send()
+        })
+        .await;
         let queue = SqsQueue::new(&sdk, q.queue_url().expect("queue url"));
         Aws { proxy, cloud, queue, cluster: cluster.to_string() }
     }

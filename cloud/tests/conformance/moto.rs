@@ -19,14 +19,23 @@ pub struct Moto {
     _watchdog: std::sync::Mutex<std::process::Child>,
 }
 
-/// Where moto_server is: `DOVETAIL_MOTO_SERVER`, else the venv `scripts/test` makes.
+/// Where moto's server is: `DOVETAIL_MOTO_SERVER`, else the checkout's `scripts/moto-server`
+/// (moto's own, with its tag store locked: see `scripts/moto_server.py`) on the venv
+/// `scripts/test` makes.
 #[allow(clippy::disallowed_methods, reason = "the test harness finds its tools from the environment")]
 fn moto_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("DOVETAIL_MOTO_SERVER") {
         return PathBuf::from(p);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    home.join(".cache/dovetail/venv/bin/moto_server")
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).unwrap_or_default();
+    // The workspace's root is the binary crate's own dir, or the parent of a member's.
+    let wrapper = [manifest.join("scripts/moto-server"), manifest.join("../scripts/moto-server")]
+        .into_iter()
+        .find(|p| p.exists());
+    wrapper.unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+        home.join(".cache/dovetail/venv/bin/moto_server")
+    })
 }
 
 /// Starts moto on a free 127.0.0.1 port (once) and waits until it answers. A watchdog shell
@@ -68,6 +77,38 @@ pub fn moto() -> &'static Moto {
     })
 }
 
+/// Runs one of a test's own setup calls against moto (seeding subnets, tags, images, queues),
+/// asking again when moto answered a server error or the call never got an answer: 3 tries,
+/// 100 ms then 400 ms apart. Only a test's setup is helped past an emulator's passing error
+/// (moto under a loaded machine); the code under test keeps its own policy.
+pub async fn setup<T, E, F, Fut>(what: &str, mut call: F) -> T
+where
+    E: std::error::Error + Send + Sync + 'static,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<
+            Output = Result<T, aws_sdk_ec2::error::SdkError<E, aws_sdk_ec2::config::http::HttpResponse>>,
+        >,
+{
+    use aws_sdk_ec2::error::SdkError;
+    let mut pause = Duration::from_millis(100);
+    for attempt in 1..=3 {
+        match call().await {
+            Ok(v) => return v,
+            Err(e) => {
+                let passing = matches!(e, SdkError::DispatchFailure(_) | SdkError::TimeoutError(_))
+                    || e.raw_response().is_some_and(|r| r.status().is_server_error());
+                if !passing || attempt == 3 {
+                    panic!("{what}: {}", aws_sdk_ec2::error::DisplayErrorContext(&e));
+                }
+                eprintln!("{what}: moto answered {}; asking again", aws_sdk_ec2::error::DisplayErrorContext(&e));
+                tokio::time::sleep(pause).await;
+                pause *= 4;
+            }
+        }
+    }
+    unreachable!("the third try returns or panics")
+}
+
 /// What the proxy does instead of forwarding.
 #[derive(Default)]
 pub struct Faults {
@@ -83,6 +124,22 @@ pub struct Faults {
     /// Instances with termination protection: a TerminateInstances call naming one is refused
     /// whole (`OperationNotPermitted`), as EC2 does.
     pub protected: HashSet<String>,
+    /// The spot price history DescribeSpotPriceHistory answers, as EC2 shapes it: (instance
+    /// type, zone, price). moto's is a flat price for every type; unset, moto answers.
+    pub spot_prices: Option<Vec<(String, String, f64)>>,
+}
+
+/// EC2's DescribeSpotPriceHistory answer for `prices`, each stamped now.
+fn spot_history(prices: &[(String, String, f64)]) -> String {
+    let mut items = String::new();
+    for (instance_type, zone, price) in prices {
+        items.push_str(&format!(
+            "<item><instanceType>{instance_type}</instanceType><productDescription>Linux/UNIX</productDescription><spotPrice>{price:.6}</spotPrice><timestamp>2026-11-28T00:00:00.000Z</timestamp><availabilityZone>{zone}</availabilityZone></item>"
+        ));
+    }
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeSpotPriceHistoryResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>00000000-0000-0000-0000-000000000003</requestId><spotPriceHistorySet>{items}</spotPriceHistorySet><nextToken></nextToken></DescribeSpotPriceHistoryResponse>"
+    )
 }
 
 /// The proxy; its address is the SDK's endpoint.
@@ -292,6 +349,11 @@ fn decide(body: Vec<u8>, target: Option<&str>, faults: &Mutex<Faults>) -> Verdic
     {
         let message = "the instance may not be terminated: modify its disableApiTermination attribute";
         return Verdict::Answer(response("400 Bad Request", &ec2_error("OperationNotPermitted", message)));
+    }
+    if action == "DescribeSpotPriceHistory"
+        && let Some(prices) = &f.spot_prices
+    {
+        return Verdict::Answer(response("200 OK", &spot_history(prices)));
     }
     if action == "CreateFleet" && f.lose_fleet_response > 0 {
         f.lose_fleet_response -= 1;
