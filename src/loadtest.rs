@@ -12,7 +12,8 @@ pub struct LoadtestArgs {
     #[arg(long, short = 's', conflicts_with = "builtin")]
     pub scenario: Option<PathBuf>,
     /// A shipped scenario: ci, small, default, 1k-nodes, 10k-nodes, spot-storm, churn, churn-rate,
-    /// interruption-burst, interruption-paced, interruption-storm.
+    /// interruption-burst, interruption-paced, interruption-storm, soak (a simulated week on
+    /// virtual time), soak-ci, ha-churn (100,000 pods churning on three control nodes).
     #[arg(long, default_value = "ci")]
     pub builtin: String,
     /// Directory for report.json and plot.svg.
@@ -39,7 +40,8 @@ pub fn run(args: &LoadtestArgs) -> ExitCode {
         }
     };
     let opts = dovetail_loadtest::RunOptions {
-        realtime: true,
+        // On the wall clock, unless the scenario is one for virtual time (a soak of a week).
+        realtime: !scenario.virtual_time,
         wall: Some(std::sync::Arc::new(dovetail_core::clock::SystemClock)),
         ..Default::default()
     };

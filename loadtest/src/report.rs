@@ -17,6 +17,49 @@ pub struct Sample {
     pub pending: usize,
     pub bound: usize,
     pub price_per_hour: f64,
+    /// The whole process's resident memory then, MiB (where the system tells).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_mib: Option<f64>,
+}
+
+/// How expirations kept to their schedule: every instance of a NodePool with `expireAfter`
+/// should be gone by then (plus the time a drain takes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ExpiryReport {
+    /// The shortest `expireAfter` of the run's NodePools, ms.
+    pub expire_after_ms: u64,
+    /// Nodes their NodePool expired.
+    pub expirations: u64,
+    /// The oldest any instance got, ms.
+    pub oldest_age_ms: u64,
+    /// How far past `expireAfter` the oldest got (0 when none outlived it), ms.
+    pub max_overdue_ms: u64,
+}
+
+/// What changed under the plane while it ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Changes {
+    /// NodePool edits applied (each a new spec handed to its pool and its limits to the
+    /// ledger), and those retried later (no leader then).
+    pub nodepool_edits: u64,
+    pub nodepool_edits_retried: u64,
+    /// AMIs released.
+    pub ami_releases: u64,
+}
+
+/// The least-squares slope of `points` (hours, MiB), MiB a day; `None` with fewer than two.
+pub fn slope_per_day(points: &[(f64, f64)]) -> Option<f64> {
+    if points.len() < 2 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let (mx, my) = (points.iter().map(|p| p.0).sum::<f64>() / n, points.iter().map(|p| p.1).sum::<f64>() / n);
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if sxx <= 0.0 {
+        return None;
+    }
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    Some(sxy / sxx * 24.0)
 }
 
 /// The report (`report.json`).
@@ -66,11 +109,23 @@ pub struct Report {
     /// The most pods pending at a sample once a sample had none (a gap a fault caused);
     /// `None` when no sample had none.
     pub pending_after_settle_max: Option<usize>,
+    /// The longest any pod waited pending over the run (from its creation; looked at every
+    /// tick), ms: a fleet that churns for a week always has a few pods on their way, and none
+    /// should wait long.
+    pub max_pending_age_ms: u64,
     /// Every error the plane met, by `<action>/<kind>` (expected ones included: refused
     /// evictions, throttled calls, conflicts a re-read resolved...).
     pub errors: std::collections::BTreeMap<String, u64>,
     /// Peak RSS of the whole process (plane, sim cloud, sim cluster, driver), MiB.
     pub peak_rss_mib: Option<f64>,
+    /// How the process's RSS grew after its first day (least squares over the samples from
+    /// 24 h on), MiB a day; `None` for a run of a day or less.
+    pub rss_slope_mib_per_day: Option<f64>,
+    /// Expirations against their schedule (a NodePool with `expireAfter`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expiry: Option<ExpiryReport>,
+    /// NodePool edits and AMI releases made while the run went on.
+    pub changes: Changes,
     /// The control nodes and their failovers (`--control-nodes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control: Option<crate::ha::ControlReport>,
@@ -291,8 +346,41 @@ impl Report {
         if let Some(n) = self.pending_after_settle_max {
             let _ = writeln!(t, "pending          at most {n} at a sample after the first with none pending");
         }
+        let _ = writeln!(
+            t,
+            "longest pending  {} s (a pod's wait from its creation to its binding)",
+            self.max_pending_age_ms / 1000
+        );
         if let Some(rss) = self.peak_rss_mib {
             let _ = writeln!(t, "peak RSS         {rss:.0} MiB (whole process)");
+        }
+        if let Some(slope) = self.rss_slope_mib_per_day {
+            let first = self.samples.iter().find(|s| s.at_ms >= 24 * 3_600_000).and_then(|s| s.rss_mib);
+            let last = self.samples.last().and_then(|s| s.rss_mib);
+            let _ = writeln!(
+                t,
+                "memory           {slope:+.1} MiB a day after the first day ({} MiB at 24 h, {} MiB at the end)",
+                first.map_or_else(|| "-".into(), |v| format!("{v:.0}")),
+                last.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+            );
+        }
+        if let Some(e) = &self.expiry {
+            let _ = writeln!(
+                t,
+                "expirations      {} nodes expired (expireAfter {:.1} h); the oldest instance lived {:.2} h, {} s past it",
+                e.expirations,
+                hours(e.expire_after_ms),
+                hours(e.oldest_age_ms),
+                e.max_overdue_ms / 1000
+            );
+        }
+        let c = &self.changes;
+        if *c != Changes::default() {
+            let _ = writeln!(
+                t,
+                "changes          {} NodePool edits ({} retried for want of a leader), {} AMI releases",
+                c.nodepool_edits, c.nodepool_edits_retried, c.ami_releases
+            );
         }
         if let Some(c) = &self.control {
             let every = c.kill_every_ms.map_or_else(|| "never".to_string(), |ms| format!("every {} s", ms / 1000));
@@ -310,6 +398,11 @@ impl Report {
                 t,
                 "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice, {} raft messages ({} lost to injected faults)",
                 c.terms_led, c.elections_without_kill, c.fenced, c.claims_launched_twice, c.messages, c.messages_lost
+            );
+            let _ = writeln!(
+                t,
+                "                 {} lease lapses outside a kill (longest {} ms)",
+                c.lease_lapses, c.longest_lapse_ms
             );
             for f in c.failovers.iter().take(5) {
                 let decided = match (f.pending_at_lead, f.decision_after_ms) {
@@ -376,6 +469,67 @@ impl Report {
         {
             out.push(format!("{} pods pending at the end > {max}", self.pods_pending));
         }
+        if let Some(max) = t.max_pending_age_ms
+            && self.max_pending_age_ms > max
+        {
+            out.push(format!("a pod waited pending {} s > {} s", self.max_pending_age_ms / 1000, max / 1000));
+        }
+        if let Some(max) = t.max_rss_slope_mib_per_day {
+            match self.rss_slope_mib_per_day {
+                Some(v) if v <= max => {}
+                Some(v) => out.push(format!("memory grew {v:.1} MiB a day after the first day > {max}")),
+                None => out.push("memory slope: the run is not over a day long, or RSS is not measurable".into()),
+            }
+        }
+        let control = self.control.as_ref();
+        let need_control =
+            |what: &str, out: &mut Vec<String>| out.push(format!("{what}: the run had no control nodes"));
+        if let Some(max) = t.max_lease_lapses {
+            match control {
+                Some(c) if c.lease_lapses <= max => {}
+                Some(c) => out.push(format!("{} lease lapses outside a kill > {max}", c.lease_lapses)),
+                None => need_control("lease lapses", &mut out),
+            }
+        }
+        if let Some(max) = t.max_elections_without_kill {
+            match control {
+                Some(c) if c.elections_without_kill <= max => {}
+                Some(c) => out.push(format!("{} elections without a kill > {max}", c.elections_without_kill)),
+                None => need_control("elections", &mut out),
+            }
+        }
+        if let Some(max) = t.max_claims_launched_twice {
+            match control {
+                Some(c) if c.claims_launched_twice <= max => {}
+                Some(c) => out.push(format!("{} claims launched twice > {max}", c.claims_launched_twice)),
+                None => need_control("claims launched twice", &mut out),
+            }
+        }
+        if let Some(max) = t.max_r_over_plan {
+            match (self.r_end, self.r_plan_end) {
+                (Some(end), Some(plan)) if end - plan <= max => {}
+                (Some(end), Some(plan)) => out
+                    .push(format!("R at the end {end:.3} is {:.3} over a fresh plan's {plan:.3} > {max}", end - plan)),
+                _ => out.push("R over a fresh plan: no lower bound at the end (no pods)".into()),
+            }
+        }
+        if let Some(max) = t.max_expiry_overdue_ms {
+            match &self.expiry {
+                Some(e) if e.max_overdue_ms <= max => {}
+                Some(e) => out.push(format!(
+                    "an instance lived {} s past its expireAfter > {} s",
+                    e.max_overdue_ms / 1000,
+                    max / 1000
+                )),
+                None => out.push("expiry: no NodePool has expireAfter".into()),
+            }
+        }
+        if let Some(min) = t.min_expirations {
+            let got = self.expiry.map_or(0, |e| e.expirations);
+            if got < min {
+                out.push(format!("{got} nodes expired < {min}"));
+            }
+        }
         out
     }
 
@@ -394,13 +548,17 @@ impl Report {
     pub fn plot(&self, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         let root = SVGBackend::new(path, (960, 720)).into_drawing_area();
         root.fill(&WHITE)?;
-        let panels = root.split_evenly((3, 1));
-        let end = hours(self.samples.last().map_or(self.virtual_ms, |s| s.at_ms)).max(1e-3);
-        let series: [Series; 3] = [
+        let with_rss = self.samples.iter().any(|s| s.rss_mib.is_some());
+        let mut series: Vec<Series> = vec![
             ("nodes", BLUE, |s| s.nodes as f64),
             ("pending pods", RED, |s| s.pending as f64),
             ("$/h", GREEN, |s| s.price_per_hour),
         ];
+        if with_rss {
+            series.push(("RSS MiB", MAGENTA, |s| s.rss_mib.unwrap_or(0.0)));
+        }
+        let panels = root.split_evenly((series.len(), 1));
+        let end = hours(self.samples.last().map_or(self.virtual_ms, |s| s.at_ms)).max(1e-3);
         for (panel, (name, color, value)) in panels.iter().zip(series.iter()) {
             let top = self.samples.iter().map(value).fold(0.0f64, f64::max).max(1.0) * 1.1;
             let mut chart = ChartBuilder::on(panel)
@@ -420,6 +578,16 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::DisruptionRate;
+
+    #[test]
+    fn a_memory_slope_is_its_least_squares_line_a_day() {
+        assert_eq!(super::slope_per_day(&[(24.0, 100.0)]), None);
+        let flat = super::slope_per_day(&[(24.0, 100.0), (48.0, 101.0), (72.0, 99.0), (96.0, 100.0)]).expect("slope");
+        assert!(flat.abs() < 0.5, "{flat}");
+        let growing: Vec<(f64, f64)> = (0..100).map(|h| (24.0 + f64::from(h), 100.0 + f64::from(h) / 2.0)).collect();
+        let slope = super::slope_per_day(&growing).expect("slope");
+        assert!((slope - 12.0).abs() < 1e-9, "half a MiB an hour is 12 a day: {slope}");
+    }
 
     #[test]
     fn the_disruption_rate_spans_first_to_last_and_finds_the_busiest_minute() {

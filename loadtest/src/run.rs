@@ -135,16 +135,20 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let limits = limits_times(sc.api_limits_factor);
     let config = SimConfig { limits: limits.clone(), ..SimConfig::default() };
     let cloud = Arc::new(SimCloud::new(config, all_types.clone(), clock.clone()));
-    let cluster = Arc::new(SimCluster::new());
+    let cluster = Arc::new(SimCluster::new().with_clock(clock.clone()));
     let metrics = opts.metrics.clone().unwrap_or_default();
     metrics.collect(dovetail_actors::metrics::state::ClusterState { view: cluster.clone(), leading: None });
     for ds in &sc.cluster.daemonsets {
         cluster.apply_daemonset(ds.clone());
     }
-    let mut group = match &opts.control {
-        Some(shape) => {
-            Some(Group::start(shape.clone(), clock.clone(), clock.now_millis()).await.map_err(RunError::Ledger)?)
-        }
+    // The run's control nodes: asked for by the caller (`--control-nodes`), else the scenario's.
+    let control = opts.control.clone().or_else(|| sc.control.clone());
+    let mut group = match &control {
+        Some(shape) => Some(
+            Group::start(shape.clone(), clock.clone(), clock.now_millis(), opts.realtime)
+                .await
+                .map_err(RunError::Ledger)?,
+        ),
         None => None,
     };
     let ledger: Arc<dyn Ledger> = match &group {
@@ -206,6 +210,23 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     };
     let mut samples: Vec<Sample> = Vec::new();
     let mut next_sample = 0;
+    // The pools as they are now (NodePool edits change them), and what changed.
+    let mut current_pools = pools.clone();
+    let mut changes = crate::report::Changes::default();
+    let mut next_edit = sc.edits.as_ref().map(|e| e.from);
+    let mut next_release = sc.releases.map(|(from, _, _)| from);
+    // Expirations against their schedule: each pool's expireAfter, the oldest instance seen
+    // and how far past its pool's expireAfter any instance got.
+    let expire_of = |pools: &[(dovetail_core::nodepool::NodePool, Arc<Vec<InstanceType>>, NodeClass)]| {
+        pools
+            .iter()
+            .filter_map(|(p, _, _)| Some((p.name.clone(), to_millis(p.expire_after?))))
+            .collect::<BTreeMap<String, u64>>()
+    };
+    let mut expire_after = expire_of(&current_pools);
+    let (mut oldest_age, mut max_overdue) = (0u64, 0u64);
+    // The longest any pod waited pending (from its creation, looked at every tick).
+    let mut max_pending_age = 0u64;
     // The moment the most pods were bound, for R.
     let mut peak: Option<(u64, Vec<Pod>, f64)> = None;
     // Nodes disrupted so far, each tick it grew: for the disruption rate.
@@ -237,6 +258,60 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             g.observe(instances.iter().filter_map(|i| Some((i.claim.as_deref()?, i.id.as_str()))));
             g.step().await.map_err(RunError::Ledger)?;
         }
+        // The pod pending longest now (a pod is created pending: from its creation on).
+        if let Some(oldest) = cluster.snapshot().pending().map(|p| u64::try_from(p.creation).unwrap_or(0)).min() {
+            max_pending_age = max_pending_age.max(now.saturating_sub(oldest));
+        }
+        // The oldest instance, and how far past its NodePool's expireAfter any got.
+        let cloud_now = clock.now();
+        for i in &instances {
+            let age = to_millis(cloud_now.saturating_sub(i.launched_at));
+            oldest_age = oldest_age.max(age);
+            if let Some(e) = i.labels.get(dovetail_core::labels::NODEPOOL).and_then(|p| expire_after.get(p)) {
+                max_overdue = max_overdue.max(age.saturating_sub(*e));
+            }
+        }
+        // A NodePool edited (as `kubectl apply` of a changed one), when one is due; one that
+        // finds no leader (a failover) is tried again at the next tick.
+        if let (Some(e), Some(at)) = (&sc.edits, next_edit)
+            && now >= at
+        {
+            let pool = &e.nodepools[(changes.nodepool_edits as usize) % e.nodepools.len()];
+            let class = pool.node_class.name.clone();
+            let types = by_class
+                .entry(class.clone())
+                .or_insert_with(|| {
+                    let settings =
+                        sc.cluster.nodeclasses.get(&class).cloned().unwrap_or_else(NodeClassSettings::default);
+                    Arc::new(catalog.instance_types(&settings, None))
+                })
+                .clone();
+            let now_ms = clock.now_millis();
+            match apply_edit(pool, types.clone(), (ledger.as_ref(), &mut plane, &cluster, now_ms)).await {
+                Ok(()) => {
+                    changes.nodepool_edits += 1;
+                    next_edit = Some(at.saturating_add(e.every));
+                    if let Some(c) = current_pools.iter_mut().find(|(p, _, _)| p.name == pool.name) {
+                        *c = (pool.clone(), types, c.2.clone());
+                    }
+                    expire_after = expire_of(&current_pools);
+                    tracing::info!(nodepool = %pool.name, "loadtest: NodePool {} edited", pool.name);
+                }
+                Err(e) => {
+                    changes.nodepool_edits_retried += 1;
+                    tracing::info!(nodepool = %pool.name, error = %e, "loadtest: NodePool edit retried at the next tick");
+                }
+            }
+        }
+        // A new AMI, when one is due: every instance booted before it is drifted.
+        if let (Some((_, every, until)), Some(at)) = (sc.releases, next_release)
+            && now >= at
+            && at <= until
+        {
+            changes.ami_releases += 1;
+            cloud.release_image(&format!("ami-sim-release-{}", changes.ami_releases));
+            next_release = Some(at.saturating_add(every));
+        }
         if sc.disruption {
             let mut total = 0;
             for p in plane.pools.values() {
@@ -260,6 +335,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
                 pending: snap.pending().count(),
                 bound: bound.len(),
                 price_per_hour: price,
+                rss_mib: rss_mib(),
             };
             if peak.as_ref().is_none_or(|(_, p, _)| bound.len() > p.len()) {
                 peak = Some((now, bound, price));
@@ -291,13 +367,14 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         }
     }
     let faults = world.faults;
-    let (mut claims_created, mut relaunched, mut nodes_lost, mut disrupted) = (0, 0, 0, 0);
+    let (mut claims_created, mut relaunched, mut nodes_lost, mut disrupted, mut expired) = (0, 0, 0, 0, 0);
     for p in plane.pools.values() {
         if let Ok(stats) = p.send(GetPoolStats).await {
             claims_created += stats.claims_created;
             relaunched += stats.relaunched;
             nodes_lost += stats.lost;
             disrupted += stats.disrupted;
+            expired += stats.expired_nodes;
         }
     }
     let throttled = cloud.stats().throttled;
@@ -345,8 +422,9 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let latency = router.as_ref().map(|r| r.latency.clone()).unwrap_or_default();
     let snap = cluster.snapshot();
     let instances = cloud.instances();
+    // R against the pools as they are at the end (edits included).
     let inputs: Vec<PoolInput> =
-        pools.iter().map(|(p, t, _)| PoolInput { pool: p.clone(), instance_types: t.clone() }).collect();
+        current_pools.iter().map(|(p, t, _)| PoolInput { pool: p.clone(), instance_types: t.clone() }).collect();
     let r_of = |pods: &[Pod], price: f64| -> Option<f64> {
         let input = scheduling::Snapshot {
             nodepools: inputs.clone(),
@@ -415,8 +493,25 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         },
         interruptions,
         pending_after_settle_max: pending_after_settle(&samples),
+        max_pending_age_ms: max_pending_age,
         errors: plane.errors.counts(),
         peak_rss_mib: peak_rss_mib(),
+        rss_slope_mib_per_day: {
+            let day = 24 * 3_600_000;
+            let points: Vec<(f64, f64)> = samples
+                .iter()
+                .filter(|s| s.at_ms >= day)
+                .filter_map(|s| Some((s.at_ms as f64 / 3.6e6, s.rss_mib?)))
+                .collect();
+            crate::report::slope_per_day(&points)
+        },
+        expiry: expire_after.values().min().map(|e| crate::report::ExpiryReport {
+            expire_after_ms: *e,
+            expirations: expired,
+            oldest_age_ms: oldest_age,
+            max_overdue_ms: max_overdue,
+        }),
+        changes,
         control,
         samples,
     })
@@ -435,9 +530,37 @@ fn price_per_hour(instances: &[dovetail_cloud::Instance]) -> f64 {
 
 /// The process's peak RSS (VmHWM), MiB; `None` off Linux.
 pub fn peak_rss_mib() -> Option<f64> {
+    status_mib("VmHWM:")
+}
+
+/// The process's resident memory now, MiB (where the system tells: Linux).
+pub fn rss_mib() -> Option<f64> {
+    status_mib("VmRSS:")
+}
+
+fn status_mib(field: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let kb: f64 = status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
+}
+
+/// Applies one NodePool edit as the controller applies a changed NodePool: its limits and
+/// budgets to the ledger, then its spec and types to its actor. An error (no leader now) is
+/// the edit's to retry.
+async fn apply_edit(
+    pool: &dovetail_core::nodepool::NodePool,
+    types: Arc<Vec<InstanceType>>,
+    (ledger, plane, cluster, now): (&dyn Ledger, &mut Plane, &SimCluster, u64),
+) -> Result<(), String> {
+    let set = Command::SetPool { pool: pool.name.clone(), limits: pool.limits.clone() };
+    propose_now(ledger, now, set).await.map_err(|e| e.to_string())?;
+    let d = &pool.disruption;
+    let budgets = Command::SetBudgets { pool: pool.name.clone(), budgets: d.budgets.clone(), rate: d.rate };
+    propose_now(ledger, now, budgets).await.map_err(|e| e.to_string())?;
+    let class = pool.node_class.name.clone();
+    plane.set_pool(pool.clone(), types, NodeClass { name: class.clone(), hash: class, ..NodeClass::default() });
+    cluster.apply_nodepool(pool.clone());
+    Ok(())
 }
 
 /// Decision latency percentiles, milliseconds.
@@ -644,6 +767,7 @@ faults:
             max_r: Some(2.0),
             max_rss_mib: Some(1e9),
             max_pending_at_end: Some(0),
+            ..Thresholds::default()
         };
         assert!(report.misses(&easy).is_empty(), "{:?}", report.misses(&easy));
         let hard = Thresholds {
@@ -652,6 +776,7 @@ faults:
             max_r: Some(1.0),
             max_rss_mib: Some(1.0),
             max_pending_at_end: None,
+            ..Thresholds::default()
         };
         let misses = report.misses(&hard);
         assert_eq!(misses.len(), 3, "{misses:?}");
@@ -659,5 +784,33 @@ faults:
         let svg = std::fs::read_to_string(&written.plot).expect("svg");
         assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() >= 3, "three series drawn");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The soak in small, on virtual time and three control nodes: 12 hours of hourly waves of
+    /// pods, spot interruptions, an AMI every 4 h, a NodePool edited every 30 minutes, nodes
+    /// expiring after 3 h and the leader killed every 2 h. Every soak threshold holds: every
+    /// pod placed, no lease lapse outside the kills, no claim launched twice, every node gone
+    /// by its expireAfter, R within 0.05 of a fresh plan.
+    #[test]
+    fn the_soak_in_small_edits_pools_releases_amis_expires_nodes_and_fails_over_within_every_threshold() {
+        let text = crate::scenario::builtin_named("soak-ci").expect("the soak-ci scenario");
+        let sc = Scenario::parse(text).expect("scenario");
+        assert!(sc.virtual_time && sc.control.is_some() && sc.edits.is_some() && sc.releases.is_some());
+        let sys = actix_rt::System::new();
+        let report = sys.block_on(async { run(&sc, &RunOptions::default(), &mut Count(0)).await }).expect("run");
+        let t = report.text(None);
+        let misses = report.misses(&sc.thresholds);
+        assert!(misses.is_empty(), "{misses:?}\n{t}");
+        // Every part of the soak happened.
+        assert!(report.changes.nodepool_edits >= 20, "an edit every 30 minutes from 30 m: {t}");
+        assert_eq!(report.changes.ami_releases, 3, "at 2 h, 5 h and 8 h: {t}");
+        let c = report.control.as_ref().expect("control nodes");
+        assert!(c.failovers.len() >= 5, "a kill every 2 hours: {t}");
+        assert_eq!(c.lease_lapses, 0, "{t}");
+        let e = report.expiry.expect("expireAfter is set");
+        assert_eq!(e.expire_after_ms, 3 * 3_600_000);
+        assert!(e.oldest_age_ms > 0 && e.expirations >= 20, "{t}");
+        assert!(report.faults.warned > 0, "spot interruptions: {t}");
+        assert!(report.samples.iter().all(|s| s.rss_mib.is_some()), "RSS sampled");
     }
 }

@@ -15,7 +15,7 @@ pub const DEFAULT: &str = include_str!("../scenarios/default.yaml");
 pub const SMALL: &str = include_str!("../scenarios/small.yaml");
 
 /// The scenarios shipped in the binary, by name.
-pub const BUILTIN: [(&str, &str); 11] = [
+pub const BUILTIN: [(&str, &str); 14] = [
     ("default", DEFAULT),
     ("small", SMALL),
     ("ci", include_str!("../scenarios/ci.yaml")),
@@ -27,6 +27,9 @@ pub const BUILTIN: [(&str, &str); 11] = [
     ("interruption-burst", include_str!("../scenarios/interruption-burst.yaml")),
     ("interruption-paced", include_str!("../scenarios/interruption-paced.yaml")),
     ("interruption-storm", include_str!("../scenarios/interruption-storm.yaml")),
+    ("soak", include_str!("../scenarios/soak.yaml")),
+    ("soak-ci", include_str!("../scenarios/soak-ci.yaml")),
+    ("ha-churn", include_str!("../scenarios/ha-churn.yaml")),
 ];
 
 /// A shipped scenario's text.
@@ -53,6 +56,11 @@ pub struct ScenarioFile {
     pub zones: Vec<String>,
     /// How long the cluster lives (a duration such as `24h`).
     pub duration: String,
+    /// The clock `dovetail loadtest` runs it on: `wall` (the default: latency in real time) or
+    /// `virtual` (a week in minutes: for what takes days to show, a soak). `simulate` runs
+    /// on virtual time unless told `--realtime`.
+    #[serde(default)]
+    pub clock: Option<String>,
     /// How often the driver steps Kubernetes (controllers, kubelets, scheduler); default 10s.
     #[serde(default)]
     pub tick: Option<String>,
@@ -79,9 +87,52 @@ pub struct ScenarioFile {
     /// The sim cloud's settings.
     #[serde(default)]
     pub cloud: CloudSpec,
+    /// The ledger replicated over several control nodes in the process (Raft over an
+    /// in-memory network), the leader killed on a schedule; one in-process ledger when absent.
+    #[serde(default)]
+    pub control: Option<ControlSpec>,
+    /// NodePools changed while the run goes on, as `kubectl apply` of an edited NodePool.
+    #[serde(default)]
+    pub nodepool_edits: Option<EditsSpec>,
+    /// New AMIs released (as an EKS-optimized alias moves on): every instance booted before
+    /// one is drifted.
+    #[serde(default)]
+    pub ami_releases: Option<ReleasesSpec>,
     /// What a loadtest run must meet; `dovetail loadtest` exits non-zero when one is missed.
     #[serde(default)]
     pub thresholds: ThresholdSpec,
+}
+
+/// Control nodes in a scenario.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlSpec {
+    /// How many (3 or 5 survive the loss of one or two).
+    pub nodes: usize,
+    /// Kill the leader this often (a duration); a killed node comes back from its stores 10 s
+    /// later.
+    #[serde(default)]
+    pub kill_leader_every: Option<String>,
+}
+
+/// NodePool edits: from `from`, every `every`, the next of `nodepools` (each a NodePool as
+/// Karpenter's YAML, replacing the NodePool of its name), in turn, over and over.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EditsSpec {
+    pub from: String,
+    pub every: String,
+    pub nodepools: Vec<String>,
+}
+
+/// AMI releases: from `from`, every `every`, until `until` (the run's end when absent).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleasesSpec {
+    pub from: String,
+    pub every: String,
+    #[serde(default)]
+    pub until: Option<String>,
 }
 
 /// The sim cloud in a scenario.
@@ -111,6 +162,31 @@ pub struct ThresholdSpec {
     /// Pods still pending when the run ends.
     #[serde(default)]
     pub max_pending_at_end: Option<usize>,
+    /// How long any pod may wait pending, from its creation to its binding (a duration).
+    #[serde(default)]
+    pub max_pending_age: Option<String>,
+    /// How fast the process's memory may grow after its first day, MiB a day (the slope of
+    /// its RSS samples from 24 h on).
+    #[serde(default)]
+    pub max_rss_slope_mib_per_day: Option<f64>,
+    /// With control nodes: leases that ran out in a term still led (none but a kill's).
+    #[serde(default)]
+    pub max_lease_lapses: Option<u64>,
+    /// With control nodes: terms begun by an election no kill caused.
+    #[serde(default)]
+    pub max_elections_without_kill: Option<usize>,
+    /// Claims that had more than one instance over the run.
+    #[serde(default)]
+    pub max_claims_launched_twice: Option<usize>,
+    /// How far R at the end may be above a fresh plan of the same pods.
+    #[serde(default)]
+    pub max_r_over_plan: Option<f64>,
+    /// How long past its NodePool's `expireAfter` an instance may live (a duration).
+    #[serde(default)]
+    pub max_expiry_overdue: Option<String>,
+    /// Nodes that must have expired (so the expiry check saw some).
+    #[serde(default)]
+    pub min_expirations: Option<u64>,
 }
 
 /// Thresholds checked.
@@ -121,17 +197,30 @@ pub struct Thresholds {
     pub max_r: Option<f64>,
     pub max_rss_mib: Option<f64>,
     pub max_pending_at_end: Option<usize>,
+    pub max_pending_age_ms: Option<u64>,
+    pub max_rss_slope_mib_per_day: Option<f64>,
+    pub max_lease_lapses: Option<u64>,
+    pub max_elections_without_kill: Option<usize>,
+    pub max_claims_launched_twice: Option<usize>,
+    pub max_r_over_plan: Option<f64>,
+    pub max_expiry_overdue_ms: Option<u64>,
+    pub min_expirations: Option<u64>,
 }
 
 fn default_region() -> String {
     "us-east-1".into()
 }
 
-/// A workload change at a time.
+/// A workload change at a time; with `every`, again every `every` until `until` (the run's
+/// end when absent).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Event {
     pub at: String,
+    #[serde(default)]
+    pub every: Option<String>,
+    #[serde(default)]
+    pub until: Option<String>,
     #[serde(flatten)]
     pub action: Action,
 }
@@ -172,6 +261,10 @@ pub struct ScaleSpec {
     /// The seed of a random pick (default 1).
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// For a repeated scale (`every`): the replicas of each repetition after the first, in
+    /// turn (the first has `replicas`), over and over.
+    #[serde(default)]
+    pub cycle: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -277,6 +370,8 @@ pub struct Scenario {
     pub region: String,
     pub zones: Vec<String>,
     pub duration: u64,
+    /// `clock: virtual`: a loadtest of it runs on virtual time.
+    pub virtual_time: bool,
     pub tick: u64,
     pub sample: u64,
     pub registration_delay: u64,
@@ -288,6 +383,20 @@ pub struct Scenario {
     pub faults: Vec<Fault>,
     pub api_limits_factor: f64,
     pub thresholds: Thresholds,
+    /// The control nodes, when the ledger is replicated.
+    pub control: Option<crate::ha::ControlNodes>,
+    /// NodePools edited at run time: from `from`, every `every`, the next of `nodepools`.
+    pub edits: Option<Edits>,
+    /// AMI releases: (from, every, until), ms.
+    pub releases: Option<(u64, u64, u64)>,
+}
+
+/// NodePool edits, times in ms.
+#[derive(Clone, Debug)]
+pub struct Edits {
+    pub from: u64,
+    pub every: u64,
+    pub nodepools: Vec<dovetail_core::nodepool::NodePool>,
 }
 
 /// A workload change with its quantities parsed.
@@ -413,6 +522,14 @@ impl Scenario {
         let mut workloads = Vec::new();
         for (i, e) in f.workloads.iter().enumerate() {
             let at = ms(&format!("workloads[{i}].at"), &e.at)?;
+            let every = e.every.as_deref().map(|v| ms(&format!("workloads[{i}].every"), v)).transpose()?;
+            let until = e.until.as_deref().map(|v| ms(&format!("workloads[{i}].until"), v)).transpose()?;
+            if every == Some(0) {
+                return Err(err(&format!("workloads[{i}].every"), "must be longer than 0s".into()));
+            }
+            if every.is_none() && until.is_some() {
+                return Err(err(&format!("workloads[{i}].until"), "repeats nothing without every".into()));
+            }
             let w = match &e.action {
                 Action::Deployment(d) => Workload::Deployment {
                     namespace: d.namespace.clone(),
@@ -435,6 +552,9 @@ impl Scenario {
                         PickSpec::Newest => dovetail_cluster::sim::Pick::Newest,
                         PickSpec::Random => dovetail_cluster::sim::Pick::Random(s.seed),
                     };
+                    if !s.cycle.is_empty() && every.is_none() {
+                        return Err(err(&format!("workloads[{i}].scale.cycle"), "cycles nothing without every".into()));
+                    }
                     Workload::Scale { namespace: s.namespace.clone(), name: s.name.clone(), replicas: s.replicas, pick }
                 }
                 Action::Job(j) => Workload::Job {
@@ -447,7 +567,30 @@ impl Scenario {
                     memory: mem(&format!("workloads[{i}].job.memory"), &j.memory)?,
                 },
             };
-            workloads.push((at, w));
+            match every {
+                None => workloads.push((at, w)),
+                Some(every) => {
+                    // Repeated: at, at + every, ... until `until` or the run's end; a scale
+                    // with a cycle takes its replicas in turn.
+                    let end = until.unwrap_or(duration).min(duration);
+                    let cycle = match &e.action {
+                        Action::Scale(s) => s.cycle.clone(),
+                        _ => Vec::new(),
+                    };
+                    let mut t = at;
+                    for k in 0..1_000_000usize {
+                        if t > end {
+                            break;
+                        }
+                        let mut w = w.clone();
+                        if let (Workload::Scale { replicas, .. }, true) = (&mut w, k > 0 && !cycle.is_empty()) {
+                            *replicas = cycle[(k - 1) % cycle.len()];
+                        }
+                        workloads.push((t, w));
+                        t = t.saturating_add(every);
+                    }
+                }
+            }
         }
         workloads.sort_by_key(|(at, _)| *at);
         let mut faults = Vec::new();
@@ -560,8 +703,81 @@ impl Scenario {
             max_r: t.max_r,
             max_rss_mib: t.max_rss_mib,
             max_pending_at_end: t.max_pending_at_end,
+            max_pending_age_ms: t
+                .max_pending_age
+                .as_deref()
+                .map(|v| ms("thresholds.max_pending_age", v))
+                .transpose()?,
+            max_rss_slope_mib_per_day: t.max_rss_slope_mib_per_day,
+            max_lease_lapses: t.max_lease_lapses,
+            max_elections_without_kill: t.max_elections_without_kill,
+            max_claims_launched_twice: t.max_claims_launched_twice,
+            max_r_over_plan: t.max_r_over_plan,
+            max_expiry_overdue_ms: t
+                .max_expiry_overdue
+                .as_deref()
+                .map(|v| ms("thresholds.max_expiry_overdue", v))
+                .transpose()?,
+            min_expirations: t.min_expirations,
+        };
+        let control = match &f.control {
+            None => None,
+            Some(c) => {
+                let kill = c.kill_leader_every.as_deref().map(|v| ms("control.kill_leader_every", v)).transpose()?;
+                let shape = crate::ha::ControlNodes::new(c.nodes, kill);
+                shape.check().map_err(|e| err("control", e))?;
+                Some(shape)
+            }
+        };
+        let edits = match &f.nodepool_edits {
+            None => None,
+            Some(e) => {
+                let every = ms("nodepool_edits.every", &e.every)?;
+                if every == 0 {
+                    return Err(err("nodepool_edits.every", "must be longer than 0s".into()));
+                }
+                let mut nodepools = Vec::new();
+                for (i, text) in e.nodepools.iter().enumerate() {
+                    let field = format!("nodepool_edits.nodepools[{i}]");
+                    let m = Manifest::parse(text).map_err(|e| err(&field, e.to_string()))?;
+                    let [pool] = m.nodepools.as_slice() else {
+                        return Err(err(&field, format!("one NodePool, found {}", m.nodepools.len())));
+                    };
+                    if !cluster.nodepools.iter().any(|p| p.name == pool.name) {
+                        return Err(err(
+                            &format!("{field}.metadata.name"),
+                            format!("no NodePool {} in cluster", pool.name),
+                        ));
+                    }
+                    nodepools.push(pool.clone());
+                }
+                if nodepools.is_empty() {
+                    return Err(err("nodepool_edits.nodepools", "at least one NodePool".into()));
+                }
+                Some(Edits { from: ms("nodepool_edits.from", &e.from)?, every, nodepools })
+            }
+        };
+        let releases = match &f.ami_releases {
+            None => None,
+            Some(r) => {
+                let every = ms("ami_releases.every", &r.every)?;
+                if every == 0 {
+                    return Err(err("ami_releases.every", "must be longer than 0s".into()));
+                }
+                let until = r.until.as_deref().map(|v| ms("ami_releases.until", v)).transpose()?.unwrap_or(duration);
+                Some((ms("ami_releases.from", &r.from)?, every, until))
+            }
+        };
+        let virtual_time = match f.clock.as_deref() {
+            None | Some("wall") => false,
+            Some("virtual") => true,
+            Some(other) => return Err(err("clock", format!("{other:?}: wall or virtual"))),
         };
         Ok(Scenario {
+            virtual_time,
+            control,
+            edits,
+            releases,
             api_limits_factor,
             thresholds,
             name: f.name,

@@ -107,6 +107,10 @@ pub fn scenario(
         faults: Vec::new(),
         api_limits_factor: 1.0,
         thresholds: Thresholds::default(),
+        control: None,
+        edits: None,
+        releases: None,
+        virtual_time: false,
     })
 }
 

@@ -90,6 +90,8 @@ struct SimInstance {
     ready_at: Duration,
     /// The request's pool, labels and tags (shared by a merged call's instances).
     request: Arc<RequestShape>,
+    /// The AMI it booted (shared by every instance of one release).
+    image: Arc<str>,
 }
 
 /// What a launch request says about the node besides its type.
@@ -131,6 +133,9 @@ struct State {
     last_tick: Duration,
     /// Spot interruptions per instance-hour (the config's, until changed).
     spot_rate: f64,
+    /// The AMI new instances boot (the config's, until a release: [`SimCloud::release_image`]);
+    /// an instance on another is drifted.
+    image: Arc<str>,
     stats: SimStats,
 }
 
@@ -160,6 +165,7 @@ impl SimCloud {
             next_event: 0,
             last_tick: clock.now(),
             spot_rate: config.spot_interruptions_per_hour,
+            image: Arc::from(config.image.as_str()),
             stats: SimStats::default(),
         };
         SimCloud { config, clock, types, index, queue, state: Mutex::new(state) }
@@ -189,6 +195,17 @@ impl SimCloud {
     /// result.
     pub fn crash_after_fleet(&self, calls: u32) {
         self.lock().crash_after_fleet = calls;
+    }
+
+    /// A new AMI is released (as an EKS-optimized alias moves on): instances launched from now
+    /// boot `image`, and every instance on an older one is drifted.
+    pub fn release_image(&self, image: &str) {
+        self.lock().image = Arc::from(image);
+    }
+
+    /// The AMI new instances boot.
+    pub fn image(&self) -> String {
+        self.lock().image.to_string()
     }
 
     /// Sets how many more instances an offering can launch (0 makes it insufficient).
@@ -325,7 +342,7 @@ impl SimCloud {
             state: if now >= i.ready_at { InstanceState::Running } else { InstanceState::Pending },
             launched_at: i.launched_at,
             tags,
-            image: self.config.image.clone(),
+            image: i.image.to_string(),
             node_class_hash: i.request.node_class_hash.clone(),
         }
     }
@@ -418,6 +435,7 @@ impl SimCloud {
             launched_at: now,
             ready_at: now + self.config.boot.min + Duration::from_secs_f64(span * draw),
             request: shape.clone(),
+            image: s.image.clone(),
         }
     }
 }
@@ -680,7 +698,8 @@ impl CloudProvider for SimCloud {
             if !instance.node_class_hash.is_empty() && instance.node_class_hash != node_class.hash {
                 return Ok(Some(DriftReason::NodeClass));
             }
-            if instance.image != self.config.image {
+            let current = self.lock().image.clone();
+            if instance.image != *current {
                 return Ok(Some(DriftReason::Image));
             }
             Ok(None)
@@ -770,6 +789,20 @@ mod tests {
         assert_eq!(block(c.is_drifted(&a, &same)), Ok(None));
         let changed = NodeClass { hash: "h2".into(), ..same };
         assert_eq!(block(c.is_drifted(&a, &changed)), Ok(Some(DriftReason::NodeClass)));
+    }
+
+    #[test]
+    fn an_image_release_drifts_the_instances_that_booted_an_older_one() {
+        let (c, _) = cloud(SimConfig::default());
+        let class = NodeClass { name: "default".into(), hash: "h".into(), ..Default::default() };
+        let old = block(c.launch(&[request("old", vec![])])).remove(0).expect("old");
+        assert_eq!(block(c.is_drifted(&old, &class)), Ok(None));
+        c.release_image("ami-sim-2");
+        let old = block(c.get(&old.id)).expect("get");
+        assert_eq!(old.image, "ami-sim-al2023", "it keeps the image it booted");
+        assert_eq!(block(c.is_drifted(&old, &class)), Ok(Some(DriftReason::Image)));
+        let new = block(c.launch(&[request("new", vec![])])).remove(0).expect("new");
+        assert_eq!((new.image.as_str(), block(c.is_drifted(&new, &class))), ("ami-sim-2", Ok(None)));
     }
 
     #[test]

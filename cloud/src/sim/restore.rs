@@ -47,6 +47,7 @@ impl SimCloud {
                 tags: BTreeMap::new(),
                 node_class_hash: String::new(),
             });
+            let image = s.image.clone();
             s.by_claim.insert(r.claim.clone(), r.id.clone());
             s.by_batch.entry(batch.clone()).or_default().push(r.id.clone());
             s.instances.insert(
@@ -62,6 +63,7 @@ impl SimCloud {
                     launched_at: now,
                     ready_at: now,
                     request,
+                    image,
                 },
             );
             n += 1;

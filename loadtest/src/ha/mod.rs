@@ -134,6 +134,14 @@ pub struct ControlReport {
     /// Claims the cloud had more than one instance for over the run (looked at every tick,
     /// terminated instances included; must be zero).
     pub claims_launched_twice: usize,
+    /// Leases that ran out in a term still led, over every node (killed ones included): a
+    /// leader that heard no quorum for its lease (a stalled thread, lost messages). A kill is
+    /// not one (the killed node stops at once).
+    pub lease_lapses: u64,
+    pub longest_lapse_ms: u64,
+    /// Whether Raft ran on a thread of its own (on the wall clock; on virtual time it shares
+    /// the run's, whose clock only moves when every task waits).
+    pub own_thread: bool,
 }
 
 /// The group's timing: a failover well inside a second, as in production.
@@ -171,6 +179,10 @@ pub struct Group {
     led_at_ms: u64,
     /// Every instance the cloud had for each claim over the run, terminated ones included.
     instances: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// The lease counts of nodes killed since (their replicas are gone).
+    retired: dovetail_raft::replicated::LeaseStats,
+    /// With Raft on a thread of its own (the wall clock): that thread.
+    runtime: Option<Arc<dovetail_raft::runtime::RaftRuntime>>,
 }
 
 /// What [`Group::on_leadership`] saw.
@@ -183,9 +195,21 @@ pub enum Turn {
 
 impl Group {
     /// Starts the nodes, makes the group and waits (at most 30 s of the clock) for its first
-    /// leader.
-    pub async fn start(shape: ControlNodes, clock: Arc<dyn Clock>, start_ms: u64) -> Result<Group, String> {
+    /// leader. With `own_thread` (a run on the wall clock) the nodes run on a thread of their
+    /// own, as a controller's do, so that a busy plane or world does not delay heartbeats; on
+    /// virtual time they share the run's thread (its clock moves only when every task waits).
+    pub async fn start(
+        shape: ControlNodes,
+        clock: Arc<dyn Clock>,
+        start_ms: u64,
+        own_thread: bool,
+    ) -> Result<Group, String> {
         shape.check()?;
+        let runtime = if own_thread {
+            Some(Arc::new(dovetail_raft::runtime::RaftRuntime::start().map_err(|e| format!("the raft thread: {e}"))?))
+        } else {
+            None
+        };
         let net = MemNet::new(shape.seed);
         let switch = Switch::new(clock.clone());
         let mut group = Group {
@@ -202,6 +226,8 @@ impl Group {
             terms_led: 0,
             led_at_ms: 0,
             instances: BTreeMap::new(),
+            retired: Default::default(),
+            runtime,
         };
         group.net.set_faults(Faults {
             loss: group.shape.loss,
@@ -233,15 +259,12 @@ impl Group {
     async fn boot(&mut self, id: NodeId) -> Result<(), String> {
         let stores = self.stores.get(&id).ok_or_else(|| format!("control node {id} has no stores"))?;
         let transport: Arc<dyn Transport> = self.net.clone();
-        let ledger = RaftLedger::start(
-            id,
-            &settings(),
-            stores.log.clone(),
-            stores.machine.clone(),
-            transport,
-            self.clock.clone(),
-        )
-        .await
+        let (log, machine, clock) = (stores.log.clone(), stores.machine.clone(), self.clock.clone());
+        let start = async move { RaftLedger::start(id, &settings(), log, machine, transport, clock).await };
+        let ledger = match &self.runtime {
+            Some(rt) => rt.run(start).await?,
+            None => start.await,
+        }
         .map_err(|e| format!("control node {id}: {e}"))?;
         self.net.join(id, ledger.raft().clone());
         self.switch.add(id, Arc::new(ledger));
@@ -275,6 +298,10 @@ impl Group {
         self.net.leave(id);
         if let Some(ledger) = self.switch.remove(id) {
             ledger.shutdown().await;
+            // Its lease counts go with it otherwise.
+            let stats = ledger.lease_stats();
+            self.retired.lapses += stats.lapses;
+            self.retired.longest_lapse_ms = self.retired.longest_lapse_ms.max(stats.longest_lapse_ms);
         }
         self.down.insert(id, now.saturating_add(self.shape.restart_after_ms));
         tracing::info!(node = id, raft.term = term, "ledger.sim: leader killed");
@@ -349,7 +376,16 @@ impl Group {
             leads.get(i).copied()
         };
         let after_kill = failovers.iter().filter(|f| f.to_term.is_some()).count();
+        let (mut lease_lapses, mut longest_lapse_ms) = (self.retired.lapses, self.retired.longest_lapse_ms);
+        for l in lock(&self.switch.running).values() {
+            let stats = l.lease_stats();
+            lease_lapses += stats.lapses;
+            longest_lapse_ms = longest_lapse_ms.max(stats.longest_lapse_ms);
+        }
         ControlReport {
+            lease_lapses,
+            longest_lapse_ms,
+            own_thread: self.runtime.is_some(),
             nodes: self.shape.count,
             kill_every_ms: self.shape.kill_every_ms,
             terms_led: self.terms_led,
