@@ -1,7 +1,13 @@
 //! The report of a run: what the cluster ended as, what it cost, how good the packing was
 //! against the lower bound, how fast decisions were, and the series behind the plot.
 
-use std::fmt::Write as _;
+/// Appends one formatted line to a `String` (writing to a string cannot fail).
+macro_rules! say {
+    ($t:expr, $($arg:tt)*) => {{
+        $t.push_str(&format!($($arg)*));
+        $t.push('\n');
+    }};
+}
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
@@ -254,17 +260,17 @@ impl Report {
     pub fn text(&self, written: Option<&Written>) -> String {
         let mut t = String::new();
         let clock = if self.realtime { "wall clock" } else { "virtual" };
-        let _ = writeln!(
+        say!(
             t,
             "scenario {}: {:.1} h of cluster time ({clock}) in {:.1} s",
             self.scenario,
             hours(self.virtual_ms),
             self.wall_ms as f64 / 1e3
         );
-        let _ = writeln!(t, "pods placed      {} of {} ({} pending)", self.pods_bound, self.pods, self.pods_pending);
-        let _ = writeln!(t, "nodes            {} (peak {})", self.nodes, self.peak_nodes);
-        let _ = writeln!(t, "cost             {:.2} $/h now, {:.2} $ over the run", self.price_per_hour, self.spend);
-        let _ = writeln!(
+        say!(t, "pods placed      {} of {} ({} pending)", self.pods_bound, self.pods, self.pods_pending);
+        say!(t, "nodes            {} (peak {})", self.nodes, self.peak_nodes);
+        say!(t, "cost             {:.2} $/h now, {:.2} $ over the run", self.price_per_hour, self.spend);
+        say!(
             t,
             "R (cost / bound) {} at the peak ({} pods at {:.1} h), {} at the end (a fresh plan: {})",
             opt_r(self.r_peak),
@@ -273,9 +279,9 @@ impl Report {
             opt_r(self.r_end),
             opt_r(self.r_plan_end)
         );
-        let _ = writeln!(t, "nodes disrupted  {}", self.nodes_disrupted);
+        say!(t, "nodes disrupted  {}", self.nodes_disrupted);
         if let Some(r) = &self.disruption_rate {
-            let _ = writeln!(
+            say!(
                 t,
                 "disruption rate  {:.2} nodes/min from {} to {} (at most {} in a minute)",
                 r.per_minute,
@@ -285,7 +291,7 @@ impl Report {
             );
         }
         let l = &self.latency_ms;
-        let _ = writeln!(
+        say!(
             t,
             "decision latency p50 {} / p90 {} / p99 {} / max {} over {} decisions ({clock}; window {})",
             opt_ms(l.p50),
@@ -295,25 +301,35 @@ impl Report {
             self.decisions,
             self.window
         );
-        let _ = writeln!(t, "claims           {} created, {} moved after ICE", self.claims_created, self.relaunched);
+        say!(t, "claims           {} created, {} moved after ICE", self.claims_created, self.relaunched);
         let f = &self.faults;
         if *f != FaultCounts::default() {
-            let _ = writeln!(
+            say!(
                 t,
                 "faults           {} spot warnings, {} reclaimed running, {} gone before the reclaim, {} lost with a zone, {} nodes lost and replaced, {} calls throttled",
-                f.warned, f.interrupted, f.gone_before_reclaim, f.zone_lost, f.nodes_lost, f.throttled
+                f.warned,
+                f.interrupted,
+                f.gone_before_reclaim,
+                f.zone_lost,
+                f.nodes_lost,
+                f.throttled
             );
         }
         if let Some(i) = &self.interruptions {
-            let _ = writeln!(
+            say!(
                 t,
                 "interruptions    {} messages, {} nodes acted on, {} duplicates, {} replacements launched ({} denied), {} pods fit existing nodes",
-                i.received, i.acted, i.duplicates, i.replacements, i.replacements_denied, i.pods_on_existing
+                i.received,
+                i.acted,
+                i.duplicates,
+                i.replacements,
+                i.replacements_denied,
+                i.pods_on_existing
             );
             let p = |v: &crate::run::Percentiles| {
                 format!("p50 {} / p99 {} / max {}", opt_ms(v.p50), opt_ms(v.p99), opt_ms(v.max))
             };
-            let _ = writeln!(
+            say!(
                 t,
                 "                 sent to taint {}, sent to replacement {}, {} runs",
                 p(&i.sent_to_taint),
@@ -322,14 +338,14 @@ impl Report {
             );
             let phases = dovetail_actors::interruption::PHASES.iter().chain(["delete"].iter());
             let spent: Vec<String> = phases.zip(i.phase_ms.iter()).map(|(p, ms)| format!("{p} {ms}")).collect();
-            let _ = writeln!(
+            say!(
                 t,
                 "                 run time by phase (ms, summed): {}; longest run {} ms",
                 spent.join(", "),
                 i.longest_run_ms
             );
             if let Some(b) = &i.burst {
-                let _ = writeln!(
+                say!(
                     t,
                     "burst            {} messages, {} handled ({} lost), {}, sent to launch {}, {} recorded, {} left in the queue",
                     b.messages,
@@ -344,20 +360,20 @@ impl Report {
             }
         }
         if let Some(n) = self.pending_after_settle_max {
-            let _ = writeln!(t, "pending          at most {n} at a sample after the first with none pending");
+            say!(t, "pending          at most {n} at a sample after the first with none pending");
         }
-        let _ = writeln!(
+        say!(
             t,
             "longest pending  {} s (a pod's wait from its creation to its binding)",
             self.max_pending_age_ms / 1000
         );
         if let Some(rss) = self.peak_rss_mib {
-            let _ = writeln!(t, "peak RSS         {rss:.0} MiB (whole process)");
+            say!(t, "peak RSS         {rss:.0} MiB (whole process)");
         }
         if let Some(slope) = self.rss_slope_mib_per_day {
             let first = self.samples.iter().find(|s| s.at_ms >= 24 * 3_600_000).and_then(|s| s.rss_mib);
             let last = self.samples.last().and_then(|s| s.rss_mib);
-            let _ = writeln!(
+            say!(
                 t,
                 "memory           {slope:+.1} MiB a day after the first day ({} MiB at 24 h, {} MiB at the end)",
                 first.map_or_else(|| "-".into(), |v| format!("{v:.0}")),
@@ -365,7 +381,7 @@ impl Report {
             );
         }
         if let Some(e) = &self.expiry {
-            let _ = writeln!(
+            say!(
                 t,
                 "expirations      {} nodes expired (expireAfter {:.1} h); the oldest instance lived {:.2} h, {} s past it",
                 e.expirations,
@@ -376,17 +392,18 @@ impl Report {
         }
         let c = &self.changes;
         if *c != Changes::default() {
-            let _ = writeln!(
+            say!(
                 t,
                 "changes          {} NodePool edits ({} retried for want of a leader), {} AMI releases",
-                c.nodepool_edits, c.nodepool_edits_retried, c.ami_releases
+                c.nodepool_edits,
+                c.nodepool_edits_retried,
+                c.ami_releases
             );
         }
         if let Some(c) = &self.control {
             let every = c.kill_every_ms.map_or_else(|| "never".to_string(), |ms| format!("every {} s", ms / 1000));
-            let _ =
-                writeln!(t, "control nodes    {} (leader killed {every}): {} failovers", c.nodes, c.failovers.len());
-            let _ = writeln!(
+            say!(t, "control nodes    {} (leader killed {every}): {} failovers", c.nodes, c.failovers.len());
+            say!(
                 t,
                 "                 new leader p50 {} / p99 {} / max {}; first new claims max {}",
                 opt_ms(c.lead_after_p50_ms),
@@ -394,15 +411,21 @@ impl Report {
                 opt_ms(c.max_lead_after_ms),
                 opt_ms(c.max_decision_after_ms)
             );
-            let _ = writeln!(
+            say!(
                 t,
                 "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice, {} raft messages ({} lost to injected faults)",
-                c.terms_led, c.elections_without_kill, c.fenced, c.claims_launched_twice, c.messages, c.messages_lost
+                c.terms_led,
+                c.elections_without_kill,
+                c.fenced,
+                c.claims_launched_twice,
+                c.messages,
+                c.messages_lost
             );
-            let _ = writeln!(
+            say!(
                 t,
                 "                 {} lease lapses outside a kill (longest {} ms)",
-                c.lease_lapses, c.longest_lapse_ms
+                c.lease_lapses,
+                c.longest_lapse_ms
             );
             for f in c.failovers.iter().take(5) {
                 let decided = match (f.pending_at_lead, f.decision_after_ms) {
@@ -410,7 +433,7 @@ impl Report {
                     (n, Some(ms)) => format!("{n} pods pending, new claims after {ms} ms"),
                     (n, None) => format!("{n} pods pending, no new claims within the batch window"),
                 };
-                let _ = writeln!(
+                say!(
                     t,
                     "  at {:>8.1} s: node {} (term {}) killed; node {} leads term {} after {}; {decided}",
                     f.killed_at_ms as f64 / 1e3,
@@ -422,16 +445,16 @@ impl Report {
                 );
             }
             if c.failovers.len() > 5 {
-                let _ = writeln!(t, "  ... {} more in report.json", c.failovers.len() - 5);
+                say!(t, "  ... {} more in report.json", c.failovers.len() - 5);
             }
         }
         if !self.errors.is_empty() {
             let list: Vec<String> = self.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            let _ = writeln!(t, "errors seen      {}", list.join(", "));
+            say!(t, "errors seen      {}", list.join(", "));
         }
         if let Some(w) = written {
-            let _ = writeln!(t, "report           {}", w.json.display());
-            let _ = writeln!(t, "plot             {}", w.plot.display());
+            say!(t, "report           {}", w.json.display());
+            say!(t, "plot             {}", w.plot.display());
         }
         t
     }

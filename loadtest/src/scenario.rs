@@ -577,11 +577,16 @@ impl Scenario {
                         Action::Scale(s) => s.cycle.clone(),
                         _ => Vec::new(),
                     };
+                    const MOST: u64 = 100_000;
+                    let times = if at > end { 0 } else { (end - at) / every + 1 };
+                    if times > MOST {
+                        return Err(err(
+                            &format!("workloads[{i}].every"),
+                            format!("repeats {times} times within the run; at most {MOST}"),
+                        ));
+                    }
                     let mut t = at;
-                    for k in 0..1_000_000usize {
-                        if t > end {
-                            break;
-                        }
+                    for k in 0..times as usize {
                         let mut w = w.clone();
                         if let (Workload::Scale { replicas, .. }, true) = (&mut w, k > 0 && !cycle.is_empty()) {
                             *replicas = cycle[(k - 1) % cycle.len()];
@@ -831,6 +836,13 @@ mod tests {
         assert!(e.field.starts_with("workloads[") && e.field.ends_with(".deployment.cpu"), "{e}");
         let e = Scenario::parse("name: x\nzones: [a]\nduration: 1h\ncluster: ''\nbogus: 1\n").expect_err("unknown");
         assert!(e.message.contains("bogus"), "{e}");
+        // A repetition too fine for the run is refused, not cut short.
+        let soak = BUILTIN.iter().find(|(n, _)| *n == "soak-ci").expect("soak-ci").1;
+        let line = "{at: 1h, every: 1h, until: 8h, scale: {name: web";
+        assert!(soak.contains(line));
+        let e = Scenario::parse(&soak.replace(line, "{at: 1h, every: 100ms, until: 8h, scale: {name: web"))
+            .expect_err("too many repetitions");
+        assert!(e.field.ends_with(".every") && e.message.contains("at most 100000"), "{e}");
     }
 
     #[test]

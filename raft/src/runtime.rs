@@ -21,7 +21,8 @@ pub struct RaftRuntime {
 impl RaftRuntime {
     /// Starts the thread (named `raft`).
     pub fn start() -> std::io::Result<RaftRuntime> {
-        let (tx, rx) = std::sync::mpsc::channel();
+        // One message: the runtime's handle, or why there is none.
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new().name("raft".into()).spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

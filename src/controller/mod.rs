@@ -74,6 +74,9 @@ fn run_with(settings: Settings) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            // Not dropped: a runtime's drop waits for its blocking tasks, and the error may be
+            // a plane that never stopped. The process ends now either way.
+            std::mem::forget(sys);
             ExitCode::FAILURE
         }
     }
@@ -274,21 +277,35 @@ async fn serve(s: Settings) -> Result<(), String> {
 /// ([`pools::Pools::sync`]). A refresh that fails keeps the catalog in use and is tried again
 /// at the next check.
 async fn refresh_catalog(aws: Arc<dovetail_cloud::aws::AwsProvider>, check: Duration) {
+    // After a failure the next try waits twice as long, up to 10 minutes: an EC2 that throttles
+    // or fails is not asked for the whole catalog every minute.
+    const MOST: Duration = Duration::from_secs(600);
+    let check = check.max(Duration::from_secs(1));
+    let mut wait = check;
     loop {
-        tokio::time::sleep(check.max(Duration::from_secs(1))).await;
-        match tokio::time::timeout(Duration::from_secs(120), aws.refresh_if_due()).await {
-            Ok(Ok(true)) => tracing::info!(
-                generation = aws.catalog_generation(),
-                "cloud.catalog: the EC2 catalog was read again; the NodePools take it at their next sync"
-            ),
-            Ok(Ok(false)) => {}
+        tokio::time::sleep(wait).await;
+        let failed = match tokio::time::timeout(Duration::from_secs(120), aws.refresh_if_due()).await {
+            Ok(Ok(true)) => {
+                tracing::info!(
+                    generation = aws.catalog_generation(),
+                    "cloud.catalog: the EC2 catalog was read again; the NodePools take it at their next sync"
+                );
+                false
+            }
+            Ok(Ok(false)) => false,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cloud.catalog: reading the EC2 catalog again failed; the one in use stays")
+                tracing::warn!(error = %e, retry_in_s = (wait * 2).min(MOST).max(check).as_secs(), "cloud.catalog: reading the EC2 catalog again failed; the one in use stays");
+                true
             }
             Err(_) => {
-                tracing::warn!("cloud.catalog: reading the EC2 catalog again took over 120 s; the one in use stays")
+                tracing::warn!(
+                    retry_in_s = (wait * 2).min(MOST).max(check).as_secs(),
+                    "cloud.catalog: reading the EC2 catalog again took over 120 s; the one in use stays"
+                );
+                true
             }
-        }
+        };
+        wait = if failed { (wait * 2).min(MOST).max(check) } else { check };
     }
 }
 
@@ -341,14 +358,24 @@ const JOIN_LIMIT: Duration = Duration::from_secs(60);
 /// two terms' planes side by side; Kubernetes starts it again, a follower of the term after.
 async fn stop_and_join(arbiter: actix_rt::Arbiter, term: u64) -> Result<(), String> {
     arbiter.stop();
-    let joined = tokio::task::spawn_blocking(move || arbiter.join());
+    // Joined on a thread of its own, not the runtime's blocking pool: a plane that never stops
+    // must not keep the runtime from shutting down when the process ends over it.
+    let (tx, joined) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("join-term-{term}"))
+        .spawn(move || {
+            if tx.send(arbiter.join()).is_err() {
+                tracing::debug!(raft.term = term, "ledger.acting: the plane stopped after the process gave up on it");
+            }
+        })
+        .map_err(|e| format!("cannot wait for the control plane of term {term}: {e}"))?;
     join_within(joined, term, JOIN_LIMIT, Duration::from_secs(10)).await
 }
 
 /// Waits for a term's plane thread (`joined`) to end, saying every `every` that it has not;
 /// an error once `limit` passed.
 async fn join_within<T>(
-    joined: tokio::task::JoinHandle<std::thread::Result<T>>,
+    joined: tokio::sync::oneshot::Receiver<std::thread::Result<T>>,
     term: u64,
     limit: Duration,
     every: Duration,
@@ -369,7 +396,8 @@ async fn join_within<T>(
                 waited += every;
                 if waited >= limit {
                     return Err(format!(
-                        "the control plane of term {term} did not stop within {limit:?}: no later term's plane may                          start beside it, so the process ends"
+                        "the control plane of term {term} did not stop within {limit:?}: no later term's plane \
+                         may start beside it, so the process ends"
                     ));
                 }
                 tracing::warn!(
@@ -583,18 +611,21 @@ mod tests {
     #[allow(clippy::disallowed_methods, reason = "the test measures its own wait by the wall clock")]
     async fn no_later_terms_plane_starts_while_the_last_ones_thread_still_runs() {
         let every = Duration::from_millis(20);
-        let quick = tokio::task::spawn_blocking(|| {
-            std::thread::sleep(Duration::from_millis(50));
-            Ok::<(), Box<dyn std::any::Any + Send>>(())
-        });
+        // A plane's thread, joined as stop_and_join joins it.
+        fn on_thread(plane: impl FnOnce() + Send + 'static) -> tokio::sync::oneshot::Receiver<std::thread::Result<()>> {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let thread = std::thread::spawn(plane);
+            std::thread::spawn(move || tx.send(thread.join()).is_ok());
+            rx
+        }
+        let quick = on_thread(|| std::thread::sleep(Duration::from_millis(50)));
         assert_eq!(join_within(quick, 7, Duration::from_secs(5), every).await, Ok(()));
         let (release, stuck) = std::sync::mpsc::channel::<()>();
-        let hung = tokio::task::spawn_blocking(move || {
+        let hung = on_thread(move || {
             // A planner stuck in a solve: ends only when the test lets it.
             match stuck.recv_timeout(Duration::from_secs(30)) {
                 Ok(()) | Err(_) => {}
             }
-            Ok::<(), Box<dyn std::any::Any + Send>>(())
         });
         let started = std::time::Instant::now();
         let out = join_within(hung, 8, Duration::from_millis(200), every).await;

@@ -56,7 +56,8 @@ struct Running {
 pub struct Pools {
     catalog: Catalog,
     /// The generation of `catalog`, as the provider counts them (0 for a catalog that never
-    /// changes: the embedded one of `--cloud sim`).
+    /// changes, the embedded one of `--cloud sim`, and before the first sync took the
+    /// provider's).
     catalog_generation: u64,
     /// With `--cloud aws`: each EC2NodeClass is resolved (subnets, security groups, AMIs)
     /// before its pools are provisioned for, as Karpenter's EC2NodeClass readiness.
@@ -83,10 +84,11 @@ pub struct Pools {
 
 impl Pools {
     pub fn new(catalog: Catalog, zones: Vec<String>, aws: Option<Arc<AwsProvider>>) -> Self {
-        let catalog_generation = aws.as_ref().map_or(0, |a| a.catalog_generation());
         Pools {
             catalog,
-            catalog_generation,
+            // With a provider, 0: the first sync takes the provider's catalog as it is then, so
+            // a catalog read again between this one and that sync is not missed.
+            catalog_generation: 0,
             aws,
             unresolved: BTreeMap::new(),
             resolutions: BTreeMap::new(),

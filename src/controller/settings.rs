@@ -366,16 +366,20 @@ impl Settings {
         let ha = HaSettings::resolve(args, &file)?;
         let raft = {
             let d = dovetail_raft::replicated::RaftSettings::default();
+            let election_timeout_max_ms = args
+                .raft_election_timeout_max_ms
+                .or(file.raft_election_timeout_max_ms)
+                .unwrap_or(d.election_timeout_max_ms);
             let r = dovetail_raft::replicated::RaftSettings {
                 heartbeat_ms: args.raft_heartbeat_ms.or(file.raft_heartbeat_ms).unwrap_or(d.heartbeat_ms),
                 election_timeout_min_ms: args
                     .raft_election_timeout_min_ms
                     .or(file.raft_election_timeout_min_ms)
                     .unwrap_or(d.election_timeout_min_ms),
-                election_timeout_max_ms: args
-                    .raft_election_timeout_max_ms
-                    .or(file.raft_election_timeout_max_ms)
-                    .unwrap_or(d.election_timeout_max_ms),
+                election_timeout_max_ms,
+                // A proposal outlasts two elections (a slower timing is not refused for the
+                // default of a setting it cannot set).
+                propose_timeout_ms: d.propose_timeout_ms.max(election_timeout_max_ms.saturating_mul(2)),
                 ..d
             };
             r.validate().map_err(|e| format!("--raft-heartbeat-ms / --raft-election-timeout-*: {e}"))?;
@@ -670,6 +674,14 @@ mod tests {
             (s.raft.heartbeat_ms, s.raft.election_timeout_min_ms, s.raft.election_timeout_max_ms),
             (100, 1_000, 2_000)
         );
+        // Elections slower than the proposal's default timeout: the proposals wait longer.
+        let slower = ControllerArgs {
+            raft_heartbeat_ms: Some(1_000),
+            raft_election_timeout_min_ms: Some(4_000),
+            raft_election_timeout_max_ms: Some(8_000),
+            ..ha.clone()
+        };
+        assert_eq!(Settings::resolve(&slower).expect("valid").raft.propose_timeout_ms, 16_000);
         let err = |args: ControllerArgs| Settings::resolve(&args).expect_err("invalid");
         let tight = ControllerArgs { raft_heartbeat_ms: Some(100), ..ha.clone() };
         let e = err(tight);

@@ -42,6 +42,9 @@ fn the_controllers_lists_are_served_from_the_watch_cache_not_read_from_etcd() {
         if going.is_empty() { Ok(()) } else { Err(format!("{going:?}")) }
     });
     let before = etcd_lists(&env, &types);
+    // The server's own caches listed each kind from etcd at its start: the metric is there
+    // (a window that reads 0 -> 0 for want of the metric would prove nothing).
+    assert!(before > 0.0, "no etcd list counted yet: is the metric named as the test reads it?");
     let ctl = Controller::start(&env, "lists", &[]);
     env.wait("the controller's caches synced", Duration::from_secs(60), |_| {
         if ctl.log().contains("caches synced") { Ok(()) } else { Err(ctl.log()) }
@@ -211,6 +214,13 @@ fn with_cloud_aws_spot_prices_are_read_again_and_the_next_nodeclaim_takes_the_ne
     assert_eq!(types(&env), ["m5.xlarge"], "the cheaper spot type at the start\n{}", ctl.log());
     // The market turns: m5.large is the cheap one now.
     proxy.faults().spot_prices = market(0.05, 0.50);
+    // A read of the prices that began after the turn, then a catalog the pools took after it
+    // (one taken meanwhile may hold a read from before).
+    let asked = proxy.calls("DescribeSpotPriceHistory");
+    env.wait("the prices read after the turn", Duration::from_secs(60), |_| {
+        let now = proxy.calls("DescribeSpotPriceHistory");
+        if now > asked { Ok(()) } else { Err(format!("{now} reads\n{}", ctl.log())) }
+    });
     let taken = ctl.log().matches("the NodePools take the catalog read again").count();
     env.wait("the pools took the new prices", Duration::from_secs(60), |_| {
         let now = ctl.log().matches("the NodePools take the catalog read again").count();

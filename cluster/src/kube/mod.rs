@@ -10,6 +10,7 @@
 //! through the eviction subresource (429 while a PDB allows none), Events. Every request goes
 //! through a token bucket (`qps`, `burst`), as client-go's rate limiter does.
 
+mod list;
 pub mod store;
 mod writer;
 
@@ -68,11 +69,12 @@ pub struct Versions {
 
 /// How the reflectors list and watch. Lists are served from the API server's watch cache
 /// (`resourceVersion=0`, "any" semantics: what Karpenter's informers ask too), never a quorum
-/// read of etcd: a relist of 300,000 pods is the cache's work, not etcd's. No page size, as a
-/// page size makes the request a quorum read again (the cache does not paginate). Where the
-/// server streams lists, the initial list comes as watch events instead of one large answer.
-/// The caches wait for every kind's list before anything acts, and an object one list does not
-/// show yet counts as missing only after a grace, so a list slightly older than etcd is safe.
+/// read of etcd: a relist of 300,000 pods is the cache's work, not etcd's. Where the server
+/// streams lists, kube's watcher does with this configuration (the initial list comes as watch
+/// events); elsewhere the list is one answer (the cache does not paginate) that
+/// [`list::follow_listed`] reads as it arrives. The caches wait for every kind's list before
+/// anything acts, and an object one list does not show yet counts as missing only after a
+/// grace, so a list slightly older than etcd is safe.
 pub fn watch_config(streaming_lists: bool) -> watcher::Config {
     let mut cfg = watcher::Config::default().any_semantic();
     cfg.page_size = None;
@@ -179,17 +181,17 @@ impl KubeCluster {
         let versions = discover(&client).await?;
         let shared = Arc::new(Shared::new());
         let mut tasks = Vec::new();
-        let cfg = watch_config(versions.streaming_lists);
-        tasks.push(spawn::<k8s::Pod>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<k8s::Node>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<crd::NodeClaim>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<crd::NodePool>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<crd::EC2NodeClass>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<DaemonSet>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<k8s::Namespace>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<k8s::PersistentVolumeClaim>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<k8s::PersistentVolume>(Api::all(client.clone()), &shared, cfg.clone()));
-        tasks.push(spawn::<StorageClass>(Api::all(client.clone()), &shared, cfg.clone()));
+        let streaming = versions.streaming_lists;
+        tasks.push(spawn::<k8s::Pod>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<k8s::Node>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<crd::NodeClaim>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<crd::NodePool>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<crd::EC2NodeClass>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<DaemonSet>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<k8s::Namespace>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<k8s::PersistentVolumeClaim>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<k8s::PersistentVolume>(Api::all(client.clone()), &shared, streaming));
+        tasks.push(spawn::<StorageClass>(Api::all(client.clone()), &shared, streaming));
         let (group, version) = versions.policy.split_once('/').unwrap_or(("policy", "v1"));
         let ar = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(group, version, "PodDisruptionBudget"),
@@ -197,7 +199,7 @@ impl KubeCluster {
         );
         let pdbs: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         let sh = shared.clone();
-        tasks.push(tokio::spawn(async move { store::follow(pdbs, sh, cfg).await }));
+        tasks.push(tokio::spawn(async move { store::follow(pdbs, sh, streaming).await }));
         let now = clock.now_millis();
         let bucket = AsyncMutex::new(Bucket { tokens: f64::from(settings.burst), at: now });
         Ok(KubeCluster {
@@ -491,9 +493,9 @@ impl KubeCluster {
     }
 }
 
-fn spawn<K: Cached>(api: Api<K>, shared: &Arc<Shared>, cfg: watcher::Config) -> tokio::task::JoinHandle<()> {
+fn spawn<K: Cached>(api: Api<K>, shared: &Arc<Shared>, streaming: bool) -> tokio::task::JoinHandle<()> {
     let sh = shared.clone();
-    tokio::spawn(async move { store::follow(api, sh, cfg).await })
+    tokio::spawn(async move { store::follow(api, sh, streaming).await })
 }
 
 /// Which policy version the server serves for PodDisruptionBudgets and for evictions, and its

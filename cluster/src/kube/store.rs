@@ -517,83 +517,109 @@ impl Cached for DynamicObject {
     }
 }
 
-/// Follows one kind until the stream ends (never, in practice: the watcher relists after a
-/// 410 and retries errors with backoff).
-pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, config: watcher::Config) {
-    let mut config = config;
-    let mut events = watcher::watcher(api.clone(), config.clone()).default_backoff().boxed();
-    let mut listing: Option<Vec<K::Item>> = None;
-    // Every object the (re)list returned, valid or not: an invalid one deleted while the watch
-    // was down must not stay reported.
-    let mut listed: BTreeSet<String> = BTreeSet::new();
-    // The listed objects that cannot be used (few): what is kept of them.
-    let mut unusable: Vec<K> = Vec::new();
+/// A (re)list under way: what it converted so far (kept until it ends, then swapped in
+/// whole, so an object never goes missing while a watch restarts), every object it returned,
+/// valid or not (an invalid one deleted while the watch was down must not stay reported),
+/// and the listed objects that cannot be used (few: what is kept of them).
+pub(super) struct Listing<K: Cached> {
+    items: Vec<K::Item>,
+    listed: BTreeSet<String>,
+    unusable: Vec<K>,
+}
+
+impl<K: Cached> Listing<K> {
+    pub(super) fn new() -> Self {
+        Listing { items: Vec::new(), listed: BTreeSet::new(), unusable: Vec::new() }
+    }
+
+    /// One listed object, converted as it arrives and sharing what the cached objects share
+    /// (a list of 300,000 pods is buffered converted, never as API objects).
+    pub(super) fn add(&mut self, shared: &Shared, obj: K) {
+        self.listed.insert(obj.id());
+        match converted(shared, &obj) {
+            Some(mut item) => {
+                K::share(&mut shared.lock(), &mut item);
+                self.items.push(item);
+            }
+            None => self.unusable.push(obj),
+        }
+    }
+
+    /// The list is complete: it replaces the kind's cache whole, and the kind is synced.
+    pub(super) fn finish(self, shared: &Shared) {
+        let Listing { items, listed, unusable } = self;
+        shared.change(|s| {
+            let prefix = format!("{} ", K::KIND);
+            s.invalid.retain(|key, _| key.strip_prefix(&prefix).is_none_or(|id| listed.contains(id)));
+            K::clear(s);
+            for item in items {
+                K::upsert(s, item);
+            }
+            for obj in &unusable {
+                obj.remember_invalid(s);
+            }
+            s.synced.insert(K::KIND);
+        });
+    }
+}
+
+/// An object added or changed, as a watch reports it.
+pub(super) fn apply<K: Cached>(shared: &Shared, obj: K) {
+    let id = obj.id();
+    let item = converted(shared, &obj);
+    shared.change(|s| match item {
+        Some(mut item) => {
+            K::share(s, &mut item);
+            K::upsert(s, item);
+        }
+        None => {
+            K::remove(s, &id);
+            obj.remember_invalid(s);
+        }
+    });
+}
+
+/// An object deleted, as a watch reports it.
+pub(super) fn delete<K: Cached>(shared: &Shared, obj: &K) {
+    let id = obj.id();
+    shared.change(|s| {
+        s.invalid.remove(&format!("{} {id}", K::KIND));
+        K::remove(s, &id);
+    });
+}
+
+/// A watch error, counted (and logged by the caller).
+pub(super) fn watch_error<K: Cached>(shared: &Shared) {
+    *shared.lock().watch_errors.entry(K::KIND).or_default() += 1;
+}
+
+/// Follows one kind until the process ends. Where the server streams lists, kube's watcher
+/// does (each object of the initial list arrives as an event); elsewhere, and on a server
+/// that refuses a streamed list later, [`super::list::follow_listed`] lists from the watch
+/// cache, reading the answer as it arrives.
+pub async fn follow<K: Cached>(api: Api<K>, shared: Arc<Shared>, streaming: bool) {
+    if !streaming {
+        super::list::follow_listed(api, shared).await;
+        return;
+    }
+    let config = super::watch_config(true);
+    let mut events = watcher::watcher(api.clone(), config).default_backoff().boxed();
+    let mut listing: Option<Listing<K>> = None;
     while let Some(event) = events.next().await {
         match event {
-            Ok(Event::Init) => {
-                listing = Some(Vec::new());
-                listed.clear();
-                unusable.clear();
-            }
-            Ok(Event::InitApply(obj)) => {
-                listed.insert(obj.id());
-                // Shared as it arrives: a list of 300,000 pods is buffered whole until it ends.
-                match converted(&shared, &obj) {
-                    Some(mut item) => {
-                        K::share(&mut shared.lock(), &mut item);
-                        listing.get_or_insert_with(Vec::new).push(item);
-                    }
-                    None => unusable.push(obj),
-                }
-            }
-            Ok(Event::InitDone) => {
-                let items = listing.take().unwrap_or_default();
-                let seen = std::mem::take(&mut listed);
-                let unusable = std::mem::take(&mut unusable);
-                shared.change(|s| {
-                    let prefix = format!("{} ", K::KIND);
-                    s.invalid.retain(|key, _| key.strip_prefix(&prefix).is_none_or(|id| seen.contains(id)));
-                    K::clear(s);
-                    for item in items {
-                        K::upsert(s, item);
-                    }
-                    for obj in &unusable {
-                        obj.remember_invalid(s);
-                    }
-                    s.synced.insert(K::KIND);
-                });
-            }
-            Ok(Event::Apply(obj)) => {
-                let id = obj.id();
-                let item = converted(&shared, &obj);
-                shared.change(|s| match item {
-                    Some(mut item) => {
-                        K::share(s, &mut item);
-                        K::upsert(s, item);
-                    }
-                    None => {
-                        K::remove(s, &id);
-                        obj.remember_invalid(s);
-                    }
-                });
-            }
-            Ok(Event::Delete(obj)) => {
-                let id = obj.id();
-                shared.change(|s| {
-                    s.invalid.remove(&format!("{} {id}", K::KIND));
-                    K::remove(s, &id);
-                });
-            }
+            Ok(Event::Init) => listing = Some(Listing::new()),
+            Ok(Event::InitApply(obj)) => listing.get_or_insert_with(Listing::new).add(&shared, obj),
+            Ok(Event::InitDone) => listing.take().unwrap_or_else(Listing::new).finish(&shared),
+            Ok(Event::Apply(obj)) => apply(&shared, obj),
+            Ok(Event::Delete(obj)) => delete(&shared, &obj),
             Err(e) => {
-                *shared.lock().watch_errors.entry(K::KIND).or_default() += 1;
-                if config.initial_list_strategy == watcher::InitialListStrategy::StreamingList && refuses_streaming(&e)
-                {
+                watch_error::<K>(&shared);
+                if refuses_streaming(&e) {
                     // An API server of a mixed-version group (or with the feature turned off
                     // since discovery) refuses streamed lists: this kind lists instead.
                     tracing::warn!(kind = K::KIND, error = %e, "the API server refused a streamed list of {}; listing instead", K::KIND);
-                    config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
-                    events = watcher::watcher(api.clone(), config.clone()).default_backoff().boxed();
-                    continue;
+                    super::list::follow_listed(api, shared).await;
+                    return;
                 }
                 tracing::warn!(kind = K::KIND, error = %e, "watch of {} failed; retrying with backoff", K::KIND);
             }

@@ -133,7 +133,21 @@ impl<K: Ord + Clone, V: Clone> ChunkedMap<K, V> {
         if old.is_some() {
             self.len -= 1;
         }
-        // An emptied chunk goes; one that lost its first key is filed under its new one.
+        // An emptied chunk goes; one that lost its first key is filed under its new one; one
+        // down to a quarter takes in the chunk after it when both fit in one, so a map that
+        // shrank (pods deleted in their thousands) is not left in many tiny chunks, each a
+        // pointer every clone copies.
+        if chunk.len() < CHUNK / 4
+            && let Some(first) = chunk.keys().next()
+            && let Some((next, after)) = self.chunks.range::<K, _>((Bound::Excluded(first), Bound::Unbounded)).next()
+            && chunk.len() + after.len() <= CHUNK
+        {
+            let next = next.clone();
+            if let Some(after) = self.chunks.remove::<K>(&next) {
+                let after = Arc::try_unwrap(after).unwrap_or_else(|shared| (*shared).clone());
+                Arc::make_mut(&mut chunk).extend(after);
+            }
+        }
         self.put(chunk);
         old
     }
@@ -238,5 +252,12 @@ mod tests {
         let unshared_chunks =
             m.chunks.values().zip(snapshot.chunks.values()).filter(|(a, b)| !Arc::ptr_eq(a, b)).count();
         assert_eq!(unshared_chunks, 1, "one chunk copied");
+        // Most entries deleted, scattered: the chunks shrink with the map.
+        for k in (0..100_000u32).filter(|k| k % 10 != 0) {
+            m.remove(&k);
+        }
+        assert_eq!(m.len(), 10_000);
+        assert!(m.chunks() <= 10_000 / (CHUNK / 4) + 1, "{} chunks for 10,000 entries", m.chunks());
+        assert!(m.keys().copied().eq((0..100_000u32).step_by(10)));
     }
 }
