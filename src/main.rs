@@ -77,7 +77,11 @@ fn main() -> ExitCode {
         Command::NodeAgent(args) => return controller::agent::run(&args, &otel),
         other => other,
     };
-    let telemetry = match telemetry::install(&otel, None, None) {
+    // The others log only when asked (`RUST_LOG`), as text to stderr: their output is the
+    // report.
+    let asked = std::env::var("RUST_LOG").is_ok_and(|v| !v.is_empty());
+    let logs = asked.then(|| logs::Logs { format: logs::LogFormat::Text, level: "warn".into() });
+    let telemetry = match telemetry::install(&otel, logs.as_ref(), None) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");

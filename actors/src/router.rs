@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use dovetail_cluster::ClusterView;
+use dovetail_cluster::{ClusterView, Snapshot};
 use dovetail_core::clock::{Clock, to_millis};
 use dovetail_core::ledger::Millis;
 use dovetail_core::plane::{Batch, BatchWindow, Latencies, Offers};
@@ -423,6 +423,7 @@ fn route_off_thread(r: RouteInput) -> Routed {
     };
     let held = holds.map(|(n, now)| n.held(now)).unwrap_or_default();
     let holding = snap.held_as_bound(&held, &out.live, &nodes);
+    let moving = moving_as_bound(snap, &nodes, &holding, &opts);
     for (open, group) in groups {
         let pods: Vec<Pod> = group.iter().map(|&k| live[k].0.as_ref().clone()).collect();
         // Untraced senders send no causes; none are made up for them.
@@ -439,6 +440,10 @@ fn route_off_thread(r: RouteInput) -> Routed {
         let inputs: Vec<PoolInput> = open.iter().map(|&i| pools[i].clone()).collect();
         let mut snapshot = snap.scheduling_input(nodes.clone(), inputs);
         snapshot.bound_pods.extend(holding.iter().cloned());
+        if !moving.is_empty() {
+            snapshot.bound_pods.retain(|p| !moving.contains_key(&p.key));
+            snapshot.bound_pods.extend(moving.values().cloned());
+        }
         let simulating = decisions.children(|d| tracing::info_span!(parent: d, "router.simulate", pods = pods.len()));
         let results = scheduling::solve(&snapshot, &pods, &opts);
         for e in results.existing.iter().filter(|e| !e.pods.is_empty()) {
@@ -447,6 +452,50 @@ fn route_off_thread(r: RouteInput) -> Routed {
             out.left.extend(e.pods.iter().filter_map(|&i| Some((pods.get(i)?.key.clone(), node.name.clone()))));
         }
         out.solved.push((Job { open, decisions, simulating }, pods, results));
+    }
+    out
+}
+
+/// The pods on their way off nodes being disrupted ([`Snapshot::pods_to_move`]), each as
+/// bound where it will go among `nodes` (existing and in-flight capacity, after the pods
+/// `holding` it), by key; those that fit nowhere are left out. Karpenter's provisioner
+/// simulates them with the pending pods; here they go first: the capacity they are headed for
+/// is a disruption's replacements, made for them, and a pending pod left to it would wait
+/// while they take it (the soak's drift rounds, before). Nothing is launched for them here:
+/// a disruption launched their replacements before taking their nodes, and a pod that fits
+/// nowhere is provisioned for once it is pending, as any pod.
+fn moving_as_bound(
+    snap: &Snapshot,
+    nodes: &[dovetail_core::node::Node],
+    holding: &[Arc<Pod>],
+    opts: &scheduling::SolveOptions,
+) -> std::collections::HashMap<PodKey, Arc<Pod>> {
+    let mut out = std::collections::HashMap::new();
+    if nodes.is_empty() {
+        return out;
+    }
+    let moving: Vec<Pod> = snap
+        .pods_to_move()
+        .into_iter()
+        .map(|p| Pod { node_name: None, nominated_node: None, ..p.as_ref().clone() })
+        .collect();
+    if moving.is_empty() {
+        return out;
+    }
+    // Existing and in-flight capacity only: no NodePool to launch from.
+    let mut input = snap.scheduling_input(nodes.to_vec(), Vec::new());
+    input.bound_pods.extend(holding.iter().cloned());
+    let moved: std::collections::HashSet<&PodKey> = moving.iter().map(|p| &p.key).collect();
+    // Counted where they go, not where they are (their nodes take no pods now).
+    input.bound_pods.retain(|p| !moved.contains(&p.key));
+    let placed = scheduling::solve(&input, &moving, opts);
+    for e in &placed.existing {
+        let Some(node) = input.nodes.get(e.node) else { continue };
+        for &i in &e.pods {
+            if let Some(p) = moving.get(i) {
+                out.insert(p.key.clone(), Arc::new(Pod { node_name: Some(node.name.clone()), ..p.clone() }));
+            }
+        }
     }
     out
 }

@@ -1808,6 +1808,52 @@ mod router {
         let stats = settled(&router, &cluster, 2, 1).await;
         assert_eq!((stats.routed, stats.on_existing), (1, 1), "the node's room is the first pod's: {stats:?}");
     }
+
+    /// A node being disrupted (tainted, its replacement up beside it, sized for its pods):
+    /// the replacement's room is its pods'. A pending pod that would fit there gets capacity
+    /// of its own instead of being left to room the moving pods then take (in the soak's
+    /// drift rounds such pods waited 16 minutes, left to one replacement after another).
+    #[actix_rt::test]
+    async fn a_pending_pod_is_not_left_to_the_room_of_pods_on_their_way_off_a_disrupted_node() {
+        let (cluster, router) = one_pool().await;
+        let room = ResourceList::from_pairs([
+            (ResourceName::Cpu, 2_000),
+            (ResourceName::Memory, 8 << 30),
+            (ResourceName::Pods, 110),
+        ]);
+        let node = |name: &str, taints: Vec<dovetail_core::taints::Taint>| dovetail_core::node::Node {
+            name: name.into(),
+            capacity: room.clone(),
+            allocatable: room.clone(),
+            initialized: true,
+            ready: true,
+            taints,
+            ..Default::default()
+        };
+        cluster.apply_node(node("old", vec![dovetail_core::plane::disrupted_taint()]));
+        cluster.apply_node(node("replacement", Vec::new()));
+        let on_old = Pod {
+            key: PodKey::new("default", "moving-0"),
+            requests: ResourceList::cpu_mem(1500, 1 << 30),
+            node_name: Some("old".into()),
+            ..Pod::default()
+        };
+        cluster.apply_pods(vec![on_old]);
+        let pending = named_pods(&cluster, "pending", 1);
+        router.send(PodsPending { pods: pending, backlog: false }).await.expect("mailbox");
+        let stats = settled(&router, &cluster, 1, 1).await;
+        assert_eq!(
+            (stats.routed, stats.on_existing),
+            (1, 0),
+            "the replacement's room is the moving pod's; the pending pod gets its own: {stats:?}"
+        );
+        // Once the node is gone for good and its pod with it, the room is free again.
+        cluster.delete_pods(&[PodKey::new("default", "moving-0")]);
+        let again = named_pods(&cluster, "later", 1);
+        router.send(PodsPending { pods: again, backlog: false }).await.expect("mailbox");
+        let stats = settled(&router, &cluster, 2, 1).await;
+        assert_eq!((stats.routed, stats.on_existing), (1, 1), "{stats:?}");
+    }
 }
 
 /// The whole plane (Router, two NodePools, three zones) on the sim cloud and sim cluster,

@@ -39,6 +39,13 @@ pub struct Node {
 }
 
 impl Node {
+    /// Whether the node is being disrupted: deleting, or tainted `karpenter.sh/disrupted` (a
+    /// command holds it). Its pods are on their way elsewhere.
+    pub fn is_disrupting(&self) -> bool {
+        let taint = crate::plane::disrupted_taint();
+        self.deleting || self.taints.iter().any(|t| t.key == taint.key && t.effect == taint.effect)
+    }
+
     /// Karpenter's `Initialized`: a node a NodePool manages (`managed`: its label, or a
     /// NodeClaim owning it) once labelled `karpenter.sh/initialized=true`, which the lifecycle
     /// does once it is Ready with its startup and unregistered taints gone (until then it is

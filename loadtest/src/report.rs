@@ -119,6 +119,9 @@ pub struct Report {
     /// tick), ms: a fleet that churns for a week always has a few pods on their way, and none
     /// should wait long.
     pub max_pending_age_ms: u64,
+    /// The pod that waited longest, and when it was created (ms into the run).
+    #[serde(default)]
+    pub longest_pending: Option<(String, u64)>,
     /// Every error the plane met, by `<action>/<kind>` (expected ones included: refused
     /// evictions, throttled calls, conflicts a re-read resolved...).
     pub errors: std::collections::BTreeMap<String, u64>,
@@ -362,11 +365,15 @@ impl Report {
         if let Some(n) = self.pending_after_settle_max {
             say!(t, "pending          at most {n} at a sample after the first with none pending");
         }
-        say!(
-            t,
-            "longest pending  {} s (a pod's wait from its creation to its binding)",
-            self.max_pending_age_ms / 1000
-        );
+        match &self.longest_pending {
+            Some((pod, created)) => say!(
+                t,
+                "longest pending  {} s (a pod's wait from its creation to its binding: {pod}, created at {:.2} h)",
+                self.max_pending_age_ms / 1000,
+                hours(*created)
+            ),
+            None => say!(t, "longest pending  0 s (no pod waited)"),
+        }
         if let Some(rss) = self.peak_rss_mib {
             say!(t, "peak RSS         {rss:.0} MiB (whole process)");
         }

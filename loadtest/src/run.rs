@@ -227,6 +227,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let (mut oldest_age, mut max_overdue) = (0u64, 0u64);
     // The longest any pod waited pending (from its creation, looked at every tick).
     let mut max_pending_age = 0u64;
+    let mut longest_pending: Option<(String, u64)> = None;
     // The moment the most pods were bound, for R.
     let mut peak: Option<(u64, Vec<Pod>, f64)> = None;
     // Nodes disrupted so far, each tick it grew: for the disruption rate.
@@ -259,8 +260,12 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
             g.step().await.map_err(RunError::Ledger)?;
         }
         // The pod pending longest now (a pod is created pending: from its creation on).
-        if let Some(oldest) = cluster.snapshot().pending().map(|p| u64::try_from(p.creation).unwrap_or(0)).min() {
-            max_pending_age = max_pending_age.max(now.saturating_sub(oldest));
+        if let Some((oldest, pod)) =
+            cluster.snapshot().pending().map(|p| (u64::try_from(p.creation).unwrap_or(0), p.key.to_string())).min()
+            && now.saturating_sub(oldest) > max_pending_age
+        {
+            max_pending_age = now.saturating_sub(oldest);
+            longest_pending = Some((pod, oldest));
         }
         // The oldest instance, and how far past its NodePool's expireAfter any got.
         let cloud_now = clock.now();
@@ -494,6 +499,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         interruptions,
         pending_after_settle_max: pending_after_settle(&samples),
         max_pending_age_ms: max_pending_age,
+        longest_pending,
         errors: plane.errors.counts(),
         peak_rss_mib: peak_rss_mib(),
         rss_slope_mib_per_day: {

@@ -323,6 +323,24 @@ impl Snapshot {
         out
     }
 
+    /// Pods on their way off their node: those that must move (see
+    /// [`crate::disruption::candidates::is_reschedulable`]) from a node being disrupted, that
+    /// is deleting or tainted `karpenter.sh/disrupted` (a command holds it). Karpenter's
+    /// provisioner simulates them with the pending pods ("pods on nodes marked for deletion").
+    pub fn pods_to_move(&self) -> Vec<&Arc<Pod>> {
+        let going: HashSet<&str> = self.nodes.values().filter(|n| n.is_disrupting()).map(|n| n.name.as_str()).collect();
+        if going.is_empty() {
+            return Vec::new();
+        }
+        self.pods
+            .values()
+            .filter(|p| {
+                p.node_name.as_deref().is_some_and(|n| going.contains(n))
+                    && crate::disruption::candidates::is_reschedulable(p)
+            })
+            .collect()
+    }
+
     /// One key per node and per NodeClaim (its kind and name, hashed), with whether it is
     /// being deleted: what a pending pod may have been counted against. A key gone since an
     /// earlier look, or newly marked for deletion, means capacity went away, so the pods counted

@@ -25,13 +25,12 @@ use std::sync::Arc;
 
 use crate::cluster::Snapshot;
 use crate::node::Node;
-use crate::plane::disrupted_taint;
 use crate::pod::Pod;
 use crate::scheduling::scheduler::Scheduler;
 use crate::scheduling::trial::TrialResults;
 use crate::scheduling::{self, PoolInput, SolveOptions};
 
-use super::candidates::{Candidate, is_reschedulable};
+use super::candidates::Candidate;
 
 /// What a move takes out: a candidate's claim, its node, and the pods that must move.
 #[derive(Clone, Copy, Debug)]
@@ -86,13 +85,6 @@ impl Outcome {
     }
 }
 
-/// Whether a node is being disrupted: deleting, or tainted `karpenter.sh/disrupted` (a
-/// command holds it). Its pods are on their way elsewhere.
-fn disrupting(n: &Node) -> bool {
-    let taint = disrupted_taint();
-    n.deleting || n.taints.iter().any(|t| t.key == taint.key && t.effect == taint.effect)
-}
-
 impl Prepared {
     /// The round's inputs: every node of the cluster (candidates included), the NodePools
     /// with their instance types, the pods on their way, and the candidates' pods.
@@ -100,14 +92,8 @@ impl Prepared {
         let nodes = snap.capacity_nodes();
         let input = snap.scheduling_input(nodes, pools.to_vec());
         let mut pods: Vec<Pod> = snap.provisionable().map(|p| p.as_ref().clone()).collect();
-        let going: HashSet<&str> = snap.nodes.values().filter(|n| disrupting(n)).map(|n| n.name.as_str()).collect();
-        if !going.is_empty() {
-            let moving = snap
-                .pods
-                .values()
-                .filter(|p| p.node_name.as_deref().is_some_and(|n| going.contains(n)) && is_reschedulable(p));
-            pods.extend(moving.map(|p| unbound(p)));
-        }
+        let going: HashSet<&str> = snap.nodes.values().filter(|n| n.is_disrupting()).map(|n| n.name.as_str()).collect();
+        pods.extend(snap.pods_to_move().into_iter().map(|p| unbound(p)));
         let pending = pods.len();
         let at: HashMap<&str, usize> = input.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let disrupting: Vec<usize> = going.iter().filter_map(|n| at.get(n).copied()).collect();
