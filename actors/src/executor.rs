@@ -225,8 +225,8 @@ impl Executor {
             warning: true,
             reason: "FailedEviction".into(),
             message: format!(
-                "Cannot evict pod {pod}: {e}. Make at most one PodDisruptionBudget select it; \
-                 its node's drain waits until then"
+                "Cannot evict: {e}. Make at most one PodDisruptionBudget select it; its node's \
+                 drain waits until then"
             ),
         };
         if self.gate(term).await.is_err() {

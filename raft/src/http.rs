@@ -23,7 +23,7 @@
 //! receiver's logs and for network tools (a test's partitioning proxy) that see one
 //! connection per sender.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -341,8 +341,45 @@ struct Held {
 #[derive(Debug, Default)]
 struct Gate {
     peers: Mutex<HashMap<IpAddr, Held>>,
+    /// The addresses the group's members resolve to (from the committed membership, read
+    /// again every few seconds): a member dialling afresh (a new leader, a node back from a
+    /// restart) is never turned away for the unauthenticated connections of strangers.
+    members: Mutex<HashSet<IpAddr>>,
     /// Connections closed at accept for being over a limit.
     dropped: AtomicU64,
+}
+
+/// Aborts a task when dropped (with the task that holds it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How often the members' addresses are resolved again (a restarted pod's new address is in
+/// DNS within seconds).
+const MEMBERS_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps `gate.members` to the addresses the committed membership's nodes resolve to.
+async fn follow_members(raft: Raft<TypeConfig>, gate: Arc<Gate>) {
+    loop {
+        let addrs: Vec<String> = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            m.membership_config.membership().nodes().map(|(_, n)| n.addr.clone()).collect()
+        };
+        let mut ips = HashSet::new();
+        for addr in &addrs {
+            match tokio::net::lookup_host(addr.as_str()).await {
+                Ok(found) => ips.extend(found.map(|a| a.ip().to_canonical())),
+                Err(e) => tracing::debug!(%addr, error = %e, "ledger.rpc: a member's address did not resolve"),
+            }
+        }
+        *lock(&gate.members) = ips;
+        tokio::time::sleep(MEMBERS_EVERY).await;
+    }
 }
 
 /// One admitted connection's place in the [`Gate`], given back when dropped.
@@ -358,8 +395,9 @@ impl Gate {
         let mut peers = lock(&self.peers);
         let total: usize = peers.values().map(|h| h.all).sum();
         let unauthenticated: usize = peers.values().map(|h| h.unauthenticated).sum();
+        let member = lock(&self.members).contains(&peer);
         let held = peers.entry(peer).or_default();
-        let known = held.all > held.unauthenticated;
+        let known = member || held.all > held.unauthenticated;
         if total >= MAX_CONNECTIONS
             || held.all >= MAX_PER_PEER
             || held.unauthenticated >= MAX_UNAUTHENTICATED_PER_PEER
@@ -448,7 +486,10 @@ impl HttpServer {
         let gate = Arc::new(Gate::default());
         let served = Served { raft, machine, client, refused: refused.clone() };
         let admissions = gate.clone();
+        let members = tokio::spawn(follow_members(served.raft.clone(), gate.clone()));
         let task = tokio::spawn(async move {
+            // The members' addresses are followed as long as connections are accepted.
+            let _members = AbortOnDrop(members);
             loop {
                 let (stream, peer) = match listener.accept().await {
                     Ok(c) => c,
@@ -721,6 +762,25 @@ mod tests {
         assert!(gate.admit(IpAddr::from([127, 2, 0, 1])).is_some());
     }
 
+    /// A member of the group with no connection open (a new leader dialling its followers, a
+    /// node back from a restart) is admitted however many strangers hold unauthenticated
+    /// connections.
+    #[test]
+    fn a_member_with_no_connection_open_is_admitted_while_strangers_fill_the_unauthenticated_half() {
+        let gate = Arc::new(Gate::default());
+        let member = IpAddr::from([127, 0, 0, 9]);
+        lock(&gate.members).insert(member);
+        let mut silent = Vec::new();
+        for host in 0..(MAX_UNAUTHENTICATED / MAX_UNAUTHENTICATED_PER_PEER) {
+            for _ in 0..MAX_UNAUTHENTICATED_PER_PEER {
+                let ip = IpAddr::from([127, 1, 0, u8::try_from(host).expect("few hosts")]);
+                silent.push(gate.admit(ip).expect("room for silent connections"));
+            }
+        }
+        assert!(gate.admit(IpAddr::from([127, 2, 0, 1])).is_none(), "a stranger is turned away");
+        assert!(gate.admit(member).is_some(), "the member is not");
+    }
+
     /// A host that opens connections and sends nothing (or never finishes a request) holds a
     /// few slots of its own address, never the group's: a peer dialling afresh is answered at
     /// once. (Before, the first 64 such connections held every slot for the header timeout.)
@@ -752,6 +812,16 @@ mod tests {
                 .expect("answered while another host holds idle connections");
             assert_eq!(st.node, leader);
         }
+        // The members' addresses (here all 127.0.0.1) are known to the server's gate.
+        let mut known = false;
+        for _ in 0..100 {
+            known = lock(&servers[&leader].gate.members).contains(&IpAddr::from([127, 0, 0, 1]));
+            if known {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(known, "the group's members resolved into the gate");
         drop(idle);
         for n in nodes.values() {
             n.shutdown().await;

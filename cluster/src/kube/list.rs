@@ -88,6 +88,8 @@ pub(super) async fn follow_listed<K: Cached>(api: Api<K>, shared: Arc<Shared>) {
 /// newest version it saw.
 async fn watch_from<K: Cached>(api: &Api<K>, shared: &Shared, mut version: String, backoff: &mut Backoff) -> String {
     loop {
+        // Bookmarks are asked for (kube's default): they keep a quiet kind's version fresh,
+        // so a watch restarted after the server's timeout does not find it gone (410).
         let params = WatchParams::default().timeout(290);
         let events = match api.watch(&params, &version).await {
             Ok(events) => events,

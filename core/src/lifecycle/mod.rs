@@ -469,7 +469,10 @@ fn plan_claim(
         plan.event(id, ObjectKind::NodeClaim, id, false, "InterruptionDraining", message);
         return;
     }
-    if let Some(expired) = cfg.liveness.check(&cx.state, cx.claim.reserved_at, input.now) {
+    // From the NodeClaim's creation, as Karpenter counts: a restart (or an adoption) that
+    // reserved the claim again does not give an instance that never registered a fresh wait.
+    let created = cx.nc.as_ref().map_or(cx.claim.reserved_at, |nc| nc.born(cx.claim.reserved_at));
+    if let Some(expired) = cfg.liveness.check(&cx.state, created, input.now) {
         plan.step(id, Step::Terminating);
         let message = format!("nodeclaim {id} outlived its {expired:?} timeout");
         plan.event(id, ObjectKind::NodeClaim, id, true, "LivenessTimeout", message);

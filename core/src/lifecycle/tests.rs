@@ -590,6 +590,30 @@ fn a_launch_that_outlives_its_timeout_is_terminated() {
     assert!(plan.steps.contains(&("default-abcde".into(), Step::Terminating)));
 }
 
+/// A claim reserved again after a restart (the single-node ledger starts empty and adopts the
+/// cluster's NodeClaims) keeps its NodeClaim's age: an instance that has not registered for
+/// 15 minutes since its NodeClaim was created is given up at once, not 15 minutes later.
+#[test]
+fn the_registration_timeout_counts_from_the_nodeclaims_creation_not_the_restart() {
+    let mut w = World::new();
+    w.now = 3_600_000;
+    w.claim("default-abcde", vec![launched("i-1")]);
+    // The NodeClaim was created 20 minutes before the claim was reserved (again).
+    let made = w.now - 20 * 60_000;
+    let nc = w.snap.nodeclaims.get_mut("default-abcde").expect("claim");
+    Arc::make_mut(nc).created = Some(made);
+    w.now += 1_000;
+    let plan = w.plan();
+    assert!(plan.steps.contains(&("default-abcde".into(), Step::Terminating)), "{:?}", plan.steps);
+    // One created just now waits its 15 minutes.
+    let mut fresh = World::new();
+    fresh.claim("default-fghij", vec![launched("i-2")]);
+    fresh.now += 14 * 60_000;
+    assert!(!fresh.plan().steps.contains(&("default-fghij".into(), Step::Terminating)));
+    fresh.now += 60_000;
+    assert!(fresh.plan().steps.contains(&("default-fghij".into(), Step::Terminating)));
+}
+
 #[test]
 fn orphaned_objects_lose_their_finalizers() {
     let mut w = World::new();
