@@ -1452,7 +1452,7 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
     );
     // The getting-started class names a role the account does not have yet: the NodePool
     // says so instead of launching what could not join.
-    env.wait("the missing role reported", Duration::from_secs(60), |e| match condition(e, "default", "Ready") {
+    env.wait("the missing role reported", Duration::from_secs(120), |e| match condition(e, "default", "Ready") {
         Some((s, reason, message))
             if s == "False" && reason == "NodeClassNotReady" && message.contains("spec.role") =>
         {

@@ -101,7 +101,9 @@ fn a_scale_down_is_consolidated_within_the_budget_and_no_pod_is_evicted_against_
 
     // Every node's decision on its NodeClaim, and `explain` reads it back.
     let node = env.items(&["get", "nodes", "-l", "karpenter.sh/nodepool=shrink"]).first().map(name_of).expect("a node");
-    env.wait("the node's decision on its NodeClaim", Duration::from_secs(30), |e| {
+    // Margins for a loaded machine: the decision is written once the node's pods were still
+    // for consolidateAfter and a planning pass ran, which a busy host delays.
+    env.wait("the node's decision on its NodeClaim", Duration::from_secs(90), |e| {
         let said = e.items(&["get", "nodeclaims"]).iter().any(|c| {
             c["status"]["nodeName"] == node.as_str()
                 && c["status"]["conditions"].as_array().into_iter().flatten().any(|k| k["type"] == "Consolidatable")

@@ -480,7 +480,7 @@ fn three_control_nodes_on_moto_lose_their_leader_mid_scale_up_and_launch_nothing
         ns = format!("ha-aws-{round}");
         let round_started = std::time::Instant::now();
         env.apply(&deployment(&ns, "inflate", pods / 2, "1"));
-        env.wait("the round's first NodeClaims", Duration::from_secs(60), |e| {
+        env.wait("the round's first NodeClaims", Duration::from_secs(120), |e| {
             if e.items(&["get", "nodeclaims"]).is_empty() { Err(group.logs()) } else { Ok(()) }
         });
         // SIGKILL of the leader mid-scale-up, and more pods for the next one to place.

@@ -109,11 +109,20 @@ struct Classified {
     resume: Vec<(String, String)>,
     /// Notices for instances the ledger knows, with nothing new (deleted, nothing done).
     duplicates: u64,
-    /// Notices for instances no claim of the ledger and no NodeClaim of the cluster knows:
-    /// dropped (deleted, counted), never proposed. Karpenter's EventBridge rules forward the
-    /// whole account's state changes; another cluster's or a plain EC2 user's instances are
-    /// none of this ledger's business (an hour of records and a log entry each).
-    unmatched: u64,
+    /// Instances no claim of the ledger and no NodeClaim of the cluster knows: their notices
+    /// are dropped (the messages deleted and counted), never proposed. Karpenter's
+    /// EventBridge rules forward the whole account's state changes; another cluster's or a
+    /// plain EC2 user's instances are none of this ledger's business (an hour of records and
+    /// a log entry each).
+    unmatched: BTreeSet<String>,
+}
+
+/// The messages among `events` that name only instances in `unmatched` (each counted once,
+/// however many of them one instance's notice merged).
+fn unmatched_messages(events: &[(interruption::Event, Millis)], unmatched: &BTreeSet<String>) -> u64 {
+    let only_unmatched =
+        |e: &interruption::Event| !e.instances.is_empty() && e.instances.iter().all(|i| unmatched.contains(i));
+    events.iter().filter(|(e, _)| e.kind != Kind::NoOp && only_unmatched(e)).count() as u64
 }
 
 /// Reads `notices` against `s`; `in_cluster` says whether a NodeClaim of the cluster names an
@@ -122,7 +131,7 @@ fn classify(s: &State, notices: Vec<Notice>, in_cluster: &dyn Fn(&str) -> bool) 
     let mut c = Classified::default();
     for n in notices {
         if n.claim.is_none() && s.interruption(&n.instance).is_none() && !in_cluster(&n.instance) {
-            c.unmatched += 1;
+            c.unmatched.insert(n.instance);
             continue;
         }
         match s.interruption(&n.instance) {
@@ -248,12 +257,15 @@ impl Work {
         // knows are dropped before anything is proposed.
         let plan = read_with(&*self.ledger, move |s| {
             let notices = interruption::notices(&events, |i| s.claim_of_instance(i), &settings);
-            classify(s, notices, &in_cluster)
+            let plan = classify(s, notices, &in_cluster);
+            let unmatched = unmatched_messages(&events, &plan.unmatched);
+            (plan, unmatched)
         })
         .await
         .map_err(|e| NotActed::Ledger(e.to_string()))?;
+        let (plan, unmatched) = plan;
         acted.duplicates = plan.duplicates;
-        acted.unmatched = plan.unmatched;
+        acted.unmatched = unmatched;
         if plan.propose.is_empty() && plan.resume.is_empty() {
             return Ok((acted, None));
         }
@@ -506,6 +518,38 @@ mod tests {
     use dovetail_core::node::Node;
 
     use super::NodesOf;
+
+    /// Notices for an instance no claim and no NodeClaim knows (another cluster's, in the
+    /// account-wide queue) are dropped before anything is proposed, and counted per message
+    /// however a batch merged them; one the cluster's NodeClaims name is proposed.
+    #[test]
+    fn a_notice_for_an_instance_no_claim_knows_is_dropped_and_counted_per_message() {
+        use dovetail_core::interruption::{self, Event, Kind, Settings};
+        use dovetail_core::ledger::State;
+        let event = |kind: Kind, instance: &str| {
+            let e = Event {
+                kind,
+                id: format!("e-{instance}-{kind}"),
+                time: Some(1_000),
+                instances: vec![instance.to_string()],
+                action: None,
+                note: String::new(),
+            };
+            (e, 1_000)
+        };
+        let events = vec![
+            event(Kind::SpotInterrupted, "i-foreign"),
+            event(Kind::InstanceStopped, "i-foreign"),
+            event(Kind::SpotInterrupted, "i-ours"),
+        ];
+        let s = State::default();
+        let notices = interruption::notices(&events, |i| s.claim_of_instance(i), &Settings::default());
+        let plan = super::classify(&s, notices, &|i: &str| i == "i-ours");
+        assert_eq!(plan.unmatched, ["i-foreign".to_string()].into());
+        assert_eq!(super::unmatched_messages(&events, &plan.unmatched), 2, "two messages, one notice");
+        let proposed: Vec<&str> = plan.propose.iter().map(|n| n.instance.as_str()).collect();
+        assert_eq!(proposed, vec!["i-ours"], "the cluster's own instance is proposed, the other not");
+    }
 
     fn snapshot(nodes: &[(&str, &str)], claims: &[(&str, Option<&str>, Option<&str>)]) -> Snapshot {
         let mut snap = Snapshot::default();
