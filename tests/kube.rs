@@ -1404,11 +1404,35 @@ async fn instances_of(ec2: &aws_sdk_ec2::Client, claim: &str) -> Vec<(String, St
         .collect()
 }
 
+/// Deletes `role` if the account has it, taken out of its instance profiles first (IAM
+/// refuses to delete a role a profile holds).
+async fn forget_role(iam: &aws_sdk_iam::Client, role: &str) {
+    let profiles = match iam.list_instance_profiles_for_role().role_name(role).send().await {
+        Ok(out) => out.instance_profiles().iter().map(|p| p.instance_profile_name().to_string()).collect::<Vec<_>>(),
+        Err(e) if format!("{e:?}").contains("NoSuchEntity") => return,
+        Err(e) => panic!("list the instance profiles of role {role}: {e:?}"),
+    };
+    for profile in profiles {
+        iam.remove_role_from_instance_profile()
+            .instance_profile_name(&profile)
+            .role_name(role)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("take role {role} out of instance profile {profile}: {e:?}"));
+    }
+    if let Err(e) = iam.delete_role().role_name(role).send().await {
+        assert!(format!("{e:?}").contains("NoSuchEntity"), "delete role {role}: {e:?}");
+    }
+}
+
 #[test]
 fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for_its_role_and_nodeclaims_launch_and_terminate_ec2_instances()
  {
     let Some((env, _serial, _)) = getting_started() else { return };
     let (rt, endpoint, ec2, iam) = seeded_moto(&env);
+    // The account starts without the class's role: another test of this process on the same
+    // moto (the price refresh's) may have made it.
+    rt.block_on(forget_role(&iam, "KarpenterNodeRole-dovetail-test"));
     // Without a CA to give the nodes (the test kubeconfig skips verification) it refuses to
     // start, saying what to set, rather than launch nodes that cannot join.
     let args = ["--cloud", "aws", "--aws-endpoint", endpoint.as_str(), "--region", "us-east-1"];
@@ -1452,7 +1476,7 @@ fn with_cloud_aws_on_moto_the_getting_started_class_gets_an_instance_profile_for
     );
     // The getting-started class names a role the account does not have yet: the NodePool
     // says so instead of launching what could not join.
-    env.wait("the missing role reported", Duration::from_secs(120), |e| match condition(e, "default", "Ready") {
+    env.wait("the missing role reported", Duration::from_secs(60), |e| match condition(e, "default", "Ready") {
         Some((s, reason, message))
             if s == "False" && reason == "NodeClassNotReady" && message.contains("spec.role") =>
         {
