@@ -416,7 +416,14 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
         // Two messages each for the spot, stopped and terminated instances: each acted on once.
         assert_eq!(stats.acted, 5, "five instances acted on once each: {stats:?}");
         assert_eq!(stats.tainted, 5, "{stats:?}");
-        assert_eq!(stats.replacements, 5, "one pod a node, none fits elsewhere: a replacement each: {stats:?}");
+        // One pod a node, none fits elsewhere: a replacement each for the three with time
+        // left (spot, scheduled change, reservation). A stopping or shutting-down instance's
+        // deadline is now: its node may drain as soon as its record commits, before the
+        // sizing stage of the same run reads its pods (on a loaded machine it does), and its
+        // pod is then provisioned for as any pending pod. Every pod bound again is checked
+        // below.
+        let replaced = stats.replacements;
+        assert!((3..=5).contains(&replaced), "a replacement for each with time left, at most one each: {stats:?}");
         assert_eq!((stats.released, stats.failed_runs, stats.resumed), (0, 0, 0), "{stats:?}");
         // The other cluster's notices: deleted and counted, never proposed (no record kept an
         // hour, no offering marked unavailable).
@@ -434,7 +441,7 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let stats = w.stats().await;
-        assert_eq!((stats.deleted, stats.acted, stats.replacements), (sent + 1, 5, 5), "{stats:?}");
+        assert_eq!((stats.deleted, stats.acted, stats.replacements), (sent + 1, 5, replaced), "{stats:?}");
         assert_eq!(stats.duplicates, duplicates + 1, "the redelivery, a duplicate: {stats:?}");
         assert_eq!(depth(&sqs, &url).await, 0);
         // The rebalance recommendation is an event: its node stays as it was.
