@@ -100,9 +100,14 @@ impl ClusterWriter for KubeCluster {
 
     fn create_nodeclaim(&self, claim: NodeClaim) -> BoxFuture<'_, Result<u64, ClusterError>> {
         Box::pin(async move {
+            // A NodeClaim is owned by its NodePool (deleting the NodePool deletes its claims).
+            // A NodePool the synced cache no longer holds was deleted: a claim created for it
+            // now would have no owner and outlive it, its instance launched for nobody.
+            let Some(uid) = self.shared.lock().pool_uids.get(&claim.spec.nodepool).cloned() else {
+                return Err(ClusterError::NotFound { kind: "nodepool", name: claim.spec.nodepool.clone() });
+            };
             self.admit().await;
-            let uid = self.shared.lock().pool_uids.get(&claim.spec.nodepool).cloned();
-            let obj = convert::nodeclaim(&claim.name, &claim.spec, uid.as_deref());
+            let obj = convert::nodeclaim(&claim.name, &claim.spec, Some(&uid));
             let api: Api<crd::NodeClaim> = Api::all(self.client.clone());
             let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
             let out = api.create(&pp, &obj).await.map_err(|e| self.api_error("nodeclaim", &claim.name, e))?;
@@ -352,5 +357,131 @@ impl ClusterWriter for KubeCluster {
             api.create(&PostParams::default(), &ev).await.map_err(|e| self.api_error("event", &name, e))?;
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::time::Duration;
+
+    use dovetail_core::clock::{Clock, ManualClock};
+    use dovetail_core::nodepool::NodeClaimSpec;
+
+    use crate::kube::{Bucket, KubeSettings, Versions, store::Shared};
+
+    /// An API server on 127.0.0.1 that answers every request with `answer` (201, JSON) and
+    /// records each request line and body.
+    fn server(answer: &'static str) -> (String, Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bound");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for _ in 0..8 {
+                let Ok((conn, _)) = listener.accept() else { return };
+                let mut reader = BufReader::new(conn);
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    return;
+                }
+                let mut length = 0usize;
+                for _ in 0..100 {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        if k.eq_ignore_ascii_case("content-length") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                let mut body = vec![0u8; length];
+                if reader.read_exact(&mut body).is_err() {
+                    return;
+                }
+                log.lock().expect("log").push((line.trim().to_string(), String::from_utf8_lossy(&body).into_owned()));
+                let mut conn = reader.into_inner();
+                let head = format!(
+                    "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    answer.len()
+                );
+                if conn.write_all(head.as_bytes()).and_then(|()| conn.write_all(answer.as_bytes())).is_err() {
+                    return;
+                }
+            }
+        });
+        (format!("http://{addr}"), seen)
+    }
+
+    fn cluster(url: &str) -> KubeCluster {
+        let client = kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+        let clock = Arc::new(ManualClock::new());
+        let now = clock.now_millis();
+        KubeCluster {
+            client,
+            shared: Arc::new(Shared::new()),
+            versions: Versions {
+                policy: "policy/v1".into(),
+                eviction: "policy/v1".into(),
+                server: "1.30".into(),
+                streaming_lists: false,
+            },
+            settings: KubeSettings::default(),
+            clock,
+            bucket: tokio::sync::Mutex::new(Bucket { tokens: 300.0, at: now }),
+            paused_until: std::sync::atomic::AtomicU64::new(0),
+            throttles: std::sync::atomic::AtomicU64::new(0),
+            requests: std::sync::atomic::AtomicU64::new(0),
+            events: std::sync::atomic::AtomicU64::new(0),
+            tasks: Vec::new(),
+        }
+    }
+
+    fn claim(name: &str, pool: &str) -> NodeClaim {
+        NodeClaim {
+            name: name.into(),
+            spec: NodeClaimSpec { nodepool: pool.into(), ..NodeClaimSpec::default() },
+            finalizers: Vec::new(),
+            deleting: false,
+            status: NodeClaimStatus::default(),
+            resource_version: 0,
+            created: None,
+        }
+    }
+
+    /// A NodeClaim is created owned by its NodePool (the NodePool's uid from the cache, so
+    /// that deleting the NodePool deletes it); for a NodePool the cache no longer holds (it
+    /// was deleted while the claim was planned) nothing is created: the write is refused as
+    /// NotFound, naming the NodePool, and never reaches the server, so no claim is left
+    /// without an owner to launch an instance for nobody.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nodeclaim_is_created_owned_by_its_nodepool_and_never_for_a_nodepool_gone_from_the_cache() {
+        let answer = r#"{"apiVersion":"karpenter.sh/v1","kind":"NodeClaim","metadata":{"name":"web-a","resourceVersion":"7"},"spec":{"nodeClassRef":{"group":"karpenter.k8s.aws","kind":"EC2NodeClass","name":"default"},"requirements":[]}}"#;
+        let (url, seen) = server(answer);
+        let c = cluster(&url);
+        c.shared.lock().pool_uids.insert("web".into(), "uid-web".into());
+
+        let version = tokio::time::timeout(Duration::from_secs(30), c.create_nodeclaim(claim("web-a", "web")))
+            .await
+            .expect("answered")
+            .expect("created");
+        assert_eq!(version, 7);
+        let requests = seen.lock().expect("log").clone();
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert!(requests[0].0.starts_with("POST /apis/karpenter.sh/v1/nodeclaims"), "{requests:?}");
+        let body: serde_json::Value = serde_json::from_str(&requests[0].1).expect("json body");
+        let owners = &body["metadata"]["ownerReferences"];
+        assert_eq!(owners[0]["kind"], "NodePool", "{body}");
+        assert_eq!(owners[0]["name"], "web", "{body}");
+        assert_eq!(owners[0]["uid"], "uid-web", "{body}");
+
+        let refused = tokio::time::timeout(Duration::from_secs(30), c.create_nodeclaim(claim("gone-a", "gone")))
+            .await
+            .expect("answered");
+        assert_eq!(refused, Err(ClusterError::NotFound { kind: "nodepool", name: "gone".into() }));
+        assert_eq!(seen.lock().expect("log").len(), 1, "nothing more reached the server");
     }
 }
