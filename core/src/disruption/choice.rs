@@ -12,10 +12,10 @@ use crate::nodepool::{ConsolidationPolicy, DisruptionReason};
 
 /// The move of the longest prefix of `refs`, at least `shortest` long, that `attempt` finds
 /// one for (a binary search: a longer prefix is tried only when a shorter one holds).
-fn longest_prefix(
-    refs: &[&Candidate<'_>],
+fn longest_prefix<T>(
+    refs: &[T],
     shortest: usize,
-    mut attempt: impl FnMut(&[&Candidate<'_>]) -> Result<consolidation::Move, String>,
+    mut attempt: impl FnMut(&[T]) -> Result<consolidation::Move, String>,
 ) -> Option<consolidation::Move> {
     let (mut lo, mut hi, mut best) = (shortest, refs.len(), None);
     while lo <= hi {
@@ -29,6 +29,27 @@ fn longest_prefix(
         }
     }
     best
+}
+
+/// A repack's prefix: the whole of `refs` first, then (when it does not go) the longest
+/// shorter prefix of at least `shortest` that does. A repack gets easier as its prefix grows
+/// (m candidates may go onto up to m - 1 new nodes, so each candidate added brings a node's
+/// worth of room back), unlike Karpenter's multi-node move (one new node whatever the
+/// prefix): the binary search alone, failing at its middle, would never try the longer
+/// prefixes that go (four memory-bound nodes that do not fit on three larger ones while five
+/// fit on four).
+fn repack_prefix<T>(
+    refs: &[T],
+    shortest: usize,
+    mut attempt: impl FnMut(&[T]) -> Result<consolidation::Move, String>,
+) -> Option<consolidation::Move> {
+    if refs.len() < shortest {
+        return None;
+    }
+    if let Ok(m) = attempt(refs) {
+        return Some(m);
+    }
+    longest_prefix(&refs[..refs.len() - 1], shortest, attempt)
 }
 
 /// What consolidation says of a candidate it found no move for.
@@ -115,9 +136,10 @@ pub(super) fn consolidate(
         };
     }
     // dovetail's repack, where no single replacement gets there: the longest prefix of at
-    // least 3 candidates whose pods go onto fewer new nodes that cost less together.
+    // least 3 candidates whose pods go onto fewer new nodes that cost less together (the
+    // whole budget's room tried first).
     if best.is_none() {
-        best = longest_prefix(&refs, 3, |cands| attempt(sim, cands, cands.len() - 1)).map(|m| (Method::Repack, m));
+        best = repack_prefix(&refs, 3, |cands| attempt(sim, cands, cands.len() - 1)).map(|m| (Method::Repack, m));
     }
     let Some(first) = best else { return verdicts };
     // More commands at once (dovetail's, up to `max_commands`, within the budget): each
@@ -186,5 +208,46 @@ pub(super) fn describe(m: &consolidation::Move) -> String {
             rs.iter().map(|r| r.price).sum::<f64>(),
             m.savings()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moved(prefix: &[&str]) -> consolidation::Move {
+        consolidation::Move {
+            candidates: prefix.iter().map(|s| (*s).to_string()).collect(),
+            replacements: Vec::new(),
+            cost: 0.0,
+        }
+    }
+
+    /// A repack gets easier as its prefix grows: five memory-bound nodes that go onto four
+    /// larger ones while four do not go onto three. The whole room is tried first, so the
+    /// five go; the binary search alone (Karpenter's multi-node search) fails at four, then
+    /// three, and never tries five.
+    #[test]
+    fn a_repack_tries_the_whole_budget_room_first_as_a_longer_prefix_goes_where_a_shorter_does_not() {
+        let refs = ["a", "b", "c", "d", "e"];
+        let from_five = |p: &[&str]| if p.len() >= 5 { Ok(moved(p)) } else { Err(format!("{} do not fit", p.len())) };
+        assert!(longest_prefix(&refs, 3, from_five).is_none(), "the binary search misses it");
+        let m = repack_prefix(&refs, 3, from_five).expect("the five go");
+        assert_eq!(m.candidates, refs);
+
+        // A candidate at the end whose pods go nowhere: the longest prefix without it.
+        let without_e = |p: &[&str]| if p.contains(&"e") { Err("e's pods fit nowhere".into()) } else { Ok(moved(p)) };
+        assert_eq!(repack_prefix(&refs, 3, without_e).expect("four go").candidates, ["a", "b", "c", "d"]);
+
+        // Fewer candidates than a repack needs: nothing tried.
+        let mut tried = 0;
+        assert!(
+            repack_prefix(&refs[..2], 3, |p: &[&str]| {
+                tried += 1;
+                Ok(moved(p))
+            })
+            .is_none()
+        );
+        assert_eq!(tried, 0);
     }
 }
