@@ -138,7 +138,10 @@ pub trait ClusterWriter: Send + Sync {
     fn ready(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::ready(()))
     }
-    /// Creates a NodeClaim named `claim.name`; a second create of the name is `AlreadyExists`.
+    /// Creates a NodeClaim named `claim.name`, owned by its NodePool; a second create of the
+    /// name is `AlreadyExists`, and a NodePool the writer knows is gone is `NotFound` (kind
+    /// `nodepool`: the API server's adapter reads its synced cache; the sim cluster does not
+    /// check).
     fn create_nodeclaim(&self, claim: NodeClaim) -> BoxFuture<'_, Result<u64, ClusterError>>;
     /// Reads one NodeClaim (with its resource version).
     fn get_nodeclaim<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Arc<NodeClaim>, ClusterError>>;

@@ -381,6 +381,9 @@ mod tests {
         std::thread::spawn(move || {
             for _ in 0..8 {
                 let Ok((conn, _)) = listener.accept() else { return };
+                if conn.set_read_timeout(Some(Duration::from_secs(30))).is_err() {
+                    return;
+                }
                 let mut reader = BufReader::new(conn);
                 let mut line = String::new();
                 if reader.read_line(&mut line).is_err() {

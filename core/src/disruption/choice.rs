@@ -17,6 +17,7 @@ fn longest_prefix<T>(
     shortest: usize,
     mut attempt: impl FnMut(&[T]) -> Result<consolidation::Move, String>,
 ) -> Option<consolidation::Move> {
+    debug_assert!(shortest >= 1, "a prefix of at least one candidate");
     let (mut lo, mut hi, mut best) = (shortest, refs.len(), None);
     while lo <= hi {
         let mid = (lo + hi) / 2;
