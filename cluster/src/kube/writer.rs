@@ -373,7 +373,10 @@ mod tests {
 
     /// An API server on 127.0.0.1 that answers every request with `answer` (201, JSON) and
     /// records each request line and body.
-    fn server(answer: &'static str) -> (String, Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+    /// Each request's line and body, as the server read them.
+    type Seen = Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+    fn server(answer: &'static str) -> (String, Seen) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bound");
         let addr = listener.local_addr().expect("addr");
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -395,10 +398,10 @@ mod tests {
                     if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
                         break;
                     }
-                    if let Some((k, v)) = h.split_once(':') {
-                        if k.eq_ignore_ascii_case("content-length") {
-                            length = v.trim().parse().unwrap_or(0);
-                        }
+                    if let Some((k, v)) = h.split_once(':')
+                        && k.eq_ignore_ascii_case("content-length")
+                    {
+                        length = v.trim().parse().unwrap_or(0);
                     }
                 }
                 let mut body = vec![0u8; length];
