@@ -418,8 +418,20 @@ impl RaftSnapshotBuilder<TypeConfig> for Machine {
             None => format!("none-{n}"),
         };
         let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-        let file = SnapshotFile { meta: meta.clone(), state: WireState::encode(state) };
-        let bytes = Arc::new(serde_json::to_vec(&file).map_err(|e| StorageIOError::write_snapshot(None, *any(e)))?);
+        // Encoded off the Raft thread: a ledger of 10,000 claims takes tens of milliseconds to
+        // write, and the heartbeats (and the leader's lease) wait on that thread. The three
+        // control nodes of a loadtest share it, so their snapshots, due at the same index,
+        // came one after another and a lease lapsed (`ha-churn`).
+        let file_meta = meta.clone();
+        let encoded = tokio::task::spawn_blocking(move || {
+            serde_json::to_vec(&SnapshotFile { meta: file_meta, state: WireState::encode(state) })
+        })
+        .await;
+        let bytes = match encoded {
+            Ok(Ok(bytes)) => Arc::new(bytes),
+            Ok(Err(e)) => return Err(StorageIOError::write_snapshot(None, *any(e)).into()),
+            Err(e) => return Err(StorageIOError::write_snapshot(None, *any(e)).into()),
+        };
         let kept = self.keep(&meta, bytes.clone()).await.map_err(|e| StorageIOError::write_snapshot(None, e))?;
         if !kept {
             tracing::debug!(snapshot = %meta.snapshot_id, "ledger.snapshot: a newer one was installed meanwhile");
