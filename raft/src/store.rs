@@ -423,15 +423,13 @@ impl RaftSnapshotBuilder<TypeConfig> for Machine {
         // control nodes of a loadtest share it, so their snapshots, due at the same index,
         // came one after another and a lease lapsed (`ha-churn`).
         let file_meta = meta.clone();
-        let encoded = tokio::task::spawn_blocking(move || {
+        let bytes = tokio::task::spawn_blocking(move || {
             serde_json::to_vec(&SnapshotFile { meta: file_meta, state: WireState::encode(state) })
         })
-        .await;
-        let bytes = match encoded {
-            Ok(Ok(bytes)) => Arc::new(bytes),
-            Ok(Err(e)) => return Err(StorageIOError::write_snapshot(None, *any(e)).into()),
-            Err(e) => return Err(StorageIOError::write_snapshot(None, *any(e)).into()),
-        };
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(None, *any(e)))?
+        .map_err(|e| StorageIOError::write_snapshot(None, *any(e)))?;
+        let bytes = Arc::new(bytes);
         let kept = self.keep(&meta, bytes.clone()).await.map_err(|e| StorageIOError::write_snapshot(None, e))?;
         if !kept {
             tracing::debug!(snapshot = %meta.snapshot_id, "ledger.snapshot: a newer one was installed meanwhile");

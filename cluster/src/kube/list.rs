@@ -296,46 +296,6 @@ impl<'de, K: serde::Deserialize<'de>, F: FnMut(K)> Visitor<'de> for Items<'_, K,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{BufRead, BufReader, Write};
-
-    /// An API server on 127.0.0.1 that answers each request (one per connection) with the
-    /// next of `answers` (status, body) and records the request lines.
-    fn server(answers: Vec<(u16, String)>) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bound");
-        let addr = listener.local_addr().expect("addr");
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = seen.clone();
-        std::thread::spawn(move || {
-            for (status, body) in answers {
-                let Ok((conn, _)) = listener.accept() else { return };
-                let mut reader = BufReader::new(conn);
-                let mut line = String::new();
-                if reader.read_line(&mut line).is_err() {
-                    return;
-                }
-                log.lock().expect("log").push(line.trim().to_string());
-                // The headers, up to the blank line.
-                for _ in 0..100 {
-                    let mut h = String::new();
-                    if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
-                        break;
-                    }
-                }
-                let mut conn = reader.into_inner();
-                let head = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                if conn.write_all(head.as_bytes()).and_then(|()| conn.write_all(body.as_bytes())).is_err() {
-                    return;
-                }
-            }
-            // Then nothing more: later requests wait until the test ends.
-            let _kept = listener;
-            std::thread::sleep(Duration::from_secs(60));
-        });
-        (format!("http://{addr}"), seen)
-    }
 
     fn namespaces(version: &str, names: &[&str]) -> String {
         let items: Vec<String> =
@@ -353,7 +313,7 @@ mod tests {
     async fn after_a_410_the_list_asks_for_no_older_than_the_watch_saw_and_replaces_the_cache() {
         let added = r#"{"type":"ADDED","object":{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"b","resourceVersion":"11"}}}"#;
         let gone = r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 10 (20)","reason":"Expired","code":410}}"#;
-        let (url, seen) = server(vec![
+        let (url, seen) = super::super::test_server::serve(vec![
             (200, namespaces("10", &["a"])),
             (200, format!("{added}\n{gone}\n")),
             (200, namespaces("20", &["b"])),
@@ -373,7 +333,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         task.abort();
-        let seen = seen.lock().expect("log").clone();
+        let seen: Vec<String> = seen.lock().expect("log").iter().map(|(line, _)| line.clone()).collect();
         assert!(relisted, "relisted: {:?}, requests {seen:?}", names());
         assert!(seen[0].contains("resourceVersion=0&resourceVersionMatch=NotOlderThan"), "{seen:?}");
         assert!(seen[1].contains("watch=true") && seen[1].contains("resourceVersion=10"), "{seen:?}");

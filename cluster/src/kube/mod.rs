@@ -12,6 +12,8 @@
 
 mod list;
 pub mod store;
+#[cfg(test)]
+mod test_server;
 mod writer;
 
 pub use writer::taints_json;

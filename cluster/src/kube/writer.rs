@@ -363,64 +363,13 @@ impl ClusterWriter for KubeCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{BufRead, BufReader, Read, Write};
     use std::time::Duration;
 
     use dovetail_core::clock::{Clock, ManualClock};
     use dovetail_core::nodepool::NodeClaimSpec;
 
+    use crate::kube::test_server::serve;
     use crate::kube::{Bucket, KubeSettings, Versions, store::Shared};
-
-    /// An API server on 127.0.0.1 that answers every request with `answer` (201, JSON) and
-    /// records each request line and body.
-    /// Each request's line and body, as the server read them.
-    type Seen = Arc<std::sync::Mutex<Vec<(String, String)>>>;
-
-    fn server(answer: &'static str) -> (String, Seen) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bound");
-        let addr = listener.local_addr().expect("addr");
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = seen.clone();
-        std::thread::spawn(move || {
-            for _ in 0..8 {
-                let Ok((conn, _)) = listener.accept() else { return };
-                if conn.set_read_timeout(Some(Duration::from_secs(30))).is_err() {
-                    return;
-                }
-                let mut reader = BufReader::new(conn);
-                let mut line = String::new();
-                if reader.read_line(&mut line).is_err() {
-                    return;
-                }
-                let mut length = 0usize;
-                for _ in 0..100 {
-                    let mut h = String::new();
-                    if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
-                        break;
-                    }
-                    if let Some((k, v)) = h.split_once(':')
-                        && k.eq_ignore_ascii_case("content-length")
-                    {
-                        length = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0u8; length];
-                if reader.read_exact(&mut body).is_err() {
-                    return;
-                }
-                log.lock().expect("log").push((line.trim().to_string(), String::from_utf8_lossy(&body).into_owned()));
-                let mut conn = reader.into_inner();
-                let head = format!(
-                    "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    answer.len()
-                );
-                if conn.write_all(head.as_bytes()).and_then(|()| conn.write_all(answer.as_bytes())).is_err() {
-                    return;
-                }
-            }
-        });
-        (format!("http://{addr}"), seen)
-    }
 
     fn cluster(url: &str) -> KubeCluster {
         let client = kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
@@ -466,7 +415,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_nodeclaim_is_created_owned_by_its_nodepool_and_never_for_a_nodepool_gone_from_the_cache() {
         let answer = r#"{"apiVersion":"karpenter.sh/v1","kind":"NodeClaim","metadata":{"name":"web-a","resourceVersion":"7"},"spec":{"nodeClassRef":{"group":"karpenter.k8s.aws","kind":"EC2NodeClass","name":"default"},"requirements":[]}}"#;
-        let (url, seen) = server(answer);
+        let (url, seen) = serve(vec![(201, answer.to_string()); 2]);
         let c = cluster(&url);
         c.shared.lock().pool_uids.insert("web".into(), "uid-web".into());
 
