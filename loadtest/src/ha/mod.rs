@@ -181,8 +181,10 @@ pub struct Group {
     instances: BTreeMap<String, std::collections::BTreeSet<String>>,
     /// The lease counts of nodes killed since (their replicas are gone).
     retired: dovetail_raft::replicated::LeaseStats,
-    /// With Raft on a thread of its own (the wall clock): that thread.
-    runtime: Option<Arc<dovetail_raft::runtime::RaftRuntime>>,
+    /// Whether each node's Raft runs on a thread of its own (the wall clock).
+    own_thread: bool,
+    /// Those threads, by node (a restarted node runs on its own again).
+    runtimes: BTreeMap<NodeId, Arc<dovetail_raft::runtime::RaftRuntime>>,
 }
 
 /// What [`Group::on_leadership`] saw.
@@ -195,9 +197,10 @@ pub enum Turn {
 
 impl Group {
     /// Starts the nodes, makes the group and waits (at most 30 s of the clock) for its first
-    /// leader. With `own_thread` (a run on the wall clock) the nodes run on a thread of their
-    /// own, as a controller's do, so that a busy plane or world does not delay heartbeats; on
-    /// virtual time they share the run's thread (its clock moves only when every task waits).
+    /// leader. With `own_thread` (a run on the wall clock) each node's Raft runs on a thread of
+    /// its own, as each controller's does, so that a busy plane or world (or another node's
+    /// snapshot) does not delay its heartbeats; on virtual time they share the run's thread
+    /// (its clock moves only when every task waits).
     pub async fn start(
         shape: ControlNodes,
         clock: Arc<dyn Clock>,
@@ -205,11 +208,6 @@ impl Group {
         own_thread: bool,
     ) -> Result<Group, String> {
         shape.check()?;
-        let runtime = if own_thread {
-            Some(Arc::new(dovetail_raft::runtime::RaftRuntime::start().map_err(|e| format!("the raft thread: {e}"))?))
-        } else {
-            None
-        };
         let net = MemNet::new(shape.seed);
         let switch = Switch::new(clock.clone());
         let mut group = Group {
@@ -227,7 +225,8 @@ impl Group {
             led_at_ms: 0,
             instances: BTreeMap::new(),
             retired: Default::default(),
-            runtime,
+            own_thread,
+            runtimes: BTreeMap::new(),
         };
         group.net.set_faults(Faults {
             loss: group.shape.loss,
@@ -261,7 +260,18 @@ impl Group {
         let transport: Arc<dyn Transport> = self.net.clone();
         let (log, machine, clock) = (stores.log.clone(), stores.machine.clone(), self.clock.clone());
         let start = async move { RaftLedger::start(id, &settings(), log, machine, transport, clock).await };
-        let ledger = match &self.runtime {
+        let runtime = match (self.own_thread, self.runtimes.get(&id)) {
+            (false, _) => None,
+            (true, Some(rt)) => Some(rt.clone()),
+            (true, None) => {
+                let rt = dovetail_raft::runtime::RaftRuntime::start()
+                    .map_err(|e| format!("control node {id}: its raft thread: {e}"))?;
+                let rt = Arc::new(rt);
+                self.runtimes.insert(id, rt.clone());
+                Some(rt)
+            }
+        };
+        let ledger = match runtime {
             Some(rt) => rt.run(start).await?,
             None => start.await,
         }
@@ -385,7 +395,7 @@ impl Group {
         ControlReport {
             lease_lapses,
             longest_lapse_ms,
-            own_thread: self.runtime.is_some(),
+            own_thread: self.own_thread,
             nodes: self.shape.count,
             kill_every_ms: self.shape.kill_every_ms,
             terms_led: self.terms_led,
