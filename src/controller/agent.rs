@@ -114,6 +114,32 @@ pub fn remembered(snap: &Snapshot) -> Vec<Restored> {
     out.into_values().collect()
 }
 
+/// The sim's instances as the ledger remembers them: every live claim it records as launched
+/// (its instance, zone, type and capacity type) whose NodeClaim does not say so yet. A leader
+/// that died between its launch's answer and the NodeClaim's status leaves only this record;
+/// without it the new leader's sim would never run the instance, and the claim would wait
+/// for the registration timeout (on EC2 the instance outlives the leader).
+pub fn launched(claims: &[dovetail_core::ledger::Claim], snap: &Snapshot) -> Vec<Restored> {
+    claims
+        .iter()
+        .filter(|c| !c.state.is_terminating())
+        .filter_map(|c| {
+            let instance = c.state.instance()?;
+            let (instance_type, capacity_type) = c.launched_as.clone()?;
+            let nc = snap.nodeclaims.get(&c.id);
+            Some(Restored {
+                id: instance.to_string(),
+                claim: c.id.clone(),
+                nodepool: c.pool.clone(),
+                instance_type,
+                zone: c.zone.clone(),
+                capacity_type,
+                labels: nc.map(|nc| nc.spec.labels.clone()).unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
 impl Agent {
     pub fn new(
         cluster: Arc<KubeCluster>,
@@ -460,4 +486,57 @@ async fn standalone(s: super::Settings) -> Result<(), String> {
     }
     tracing::info!(writes = ?agent.stats.writes, errors = ?agent.stats.errors, "node agent: stopping");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dovetail_core::ledger::{Claim, ClaimState};
+    use dovetail_core::resources::ResourceList;
+
+    /// A claim the ledger records as launched is a sim instance of the new leader's cloud,
+    /// with its type and capacity type as launched and its NodeClaim's labels; a claim not
+    /// launched yet is not (its launch is re-driven).
+    #[test]
+    fn the_ledgers_launched_claims_are_instances_to_restore() {
+        let claim = |id: &str, state: ClaimState, launched_as: Option<(String, CapacityType)>| Claim {
+            id: id.into(),
+            pool: "default".into(),
+            zone: "us-east-1a".into(),
+            resources: ResourceList::new(),
+            allocatable: ResourceList::new(),
+            price_per_hour: 0,
+            launched_as,
+            state,
+            reserved_at: 0,
+            changed_at: 0,
+        };
+        let m5 = Some(("m5.large".to_string(), CapacityType::Spot));
+        let claims = [
+            claim("launched", ClaimState::Launched { instance: "i-1".into() }, m5.clone()),
+            claim("initialized", ClaimState::Initialized { instance: "i-2".into() }, m5),
+            claim("reserved", ClaimState::Reserved, None),
+        ];
+        let mut snap = Snapshot::default();
+        let mut nc = dovetail_core::cluster::NodeClaim {
+            name: "launched".into(),
+            spec: Default::default(),
+            finalizers: Vec::new(),
+            deleting: false,
+            status: Default::default(),
+            resource_version: 1,
+            created: None,
+        };
+        nc.spec.labels.insert("team".into(), "a".into());
+        snap.nodeclaims.insert("launched".into(), Arc::new(nc));
+        let got = launched(&claims, &snap);
+        let ids: Vec<(&str, &str)> = got.iter().map(|r| (r.claim.as_str(), r.id.as_str())).collect();
+        assert_eq!(ids, [("launched", "i-1"), ("initialized", "i-2")]);
+        let first = &got[0];
+        assert_eq!(
+            (first.instance_type.as_str(), first.capacity_type, first.zone.as_str(), first.nodepool.as_str()),
+            ("m5.large", CapacityType::Spot, "us-east-1a", "default")
+        );
+        assert_eq!(first.labels.get("team").map(String::as_str), Some("a"));
+    }
 }

@@ -485,7 +485,18 @@ impl Acting {
                     ..SimConfig::default()
                 };
                 let sim = Arc::new(SimCloud::new(config, all_types, clock.clone()));
-                let restored = sim.restore(&agent::remembered(&snap));
+                // What the cluster shows first (its Nodes' labels), then what only the ledger
+                // knows (a restore skips what it holds already).
+                let mut remembered = agent::remembered(&snap);
+                match dovetail_raft::read_with(ledger.as_ref(), |st| st.claims().values().cloned().collect::<Vec<_>>())
+                    .await
+                {
+                    Ok(claims) => remembered.extend(agent::launched(&claims, &snap)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sim cloud: the ledger's launched claims not read; the cluster's only")
+                    }
+                }
+                let restored = sim.restore(&remembered);
                 if restored > 0 {
                     tracing::info!(instances = restored, "sim cloud fleet rebuilt from the cluster");
                 }
