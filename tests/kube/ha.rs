@@ -617,14 +617,31 @@ fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_wh
     for i in 0..3 {
         group.start(i);
     }
-    let old = group.leader(Duration::from_secs(30));
+    let first = group.leader(Duration::from_secs(30));
     let ns = "ha-partition";
     env.apply(&deployment(ns, "inflate", 20, "1"));
-    let ctl = group.nodes[old].as_ref().expect("running");
+    let ctl = group.nodes[first].as_ref().expect("running");
     env.wait_running("the pods Running before the partition", ns, 20, None, ctl, Duration::from_secs(120));
 
-    // More pods for the leader to decide on, then the cut, while it has that work.
+    // More pods for the leader to decide on, then the cut, while it has that work. The node
+    // cut off is the one leading then, once it has acted: on a loaded machine (three
+    // controllers on two cores beside other work) leadership may have moved since the first
+    // pods, and a leader that has not acted yet would show nothing.
     env.kubectl(&["scale", "deployment", "inflate", "-n", ns, "--replicas", "60"]);
+    let mut leader = None;
+    env.wait("a leader that has launched and written", Duration::from_secs(60), |_| {
+        let leading: Vec<usize> = (0..3).filter(|i| group.nodes[*i].as_ref().is_some_and(leads)).collect();
+        match leading[..] {
+            [i] if !group.proxies[i].faults().actions.is_empty()
+                && group.nodes[i].as_ref().is_some_and(|c| c.metric("dovetail_cluster_requests_total", "") > 0.0) =>
+            {
+                leader = Some(i);
+                Ok(())
+            }
+            ref other => Err(format!("leading: {other:?}\n{}", group.logs())),
+        }
+    });
+    let old = leader.expect("a leader that acted");
     net.partition(&[old as u64 + 1]);
     let cut_at = Instant::now();
     let mut new = None;
