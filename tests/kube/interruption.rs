@@ -396,6 +396,14 @@ fn every_interruption_kind_from_moto_sqs_is_acted_on_once_and_deleted_after_comm
                 events.iter().filter(|e| e.name == claim).collect::<Vec<_>>()
             );
         }
+        // The queue empties when moto has the deletes; the stages count them when their
+        // answers reach the actor, which under load can be later.
+        for _ in 0..600usize {
+            if w.stats().await.deleted >= sent {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let stats = w.stats().await;
         let kinds: BTreeMap<&str, u64> = [
             ("spot_interrupted", 3),
@@ -544,6 +552,14 @@ async fn failing_once(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(depth(&sqs, &url).await, 0, "deleted once acted on");
+    // moto has the delete before the stage that sent it has counted it: under load the queue
+    // can be empty while the stage's answer is still on its way to the actor.
+    for _ in 0..600usize {
+        if w.stats().await.deleted > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     (w, spot, refusing, took, sqs, url)
 }
 
