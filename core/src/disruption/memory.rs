@@ -16,8 +16,8 @@ pub struct Memory {
     pub(super) drifted_since: BTreeMap<String, Millis>,
     /// The commands being validated, and since when.
     pub(super) pending: Vec<(Proposal, Millis)>,
-    /// The cluster's shape (its nodes and their pods) when consolidation last found nothing,
-    /// and when.
+    /// The cluster's shape (its nodes and their pods) and the pool's candidates when
+    /// consolidation last found nothing, and when.
     pub(super) quiet: Option<(u64, Millis)>,
     /// What consolidation last said of each candidate it kept.
     pub(super) kept: BTreeMap<String, String>,
@@ -58,10 +58,24 @@ impl Memory {
     }
 }
 
-/// The cluster's shape as consolidation sees it: every node (name, initialized, deleting) and
-/// the pods bound to it. Consolidation's answer cannot change while this does not.
-pub(super) fn cluster_shape(snap: &Snapshot, pods_by_node: &BTreeMap<&str, Vec<&Arc<Pod>>>) -> u64 {
+/// What consolidation's answer depends on: every node (name, initialized, deleting, marked
+/// do-not-disrupt) with the pods bound to it, and which of the pool's nodes are candidates.
+/// Nodes and pods can stay as they were while the candidates change: a node's pods were still
+/// for `consolidateAfter`, or a PDB allows a disruption again once an evicted pod's successor
+/// is ready. Each such node is a move not tried yet (Karpenter's consolidation state changes
+/// with the NodeClaim's `Consolidatable` condition and with the pod's readiness).
+pub(super) fn cluster_shape<'a>(
+    snap: &Snapshot,
+    pods_by_node: &BTreeMap<&str, Vec<&Arc<Pod>>>,
+    candidates: impl Iterator<Item = &'a str>,
+) -> u64 {
     let mut h = crate::shared::Fnv::default();
+    let mut candidates: Vec<&str> = candidates.collect();
+    candidates.sort_unstable();
+    for c in candidates {
+        h.write(c.as_bytes());
+        h.write(&[0]);
+    }
     let no_pods = Vec::new();
     for n in snap.nodes.values() {
         h.write(n.name.as_bytes());

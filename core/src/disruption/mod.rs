@@ -92,9 +92,9 @@ pub struct Input<'a> {
 pub const MULTI_NODE_MAX: usize = 100;
 /// Karpenter's `BalancedK`: a balanced move must score at least `1/k`.
 pub const BALANCED_K: f64 = 2.0;
-/// A pool whose consolidation found nothing is not simulated again while the cluster's nodes
-/// and their pods stay as they were, for at most this long (Karpenter's consolidation state,
-/// force-refreshed every 5 minutes).
+/// A pool whose consolidation found nothing is not simulated again while the cluster's nodes,
+/// their pods and the pool's candidates stay as they were, for at most this long (Karpenter's
+/// consolidation state, force-refreshed every 5 minutes).
 pub const CONSOLIDATION_RECHECK: Millis = 5 * 60_000;
 
 /// Plans one round of disruption for a pool.
@@ -249,7 +249,8 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
     // consolidation's), when any needs it.
     drifted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)).then_with(|| a.2.claim.id.cmp(&b.2.claim.id)));
     let drift_room = room(DisruptionReason::Drifted) > 0;
-    let shape = (!underused.is_empty()).then(|| cluster_shape(snap, &pods_by_node));
+    let shape = (!underused.is_empty())
+        .then(|| cluster_shape(snap, &pods_by_node, underused.iter().map(|c| c.claim.id.as_str())));
     let quiet =
         memory.quiet.filter(|(s, at)| Some(*s) == shape && input.now.saturating_sub(*at) < CONSOLIDATION_RECHECK);
     let consolidating = out.proposals.is_empty()
