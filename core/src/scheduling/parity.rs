@@ -134,12 +134,14 @@ impl Scheduler<'_> {
 
     fn add(&mut self, idx: usize, view: &PodView, data: &PodData) -> Result<(), String> {
         let pod = &self.pods[idx];
-        // (a) existing nodes, in order.
-        for n in 0..self.existing.len() {
+        // (a) existing nodes, in order (passing over those with no room for it).
+        let mut from = 0;
+        while let Some(n) = self.room.first(from, &data.requests) {
             if let Some(reqs) = self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations) {
                 self.place_existing(n, idx, data, reqs);
                 return Ok(());
             }
+            from = n + 1;
         }
         // (b) NodeClaims planned in this solve, least-full first. Weight is a strict
         // priority: a claim of a pool weighted below the highest-weight pool that could

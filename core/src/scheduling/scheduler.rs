@@ -11,6 +11,7 @@ use crate::resources::{ResourceList, ResourceName};
 use super::input::{Snapshot, SolveOptions};
 use super::nodes::{Addition, ExistingNode, PlannedNode};
 use super::output::{Placement, Target};
+use super::room::RoomTree;
 use super::template::Template;
 use super::topology::Topology;
 use super::view::{PodData, PodView};
@@ -27,6 +28,9 @@ pub struct Scheduler<'a> {
     pub opts: &'a SolveOptions,
     pub templates: Vec<Template<'a>>,
     pub existing: Vec<ExistingNode<'a>>,
+    /// What the existing nodes have left, for the scan in order to pass over those with no
+    /// room (kept up to date wherever one changes).
+    pub(super) room: RoomTree,
     pub planned: Vec<PlannedNode>,
     /// Remaining limits per template; `None` when the pool has none.
     pub remaining: Vec<Option<ResourceList>>,
@@ -144,11 +148,13 @@ impl<'a> Scheduler<'a> {
         for n in &existing {
             topology.register(labels::HOSTNAME, n.node.hostname());
         }
+        let room = RoomTree::new(&existing);
         Scheduler {
             pods,
             opts,
             templates,
             existing,
+            room,
             planned: Vec::new(),
             remaining,
             topology,
@@ -191,6 +197,7 @@ impl<'a> Scheduler<'a> {
         let zone = pinned_zone(&reqs);
         self.save_existing(n);
         self.existing[n].add(&mut self.topology, idx, &self.pods[idx], data, reqs);
+        self.room.update(n, &self.existing[n]);
         self.order.push(Placement { pod: idx, target: Target::Existing(self.existing[n].index), zone });
     }
 

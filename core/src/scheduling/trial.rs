@@ -76,6 +76,7 @@ impl<'a> Scheduler<'a> {
                 n.host_ports.truncate(s.host_ports);
                 n.pods.truncate(s.pods);
                 n.out = s.out;
+                self.room.update(s.node, n);
             }
         }
         self.planned = cp.planned;
@@ -97,6 +98,7 @@ impl<'a> Scheduler<'a> {
         }
         self.save_existing(n);
         self.existing[n].out = true;
+        self.room.update(n, &self.existing[n]);
         let node = self.existing[n].node;
         self.topology.take_out(node);
         let Some(pool) = node.nodepool().filter(|_| give_back) else { return };

@@ -188,9 +188,15 @@ impl Scheduler<'_> {
         while class.remaining() > 0 {
             let idx = class.pods[class.next];
             let pod = &self.pods[idx];
-            let found = (start..self.existing.len()).find_map(|n| {
-                self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations).map(|r| (n, r))
-            });
+            let mut found = None;
+            let mut from = start;
+            while let Some(n) = self.room.first(from, &data.requests) {
+                if let Some(r) = self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations) {
+                    found = Some((n, r));
+                    break;
+                }
+                from = n + 1;
+            }
             match found {
                 Some((n, reqs)) => {
                     self.place_existing(n, idx, data, reqs);
