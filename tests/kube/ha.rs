@@ -269,18 +269,20 @@ impl Group<'_> {
         self.nodes.iter().flatten().map(Controller::log).collect::<Vec<_>>().join("\n----\n")
     }
 
+    /// The running nodes that say they lead now.
+    fn leading(&self) -> Vec<usize> {
+        self.nodes.iter().enumerate().filter(|(_, n)| n.as_ref().is_some_and(leads)).map(|(i, _)| i).collect()
+    }
+
     /// The one node that says it leads, waiting (at most `limit`) until exactly one does.
     fn leader(&self, limit: Duration) -> usize {
         let mut found = None;
-        self.env.wait("one leader", limit, |_| {
-            let leading: Vec<usize> = (0..3).filter(|i| self.nodes[*i].as_ref().is_some_and(leads)).collect();
-            match leading[..] {
-                [i] => {
-                    found = Some(i);
-                    Ok(())
-                }
-                ref other => Err(format!("leading: {other:?}\n{}", self.logs())),
+        self.env.wait("one leader", limit, |_| match self.leading()[..] {
+            [i] => {
+                found = Some(i);
+                Ok(())
             }
+            ref other => Err(format!("leading: {other:?}\n{}", self.logs())),
         });
         found.expect("a leader")
     }
@@ -629,24 +631,21 @@ fn a_leader_cut_off_in_a_minority_makes_no_cloud_call_and_no_kubernetes_write_wh
     // pods, and a leader that has not acted yet would show nothing.
     env.kubectl(&["scale", "deployment", "inflate", "-n", ns, "--replicas", "60"]);
     let mut leader = None;
-    env.wait("a leader that has launched and written", Duration::from_secs(60), |_| {
-        let leading: Vec<usize> = (0..3).filter(|i| group.nodes[*i].as_ref().is_some_and(leads)).collect();
-        match leading[..] {
-            [i] if !group.proxies[i].faults().actions.is_empty()
-                && group.nodes[i].as_ref().is_some_and(|c| c.metric("dovetail_cluster_requests_total", "") > 0.0) =>
-            {
-                leader = Some(i);
-                Ok(())
-            }
-            ref other => Err(format!("leading: {other:?}\n{}", group.logs())),
+    env.wait("a leader that has launched and written", Duration::from_secs(60), |_| match group.leading()[..] {
+        [i] if !group.proxies[i].faults().actions.is_empty()
+            && group.nodes[i].as_ref().is_some_and(|c| c.metric("dovetail_cluster_requests_total", "") > 0.0) =>
+        {
+            leader = Some(i);
+            Ok(())
         }
+        ref other => Err(format!("leading: {other:?}\n{}", group.logs())),
     });
     let old = leader.expect("a leader that acted");
     net.partition(&[old as u64 + 1]);
     let cut_at = Instant::now();
     let mut new = None;
     env.wait("a leader among the other two", Duration::from_secs(15), |_| {
-        match (0..3).filter(|i| *i != old && group.nodes[*i].as_ref().is_some_and(leads)).collect::<Vec<_>>()[..] {
+        match group.leading().into_iter().filter(|i| *i != old).collect::<Vec<_>>()[..] {
             [i] => {
                 new = Some(i);
                 Ok(())
