@@ -115,13 +115,17 @@ pub fn remembered(snap: &Snapshot) -> Vec<Restored> {
 }
 
 /// The sim's instances as the ledger remembers them: every live claim it records as launched
-/// (its instance, zone, type and capacity type) whose NodeClaim does not say so yet. A leader
-/// that died between its launch's answer and the NodeClaim's status leaves only this record;
-/// without it the new leader's sim would never run the instance, and the claim would wait
-/// for the registration timeout (on EC2 the instance outlives the leader).
-pub fn launched(claims: &[dovetail_core::ledger::Claim], snap: &Snapshot) -> Vec<Restored> {
+/// (its instance, zone, type and capacity type); the restore skips those the cluster's Nodes
+/// gave it already. A leader that died between its launch's answer and the NodeClaim's status
+/// leaves only this record; without it the new leader's sim would never run the instance, and
+/// the claim would wait for the registration timeout (on EC2 the instance outlives the
+/// leader). Read inside the ledger's read: nothing of the state is cloned but these.
+pub fn launched<'a>(
+    claims: impl IntoIterator<Item = &'a dovetail_core::ledger::Claim>,
+    snap: &Snapshot,
+) -> Vec<Restored> {
     claims
-        .iter()
+        .into_iter()
         .filter(|c| !c.state.is_terminating())
         .filter_map(|c| {
             let instance = c.state.instance()?;

@@ -488,17 +488,22 @@ impl Acting {
                 // What the cluster shows first (its Nodes' labels), then what only the ledger
                 // knows (a restore skips what it holds already).
                 let mut remembered = agent::remembered(&snap);
-                match dovetail_raft::read_with(ledger.as_ref(), |st| st.claims().values().cloned().collect::<Vec<_>>())
-                    .await
+                let from_cluster = remembered.len();
+                match dovetail_raft::read_with(ledger.as_ref(), |st| agent::launched(st.claims().values(), &snap)).await
                 {
-                    Ok(claims) => remembered.extend(agent::launched(&claims, &snap)),
+                    Ok(launched) => remembered.extend(launched),
                     Err(e) => {
                         tracing::warn!(error = %e, "sim cloud: the ledger's launched claims not read; the cluster's only")
                     }
                 }
                 let restored = sim.restore(&remembered);
                 if restored > 0 {
-                    tracing::info!(instances = restored, "sim cloud fleet rebuilt from the cluster");
+                    tracing::info!(
+                        instances = restored,
+                        from_cluster,
+                        from_ledger = remembered.len() - from_cluster,
+                        "sim cloud fleet rebuilt from the cluster's Nodes and the ledger's launched claims"
+                    );
                 }
                 (sim.clone() as Arc<dyn dovetail_cloud::CloudProvider>, Some(sim))
             }
