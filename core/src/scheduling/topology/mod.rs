@@ -9,6 +9,7 @@
 mod group;
 mod trail;
 
+use std::cell::OnceCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::labels::{self, Labels, SelectorOp, SelectorRequirement};
@@ -34,8 +35,11 @@ pub struct Topology<'a> {
     /// Groups each pending pod owns.
     owned: HashMap<usize, Vec<usize>>,
     domain_groups: HashMap<String, DomainGroup>,
-    /// Node name -> (taints, requirements) of existing nodes, for counting bound pods.
-    nodes: HashMap<&'a str, (Vec<Taint>, Requirements)>,
+    /// Node name -> index into the snapshot's nodes, for counting bound pods.
+    nodes: HashMap<&'a str, usize>,
+    /// Each snapshot node's taints and requirements (from its labels), made when first asked
+    /// for ([`Topology::node_info`]): a solve whose pods count no domain needs none.
+    node_infos: Vec<OnceCell<(Vec<Taint>, Requirements)>>,
     /// Running pods by their node (indices into the snapshot's bound pods, terminal ones
     /// left out).
     bound_by_node: HashMap<&'a str, Vec<usize>>,
@@ -55,11 +59,8 @@ impl<'a> Topology<'a> {
     /// Builds the topology of a snapshot: inverse anti-affinities of running pods now,
     /// every other group as pods are updated.
     pub fn new(snapshot: &'a Snapshot, policy: PreferencePolicy) -> Self {
-        let nodes = snapshot
-            .nodes
-            .iter()
-            .map(|n| (n.name.as_str(), (n.taints.clone(), Requirements::from_labels(&n.labels))))
-            .collect();
+        let nodes = snapshot.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let node_infos = snapshot.nodes.iter().map(|_| OnceCell::new()).collect();
         let mut bound_by_node: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, p) in snapshot.bound_pods.iter().enumerate() {
             if let Some(n) = p.node_name.as_deref()
@@ -83,6 +84,7 @@ impl<'a> Topology<'a> {
             owned: HashMap::new(),
             domain_groups: HashMap::new(),
             nodes,
+            node_infos,
             bound_by_node,
             removed: HashSet::new(),
             trail: None,
@@ -326,6 +328,13 @@ impl<'a> Topology<'a> {
         }
     }
 
+    /// The taints and requirements of the snapshot's node `name` (the last of that name).
+    fn node_info(&self, name: &str) -> Option<&(Vec<Taint>, Requirements)> {
+        let i = *self.nodes.get(name)?;
+        let n = self.snapshot.nodes.get(i)?;
+        Some(self.node_infos.get(i)?.get_or_init(|| (n.taints.clone(), Requirements::from_labels(&n.labels))))
+    }
+
     /// Registers existing nodes' domains and counts the running pods the group selects.
     fn count_domains(&self, g: &mut TopologyGroup) {
         for n in &self.snapshot.nodes {
@@ -333,8 +342,8 @@ impl<'a> Topology<'a> {
                 continue;
             }
             let Some(d) = n.labels.get(&g.id.key) else { continue };
-            let (taints, reqs) = &self.nodes[n.name.as_str()];
-            if g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, false)) {
+            let fits = |f: &NodeFilter| self.node_info(&n.name).is_some_and(|(t, r)| f.matches(t, r, false));
+            if g.id.node_filter.as_ref().is_none_or(fits) {
                 g.register(d);
             }
         }
@@ -355,7 +364,7 @@ impl<'a> Topology<'a> {
         if self.removed.contains(node_name) {
             return None;
         }
-        let (taints, reqs) = self.nodes.get(node_name)?;
+        let (taints, reqs) = self.node_info(node_name)?;
         let domain = match reqs.get_defined(&g.id.key) {
             Some(r) if !r.is_complement() && r.values().len() == 1 => r.values()[0].clone(),
             _ if g.id.key == labels::HOSTNAME => node_name.to_string(),

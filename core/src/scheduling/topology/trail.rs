@@ -235,7 +235,7 @@ impl<'a> Topology<'a> {
                         && self.labelled.get(key).and_then(|v| v.get(d)).is_some_and(|ns| {
                             ns.iter().filter(|i| live(i)).any(|&i| {
                                 let n = &snapshot.nodes[i];
-                                self.nodes.get(n.name.as_str()).is_some_and(|(taints, reqs)| {
+                                self.node_info(n.name.as_str()).is_some_and(|(taints, reqs)| {
                                     g.id.node_filter.as_ref().is_none_or(|f| f.matches(taints, reqs, false))
                                 })
                             })
