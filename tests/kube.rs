@@ -119,7 +119,19 @@ impl Env {
     }
 
     /// Waits (at most `limit`) until `done` holds; panics with `what` and the last state.
-    fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut(&Env) -> Result<(), String>) {
+    fn wait(&self, what: &str, limit: Duration, done: impl FnMut(&Env) -> Result<(), String>) {
+        self.wait_explained(what, limit, done, |_| String::new());
+    }
+
+    /// [`Env::wait`], and when it gives up, what `explain` says of the cluster then (read
+    /// once, not at every look).
+    fn wait_explained(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut done: impl FnMut(&Env) -> Result<(), String>,
+        explain: impl Fn(&Env) -> String,
+    ) {
         let start = Instant::now();
         let mut last = String::new();
         for _ in 0..10_000 {
@@ -127,10 +139,12 @@ impl Env {
                 Ok(()) => return,
                 Err(state) => last = state,
             }
-            assert!(start.elapsed() < limit, "{what}: not within {limit:?}; last: {last}");
+            if start.elapsed() >= limit {
+                panic!("{what}: not within {limit:?}; last: {last}\n{}", explain(self));
+            }
             std::thread::sleep(Duration::from_millis(250));
         }
-        panic!("{what}: gave up; last: {last}");
+        panic!("{what}: gave up; last: {last}\n{}", explain(self));
     }
 
     /// Waits (at most `limit`) until `want` pods of `ns` are Running (and not on `off`, when

@@ -43,6 +43,38 @@ fn disrupting(e: &Env) -> (usize, usize) {
     (going, nodes.len())
 }
 
+/// What a consolidation that did not finish leaves to read: each NodeClaim's node and
+/// `Consolidatable` condition (the planner's last word on it), where the pods run, the PDBs'
+/// allowance, and the controller's last lines.
+fn explain_consolidation(env: &Env, ns: &str, ctl: &Controller) -> String {
+    let mut out = String::from("nodeclaims:\n");
+    for c in env.items(&["get", "nodeclaims"]) {
+        let said: Vec<String> = c["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|k| k["type"] == "Consolidatable" || k["type"] == "Initialized")
+            .map(|k| format!("{}={} ({})", k["type"], k["status"], k["message"]))
+            .collect();
+        out += &format!("  {} on {}: {}\n", name_of(&c), c["status"]["nodeName"], said.join("; "));
+    }
+    out += "pods:\n";
+    for p in env.items(&["get", "pods", "-n", ns]) {
+        out += &format!("  {} on {}: {}\n", name_of(&p), p["spec"]["nodeName"], p["status"]["phase"]);
+    }
+    for p in env.items(&["get", "pdb", "-n", ns]) {
+        out += &format!("pdb {}: {} disruptions allowed\n", name_of(&p), p["status"]["disruptionsAllowed"]);
+    }
+    let log = ctl.log();
+    let tail: Vec<&str> = log.lines().rev().take(80).collect();
+    out += "controller (last lines):\n";
+    for l in tail.into_iter().rev() {
+        out += l;
+        out += "\n";
+    }
+    out
+}
+
 /// The Done-when's scale-down: 20 pods of 1 CPU, then 6. The emptied and underused nodes are
 /// consolidated, the first within `consolidateAfter` plus the validation delay (and a planning
 /// period); sampled all along, never more than the budget's 2 nodes disrupting at once and
@@ -74,7 +106,7 @@ fn a_scale_down_is_consolidated_within_the_budget_and_no_pod_is_evicted_against_
     let (mut peak, mut first, mut last_nodes) = (0, None, before);
     let clock = dovetail_core::clock::SystemClock;
     let started = clock.now();
-    env.wait("consolidated to at most 3 nodes", Duration::from_secs(300), |e| {
+    let consolidated = |e: &Env| {
         let (going, nodes) = disrupting(e);
         peak = peak.max(going);
         assert!(going <= 2, "{going} nodes disrupting at once; the budget allows 2\n{}", ctl.log());
@@ -89,6 +121,9 @@ fn a_scale_down_is_consolidated_within_the_budget_and_no_pod_is_evicted_against_
         assert!(available >= 5, "{available} pods available; the PDB asks for 5\n{}", ctl.log());
         last_nodes = nodes;
         if nodes <= 3 && going == 0 { Ok(()) } else { Err(format!("{nodes} nodes, {going} disrupting")) }
+    };
+    env.wait_explained("consolidated to at most 3 nodes", Duration::from_secs(300), consolidated, |e| {
+        explain_consolidation(e, ns, &ctl)
     });
     let first = first.expect("a node was disrupted");
     eprintln!(

@@ -6,6 +6,7 @@
 //! with the ones before it kept.
 
 use super::candidates::Candidate;
+use super::memory::Stuck;
 use super::simulation::Simulation;
 use super::{BALANCED_K, Input, MULTI_NODE_MAX, Method, Plan, Proposal, Verdict, consolidation};
 use crate::nodepool::{ConsolidationPolicy, DisruptionReason};
@@ -70,6 +71,7 @@ pub(super) fn consolidate(
     out: &mut Plan,
     room: usize,
     (total_price, total_cost): (f64, f64),
+    stuck: &mut Stuck,
 ) -> Vec<Verdict> {
     underused.sort_by(|a, b| b.savings_ratio().total_cmp(&a.savings_ratio()).then_with(|| a.claim.id.cmp(&b.claim.id)));
     let mut verdicts: Vec<Verdict> = underused.iter().map(|c| Verdict::Keep(unplaced(c))).collect();
@@ -99,8 +101,14 @@ pub(super) fn consolidate(
         }
     };
     let attempt = |sim: &mut Simulation<'_>, cands: &[&Candidate<'_>], max_new: usize| {
-        consolidation::consolidate(sim, input.pools, cands, input.spot_to_spot, max_new)
+        consolidation::consolidate(sim, input.pools, cands, input.spot_to_spot, max_new, None)
             .and_then(|m| worth(&m, cands).map(|()| m))
+    };
+    // A single candidate's own trial, remembering the pod that kept it (see
+    // `consolidation::consolidate`).
+    let alone = |sim: &mut Simulation<'_>, c: &Candidate<'_>, stuck: &mut Stuck| {
+        consolidation::consolidate(sim, input.pools, &[c], input.spot_to_spot, 1, Some(stuck))
+            .and_then(|m| worth(&m, &[c]).map(|()| m))
     };
     // Candidates the simulation cannot move this round (pods on their way go to them) are
     // left out before the search, as Karpenter leaves nominated nodes out.
@@ -124,7 +132,7 @@ pub(super) fn consolidate(
         if blocked[i].is_some() || best.as_ref().is_some_and(|(_, m)| m.candidates.contains(&c.claim.id)) {
             continue;
         }
-        verdicts[i] = match attempt(sim, &[c], 1) {
+        verdicts[i] = match alone(sim, c, stuck) {
             Ok(m) if best.is_none() => {
                 best = Some((Method::SingleNodeConsolidation, m));
                 continue;

@@ -18,13 +18,21 @@
 //!   candidate) only when at least [`SPOT_TO_SPOT_MIN_TYPES`] spot types are cheaper; the
 //!   launch is limited to the cheapest of them, so the cloud cannot pick one that invites
 //!   another consolidation.
+//!
+//! A single candidate no one new node could replace (every pool spot only, for a spot node
+//! with spot-to-spot off; or nothing any pool launches cheaper than it) can only go by a
+//! delete: its trial stops at the first pod that needs a new node, and the pool remembers
+//! that pod ([`super::memory::Stuck`]). Next round, while that pod fits on no other node, the
+//! trial is skipped: no way of placing the other pods makes room for it.
 
 use crate::catalog::{CapacityType, InstanceType};
 use crate::labels;
+use crate::pod::PodKey;
 use crate::requirements::Requirement;
 use crate::scheduling::{self, NewClaim, PoolInput};
 
 use super::candidates::Candidate;
+use super::memory::Stuck;
 use super::simulation::Simulation;
 
 /// Karpenter's `MinInstanceTypesForSpotToSpotConsolidation`.
@@ -72,22 +80,64 @@ fn worst_price(t: &InstanceType, claim: &NewClaim) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// Why no one new node can replace `candidate`, if none can: the replacement would be spot
+/// for a spot node with spot-to-spot consolidation off (every pool launches spot only), or
+/// nothing any pool launches costs less than the candidate. Its only move is then a delete,
+/// and a trial stops at the first pod that needs a new node.
+fn replacement_ruled_out(sim: &Simulation<'_>, candidate: &Candidate<'_>, spot_to_spot: bool) -> Option<String> {
+    let (cheapest, spot_only) = sim.new_node_floor();
+    if spot_only && !spot_to_spot && candidate.capacity_type == Some(CapacityType::Spot) {
+        return Some("spot-to-spot consolidation is off".into());
+    }
+    (cheapest >= candidate.price).then(|| no_cheaper(candidate.price))
+}
+
 /// Whether `candidates` can be consolidated, and how; the error says why not. `max_new` is
 /// how many new nodes the move may launch: 1 for Karpenter's methods, fewer than the
-/// candidates for a repack.
+/// candidates for a repack. With `stuck` (what the pool remembers of single-node moves),
+/// a single candidate that no new node can replace ([`replacement_ruled_out`]) is first
+/// asked whether the pod its last trial found no other node for fits elsewhere now; when
+/// it does not, the move cannot hold and is not tried.
 pub fn consolidate(
     sim: &mut Simulation<'_>,
     pools: &[PoolInput],
     candidates: &[&Candidate<'_>],
     spot_to_spot: bool,
     max_new: usize,
+    stuck: Option<&mut Stuck>,
 ) -> Result<Move, String> {
     let cost: f64 = candidates.iter().map(|c| c.price).sum();
     let ids: Vec<String> = candidates.iter().map(|c| c.claim.id.clone()).collect();
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let outcome = sim.try_move_within(&names, Some(max_new))?;
+    let ruled_out = match candidates {
+        [c] if max_new == 1 => replacement_ruled_out(sim, c, spot_to_spot),
+        _ => None,
+    };
+    let mut stuck = stuck.filter(|_| ruled_out.is_some());
+    let cap = if ruled_out.is_some() { 0 } else { max_new };
+    if let (Some(why), Some(memo), [id]) = (&ruled_out, stuck.as_deref_mut(), names.as_slice())
+        && let Some(key) = memo.get(id).cloned()
+    {
+        if sim.fits_elsewhere(id, &key) == Some(false) {
+            memo.skipped_one();
+            return Err(format!("pod {key} fits on no other node, and {why}"));
+        }
+        memo.forget(id);
+    }
+    let outcome = sim.try_move_within(&names, Some(cap))?;
+    let failed = outcome.capped || !outcome.results.errors.is_empty();
+    if failed
+        && let (Some(memo), Some(key), [id]) =
+            (stuck, outcome.stuck.and_then(|i| outcome.pod(i)).map(|p| p.key.clone()), names.as_slice())
+    {
+        memo.remember(id, key);
+    }
     if outcome.capped {
-        return Err(format!("its pods would need more than {max_new} new nodes"));
+        let first = outcome.stuck.and_then(|i| outcome.pod(i)).map(|p| &p.key);
+        return Err(match &ruled_out {
+            Some(why) => needs_new(first, why),
+            None => format!("its pods would need more than {max_new} new nodes"),
+        });
     }
     if let Some((i, why)) = outcome.results.errors.first() {
         let pod = outcome.pod(*i).map(|p| p.key.to_string()).unwrap_or_default();
@@ -116,7 +166,7 @@ pub fn consolidate(
     let mut priced = priced(types, &claim);
     priced.retain(|(p, _)| *p < cost);
     if priced.is_empty() {
-        return Err(format!("no cheaper node than ${cost:.4}/h takes its pods"));
+        return Err(no_cheaper(cost));
     }
     // Karpenter's `filterOutSameInstanceType`: when several nodes go and the replacement could
     // be one of their own types, it must be cheaper than that node, or the move is no better
@@ -145,6 +195,19 @@ pub fn consolidate(
     }
     let replacement = narrowed(types, claim, priced)?;
     Ok(Move { candidates: ids, replacements: vec![replacement], cost })
+}
+
+/// No replacement undercuts `cost`.
+fn no_cheaper(cost: f64) -> String {
+    format!("no cheaper node than ${cost:.4}/h takes its pods")
+}
+
+/// A single-node move that needed a new node no replacement may be.
+fn needs_new(pod: Option<&PodKey>, why: &str) -> String {
+    match pod {
+        Some(p) => format!("pod {p} would need a new node, and {why}"),
+        None => format!("its pods would need a new node, and {why}"),
+    }
 }
 
 /// Karpenter's spot rules on a replacement: candidates that are all spot, whose replacement

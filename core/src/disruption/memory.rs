@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::Proposal;
 use crate::cluster::Snapshot;
 use crate::ledger::Millis;
-use crate::pod::Pod;
+use crate::pod::{Pod, PodKey};
 
 /// What the planner remembers between rounds: when each node last saw its pods change (the
 /// start of its `consolidateAfter` wait), and since when each drifted.
@@ -21,6 +21,43 @@ pub struct Memory {
     pub(super) quiet: Option<(u64, Millis)>,
     /// What consolidation last said of each candidate it kept.
     pub(super) kept: BTreeMap<String, String>,
+    /// What consolidation remembers of the candidates only a delete could move.
+    pub(super) stuck: Stuck,
+}
+
+/// Per candidate whose pods only a delete could move (no one new node may replace it), the
+/// pod its last trial found no other node for (the first that needed a new node, else the
+/// first left unplaced). Next time that pod is asked first whether it fits on another node
+/// now; if not, no move of the candidate holds, whatever its other pods do, and the trial is
+/// skipped.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stuck {
+    pods: BTreeMap<String, PodKey>,
+    skipped: u64,
+}
+
+impl Stuck {
+    pub(super) fn get(&self, claim: &str) -> Option<&PodKey> {
+        self.pods.get(claim)
+    }
+
+    pub(super) fn remember(&mut self, claim: &str, pod: PodKey) {
+        self.pods.insert(claim.to_string(), pod);
+    }
+
+    pub(super) fn forget(&mut self, claim: &str) {
+        self.pods.remove(claim);
+    }
+
+    /// A trial skipped: its remembered pod still fits on no other node.
+    pub(super) fn skipped_one(&mut self) {
+        self.skipped += 1;
+    }
+
+    /// How many single-node trials were skipped so far.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
 }
 
 impl Memory {
@@ -55,6 +92,7 @@ impl Memory {
         self.pod_events.retain(|c, _| claims.contains(c.as_str()));
         self.drifted_since.retain(|c, _| claims.contains(c.as_str()));
         self.kept.retain(|c, _| claims.contains(c.as_str()));
+        self.stuck.pods.retain(|c, _| claims.contains(c.as_str()));
     }
 }
 

@@ -337,7 +337,8 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
             }
         } else {
             let before = !out.proposals.is_empty();
-            let verdicts = consolidate(input, sim.as_mut(), &mut underused, &mut out, room, pool_totals);
+            let verdicts =
+                consolidate(input, sim.as_mut(), &mut underused, &mut out, room, pool_totals, &mut memory.stuck);
             for (c, verdict) in underused.iter().zip(verdicts) {
                 if let Verdict::Keep(why) = &verdict {
                     memory.kept.insert(c.claim.id.clone(), why.clone());

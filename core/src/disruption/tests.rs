@@ -465,6 +465,58 @@ fn a_node_whose_pods_fit_nowhere_cheaper_stays_and_says_why() {
     assert!(shown.contains("no cheaper node"), "{shown}");
 }
 
+/// A node no new node may replace (on-demand m5.large only: nothing is cheaper) can only go
+/// by a delete. Its trial stops at the first pod that needs a new node, and the next round
+/// asks that pod alone whether it fits on another node now: while it does not, the trial is
+/// skipped with the same answer; once it does, the move is tried and holds.
+#[test]
+fn a_node_only_a_delete_could_move_asks_first_whether_the_pod_that_kept_it_fits_now() {
+    let mut w = World::new();
+    w.pool.requirements.add(labels::INSTANCE_TYPE, crate::requirements::Requirement::is_in(["m5.large"]));
+    w.pool.requirements.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["on-demand"]));
+    w.budgets(vec![budget(BudgetNodes::Percent(100))]);
+    let full_node = |w: &mut World, id: &str| {
+        w.node(id, &[]);
+        pod_of(w, id, &format!("big-{id}"), 1_500);
+        let name = format!("node-{id}");
+        let mut n = w.snap.nodes[&name].as_ref().clone();
+        n.allocatable.set(crate::resources::ResourceName::Pods, 29);
+        w.snap.nodes.insert(name, Arc::new(n));
+    };
+    full_node(&mut w, "a");
+    full_node(&mut w, "b");
+    let first = w.plan();
+    assert_eq!(first.first(), None);
+    let said = World::verdict(&first, "a").to_string();
+    assert!(said.contains("pod default/big-a would need a new node, and no cheaper node than"), "{said}");
+    assert_eq!(w.memory.stuck.get("a"), Some(&PodKey::new("default", "big-a")));
+    assert_eq!(w.memory.stuck.skipped(), 0, "the first round tries every move");
+
+    // Something changes that gives big-a no room: a third full node. a and b are not tried
+    // again; each names the pod that fits on no other node.
+    full_node(&mut w, "c");
+    w.now += 60_000;
+    let second = w.plan();
+    assert_eq!(second.first(), None);
+    for id in ["a", "b"] {
+        let said = World::verdict(&second, id).to_string();
+        let want = format!("pod default/big-{id} fits on no other node, and no cheaper node than");
+        assert!(said.contains(&want), "{said}");
+    }
+    assert!(w.memory.stuck.skipped() >= 2, "a and b skipped: {}", w.memory.stuck.skipped());
+
+    // b's pod shrinks (a new pod in its place): big-a fits on b now, so a is tried, and goes.
+    w.snap.pods.remove(&PodKey::new("default", "big-b"));
+    pod_of(&mut w, "b", "small-b", 300);
+    w.now += 60_000;
+    let skipped = w.memory.stuck.skipped();
+    let third = w.plan();
+    let p = third.first().cloned().unwrap_or_else(|| panic!("big-a fits on b: {:?}", third.decisions));
+    assert_eq!((p.candidates, p.replacements.len()), (vec!["a".to_string()], 0));
+    assert_eq!(w.memory.stuck.get("a"), None, "a's pod fit: nothing left to remember");
+    assert!(w.memory.stuck.skipped() <= skipped + 1, "only c may have been skipped");
+}
+
 #[test]
 fn when_empty_leaves_nodes_with_pods_alone() {
     let mut w = World::new();
@@ -562,7 +614,11 @@ fn consolidation_is_not_simulated_again_while_nothing_changed() {
     // Its NodeClaim's message stays what the simulating round said: no write for a quiet round.
     let message = |p: &Plan| p.conditions("a").map(|[c, _]| c.message);
     assert_eq!(message(&again), message(&first));
-    assert!(message(&first).is_some_and(|m| m.starts_with("kept: no cheaper node")), "{:?}", message(&first));
+    assert!(
+        message(&first).is_some_and(|m| m.starts_with("kept: ") && m.contains("no cheaper node")),
+        "{:?}",
+        message(&first)
+    );
     // A pod goes: simulated again, and now b's pod fits on a.
     w.snap.pods.remove(&PodKey::new("default", "big-a"));
     w.now += 1_000;

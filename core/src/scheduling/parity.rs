@@ -66,14 +66,7 @@ impl Scheduler<'_> {
         let mut errors: HashMap<usize, String> = HashMap::new();
         let class = super::classes::ids(self.pods, &queue);
         let tolerate = self.tolerate_prefer_no_schedule;
-        let plain = |p: &Pod| {
-            p.topology_spread.is_empty()
-                && p.pod_affinity.required.is_empty()
-                && p.pod_affinity.preferred.is_empty()
-                && p.pod_anti_affinity.required.is_empty()
-                && p.pod_anti_affinity.preferred.is_empty()
-                && PodView::new(p).relax(tolerate).is_none()
-        };
+        let plain = |p: &Pod| plain(p, tolerate);
         // Successful placements so far, and per class the last failure with that count.
         let mut placed = 0usize;
         let mut failed: HashMap<usize, (usize, String)> = HashMap::new();
@@ -133,16 +126,12 @@ impl Scheduler<'_> {
     }
 
     fn add(&mut self, idx: usize, view: &PodView, data: &PodData) -> Result<(), String> {
-        let pod = &self.pods[idx];
         // (a) existing nodes, in order (passing over those with no room for it).
-        let mut from = 0;
-        while let Some(n) = self.room.first(from, &data.requests) {
-            if let Some(reqs) = self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations) {
-                self.place_existing(n, idx, data, reqs);
-                return Ok(());
-            }
-            from = n + 1;
+        if let Some((n, reqs)) = self.first_existing(0, idx, view, data) {
+            self.place_existing(n, idx, data, reqs);
+            return Ok(());
         }
+        let pod = &self.pods[idx];
         // (b) NodeClaims planned in this solve, least-full first. Weight is a strict
         // priority: a claim of a pool weighted below the highest-weight pool that could
         // open a claim for the pod is passed over (Karpenter's in-flight check ignores
@@ -217,6 +206,18 @@ impl Scheduler<'_> {
         let relax_min_values = self.opts.min_values_policy == MinValuesPolicy::BestEffort;
         (0..self.templates.len()).find(|&t| self.try_new_claim(t, idx, view, data, relax_min_values, None).is_ok())
     }
+}
+
+/// A pod with no topology (spread, pod affinity or anti-affinity) and no preferences to
+/// relax: where it fits depends on each node's own room, requirements, taints and ports, and
+/// on the pods already placed only through the node.
+pub(super) fn plain(p: &Pod, tolerate_prefer_no_schedule: bool) -> bool {
+    p.topology_spread.is_empty()
+        && p.pod_affinity.required.is_empty()
+        && p.pod_affinity.preferred.is_empty()
+        && p.pod_anti_affinity.required.is_empty()
+        && p.pod_anti_affinity.preferred.is_empty()
+        && PodView::new(p).relax(tolerate_prefer_no_schedule).is_none()
 }
 
 /// Karpenter's pod validation: pods it ignores, and why.

@@ -186,6 +186,27 @@ impl<'a> Scheduler<'a> {
         });
     }
 
+    /// The first existing node from `from` on (in order) that takes pod `idx` as `view` and
+    /// `data` describe it, with the node's requirements once it does; the room tree passes
+    /// over the nodes with no room for it.
+    pub(super) fn first_existing(
+        &self,
+        from: usize,
+        idx: usize,
+        view: &PodView,
+        data: &PodData,
+    ) -> Option<(usize, crate::requirements::Requirements)> {
+        let pod = &self.pods[idx];
+        let mut from = from;
+        while let Some(n) = self.room.first(from, &data.requests) {
+            if let Some(reqs) = self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations) {
+                return Some((n, reqs));
+            }
+            from = n + 1;
+        }
+        None
+    }
+
     /// Places a pod on an existing node and records it.
     pub(super) fn place_existing(
         &mut self,

@@ -48,6 +48,14 @@ pub struct TrialResults {
     pub errors: Vec<(usize, String)>,
 }
 
+impl Checkpoint {
+    /// How long the placement order was at the checkpoint: what a trial placed since is the
+    /// order from there.
+    pub fn order_len(&self) -> usize {
+        self.order
+    }
+}
+
 impl<'a> Scheduler<'a> {
     /// Starts journaling (if it was not) and returns the state to roll back to.
     pub fn checkpoint(&mut self) -> Checkpoint {
@@ -153,12 +161,45 @@ impl<'a> Scheduler<'a> {
         self.planned.retain(|c| !c.pods.iter().any(|p| ours.contains(p)));
     }
 
-    /// What `pods` did since `cp`: the new claims holding any of them (finalized, launched,
-    /// with only those pods), their placements on existing nodes, and their errors.
-    pub fn trial_results(&self, cp: &Checkpoint, pods: &[usize], errors: &HashMap<usize, String>) -> TrialResults {
+    /// Whether pod `idx` fits on some existing node with the snapshot's nodes `out` taken out.
+    /// The state is left as it was. `Some(false)` holds however the state fills up from here,
+    /// so it is given only for a pod whose fit on a node can only get worse as other pods land
+    /// there: [`super::parity::plain`] (no topology of its own, nothing to relax) and with no
+    /// node requirements (selector, affinity, volume topology); `None` otherwise. A pod that
+    /// requires a label a node lacks is refused there until another pod placed on it narrows
+    /// the node's requirements to define that label, so for such a pod no answer holds.
+    pub fn fits_existing_without(&mut self, out: &[usize], idx: usize) -> Option<bool> {
+        let pod = self.pods.get(idx)?;
+        if !super::parity::plain(pod, self.tolerate_prefer_no_schedule) || !pod.volume_requirements.is_empty() {
+            return None;
+        }
+        let view = super::view::PodView::new(pod);
+        let data = super::view::PodData::new(pod, &view, self.opts.preference_policy);
+        if !data.requirements.is_empty() {
+            return None;
+        }
+        let cp = self.checkpoint();
+        for &n in out {
+            self.take_out(n, true);
+        }
+        let fits = self.first_existing(0, idx, &view, &data).is_some();
+        self.rollback(cp);
+        Some(fits)
+    }
+
+    /// What `pods` did since `cp` on existing nodes, and their errors: a trial's results
+    /// without its new claims (a trial that stopped at its cap needs no more).
+    pub fn trial_placements(&self, cp: &Checkpoint, pods: &[usize], errors: &HashMap<usize, String>) -> TrialResults {
         let ours: std::collections::HashSet<usize> = pods.iter().copied().collect();
-        let mut errs: HashMap<usize, String> =
-            errors.iter().filter(|(i, _)| ours.contains(i)).map(|(i, e)| (*i, e.clone())).collect();
+        TrialResults {
+            claims: Vec::new(),
+            existing: self.existing_since(cp, &ours),
+            errors: sorted_errors(errors, &ours),
+        }
+    }
+
+    /// The existing nodes `ours` went to since `cp`, with their pods.
+    fn existing_since(&self, cp: &Checkpoint, ours: &std::collections::HashSet<usize>) -> Vec<ExistingPlacement> {
         let mut existing: Vec<ExistingPlacement> = Vec::new();
         for p in &self.order[cp.order..] {
             if let Target::Existing(node) = p.target
@@ -170,6 +211,16 @@ impl<'a> Scheduler<'a> {
                 }
             }
         }
+        existing
+    }
+
+    /// What `pods` did since `cp`: the new claims holding any of them (finalized, launched,
+    /// with only those pods), their placements on existing nodes, and their errors.
+    pub fn trial_results(&self, cp: &Checkpoint, pods: &[usize], errors: &HashMap<usize, String>) -> TrialResults {
+        let ours: std::collections::HashSet<usize> = pods.iter().copied().collect();
+        let mut errs: HashMap<usize, String> =
+            errors.iter().filter(|(i, _)| ours.contains(i)).map(|(i, e)| (*i, e.clone())).collect();
+        let existing = self.existing_since(cp, &ours);
         let opts: &SolveOptions = self.opts;
         // Only the claims holding the trial's pods are finalized (the pods on their way hold
         // sealed claims of their own, not in `planned`).
@@ -181,8 +232,15 @@ impl<'a> Scheduler<'a> {
             f.claim.pods.retain(|p| ours.contains(p));
         }
         launch::choose_all(&self.templates, &mut finalized, opts);
-        let mut errors: Vec<(usize, String)> = errs.into_iter().filter(|(i, _)| ours.contains(i)).collect();
-        errors.sort_by_key(|(i, _)| *i);
+        let errors = sorted_errors(&errs, &ours);
         TrialResults { claims: finalized.into_iter().map(|f| f.claim).collect(), existing, errors }
     }
+}
+
+/// The errors of `ours`, by pod index.
+fn sorted_errors(errors: &HashMap<usize, String>, ours: &std::collections::HashSet<usize>) -> Vec<(usize, String)> {
+    let mut out: Vec<(usize, String)> =
+        errors.iter().filter(|(i, _)| ours.contains(i)).map(|(i, e)| (*i, e.clone())).collect();
+    out.sort_by_key(|(i, _)| *i);
+    out
 }

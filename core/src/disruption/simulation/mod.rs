@@ -23,9 +23,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::catalog::CapacityType;
 use crate::cluster::Snapshot;
+use crate::labels;
 use crate::node::Node;
-use crate::pod::Pod;
+use crate::pod::{Pod, PodKey};
 use crate::scheduling::scheduler::Scheduler;
 use crate::scheduling::trial::TrialResults;
 use crate::scheduling::{self, PoolInput, SolveOptions};
@@ -74,8 +76,12 @@ pub struct Outcome {
     pub pods: Vec<Pod>,
     /// Indices into `pods` by the solve's pod index.
     index: HashMap<usize, usize>,
-    /// The move needed more new nodes than it was allowed, and was not placed to the end.
+    /// The move needed more new nodes than it was allowed, and was not placed to the end
+    /// (its new claims were not finalized: `results.claims` is empty).
     pub capped: bool,
+    /// A pod the move could not leave on an existing node (its solve index): the first that
+    /// went to a new node, else the first the solve left unplaced.
+    pub stuck: Option<usize>,
 }
 
 impl Outcome {
@@ -125,7 +131,8 @@ impl Prepared {
                 taken.insert(e.index, p);
             }
         }
-        Simulation { prepared: self, state, taken, kept: HashSet::new(), receiving: HashSet::new() }
+        let floor = new_node_floor(&state);
+        Simulation { prepared: self, state, taken, kept: HashSet::new(), receiving: HashSet::new(), floor }
     }
 
     /// The move simulated from scratch on the cluster without the candidates' nodes (and
@@ -169,6 +176,27 @@ impl Prepared {
     }
 }
 
+/// [`Simulation::new_node_floor`] over the state's templates.
+fn new_node_floor(state: &Scheduler<'_>) -> (f64, bool) {
+    let spot = CapacityType::Spot.as_str();
+    let mut cheapest = f64::INFINITY;
+    let mut spot_only = true;
+    for t in &state.templates {
+        let capacity = t.requirements.get(labels::CAPACITY_TYPE);
+        let zone = t.requirements.get(labels::ZONE);
+        spot_only &=
+            capacity.has(spot) && CapacityType::ALL.iter().all(|c| c.as_str() == spot || !capacity.has(c.as_str()));
+        for it in t.types.iter().filter_map(|&i| t.instance_types.get(i)) {
+            for o in &it.offerings {
+                if o.available && zone.has(&o.zone) && capacity.has(o.capacity_type.as_str()) {
+                    cheapest = cheapest.min(o.price);
+                }
+            }
+        }
+    }
+    (cheapest, spot_only)
+}
+
 /// A pod as it would be once evicted: unbound.
 fn unbound(p: &Pod) -> Pod {
     Pod { node_name: None, nominated_node: None, ..p.clone() }
@@ -191,6 +219,8 @@ pub struct Simulation<'p> {
     /// Nodes that kept moves placed pods on: not candidates of a later move (its trial moves
     /// a node's own pods only).
     receiving: HashSet<usize>,
+    /// [`Simulation::new_node_floor`], read once: the pools do not change within a round.
+    floor: (f64, bool),
 }
 
 /// Where a kept move's pods went: each pod's key, and the existing node it went to (`None`:
@@ -229,13 +259,43 @@ impl Simulation<'_> {
             self.state.take_out(n, true);
         }
         let (errors, capped) = self.state.place_within(&pods, max_new);
-        let mut results = self.state.trial_results(&cp, &pods, &errors);
+        let stuck = self.state.order[cp.order_len()..]
+            .iter()
+            .find(|p| matches!(p.target, scheduling::Target::Planned(_)))
+            .map(|p| p.pod)
+            .or_else(|| errors.keys().min().copied());
+        let mut results = if capped {
+            self.state.trial_placements(&cp, &pods, &errors)
+        } else {
+            self.state.trial_results(&cp, &pods, &errors)
+        };
         self.state.rollback(cp);
         let p = self.prepared;
         uninitialized(&p.input.nodes, &mut results);
         let mut o = outcome(results, &p.input.nodes, &p.pods, &pods);
         o.capped = capped;
+        o.stuck = stuck;
         Ok(o)
+    }
+
+    /// Whether the candidate's pod `key` fits on some other existing node with the
+    /// candidate's node taken out, the other pods of its move not placed yet. `Some(false)`
+    /// means no move of the candidate leaves that pod on an existing node, however the rest
+    /// goes; `None`: not known (the candidate is blocked or not prepared, the pod not one of
+    /// its pods, or one whose fit other pods can change: topology, preferences, node
+    /// requirements; see `Scheduler::fits_existing_without`).
+    pub fn fits_elsewhere(&mut self, candidate: &str, key: &PodKey) -> Option<bool> {
+        let (nodes, pods) = self.resolve(&[candidate]).ok()?;
+        let idx = pods.into_iter().find(|&i| self.prepared.pods.get(i).is_some_and(|p| &p.key == key))?;
+        self.state.fits_existing_without(&nodes, idx)
+    }
+
+    /// What any one new node this round may launch costs at least ($/hour: the cheapest
+    /// available offering, in a zone and capacity type its pool allows, of any pool's types;
+    /// infinite when there is none), and whether every pool launches spot only. A new
+    /// claim's requirements are within its pool's, so neither can be beaten.
+    pub fn new_node_floor(&self) -> (f64, bool) {
+        self.floor
     }
 
     /// Makes a move for good: the candidates stay out and their pods where they went, a new
@@ -307,7 +367,7 @@ fn outcome(results: TrialResults, nodes: &[Node], all: &[Pod], pods: &[usize]) -
     let existing_nodes =
         results.existing.iter().map(|e| nodes.get(e.node).map(|n| n.name.clone()).unwrap_or_default()).collect();
     let pods = pods.iter().filter_map(|&i| all.get(i).cloned()).collect();
-    Outcome { results, existing_nodes, pods, index, capped: false }
+    Outcome { results, existing_nodes, pods, index, capped: false, stuck: None }
 }
 
 /// The same move simulated on a state built from scratch for it (no trial before it, no

@@ -337,6 +337,83 @@ proptest! {
             prop_assert_eq!(tried.map(|o| summary(&o)), built, "move {:?}", names);
         }
     }
+
+    /// What lets consolidation skip a trial: a pod of a candidate that fits on no other node
+    /// (the candidate's node out, its other pods not placed) is one no trial of the candidate
+    /// leaves on an existing node, however its other pods go; and the answer leaves the
+    /// state as it was.
+    #[test]
+    fn a_pod_that_fits_on_no_other_node_is_one_no_trial_of_its_node_places_on_an_existing_node(
+        nodes in prop::collection::vec(node_spec(), 2..9),
+        pending in prop::collection::vec(pod_spec(), 0..4),
+        limit in prop::option::of(4i64..40),
+    ) {
+        let w = world(&nodes, &pending, limit);
+        let r = refs(&w);
+        let all = movers(&w, &r);
+        let prepared = Prepared::new(&w.snap, &w.pools, &all, &SolveOptions::default());
+        let mut sim = prepared.simulation();
+        for m in &all {
+            let Ok(before) = sim.try_move(&[m.claim]) else { continue };
+            for p in m.pods {
+                if sim.fits_elsewhere(m.claim, &p.key) == Some(false) {
+                    let on_existing = before
+                        .results
+                        .existing
+                        .iter()
+                        .flat_map(|e| &e.pods)
+                        .filter_map(|&i| before.pod(i))
+                        .any(|q| q.key == p.key);
+                    prop_assert!(!on_existing, "{} refused everywhere yet placed: {:?}", p.key, summary(&before));
+                }
+            }
+            // Asking changed nothing: the same trial decides the same.
+            let after = sim.try_move(&[m.claim]).map(|o| summary(&o));
+            prop_assert_eq!(after, Ok(summary(&before)));
+        }
+    }
+}
+
+/// A pod that requires a label a node lacks is refused there alone, yet goes there once a
+/// pod placed before it narrows the node's requirements to define that label: no answer on
+/// its own holds for it, so none is given (and no trial is skipped on one).
+#[test]
+fn a_pod_whose_fit_another_pods_requirements_can_open_gets_no_answer_alone() {
+    let mut w = world(&[(1, 0, true, false, vec![]), (1, 0, true, false, vec![])], &[], None);
+    let on_candidate = |name: &str, cpu: i64| {
+        let mut p = Pod::new("default", name, ResourceList::cpu_mem(cpu, 512 << 20));
+        p.node_name = Some("node-0".into());
+        p
+    };
+    // q goes first (more CPU) and leaves node-1 requiring `team NotIn [b]`; p requires
+    // `team In [a]`, which node-1's labels alone do not define.
+    let mut q = on_candidate("q", 1_000);
+    let mut not_b = Requirements::new();
+    not_b.add("team", Requirement::not_in(["b"]));
+    q.node_affinity.required.push(not_b);
+    let mut p = on_candidate("p", 500);
+    p.node_selector.insert("team".into(), "a".into());
+    let (q, p) = (Arc::new(q), Arc::new(p));
+    for pod in [&q, &p] {
+        w.snap.pods.insert(pod.key.clone(), pod.clone());
+    }
+    w.nodes[0].2 = vec![q.clone(), p.clone()];
+    let r = refs(&w);
+    let all = movers(&w, &r);
+    let prepared = Prepared::new(&w.snap, &w.pools, &all, &SolveOptions::default());
+    let mut sim = prepared.simulation();
+    let trial = sim.try_move(&["claim-0"]).expect("prepared");
+    let placed: Vec<String> = trial
+        .results
+        .existing
+        .iter()
+        .flat_map(|e| &e.pods)
+        .filter_map(|&i| trial.pod(i))
+        .map(|p| p.key.to_string())
+        .collect();
+    assert!(placed.contains(&p.key.to_string()), "p follows q onto node-1: {:?}", summary(&trial));
+    assert_eq!(sim.fits_elsewhere("claim-0", &p.key), None, "p's fit alone says nothing");
+    assert_eq!(sim.fits_elsewhere("claim-0", &q.key), None, "q has node requirements too");
 }
 
 #[test]

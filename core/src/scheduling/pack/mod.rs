@@ -187,17 +187,7 @@ impl Scheduler<'_> {
         let mut start = 0;
         while class.remaining() > 0 {
             let idx = class.pods[class.next];
-            let pod = &self.pods[idx];
-            let mut found = None;
-            let mut from = start;
-            while let Some(n) = self.room.first(from, &data.requests) {
-                if let Some(r) = self.existing[n].can_add(&self.topology, idx, pod, data, &view.tolerations) {
-                    found = Some((n, r));
-                    break;
-                }
-                from = n + 1;
-            }
-            match found {
+            match self.first_existing(start, idx, view, data) {
                 Some((n, reqs)) => {
                     self.place_existing(n, idx, data, reqs);
                     class.next += 1;
