@@ -19,7 +19,7 @@ spec:
         - {key: kubernetes.io/arch, operator: In, values: ["amd64"]}
         - {key: karpenter.sh/capacity-type, operator: In, values: ["on-demand"]}
         - {key: karpenter.k8s.aws/instance-category, operator: In, values: ["c", "m"]}
-        - {key: karpenter.k8s.aws/instance-cpu, operator: In, values: ["2", "4"]}
+        - {key: karpenter.k8s.aws/instance-cpu, operator: In, values: ["4"]}
       nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}
   disruption:
     consolidationPolicy: WhenEmptyOrUnderutilized
@@ -80,6 +80,13 @@ fn explain_consolidation(env: &Env, ns: &str, ctl: &Controller) -> String {
 /// period); sampled all along, never more than the budget's 2 nodes disrupting at once and
 /// never fewer pods available than the PDB asks; at the end fewer nodes, each decision on its
 /// NodeClaim (`Consolidatable`) and `dovetail explain node` printing it.
+///
+/// The pool launches 4-CPU nodes only, so at most 3 nodes is reachable within the budget from
+/// every packing of the 6 pods, by deletes alone. With 2- and 4-CPU nodes it was not: under
+/// load the 20 pods were provisioned in several batches, and the scale-down once left one
+/// 4-CPU node with 3 pods and three 2-CPU nodes with 1 each. The only move that saves there is
+/// the three small nodes onto one 4-CPU node, which a budget of 2 forbids (Karpenter's too):
+/// two small nodes onto one large cost the same, and no pod fits on the full node.
 #[test]
 fn a_scale_down_is_consolidated_within_the_budget_and_no_pod_is_evicted_against_its_pdb() {
     let Some((env, _serial, _)) = getting_started() else { return };
@@ -95,7 +102,7 @@ fn a_scale_down_is_consolidated_within_the_budget_and_no_pod_is_evicted_against_
     let ctl = Controller::start(&env, "shrink", &[]);
     env.wait_running("20 pods Running", ns, 20, None, &ctl, Duration::from_secs(90));
     let (_, before) = disrupting(&env);
-    assert!(before >= 5, "20 CPUs on 2- and 4-CPU nodes: {before} nodes");
+    assert!(before >= 5, "20 CPUs on 4-CPU nodes: {before} nodes");
 
     env.kubectl(&["scale", "deployment", "web", "-n", ns, "--replicas", "6"]);
     env.wait("the Deployment down to 6 pods", Duration::from_secs(60), |e| {
