@@ -2248,7 +2248,7 @@ mod integration {
         let name = "existing-a".to_string();
         cluster.apply_node(Node {
             name: name.clone(),
-            labels: BTreeMap::from([
+            labels: dovetail_core::node::NodeLabels::from([
                 (labels::ZONE.to_string(), ZONES[0].to_string()),
                 (labels::HOSTNAME.to_string(), name.clone()),
                 (labels::INSTANCE_TYPE.to_string(), "m5.xlarge".to_string()),

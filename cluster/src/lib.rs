@@ -103,7 +103,7 @@ pub struct NodeUpdate {
 impl NodeUpdate {
     pub fn of(node: &Node) -> Self {
         NodeUpdate {
-            labels: node.labels.clone(),
+            labels: (*node.labels).clone(),
             taints: node.taints.clone(),
             finalizers: node.finalizers.clone(),
             owner_claim: node.owner_claim.clone(),

@@ -1,5 +1,9 @@
 //! Existing capacity: nodes (and in-flight NodeClaims) the scheduler can place pods on.
 
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, OnceLock};
+
 use crate::labels::Labels;
 use crate::requirements::{Requirement, Requirements};
 use crate::resources::ResourceList;
@@ -9,7 +13,7 @@ use crate::taints::Taint;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Node {
     pub name: String,
-    pub labels: Labels,
+    pub labels: NodeLabels,
     pub taints: Vec<Taint>,
     pub capacity: ResourceList,
     pub allocatable: ResourceList,
@@ -67,7 +71,7 @@ impl Node {
 
     /// The node's requirements: its labels (plus hostname), narrowed by `requirements`.
     pub fn node_requirements(&self) -> Requirements {
-        let mut r = Requirements::from_labels(&self.labels);
+        let mut r = self.labels.requirements().clone();
         if let Some(extra) = &self.requirements {
             r.add_all(extra);
         }
@@ -83,5 +87,80 @@ impl Node {
             t.push(Taint::unschedulable());
         }
         t
+    }
+}
+
+/// A node's labels, shared between copies of the node (every scheduling round copies every
+/// node) and copied on the first write, with the requirements they make (`key In [value]`
+/// per label) worked out once per version of the labels: a cluster of 2,000 nodes otherwise
+/// rebuilt 2,000 maps of some 25 keys for every solve and every consolidation round.
+#[derive(Clone, Default)]
+pub struct NodeLabels(Arc<LabelsAndRequirements>);
+
+#[derive(Clone, Default)]
+struct LabelsAndRequirements {
+    labels: Labels,
+    requirements: OnceLock<Requirements>,
+}
+
+impl NodeLabels {
+    /// `key In [value]` for every label (Karpenter's `NewLabelRequirements`).
+    pub fn requirements(&self) -> &Requirements {
+        self.0.requirements.get_or_init(|| Requirements::from_labels(&self.0.labels))
+    }
+}
+
+impl Deref for NodeLabels {
+    type Target = Labels;
+    fn deref(&self) -> &Labels {
+        &self.0.labels
+    }
+}
+
+impl DerefMut for NodeLabels {
+    /// Copies the labels first if another copy of the node shares them, and forgets the
+    /// requirements worked out from them.
+    fn deref_mut(&mut self) -> &mut Labels {
+        let inner = Arc::make_mut(&mut self.0);
+        inner.requirements = OnceLock::new();
+        &mut inner.labels
+    }
+}
+
+impl From<Labels> for NodeLabels {
+    fn from(labels: Labels) -> Self {
+        NodeLabels(Arc::new(LabelsAndRequirements { labels, requirements: OnceLock::new() }))
+    }
+}
+
+impl<const N: usize> From<[(String, String); N]> for NodeLabels {
+    fn from(labels: [(String, String); N]) -> Self {
+        Labels::from(labels).into()
+    }
+}
+
+impl FromIterator<(String, String)> for NodeLabels {
+    fn from_iter<T: IntoIterator<Item = (String, String)>>(iter: T) -> Self {
+        Labels::from_iter(iter).into()
+    }
+}
+
+impl PartialEq for NodeLabels {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.labels == other.0.labels
+    }
+}
+
+impl fmt::Debug for NodeLabels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.labels.fmt(f)
+    }
+}
+
+impl<'a> IntoIterator for &'a NodeLabels {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.labels.iter()
     }
 }

@@ -210,7 +210,7 @@ mod tests {
         let name = format!("node-{zone}");
         let node = Node {
             name: name.clone(),
-            labels: BTreeMap::from([
+            labels: crate::node::NodeLabels::from([
                 (labels::ZONE.to_string(), zone.to_string()),
                 (labels::HOSTNAME.to_string(), name.clone()),
                 (labels::INSTANCE_TYPE.to_string(), "m5.large".to_string()),

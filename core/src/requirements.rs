@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::labels::{self, Labels};
+use crate::shared::Shared;
 
 /// A node selector operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -383,15 +384,20 @@ pub enum IncompatibleError {
 }
 
 /// Requirements over many keys; a key that is absent allows every value.
+///
+/// The map is shared between copies and copied on the first write ([`Shared`]): a node's
+/// requirements are copied into every trial that places a pod there and into every saved
+/// state a trial rolls back to, and most of those copies are never written (a pod that
+/// asks nothing of its node leaves them as they were).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Requirements {
-    map: BTreeMap<String, Requirement>,
+    map: Shared<BTreeMap<String, Requirement>>,
 }
 
 impl Requirements {
     /// No requirements.
     pub fn new() -> Self {
-        Requirements { map: BTreeMap::new() }
+        Requirements::default()
     }
 
     /// `key In [value]` for every label (Karpenter's `NewLabelRequirements`).
@@ -403,20 +409,35 @@ impl Requirements {
         r
     }
 
-    /// Adds (intersects) a requirement on `key`, normalising deprecated keys.
+    /// Adds (intersects) a requirement on `key`, normalising deprecated keys. A requirement
+    /// that narrows nothing leaves the map as it was (shared, when it is).
     pub fn add(&mut self, key: &str, req: Requirement) {
         let key = labels::normalize_key(key);
-        match self.map.get_mut(key) {
-            Some(existing) => *existing = req.intersection(existing),
+        match self.map.get(key) {
+            Some(existing) if *existing == req => {}
+            Some(existing) => {
+                let narrowed = req.intersection(existing);
+                if narrowed != *existing {
+                    self.map.insert(key.to_string(), narrowed);
+                }
+            }
             None => {
                 self.map.insert(key.to_string(), req);
             }
         }
     }
 
-    /// Adds every requirement of `other`.
+    /// Adds every requirement of `other`. Added to nothing, `other` is shared as it is (its
+    /// keys are normalised already).
     pub fn add_all(&mut self, other: &Requirements) {
-        for (k, r) in &other.map {
+        if other.map.is_empty() || Shared::same(&self.map, &other.map) {
+            return;
+        }
+        if self.map.is_empty() {
+            self.map = other.map.clone();
+            return;
+        }
+        for (k, r) in other.map.iter() {
             self.add(k, r.clone());
         }
     }
@@ -443,7 +464,7 @@ impl Requirements {
 
     /// A mutable requirement on `key`, inserting `Exists` when undefined.
     pub fn get_mut(&mut self, key: &str) -> &mut Requirement {
-        self.map.entry(key.to_string()).or_insert_with(Requirement::exists)
+        self.map.entry(labels::normalize_key(key).to_string()).or_insert_with(Requirement::exists)
     }
 
     /// Whether `key` is defined.
@@ -481,7 +502,7 @@ impl Requirements {
         incoming: &Requirements,
         allow_undefined_well_known: bool,
     ) -> Result<(), IncompatibleError> {
-        for (key, req) in &incoming.map {
+        for (key, req) in incoming.map.iter() {
             if allow_undefined_well_known && labels::is_well_known(key) {
                 continue;
             }
@@ -523,9 +544,9 @@ impl Requirements {
     pub fn intersects(&self, incoming: &Requirements) -> Result<(), IncompatibleError> {
         let mut errs = Vec::new();
         let (small, large, self_is_small) = if self.map.len() <= incoming.map.len() {
-            (&self.map, &incoming.map, true)
+            (&*self.map, &*incoming.map, true)
         } else {
-            (&incoming.map, &self.map, false)
+            (&*incoming.map, &*self.map, false)
         };
         for (key, a) in small {
             let Some(b) = large.get(key) else { continue };
@@ -564,8 +585,11 @@ impl Requirements {
 
     /// Whether [`Requirements::intersects`] holds, without building messages.
     pub fn intersects_ok(&self, incoming: &Requirements) -> bool {
-        let (small, large) =
-            if self.map.len() <= incoming.map.len() { (&self.map, &incoming.map) } else { (&incoming.map, &self.map) };
+        let (small, large) = if self.map.len() <= incoming.map.len() {
+            (&*self.map, &*incoming.map)
+        } else {
+            (&*incoming.map, &*self.map)
+        };
         small.iter().all(|(key, a)| {
             let Some(b) = large.get(key) else { return true };
             if a.has_intersection(b) {
@@ -581,7 +605,7 @@ impl fmt::Display for Requirements {
     /// Karpenter's `Requirements.String()`: sorted, hostname left out.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut first = true;
-        for (k, r) in &self.map {
+        for (k, r) in self.map.iter() {
             if k == labels::HOSTNAME {
                 continue;
             }

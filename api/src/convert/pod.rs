@@ -358,7 +358,7 @@ pub fn node(ctx: &Ctx, n: &core::Node) -> Result<Node, ConversionError> {
     let initialized = Node::initialized_by(&labels, ready.unwrap_or(true), managed);
     Ok(Node {
         name,
-        labels,
+        labels: labels.into(),
         taints,
         capacity,
         allocatable,

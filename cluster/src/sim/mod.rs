@@ -296,7 +296,7 @@ impl SimCluster {
             taints.push(Taint::new(UNREGISTERED_TAINT, "", dovetail_core::taints::Effect::NoExecute));
             let node = Node {
                 name: r.node_name.clone(),
-                labels,
+                labels: labels.into(),
                 taints,
                 capacity: r.capacity.clone(),
                 allocatable: r.allocatable.clone(),
@@ -536,7 +536,9 @@ impl SimCluster {
             let n = s.nodes.get_mut(name).ok_or_else(|| not_found("node", name.to_string()))?;
             precondition("node", name, n.resource_version, rv)?;
             let n = Arc::make_mut(n);
-            n.labels = update.labels;
+            if *n.labels != update.labels {
+                n.labels = update.labels.into();
+            }
             n.taints = update.taints;
             n.finalizers = update.finalizers;
             n.owner_claim = update.owner_claim;

@@ -278,7 +278,7 @@ impl Snapshot {
                 if c.status.allocatable.is_empty() { c.spec.requests.clone() } else { c.status.allocatable.clone() };
             nodes.push(Node {
                 name: c.name.clone(),
-                labels: c.spec.labels.clone(),
+                labels: c.spec.labels.clone().into(),
                 taints: c.spec.taints.clone(),
                 capacity: allocatable.clone(),
                 allocatable,
@@ -458,6 +458,11 @@ pub struct StatusPatch {
 impl StatusPatch {
     /// The status with the patch applied, or `None` when it changes nothing.
     pub fn apply(&self, status: &NodeClaimStatus) -> Option<NodeClaimStatus> {
+        // Every reconcile asks this of every claim, and most patches change nothing: that is
+        // answered without copying the status.
+        if !self.changes(status) {
+            return None;
+        }
         let mut s = status.clone();
         if let Some(p) = &self.provider_id {
             s.provider_id = Some(p.clone());
@@ -475,6 +480,20 @@ impl StatusPatch {
             s.set_condition(c.clone());
         }
         (s != *status).then_some(s)
+    }
+
+    /// Whether applying the patch would change `status` (each condition compared with the
+    /// one of its kind it would replace; of two of one kind in the patch, the last counts).
+    fn changes(&self, status: &NodeClaimStatus) -> bool {
+        let differs = |new: &Option<String>, old: &Option<String>| new.is_some() && new != old;
+        differs(&self.provider_id, &status.provider_id)
+            || differs(&self.node_name, &status.node_name)
+            || self.capacity.as_ref().is_some_and(|c| *c != status.capacity)
+            || self.allocatable.as_ref().is_some_and(|a| *a != status.allocatable)
+            || self.conditions.iter().enumerate().any(|(i, c)| {
+                !self.conditions[i + 1..].iter().any(|later| later.kind == c.kind)
+                    && status.condition(&c.kind) != Some(c)
+            })
     }
 }
 

@@ -1,7 +1,9 @@
 //! Claims on their way up: launch (and the re-drive of a recorded batch), the relaunch after
 //! insufficient capacity, registration, initialization, and nodes lost.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+
+use crate::catalog::InstanceType;
 
 use crate::cluster::{
     Condition, NodeClaim, NodePatch, ObjectKind, StatusPatch, TERMINATION_FINALIZER, UNREGISTERED_TAINT,
@@ -67,7 +69,7 @@ pub(super) fn live(
         ClaimState::Launched { instance }
         | ClaimState::Registered { instance }
         | ClaimState::Initialized { instance } => {
-            launched_status(plan, input, claim, nc, instance);
+            launched_status(plan, cx.types, claim, nc, instance);
             let Some(node) = cx.node() else {
                 if !matches!(cx.state, ClaimState::Launched { .. }) {
                     let key = format!("node/{id}");
@@ -128,9 +130,18 @@ fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<Strin
 /// provider id, capacity and `Launched`; in that order, so that a provider id in the cluster
 /// always comes with the labels that say what the instance is (a controller that restarts
 /// rebuilds from them).
-fn launched_status(plan: &mut Plan, input: &Input<'_>, claim: &Claim, nc: &NodeClaim, instance: &str) {
-    let labels: Vec<(String, String)> =
-        launch_labels(input, claim).into_iter().filter(|(k, v)| nc.spec.labels.get(k) != Some(v)).collect();
+fn launched_status(
+    plan: &mut Plan,
+    types: &HashMap<&str, &InstanceType>,
+    claim: &Claim,
+    nc: &NodeClaim,
+    instance: &str,
+) {
+    let labels: Vec<(String, String)> = launch_labels(types, claim)
+        .into_iter()
+        .filter(|(k, v)| nc.spec.labels.get(*k).map(String::as_str) != Some(*v))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let pid = provider_id(&claim.zone, instance);
     if labels.is_empty() && nc.status.provider_id.as_deref() == Some(pid.as_str()) && nc.status.is("Launched") {
         return;
@@ -149,25 +160,24 @@ fn launched_status(plan: &mut Plan, input: &Input<'_>, claim: &Claim, nc: &NodeC
 
 /// The labels a launched claim's NodeClaim gets: every label its instance type has one value
 /// of, its zone and its capacity type (none when what it launched as is not known: a claim
-/// taken over from a cluster that did not write them).
-fn launch_labels(input: &Input<'_>, claim: &Claim) -> Vec<(String, String)> {
+/// taken over from a cluster that did not write them). Borrowed: every reconcile asks this of
+/// every launched claim, and a claim whose NodeClaim has them all copies none.
+fn launch_labels<'a>(types: &HashMap<&str, &'a InstanceType>, claim: &'a Claim) -> Vec<(&'a str, &'a str)> {
     let Some((instance_type, capacity_type)) = &claim.launched_as else { return Vec::new() };
-    let mut out: Vec<(String, String)> = input
-        .types
-        .iter()
-        .find(|t| &t.name == instance_type)
+    let own = |k: &str| k == labels::ZONE || k == labels::CAPACITY_TYPE || k == labels::INSTANCE_TYPE;
+    let mut out: Vec<(&str, &str)> = types
+        .get(instance_type.as_str())
         .map(|t| {
             t.requirements
                 .iter()
-                .filter(|(_, r)| r.operator() == Operator::In && r.values().len() == 1)
-                .map(|(k, r)| (k.to_string(), r.values()[0].clone()))
+                .filter(|(k, r)| r.operator() == Operator::In && r.values().len() == 1 && !own(k))
+                .map(|(k, r)| (k, r.values()[0].as_str()))
                 .collect()
         })
         .unwrap_or_default();
-    out.retain(|(k, _)| k != labels::ZONE && k != labels::CAPACITY_TYPE && k != labels::INSTANCE_TYPE);
-    out.push((labels::INSTANCE_TYPE.to_string(), instance_type.clone()));
-    out.push((labels::ZONE.to_string(), claim.zone.clone()));
-    out.push((labels::CAPACITY_TYPE.to_string(), capacity_type.as_str().to_string()));
+    out.push((labels::INSTANCE_TYPE, instance_type.as_str()));
+    out.push((labels::ZONE, claim.zone.as_str()));
+    out.push((labels::CAPACITY_TYPE, capacity_type.as_str()));
     out
 }
 

@@ -265,6 +265,11 @@ pub fn reconcile(input: &Input<'_>, cfg: &Config, memory: &mut Memory) -> Plan {
     }
     let snap = input.snapshot;
     let by_provider = snap.nodes_by_provider_id();
+    // The pool's types by name, for the labels of what each claim launched as.
+    let mut types: HashMap<&str, &InstanceType> = HashMap::with_capacity(input.types.len());
+    for t in input.types {
+        types.entry(t.name.as_str()).or_insert(t);
+    }
     // Only a terminating claim reads its node's pods (to drain them): the index is built on
     // the first one.
     let mut pods_by_node = None;
@@ -287,8 +292,15 @@ pub fn reconcile(input: &Input<'_>, cfg: &Config, memory: &mut Memory) -> Plan {
         if !claim.state.is_terminating() && held_by_unreadable(snap, claim, nc.is_none(), node.is_none()) {
             continue;
         }
-        let mut cx =
-            Claimed { claim, state: claim.state.clone(), changed_at: claim.changed_at, nc, node, now: input.now };
+        let mut cx = Claimed {
+            claim,
+            state: claim.state.clone(),
+            changed_at: claim.changed_at,
+            nc,
+            node,
+            now: input.now,
+            types: &types,
+        };
         // At most one pass per state a claim can move through.
         for _ in 0..8 {
             let mut round = Plan::default();
@@ -371,6 +383,8 @@ pub(super) struct Claimed<'a> {
     nc: Option<Cow<'a, NodeClaim>>,
     node: Option<Cow<'a, Node>>,
     now: Millis,
+    /// The pool's instance types by name.
+    types: &'a HashMap<&'a str, &'a InstanceType>,
 }
 
 impl Claimed<'_> {

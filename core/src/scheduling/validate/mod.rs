@@ -55,7 +55,7 @@ pub fn validate(snapshot: &Snapshot, pods: &[Pod], results: &Results, semantics:
         .nodes
         .iter()
         .map(|n| {
-            let mut l = n.labels.clone();
+            let mut l: crate::labels::Labels = (*n.labels).clone();
             l.entry(labels::HOSTNAME.to_string()).or_insert_with(|| n.name.clone());
             EndNode { name: n.name.clone(), labels: l, taints: n.effective_taints() }
         })
