@@ -23,7 +23,9 @@
 //! with spot-to-spot off; or nothing any pool launches cheaper than it) can only go by a
 //! delete: its trial stops at the first pod that needs a new node, and the pool remembers
 //! that pod ([`super::memory::Stuck`]). Next round, while that pod fits on no other node, the
-//! trial is skipped: no way of placing the other pods makes room for it.
+//! trial is skipped: no way of placing the other pods makes room for it. Nor is it tried when
+//! the other nodes' room, counted, cannot hold its pods together however they were placed
+//! ([`crate::scheduling::room::Rooms`]).
 
 use crate::catalog::{CapacityType, InstanceType};
 use crate::labels;
@@ -123,6 +125,15 @@ pub fn consolidate(
             return Err(format!("pod {key} fits on no other node, and {why}"));
         }
         memo.forget(id);
+    }
+    // A delete whose pods the other nodes' room cannot hold together, however placed.
+    if let (Some(why), [id]) = (&ruled_out, names.as_slice())
+        && let Some(short) = sim.room_rules_out(id)
+    {
+        if let Some(memo) = stuck.as_deref_mut() {
+            memo.skipped_one();
+        }
+        return Err(format!("{short}, and {why}"));
     }
     let outcome = sim.try_move_within(&names, Some(cap))?;
     let failed = outcome.capped || !outcome.results.errors.is_empty();

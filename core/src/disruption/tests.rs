@@ -465,26 +465,64 @@ fn a_node_whose_pods_fit_nowhere_cheaper_stays_and_says_why() {
     assert!(shown.contains("no cheaper node"), "{shown}");
 }
 
-/// A node no new node may replace (on-demand m5.large only: nothing is cheaper) can only go
-/// by a delete. Its trial stops at the first pod that needs a new node, and the next round
-/// asks that pod alone whether it fits on another node now: while it does not, the trial is
-/// skipped with the same answer; once it does, the move is tried and holds.
-#[test]
-fn a_node_only_a_delete_could_move_asks_first_whether_the_pod_that_kept_it_fits_now() {
+/// A pool that launches on-demand m5.large only: no new node undercuts one of its nodes, so
+/// each can only go by a delete.
+fn delete_only_world() -> World {
     let mut w = World::new();
     w.pool.requirements.add(labels::INSTANCE_TYPE, crate::requirements::Requirement::is_in(["m5.large"]));
     w.pool.requirements.add(labels::CAPACITY_TYPE, crate::requirements::Requirement::is_in(["on-demand"]));
     w.budgets(vec![budget(BudgetNodes::Percent(100))]);
-    let full_node = |w: &mut World, id: &str| {
-        w.node(id, &[]);
-        pod_of(w, id, &format!("big-{id}"), 1_500);
-        let name = format!("node-{id}");
-        let mut n = w.snap.nodes[&name].as_ref().clone();
-        n.allocatable.set(crate::resources::ResourceName::Pods, 29);
-        w.snap.nodes.insert(name, Arc::new(n));
-    };
+    w
+}
+
+/// A node of [`delete_only_world`] running one pod of 1,500m (of 1,930m), with 29 pod slots.
+fn full_node(w: &mut World, id: &str) {
+    w.node(id, &[]);
+    pod_of(w, id, &format!("big-{id}"), 1_500);
+    let name = format!("node-{id}");
+    let mut n = w.snap.nodes[&name].as_ref().clone();
+    n.allocatable.set(crate::resources::ResourceName::Pods, 29);
+    w.snap.nodes.insert(name, Arc::new(n));
+}
+
+/// A node only a delete could move is not tried when the other nodes' room, counted, cannot
+/// hold its pods: two nodes each running 1,500m of 1,930m.
+#[test]
+fn a_node_only_a_delete_could_move_is_not_tried_when_the_other_nodes_room_cannot_hold_its_pods() {
+    let mut w = delete_only_world();
     full_node(&mut w, "a");
     full_node(&mut w, "b");
+    let plan = w.plan();
+    assert_eq!(plan.first(), None);
+    for id in ["a", "b"] {
+        let said = World::verdict(&plan, id).to_string();
+        let want = "its largest pod by CPU (1500m) fits on no other node, and no cheaper node than";
+        assert!(said.contains(want), "{said}");
+    }
+    assert_eq!(w.memory.stuck.get("a"), None, "no trial: no pod to remember");
+    assert_eq!(w.memory.stuck.skipped(), 2);
+}
+
+/// A node only a delete could move, whose pod the room of another node would hold but its
+/// taint refuses. Its trial stops at the first pod that needs a new node, and the next round
+/// asks that pod alone whether it fits on another node now: while it does not, the trial is
+/// skipped with the same answer; once it does, the move is tried and holds.
+#[test]
+fn a_node_only_a_delete_could_move_asks_first_whether_the_pod_that_kept_it_fits_now() {
+    let mut w = delete_only_world();
+    full_node(&mut w, "a");
+    full_node(&mut w, "b");
+    // Room for either pod, behind a taint neither tolerates (and never a candidate itself).
+    w.node("tainted", &[]);
+    let mut t = w.snap.nodes["node-tainted"].as_ref().clone();
+    t.taints.push(crate::taints::Taint {
+        key: "dedicated".into(),
+        value: "x".into(),
+        effect: crate::taints::Effect::NoSchedule,
+    });
+    t.do_not_disrupt = true;
+    t.allocatable.set(crate::resources::ResourceName::Pods, 29);
+    w.snap.nodes.insert("node-tainted".into(), Arc::new(t));
     let first = w.plan();
     assert_eq!(first.first(), None);
     let said = World::verdict(&first, "a").to_string();

@@ -41,7 +41,7 @@ mod pack;
 mod parity;
 mod price;
 mod right_size;
-mod room;
+pub(crate) mod room;
 pub(crate) mod scheduler;
 mod template;
 mod topology;

@@ -98,6 +98,123 @@ fn max(a: &Room, b: &Room) -> Room {
     [a[0].max(b[0]), a[1].max(b[1]), a[2].max(b[2])]
 }
 
+/// What the existing nodes could take of a set of moved pods, counted without placing them:
+/// each usable node's room (initialized, not taken out, nothing overcommitted), largest CPU
+/// first and largest memory first.
+///
+/// A consolidation trial places a candidate's pods one by one (Karpenter's first fit). When
+/// the nodes' room together cannot hold them, however they were placed, the trial fails
+/// whatever its order: this answers that in a count. Of the `j` pods asking the most CPU,
+/// each asks at least the `j`-th one's CPU and at least the least memory among them, so a
+/// node holds at most as many of them as its room holds copies of that; fewer than `j` over
+/// all nodes, and no placement of the pods exists (memory the same way round). Only a
+/// necessary condition: room that is there may still be refused (taints, requirements,
+/// topology, ports), so a count that passes says nothing, and the trial decides.
+pub struct Rooms {
+    by_cpu: Vec<NodeRoom>,
+    by_memory: Vec<NodeRoom>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct NodeRoom {
+    /// The node's index in the snapshot's nodes.
+    node: usize,
+    cpu: i64,
+    memory: i64,
+    slots: i64,
+}
+
+/// What one pod asks of a node's CPU and memory.
+pub type Ask = (i64, i64);
+
+impl Rooms {
+    pub(super) fn new(existing: &[ExistingNode<'_>]) -> Self {
+        let mut by_cpu: Vec<NodeRoom> = existing
+            .iter()
+            .filter(|e| !e.out && e.node.initialized && e.remaining.iter().all(|(_, v)| v >= 0))
+            .map(|e| NodeRoom {
+                node: e.index,
+                cpu: e.remaining.get(&ResourceName::Cpu),
+                memory: e.remaining.get(&ResourceName::Memory),
+                slots: e.remaining.get(&ResourceName::Pods),
+            })
+            .filter(|r| r.slots > 0)
+            .collect();
+        let mut by_memory = by_cpu.clone();
+        by_cpu.sort_by(|a, b| b.cpu.cmp(&a.cpu));
+        by_memory.sort_by(|a, b| b.memory.cmp(&a.memory));
+        Rooms { by_cpu, by_memory }
+    }
+
+    /// Why `asks` (one per pod) cannot all go onto the nodes other than `without` (snapshot
+    /// indices), if their room alone rules it out.
+    pub fn rule_out(&self, asks: &[Ask], without: &[usize]) -> Option<String> {
+        let mut asks = asks.to_vec();
+        asks.sort_by(|a, b| b.0.cmp(&a.0));
+        if let Some(short) = short(&self.by_cpu, &asks, without, |r| (r.cpu, r.memory), |a| (a.0, a.1)) {
+            return Some(said(short, "CPU", ResourceName::Cpu));
+        }
+        asks.sort_by(|a, b| b.1.cmp(&a.1));
+        let short = short(&self.by_memory, &asks, without, |r| (r.memory, r.cpu), |a| (a.1, a.0))?;
+        Some(said(short, "memory", ResourceName::Memory))
+    }
+}
+
+/// A count that came up short, in words.
+fn said((need, held, least): (usize, usize, i64), what: &str, name: ResourceName) -> String {
+    let least = name.quantity_of(least);
+    if need == 1 {
+        format!("its largest pod by {what} ({least}) fits on no other node")
+    } else {
+        format!(
+            "its {need} largest pods by {what} ({least} or more each) fit on no other nodes together (room for {held})"
+        )
+    }
+}
+
+/// The first `j` for which the `j` largest asks (sorted by `main`, largest first) find room
+/// for fewer than `j` of them on `rooms` (sorted by the same resource, largest first),
+/// with how many the nodes hold and the `j`-th ask. `main` and `other` read a node's room
+/// and a pod's ask as (the sorted resource, the other one).
+fn short(
+    rooms: &[NodeRoom],
+    asks: &[Ask],
+    without: &[usize],
+    room: impl Fn(&NodeRoom) -> (i64, i64),
+    ask: impl Fn(&Ask) -> (i64, i64),
+) -> Option<(usize, usize, i64)> {
+    let mut least_other = i64::MAX;
+    for (i, a) in asks.iter().enumerate() {
+        let (main, other) = ask(a);
+        // Sorted: the rest ask none of it either, and room for none of it is no bound.
+        if main <= 0 {
+            return None;
+        }
+        least_other = least_other.min(other);
+        let need = i + 1;
+        let mut held = 0usize;
+        for r in rooms {
+            let (have, have_other) = room(r);
+            if have < main {
+                break;
+            }
+            if without.contains(&r.node) {
+                continue;
+            }
+            let by_other = if least_other > 0 { have_other / least_other } else { i64::MAX };
+            let copies = (have / main).min(by_other).min(r.slots).max(0);
+            held = held.saturating_add(usize::try_from(copies).unwrap_or(usize::MAX));
+            if held >= need {
+                break;
+            }
+        }
+        if held < need {
+            return Some((need, held, main));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +276,61 @@ mod tests {
         // No nodes at all.
         let none = RoomTree::new(&[]);
         assert_eq!(none.first(0, &ResourceList::cpu_mem(1, 1)), None);
+    }
+
+    /// Room that cannot hold a candidate's pods together, however they were placed, is
+    /// ruled out by count: by CPU (memory counted alongside), by memory, and only over the
+    /// nodes that may take moved pods (the candidate's own, one taken out, one still booting
+    /// and an overcommitted one do not count).
+    #[test]
+    fn pods_the_other_nodes_room_cannot_hold_together_are_ruled_out_by_count() {
+        let gib = 1i64 << 30;
+        let mut nodes = nodes(&[1_500, 800, 800, 4_000, 4_000, 4_000, 4_000]);
+        for n in &mut nodes {
+            n.initialized = true;
+        }
+        // Node 4 is still booting; node 5 is taken out below; node 6 is overcommitted.
+        nodes[4].initialized = false;
+        let mut existing: Vec<ExistingNode<'_>> =
+            nodes.iter().enumerate().map(|(i, n)| ExistingNode::new(n, i, &[], &[])).collect();
+        existing[5].out = true;
+        existing[6].remaining.set(ResourceName::Memory, -1);
+        let rooms = Rooms::new(&existing);
+        let without = [3];
+
+        // Two pods of 1 CPU: only node 0 has room for one.
+        let two = [(1_000, gib), (1_000, gib)];
+        let why = rooms.rule_out(&two, &without).expect("room for one only");
+        assert_eq!(why, "its 2 largest pods by CPU (1 or more each) fit on no other nodes together (room for 1)");
+        // With the candidate's own node counted, they would fit: it is left out by index only.
+        assert_eq!(rooms.rule_out(&two, &[]), None);
+        // 1 CPU and 700m: node 0 takes the first, a node of 800m the second.
+        assert_eq!(rooms.rule_out(&[(1_000, gib), (700, gib)], &without), None);
+        // Memory counted alongside CPU: three small pods of 3 GiB each, on nodes of 4 GiB.
+        let big_memory = [(100, 3 * gib), (100, 3 * gib), (100, 3 * gib), (100, 3 * gib)];
+        assert!(rooms.rule_out(&big_memory[..3], &without).is_none(), "one per node, three nodes");
+        let why = rooms.rule_out(&big_memory, &without).expect("three nodes hold three");
+        assert!(why.contains("its 4 largest pods by CPU (100m or more each)"), "{why}");
+        assert!(why.ends_with("(room for 3)"), "{why}");
+        // Pods that ask no CPU: the memory count.
+        let no_cpu = [(0, 3 * gib), (0, 3 * gib), (0, 3 * gib), (0, 3 * gib)];
+        let why = rooms.rule_out(&no_cpu, &without).expect("three nodes hold three");
+        assert_eq!(why, "its 4 largest pods by memory (3Gi or more each) fit on no other nodes together (room for 3)");
+        // One pod: said as one.
+        assert_eq!(
+            rooms.rule_out(&[(4_500, gib)], &without).as_deref(),
+            Some("its largest pod by CPU (4500m) fits on no other node")
+        );
+        // Pods asking nothing are never ruled out.
+        assert_eq!(rooms.rule_out(&[(0, 0); 40], &without), None);
+        // Pod slots count: a node with one slot left holds one pod however small.
+        let mut slotted = nodes.clone();
+        slotted.truncate(1);
+        slotted[0].allocatable.set(ResourceName::Pods, 1);
+        let one: Vec<ExistingNode<'_>> =
+            slotted.iter().enumerate().map(|(i, n)| ExistingNode::new(n, i, &[], &[])).collect();
+        let rooms = Rooms::new(&one);
+        assert!(rooms.rule_out(&[(10, 1 << 20)], &[]).is_none());
+        assert!(rooms.rule_out(&[(10, 1 << 20), (10, 1 << 20)], &[]).is_some());
     }
 }

@@ -187,6 +187,12 @@ impl<'a> Scheduler<'a> {
         Some(fits)
     }
 
+    /// The existing nodes' room as it stands, for counting what they could take
+    /// ([`super::room::Rooms`]).
+    pub fn rooms(&self) -> super::room::Rooms {
+        super::room::Rooms::new(&self.existing)
+    }
+
     /// What `pods` did since `cp` on existing nodes, and their errors: a trial's results
     /// without its new claims (a trial that stopped at its cap needs no more).
     pub fn trial_placements(&self, cp: &Checkpoint, pods: &[usize], errors: &HashMap<usize, String>) -> TrialResults {

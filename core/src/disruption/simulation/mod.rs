@@ -28,6 +28,8 @@ use crate::cluster::Snapshot;
 use crate::labels;
 use crate::node::Node;
 use crate::pod::{Pod, PodKey};
+use crate::resources::ResourceName;
+use crate::scheduling::room::{Ask, Rooms};
 use crate::scheduling::scheduler::Scheduler;
 use crate::scheduling::trial::TrialResults;
 use crate::scheduling::{self, PoolInput, SolveOptions};
@@ -132,7 +134,7 @@ impl Prepared {
             }
         }
         let floor = new_node_floor(&state);
-        Simulation { prepared: self, state, taken, kept: HashSet::new(), receiving: HashSet::new(), floor }
+        Simulation { prepared: self, state, taken, kept: HashSet::new(), receiving: HashSet::new(), floor, rooms: None }
     }
 
     /// The move simulated from scratch on the cluster without the candidates' nodes (and
@@ -221,6 +223,9 @@ pub struct Simulation<'p> {
     receiving: HashSet<usize>,
     /// [`Simulation::new_node_floor`], read once: the pools do not change within a round.
     floor: (f64, bool),
+    /// The existing nodes' room, counted on the first [`Simulation::room_rules_out`] and
+    /// again after a kept move (a trial leaves the state as it found it).
+    rooms: Option<Rooms>,
 }
 
 /// Where a kept move's pods went: each pod's key, and the existing node it went to (`None`:
@@ -290,6 +295,20 @@ impl Simulation<'_> {
         self.state.fits_existing_without(&nodes, idx)
     }
 
+    /// Why the candidate's pods cannot all go onto other existing nodes, if the nodes' room
+    /// alone rules it out ([`Rooms`]): then no trial of it places them all there, whatever
+    /// its order. `None`: not ruled out (or the candidate is blocked or not prepared).
+    pub fn room_rules_out(&mut self, candidate: &str) -> Option<String> {
+        let (nodes, pods) = self.resolve(&[candidate]).ok()?;
+        let asks: Vec<Ask> = pods
+            .iter()
+            .filter_map(|&i| self.prepared.pods.get(i))
+            .map(|p| (p.requests.get(&ResourceName::Cpu), p.requests.get(&ResourceName::Memory)))
+            .collect();
+        let state = &self.state;
+        self.rooms.get_or_insert_with(|| state.rooms()).rule_out(&asks, &nodes)
+    }
+
     /// What any one new node this round may launch costs at least ($/hour: the cheapest
     /// available offering, in a zone and capacity type its pool allows, of any pool's types;
     /// infinite when there is none), and whether every pool launches spot only. A new
@@ -305,6 +324,8 @@ impl Simulation<'_> {
     /// when it does not hold (a pod left unplaced: the caller tried it first).
     pub fn keep(&mut self, candidates: &[&str]) -> Result<Placed, String> {
         let (nodes, pods) = self.resolve(candidates)?;
+        // The room counted so far is not the room after this.
+        self.rooms = None;
         for &n in &nodes {
             self.state.take_out(n, false);
         }

@@ -130,7 +130,7 @@ fn world(nodes: &[NodeSpec], pending: &[PodSpec], limit_cpu: Option<i64>) -> Wor
         }
         let node = Node {
             name: name.clone(),
-            labels,
+            labels: labels.into(),
             capacity: t.capacity.clone(),
             allocatable: t.allocatable.clone(),
             initialized: *initialized,
@@ -372,6 +372,57 @@ proptest! {
             prop_assert_eq!(after, Ok(summary(&before)));
         }
     }
+
+    /// What lets consolidation skip a delete's trial by counting: when the other nodes'
+    /// room cannot hold a candidate's pods together, no trial of it places them all on
+    /// existing nodes (initialized ones: a pod on a booting node is an error), whatever the
+    /// pods ask besides (spread, affinity, taints); counting changes nothing, and after a
+    /// kept move it counts the room that move left.
+    #[test]
+    fn pods_the_other_nodes_room_rules_out_are_pods_no_trial_places_all_on_existing_nodes(
+        nodes in prop::collection::vec(crowded_node_spec(), 2..7),
+        pending in prop::collection::vec(pod_spec(), 0..4),
+        limit in prop::option::of(4i64..40),
+        keep in 0..7usize,
+    ) {
+        let w = world(&nodes, &pending, limit);
+        let r = refs(&w);
+        let all = movers(&w, &r);
+        let prepared = Prepared::new(&w.snap, &w.pools, &all, &SolveOptions::default());
+        let mut sim = prepared.simulation();
+        let check = |sim: &mut Simulation<'_>| -> Result<(), TestCaseError> {
+            for m in &all {
+                let Ok(before) = sim.try_move(&[m.claim]) else { continue };
+                if let Some(why) = sim.room_rules_out(m.claim) {
+                    let all_on_existing = before.results.claims.is_empty() && before.results.errors.is_empty();
+                    prop_assert!(!all_on_existing, "{} ruled out ({why}) yet placed: {:?}", m.claim, summary(&before));
+                }
+                let after = sim.try_move(&[m.claim]).map(|o| summary(&o));
+                prop_assert_eq!(after, Ok(summary(&before)));
+            }
+            Ok(())
+        };
+        check(&mut sim)?;
+        // After a move kept for good (when it holds), the count is of the room it left.
+        if let Some(m) = all.get(keep)
+            && sim.try_move(&[m.claim]).is_ok_and(|o| o.results.errors.is_empty())
+            && sim.keep(&[m.claim]).is_ok()
+        {
+            check(&mut sim)?;
+        }
+    }
+}
+
+/// A node with more pods than [`node_spec`]'s: room runs short, and counting has something
+/// to rule out.
+fn crowded_node_spec() -> impl Strategy<Value = NodeSpec> {
+    (
+        0..4usize,
+        prop_oneof![4 => 0..3usize, 1 => Just(3usize)],
+        prop::bool::weighted(0.85),
+        prop::bool::weighted(0.25),
+        prop::collection::vec(pod_spec(), 2..9),
+    )
 }
 
 /// A pod that requires a label a node lacks is refused there alone, yet goes there once a
