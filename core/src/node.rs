@@ -164,3 +164,34 @@ impl<'a> IntoIterator for &'a NodeLabels {
         self.0.labels.iter()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::labels;
+
+    /// The requirements a node's labels make are worked out once and shared by its copies;
+    /// writing a label (to the node or a copy) makes that node's own copy and forgets them, so
+    /// they are never stale, and the other copy keeps its own.
+    #[test]
+    fn a_nodes_label_requirements_follow_every_write_to_its_labels() {
+        let mut node = Node {
+            name: "n".into(),
+            labels: NodeLabels::from([(labels::ZONE.to_string(), "us-east-1a".to_string())]),
+            ..Node::default()
+        };
+        let zone = |n: &Node| n.node_requirements().get(labels::ZONE).values().to_vec();
+        assert_eq!(zone(&node), ["us-east-1a"]);
+        let copy = node.clone();
+        assert!(std::ptr::eq(node.labels.requirements(), copy.labels.requirements()), "worked out once for both");
+        node.labels.insert(labels::ZONE.to_string(), "us-east-1b".to_string());
+        assert_eq!(zone(&node), ["us-east-1b"]);
+        assert_eq!(zone(&copy), ["us-east-1a"], "the copy keeps its labels and what they make");
+        node.labels = NodeLabels::from([("team".to_string(), "a".to_string())]);
+        assert!(!node.node_requirements().has(labels::ZONE));
+        assert_eq!(node.node_requirements().get("team").values(), ["a"]);
+        // The hostname is added as before: from the label when there is one, else the name.
+        assert_eq!(node.node_requirements().get(labels::HOSTNAME).values(), ["n"]);
+        assert_eq!(node, Node { labels: node.labels.clone(), ..node.clone() });
+    }
+}

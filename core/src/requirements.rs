@@ -690,6 +690,32 @@ mod tests {
         assert!(node.compatible(&typo, true).unwrap_err().to_string().contains("typo of"));
     }
 
+    /// Copies share one map until one of them is written; a write that narrows nothing
+    /// leaves it shared, and requirements added to none are shared as they are.
+    #[test]
+    fn copies_share_their_map_until_a_write_narrows_one() {
+        let mut a = Requirements::new();
+        a.add(labels::ARCH, req(Operator::In, &["amd64", "arm64"]));
+        let mut b = a.clone();
+        assert!(Shared::same(&a.map, &b.map));
+        b.add(labels::ARCH, req(Operator::In, &["amd64", "arm64"]));
+        assert!(Shared::same(&a.map, &b.map), "nothing narrowed");
+        b.add(labels::ARCH, req(Operator::In, &["arm64"]));
+        assert!(!Shared::same(&a.map, &b.map));
+        assert_eq!(a.get(labels::ARCH).values(), ["amd64", "arm64"], "the other copy is as it was");
+        assert_eq!(b.get(labels::ARCH).values(), ["arm64"]);
+        let mut empty = Requirements::new();
+        empty.add_all(&a);
+        assert!(Shared::same(&empty.map, &a.map));
+        let mut c = a.clone();
+        c.add_all(&Requirements::new());
+        c.add_all(&a);
+        assert!(Shared::same(&c.map, &a.map));
+        *c.get_mut("beta.kubernetes.io/arch") = req(Operator::In, &["amd64"]);
+        assert_eq!(c.get(labels::ARCH).values(), ["amd64"], "a deprecated key is normalised when written");
+        assert_eq!(a.get(labels::ARCH).values(), ["amd64", "arm64"]);
+    }
+
     #[test]
     fn deprecated_keys_are_normalised() {
         let mut r = Requirements::new();

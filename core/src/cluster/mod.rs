@@ -378,9 +378,10 @@ impl Snapshot {
         self.pods.values().filter(move |p| p.node_name.as_deref() == Some(node))
     }
 
-    /// Bound pods by node, in one pass (for callers that look at many nodes).
-    pub fn pods_by_node(&self) -> BTreeMap<&str, Vec<&Arc<Pod>>> {
-        let mut out: BTreeMap<&str, Vec<&Arc<Pod>>> = BTreeMap::new();
+    /// Bound pods by node, in one pass (for callers that look at many nodes; every planning
+    /// round of every pool builds it over every pod, so it is hashed, not ordered).
+    pub fn pods_by_node(&self) -> HashMap<&str, Vec<&Arc<Pod>>> {
+        let mut out: HashMap<&str, Vec<&Arc<Pod>>> = HashMap::with_capacity(self.nodes.len());
         for p in self.pods.values() {
             if let Some(n) = p.node_name.as_deref() {
                 out.entry(n).or_default().push(p);
@@ -390,7 +391,7 @@ impl Snapshot {
     }
 
     /// Nodes by provider id.
-    pub fn nodes_by_provider_id(&self) -> BTreeMap<&str, &Arc<Node>> {
+    pub fn nodes_by_provider_id(&self) -> HashMap<&str, &Arc<Node>> {
         self.nodes.values().filter_map(|n| Some((n.provider_id.as_deref()?, n))).collect()
     }
 }
@@ -520,6 +521,7 @@ pub struct Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::ResourceName;
     use crate::taints::Effect;
 
     #[test]
@@ -529,6 +531,81 @@ mod tests {
         assert_eq!(IntOrPercent::Percent(0).of(10), 0);
         assert_eq!(IntOrPercent::Int(2).of(10), 2);
         assert_eq!(IntOrPercent::Percent(i32::MAX).of(i32::MAX), i32::MAX, "saturates");
+    }
+
+    /// A patch that changes nothing is answered without copying the status; every other
+    /// answer is the status with the patch applied, as before: over every combination of a
+    /// few statuses and patches, `apply` says what copying, applying and comparing says.
+    #[test]
+    fn a_status_patch_changes_a_status_exactly_when_applying_it_to_a_copy_does() {
+        let by_copy = |p: &StatusPatch, status: &NodeClaimStatus| {
+            let mut s = status.clone();
+            if let Some(v) = &p.provider_id {
+                s.provider_id = Some(v.clone());
+            }
+            if let Some(v) = &p.node_name {
+                s.node_name = Some(v.clone());
+            }
+            if let Some(v) = &p.capacity {
+                s.capacity = v.clone();
+            }
+            if let Some(v) = &p.allocatable {
+                s.allocatable = v.clone();
+            }
+            for c in &p.conditions {
+                s.set_condition(c.clone());
+            }
+            (s != *status).then_some(s)
+        };
+        let unmet = |kind: &str| Condition { status: false, ..Condition::met(kind) };
+        let cpu = |m: i64| ResourceList::from_pairs([(ResourceName::Cpu, m)]);
+        let mut statuses = vec![NodeClaimStatus::default()];
+        for pid in [None, Some("aws:///a/i-1")] {
+            for node in [None, Some("n1")] {
+                for conditions in
+                    [vec![], vec![Condition::met("Launched")], vec![unmet("Launched"), unmet("Registered")]]
+                {
+                    statuses.push(NodeClaimStatus {
+                        provider_id: pid.map(String::from),
+                        node_name: node.map(String::from),
+                        capacity: cpu(1_000),
+                        allocatable: cpu(900),
+                        conditions,
+                    });
+                }
+            }
+        }
+        let mut patches = vec![StatusPatch::default()];
+        for pid in [None, Some("aws:///a/i-1"), Some("aws:///a/i-2")] {
+            for node in [None, Some("n1"), Some("n2")] {
+                for capacity in [None, Some(cpu(1_000)), Some(cpu(2_000))] {
+                    for conditions in [
+                        vec![],
+                        vec![Condition::met("Launched")],
+                        vec![unmet("Launched"), Condition::met("Launched")],
+                        vec![Condition::met("Launched"), unmet("Launched")],
+                        vec![Condition::met("Registered")],
+                    ] {
+                        patches.push(StatusPatch {
+                            provider_id: pid.map(String::from),
+                            node_name: node.map(String::from),
+                            allocatable: capacity.clone().map(|c| c.subtracted(&cpu(100))),
+                            capacity: capacity.clone(),
+                            conditions,
+                        });
+                    }
+                }
+            }
+        }
+        let mut changed = 0;
+        for status in &statuses {
+            for patch in &patches {
+                let want = by_copy(patch, status);
+                changed += usize::from(want.is_some());
+                assert_eq!(patch.apply(status), want, "{patch:?} on {status:?}");
+            }
+        }
+        assert!(changed > 0 && changed < statuses.len() * patches.len(), "both answers are covered: {changed}");
     }
 
     #[test]

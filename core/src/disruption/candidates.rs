@@ -4,7 +4,7 @@
 //! Every node gets an answer: a [`Candidate`], or the [`Blocker`] that keeps it (the reason
 //! `explain` prints and the `Consolidatable` condition carries).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -176,11 +176,12 @@ pub struct Pieces<'a> {
 }
 
 /// Builds the candidate, or says what blocks it. `lease`: the command holding the claim;
-/// `eventual`: the method ignores pod-level blocks (see [`pod_blocker`]).
+/// `types`: the pool's instance types by name; `eventual`: the method ignores pod-level
+/// blocks (see [`pod_blocker`]).
 pub fn candidate<'a>(
     pieces: &Pieces<'a>,
     lease: Option<&str>,
-    types: &'a [InstanceType],
+    types: &HashMap<&str, &'a InstanceType>,
     pdbs: &PdbIndex<'_>,
     now: Millis,
     eventual: bool,
@@ -217,7 +218,7 @@ pub fn candidate<'a>(
     let instance_type = node.labels.get(labels::INSTANCE_TYPE).map(String::as_str);
     let capacity_type = node.labels.get(labels::CAPACITY_TYPE).and_then(|c| CapacityType::parse(c));
     let zone = node.labels.get(labels::ZONE).map(String::as_str);
-    let offered = instance_type.and_then(|name| types.iter().find(|t| t.name == name)).and_then(|t| {
+    let offered = instance_type.and_then(|name| types.get(name)).and_then(|t| {
         t.offerings.iter().find(|o| Some(o.zone.as_str()) == zone && Some(o.capacity_type) == capacity_type)
     });
     let price = offered.map(|o| o.price).unwrap_or(claim.price_per_hour as f64 / 1e6);

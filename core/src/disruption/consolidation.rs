@@ -23,9 +23,11 @@
 //! with spot-to-spot off; or nothing any pool launches cheaper than it) can only go by a
 //! delete: its trial stops at the first pod that needs a new node, and the pool remembers
 //! that pod ([`super::memory::Stuck`]). Next round, while that pod fits on no other node, the
-//! trial is skipped: no way of placing the other pods makes room for it. Nor is it tried when
-//! the other nodes' room, counted, cannot hold its pods together however they were placed
-//! ([`crate::scheduling::room::Rooms`]).
+//! trial is skipped: no way of placing the other pods makes room for it.
+//!
+//! No move is tried when the other nodes' room, counted, cannot hold its pods together however
+//! they were placed, with the one new node that costs less than the candidates when the move
+//! may launch one ([`crate::scheduling::room::Rooms`]).
 
 use crate::catalog::{CapacityType, InstanceType};
 use crate::labels;
@@ -126,14 +128,23 @@ pub fn consolidate(
         }
         memo.forget(id);
     }
-    // A delete whose pods the other nodes' room cannot hold together, however placed.
-    if let (Some(why), [id]) = (&ruled_out, names.as_slice())
-        && let Some(short) = sim.room_rules_out(id)
+    // A move whose pods the other nodes' room cannot hold together however placed (with
+    // the one new node that costs less than the candidates, when it may launch one).
+    let new_below = match cap {
+        0 => Some(None),
+        1 => Some(Some(cost)),
+        _ => None,
+    };
+    if let Some(new_below) = new_below
+        && let Some(short) = sim.room_rules_out(&names, new_below)
     {
         if let Some(memo) = stuck.as_deref_mut() {
             memo.skipped_one();
         }
-        return Err(format!("{short}, and {why}"));
+        return Err(match &ruled_out {
+            Some(why) => format!("{short}, and {why}"),
+            None => short,
+        });
     }
     let outcome = sim.try_move_within(&names, Some(cap))?;
     let failed = outcome.capped || !outcome.results.errors.is_empty();

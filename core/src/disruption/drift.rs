@@ -12,6 +12,7 @@
 //!   is no longer one the NodePool can launch.
 //! - **NodeClass drift**: reported by the cloud provider (image, network, node class spec).
 
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::catalog::InstanceType;
@@ -108,31 +109,60 @@ pub fn drifted(
     types: &[InstanceType],
     cloud: Option<&str>,
 ) -> Option<Drift> {
-    if annotations.get(HASH_VERSION_ANNOTATION).is_some_and(|v| v == HASH_VERSION)
-        && annotations.get(HASH_ANNOTATION).is_some_and(|h| *h != template_hash(pool))
-    {
-        return Some(Drift::NodePool);
+    DriftCheck::new(pool, &by_name(types)).drifted(node, annotations, cloud)
+}
+
+/// Instance types by name (the first of a name, as a search in order finds it).
+pub fn by_name(types: &[InstanceType]) -> HashMap<&str, &InstanceType> {
+    let mut out = HashMap::with_capacity(types.len());
+    for t in types {
+        out.entry(t.name.as_str()).or_insert(t);
     }
-    for (key, req) in pool.requirements.iter() {
-        if let Some(value) = node.labels.get(key)
-            && !req.has(value)
+    out
+}
+
+/// [`drifted`] for every node of a pool in a round: the pool's hash worked out once and its
+/// types found by name (a round asks it of every node of the pool).
+pub struct DriftCheck<'m, 'a> {
+    pool: &'a NodePool,
+    hash: String,
+    types: &'m HashMap<&'a str, &'a InstanceType>,
+}
+
+impl<'m, 'a> DriftCheck<'m, 'a> {
+    /// `types`: the pool's types by name ([`by_name`]).
+    pub fn new(pool: &'a NodePool, types: &'m HashMap<&'a str, &'a InstanceType>) -> Self {
+        DriftCheck { pool, hash: template_hash(pool), types }
+    }
+
+    /// Why the node drifted, if it did (see [`drifted`]).
+    pub fn drifted(&self, node: &Node, annotations: &labels::Labels, cloud: Option<&str>) -> Option<Drift> {
+        if annotations.get(HASH_VERSION_ANNOTATION).is_some_and(|v| v == HASH_VERSION)
+            && annotations.get(HASH_ANNOTATION).is_some_and(|h| *h != self.hash)
         {
-            return Some(Drift::Requirements { key: key.to_string(), value: value.clone() });
+            return Some(Drift::NodePool);
         }
-    }
-    if let Some(name) = node.labels.get(labels::INSTANCE_TYPE) {
-        let zone = node.labels.get(labels::ZONE);
-        let capacity = node.labels.get(labels::CAPACITY_TYPE);
-        let offered = types.iter().find(|t| t.name == *name).is_some_and(|t| {
-            t.offerings
-                .iter()
-                .any(|o| zone.is_none_or(|z| o.zone == *z) && capacity.is_none_or(|c| o.capacity_type.as_str() == c))
-        });
-        if !offered {
-            return Some(Drift::InstanceTypeNotFound { instance_type: name.clone() });
+        for (key, req) in self.pool.requirements.iter() {
+            if let Some(value) = node.labels.get(key)
+                && !req.has(value)
+            {
+                return Some(Drift::Requirements { key: key.to_string(), value: value.clone() });
+            }
         }
+        if let Some(name) = node.labels.get(labels::INSTANCE_TYPE) {
+            let zone = node.labels.get(labels::ZONE);
+            let capacity = node.labels.get(labels::CAPACITY_TYPE);
+            let offered = self.types.get(name.as_str()).is_some_and(|t| {
+                t.offerings.iter().any(|o| {
+                    zone.is_none_or(|z| o.zone == *z) && capacity.is_none_or(|c| o.capacity_type.as_str() == c)
+                })
+            });
+            if !offered {
+                return Some(Drift::InstanceTypeNotFound { instance_type: name.clone() });
+            }
+        }
+        cloud.map(|r| Drift::NodeClass(r.to_string()))
     }
-    cloud.map(|r| Drift::NodeClass(r.to_string()))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! What the planner remembers between rounds, and the fingerprints it compares.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::Proposal;
@@ -104,7 +104,7 @@ impl Memory {
 /// with the NodeClaim's `Consolidatable` condition and with the pod's readiness).
 pub(super) fn cluster_shape<'a>(
     snap: &Snapshot,
-    pods_by_node: &BTreeMap<&str, Vec<&Arc<Pod>>>,
+    pods_by_node: &HashMap<&str, Vec<&Arc<Pod>>>,
     candidates: impl Iterator<Item = &'a str>,
 ) -> u64 {
     let mut h = crate::shared::Fnv::default();

@@ -118,6 +118,8 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
     let mut pool_totals = (0.0, 0.0);
     let mut drifted: Vec<(Millis, bool, Candidate<'_>, Drift)> = Vec::new();
     let consolidate_after = input.pool.disruption.consolidate_after.map(to_millis);
+    let types = drift::by_name(input.types);
+    let drift_check = drift::DriftCheck::new(input.pool, &types);
     for claim in input.claims {
         seen.insert(claim.id.as_str());
         let nodeclaim = snap.nodeclaims.get(&claim.id).map(|c| c.as_ref());
@@ -143,13 +145,13 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
         let lease = input.leases.get(&claim.id).map(String::as_str);
         let drift = node.zip(nodeclaim).and_then(|(n, nc)| {
             let cloud = input.cloud_drift.get(&claim.id).map(String::as_str);
-            drift::drifted(n, &nc.spec.annotations, input.pool, input.types, cloud)
+            drift_check.drifted(n, &nc.spec.annotations, cloud)
         });
         // Drifted whatever else holds it (a command, a PDB): its NodeClaim says so.
         if let Some(d) = &drift {
             out.drifted.insert(claim.id.clone(), (d.reason().to_string(), d.to_string()));
         }
-        let candidate = candidates::candidate(&pieces, lease, input.types, &pdbs, input.now, drift.is_some());
+        let candidate = candidates::candidate(&pieces, lease, &types, &pdbs, input.now, drift.is_some());
         let candidate = candidate.and_then(|c| match nominated.get(c.node.name.as_str()) {
             Some(p) => Err(Blocker::Nominated { pod: p.key.clone() }),
             None => match [&c.node.name, &claim.id]
@@ -189,7 +191,7 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
                 if c.is_empty() {
                     empty.push(c.clone());
                 } else if input.pool.disruption.consolidation_policy != ConsolidationPolicy::WhenEmpty
-                    && let Ok(graceful) = candidates::candidate(&pieces, lease, input.types, &pdbs, input.now, false)
+                    && let Ok(graceful) = candidates::candidate(&pieces, lease, &types, &pdbs, input.now, false)
                 {
                     underused.push(graceful);
                 }

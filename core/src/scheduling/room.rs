@@ -147,28 +147,37 @@ impl Rooms {
     }
 
     /// Why `asks` (one per pod) cannot all go onto the nodes other than `without` (snapshot
-    /// indices), if their room alone rules it out.
-    pub fn rule_out(&self, asks: &[Ask], without: &[usize]) -> Option<String> {
+    /// indices), with one more node of room `new` (CPU, memory, pod slots) when given, if
+    /// their room alone rules it out.
+    pub fn rule_out(&self, asks: &[Ask], without: &[usize], new: Option<[i64; 3]>) -> Option<String> {
         let mut asks = asks.to_vec();
         asks.sort_by(|a, b| b.0.cmp(&a.0));
-        if let Some(short) = short(&self.by_cpu, &asks, without, |r| (r.cpu, r.memory), |a| (a.0, a.1)) {
-            return Some(said(short, "CPU", ResourceName::Cpu));
+        let extra = new.map(|[cpu, memory, slots]| NodeRoom { node: usize::MAX, cpu, memory, slots });
+        let by_cpu = |r: &NodeRoom| (r.cpu, r.memory);
+        if let Some(short) = short(&self.by_cpu, extra, &asks, without, by_cpu, |a| (a.0, a.1)) {
+            return Some(said(short, "CPU", ResourceName::Cpu, new.is_some()));
         }
         asks.sort_by(|a, b| b.1.cmp(&a.1));
-        let short = short(&self.by_memory, &asks, without, |r| (r.memory, r.cpu), |a| (a.1, a.0))?;
-        Some(said(short, "memory", ResourceName::Memory))
+        let by_memory = |r: &NodeRoom| (r.memory, r.cpu);
+        let short = short(&self.by_memory, extra, &asks, without, by_memory, |a| (a.1, a.0))?;
+        Some(said(short, "memory", ResourceName::Memory, new.is_some()))
     }
 }
 
 /// A count that came up short, in words.
-fn said((need, held, least): (usize, usize, i64), what: &str, name: ResourceName) -> String {
+fn said((need, held, least): (usize, usize, i64), what: &str, name: ResourceName, new: bool) -> String {
     let least = name.quantity_of(least);
-    if need == 1 {
-        format!("its largest pod by {what} ({least}) fits on no other node")
-    } else {
-        format!(
+    match (need, new) {
+        (1, false) => format!("its largest pod by {what} ({least}) fits on no other node"),
+        (1, true) => {
+            format!("its largest pod by {what} ({least}) fits on no other node, nor on one new node that costs less")
+        }
+        (_, false) => format!(
             "its {need} largest pods by {what} ({least} or more each) fit on no other nodes together (room for {held})"
-        )
+        ),
+        (_, true) => format!(
+            "its {need} largest pods by {what} ({least} or more each) fit on no other nodes together, even with one new node that costs less (room for {held})"
+        ),
     }
 }
 
@@ -178,6 +187,7 @@ fn said((need, held, least): (usize, usize, i64), what: &str, name: ResourceName
 /// and a pod's ask as (the sorted resource, the other one).
 fn short(
     rooms: &[NodeRoom],
+    extra: Option<NodeRoom>,
     asks: &[Ask],
     without: &[usize],
     room: impl Fn(&NodeRoom) -> (i64, i64),
@@ -192,20 +202,18 @@ fn short(
         }
         least_other = least_other.min(other);
         let need = i + 1;
-        let mut held = 0usize;
-        for r in rooms {
+        let copies = |r: &NodeRoom| {
             let (have, have_other) = room(r);
-            if have < main {
-                break;
-            }
-            if without.contains(&r.node) {
-                continue;
-            }
             let by_other = if least_other > 0 { have_other / least_other } else { i64::MAX };
-            let copies = (have / main).min(by_other).min(r.slots).max(0);
-            held = held.saturating_add(usize::try_from(copies).unwrap_or(usize::MAX));
-            if held >= need {
+            usize::try_from((have / main).min(by_other).min(r.slots).max(0)).unwrap_or(usize::MAX)
+        };
+        let mut held = extra.as_ref().map_or(0, copies);
+        for r in rooms {
+            if held >= need || room(r).0 < main {
                 break;
+            }
+            if !without.contains(&r.node) {
+                held = held.saturating_add(copies(r));
             }
         }
         if held < need {
@@ -300,29 +308,43 @@ mod tests {
 
         // Two pods of 1 CPU: only node 0 has room for one.
         let two = [(1_000, gib), (1_000, gib)];
-        let why = rooms.rule_out(&two, &without).expect("room for one only");
+        let why = rooms.rule_out(&two, &without, None).expect("room for one only");
         assert_eq!(why, "its 2 largest pods by CPU (1 or more each) fit on no other nodes together (room for 1)");
         // With the candidate's own node counted, they would fit: it is left out by index only.
-        assert_eq!(rooms.rule_out(&two, &[]), None);
+        assert_eq!(rooms.rule_out(&two, &[], None), None);
         // 1 CPU and 700m: node 0 takes the first, a node of 800m the second.
-        assert_eq!(rooms.rule_out(&[(1_000, gib), (700, gib)], &without), None);
+        assert_eq!(rooms.rule_out(&[(1_000, gib), (700, gib)], &without, None), None);
         // Memory counted alongside CPU: three small pods of 3 GiB each, on nodes of 4 GiB.
         let big_memory = [(100, 3 * gib), (100, 3 * gib), (100, 3 * gib), (100, 3 * gib)];
-        assert!(rooms.rule_out(&big_memory[..3], &without).is_none(), "one per node, three nodes");
-        let why = rooms.rule_out(&big_memory, &without).expect("three nodes hold three");
+        assert!(rooms.rule_out(&big_memory[..3], &without, None).is_none(), "one per node, three nodes");
+        let why = rooms.rule_out(&big_memory, &without, None).expect("three nodes hold three");
         assert!(why.contains("its 4 largest pods by CPU (100m or more each)"), "{why}");
         assert!(why.ends_with("(room for 3)"), "{why}");
         // Pods that ask no CPU: the memory count.
         let no_cpu = [(0, 3 * gib), (0, 3 * gib), (0, 3 * gib), (0, 3 * gib)];
-        let why = rooms.rule_out(&no_cpu, &without).expect("three nodes hold three");
+        let why = rooms.rule_out(&no_cpu, &without, None).expect("three nodes hold three");
         assert_eq!(why, "its 4 largest pods by memory (3Gi or more each) fit on no other nodes together (room for 3)");
         // One pod: said as one.
         assert_eq!(
-            rooms.rule_out(&[(4_500, gib)], &without).as_deref(),
+            rooms.rule_out(&[(4_500, gib)], &without, None).as_deref(),
             Some("its largest pod by CPU (4500m) fits on no other node")
         );
+        // One new node counted besides: room for the second of two pods of 1 CPU, not for a
+        // third; a new node too small for either adds nothing.
+        assert_eq!(rooms.rule_out(&two, &without, Some([1_000, 4 * gib, 10])), None);
+        let three = [(1_000, gib); 3];
+        let why = rooms.rule_out(&three, &without, Some([1_500, 4 * gib, 10])).expect("room for two");
+        assert_eq!(
+            why,
+            "its 3 largest pods by CPU (1 or more each) fit on no other nodes together, even with one new node that costs less (room for 2)"
+        );
+        assert!(rooms.rule_out(&two, &without, Some([900, 4 * gib, 10])).is_some());
+        assert_eq!(
+            rooms.rule_out(&[(4_500, gib)], &without, Some([4_000, 8 * gib, 10])).as_deref(),
+            Some("its largest pod by CPU (4500m) fits on no other node, nor on one new node that costs less")
+        );
         // Pods asking nothing are never ruled out.
-        assert_eq!(rooms.rule_out(&[(0, 0); 40], &without), None);
+        assert_eq!(rooms.rule_out(&[(0, 0); 40], &without, None), None);
         // Pod slots count: a node with one slot left holds one pod however small.
         let mut slotted = nodes.clone();
         slotted.truncate(1);
@@ -330,7 +352,7 @@ mod tests {
         let one: Vec<ExistingNode<'_>> =
             slotted.iter().enumerate().map(|(i, n)| ExistingNode::new(n, i, &[], &[])).collect();
         let rooms = Rooms::new(&one);
-        assert!(rooms.rule_out(&[(10, 1 << 20)], &[]).is_none());
-        assert!(rooms.rule_out(&[(10, 1 << 20), (10, 1 << 20)], &[]).is_some());
+        assert!(rooms.rule_out(&[(10, 1 << 20)], &[], None).is_none());
+        assert!(rooms.rule_out(&[(10, 1 << 20), (10, 1 << 20)], &[], None).is_some());
     }
 }

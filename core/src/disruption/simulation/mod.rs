@@ -134,7 +134,17 @@ impl Prepared {
             }
         }
         let floor = new_node_floor(&state);
-        Simulation { prepared: self, state, taken, kept: HashSet::new(), receiving: HashSet::new(), floor, rooms: None }
+        let new_rooms = new_node_rooms(&state);
+        Simulation {
+            prepared: self,
+            state,
+            taken,
+            kept: HashSet::new(),
+            receiving: HashSet::new(),
+            floor,
+            rooms: None,
+            new_rooms,
+        }
     }
 
     /// The move simulated from scratch on the cluster without the candidates' nodes (and
@@ -199,6 +209,40 @@ fn new_node_floor(state: &Scheduler<'_>) -> (f64, bool) {
     (cheapest, spot_only)
 }
 
+/// Each price any pool's types launch for (their cheapest available offering in a zone and
+/// capacity type the pool allows), ascending, with the most room (allocatable CPU, memory and
+/// pod slots, each the most of any type) of the types launching at that price or less: the
+/// room of one new node that costs less than a price is at most the entry before it.
+fn new_node_rooms(state: &Scheduler<'_>) -> Vec<(f64, [i64; 3])> {
+    let mut types: Vec<(f64, [i64; 3])> = Vec::new();
+    for t in &state.templates {
+        let capacity = t.requirements.get(labels::CAPACITY_TYPE);
+        let zone = t.requirements.get(labels::ZONE);
+        for it in t.types.iter().filter_map(|&i| t.instance_types.get(i)) {
+            let cheapest = it
+                .offerings
+                .iter()
+                .filter(|o| o.available && zone.has(&o.zone) && capacity.has(o.capacity_type.as_str()))
+                .map(|o| o.price)
+                .reduce(f64::min);
+            if let Some(price) = cheapest {
+                let a = &it.allocatable;
+                types.push((
+                    price,
+                    [a.get(&ResourceName::Cpu), a.get(&ResourceName::Memory), a.get(&ResourceName::Pods)],
+                ));
+            }
+        }
+    }
+    types.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut most = [0i64; 3];
+    for (_, room) in &mut types {
+        most = [most[0].max(room[0]), most[1].max(room[1]), most[2].max(room[2])];
+        *room = most;
+    }
+    types
+}
+
 /// A pod as it would be once evicted: unbound.
 fn unbound(p: &Pod) -> Pod {
     Pod { node_name: None, nominated_node: None, ..p.clone() }
@@ -226,6 +270,8 @@ pub struct Simulation<'p> {
     /// The existing nodes' room, counted on the first [`Simulation::room_rules_out`] and
     /// again after a kept move (a trial leaves the state as it found it).
     rooms: Option<Rooms>,
+    /// [`new_node_rooms`], worked out once: the pools do not change within a round.
+    new_rooms: Vec<(f64, [i64; 3])>,
 }
 
 /// Where a kept move's pods went: each pod's key, and the existing node it went to (`None`:
@@ -295,18 +341,29 @@ impl Simulation<'_> {
         self.state.fits_existing_without(&nodes, idx)
     }
 
-    /// Why the candidate's pods cannot all go onto other existing nodes, if the nodes' room
-    /// alone rules it out ([`Rooms`]): then no trial of it places them all there, whatever
-    /// its order. `None`: not ruled out (or the candidate is blocked or not prepared).
-    pub fn room_rules_out(&mut self, candidate: &str) -> Option<String> {
-        let (nodes, pods) = self.resolve(&[candidate]).ok()?;
+    /// Why the pods of `candidates` cannot all go onto the other existing nodes (with one new
+    /// node costing less than `new_below` $/hour, when given), if the room counted rules it
+    /// out ([`Rooms`]): then no trial of the move places them so, whatever its order. The new
+    /// node's room is the most any type any pool may launch for less has (by its cheapest
+    /// available offering), so a replacement the trial would price under `new_below` is
+    /// counted. `None`: not ruled out (or a candidate is blocked or not prepared).
+    pub fn room_rules_out(&mut self, candidates: &[&str], new_below: Option<f64>) -> Option<String> {
+        let (nodes, pods) = self.resolve(candidates).ok()?;
         let asks: Vec<Ask> = pods
             .iter()
             .filter_map(|&i| self.prepared.pods.get(i))
             .map(|p| (p.requests.get(&ResourceName::Cpu), p.requests.get(&ResourceName::Memory)))
             .collect();
+        let new = match new_below {
+            None => None,
+            Some(below) => {
+                let cheaper = self.new_rooms.partition_point(|(price, _)| *price < below);
+                // Nothing launches for less: no new node may take any pod.
+                Some(cheaper.checked_sub(1).and_then(|i| self.new_rooms.get(i)).map_or([0; 3], |(_, room)| *room))
+            }
+        };
         let state = &self.state;
-        self.rooms.get_or_insert_with(|| state.rooms()).rule_out(&asks, &nodes)
+        self.rooms.get_or_insert_with(|| state.rooms()).rule_out(&asks, &nodes, new)
     }
 
     /// What any one new node this round may launch costs at least ($/hour: the cheapest

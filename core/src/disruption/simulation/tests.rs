@@ -384,18 +384,42 @@ proptest! {
         pending in prop::collection::vec(pod_spec(), 0..4),
         limit in prop::option::of(4i64..40),
         keep in 0..7usize,
+        below in 0.0f64..0.6,
     ) {
         let w = world(&nodes, &pending, limit);
         let r = refs(&w);
         let all = movers(&w, &r);
         let prepared = Prepared::new(&w.snap, &w.pools, &all, &SolveOptions::default());
         let mut sim = prepared.simulation();
+        // What consolidation accepts of a one-new-node trial: one claim, with a type whose
+        // dearest offering it may land on costs less than `below`.
+        let replaced = |o: &Outcome| {
+            let [claim] = o.results.claims.as_slice() else { return false };
+            let zone = claim.requirements.get(labels::ZONE);
+            let capacity = claim.requirements.get(labels::CAPACITY_TYPE);
+            claim.instance_types.iter().filter_map(|&i| w.pools.get(claim.pool)?.instance_types.get(i as usize)).any(|t| {
+                t.offerings
+                    .iter()
+                    .filter(|o| o.available && zone.has(&o.zone) && capacity.has(o.capacity_type.as_str()))
+                    .map(|o| o.price)
+                    .reduce(f64::max)
+                    .is_some_and(|p| p < below)
+            })
+        };
         let check = |sim: &mut Simulation<'_>| -> Result<(), TestCaseError> {
             for m in &all {
                 let Ok(before) = sim.try_move(&[m.claim]) else { continue };
-                if let Some(why) = sim.room_rules_out(m.claim) {
+                if let Some(why) = sim.room_rules_out(&[m.claim], None) {
                     let all_on_existing = before.results.claims.is_empty() && before.results.errors.is_empty();
                     prop_assert!(!all_on_existing, "{} ruled out ({why}) yet placed: {:?}", m.claim, summary(&before));
+                }
+                if let Some(why) = sim.room_rules_out(&[m.claim], Some(below)) {
+                    let one = sim.try_move_within(&[m.claim], Some(1)).map_err(|e| TestCaseError::fail(e))?;
+                    let moved = !one.capped && one.results.errors.is_empty() && one.results.claims.len() <= 1;
+                    prop_assert!(
+                        !(moved && (one.results.claims.is_empty() || replaced(&one))),
+                        "{} ruled out below ${below:.4}/h ({why}) yet it goes: {:?}", m.claim, summary(&one)
+                    );
                 }
                 let after = sim.try_move(&[m.claim]).map(|o| summary(&o));
                 prop_assert_eq!(after, Ok(summary(&before)));
