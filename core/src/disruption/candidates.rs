@@ -4,11 +4,11 @@
 //! Every node gets an answer: a [`Candidate`], or the [`Blocker`] that keeps it (the reason
 //! `explain` prints and the `Consolidatable` condition carries).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::catalog::{CapacityType, InstanceType};
+use crate::catalog::CapacityType;
 use crate::cluster::{NodeClaim, Pdb, Snapshot};
 use crate::labels;
 use crate::ledger::{Claim, ClaimState, Millis};
@@ -181,7 +181,7 @@ pub struct Pieces<'a> {
 pub fn candidate<'a>(
     pieces: &Pieces<'a>,
     lease: Option<&str>,
-    types: &HashMap<&str, &'a InstanceType>,
+    types: &crate::plane::TypesByName<'a>,
     pdbs: &PdbIndex<'_>,
     now: Millis,
     eventual: bool,

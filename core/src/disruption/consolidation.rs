@@ -25,9 +25,10 @@
 //! that pod ([`super::memory::Stuck`]). Next round, while that pod fits on no other node, the
 //! trial is skipped: no way of placing the other pods makes room for it.
 //!
-//! No move is tried when the other nodes' room, counted, cannot hold its pods together however
-//! they were placed, with the one new node that costs less than the candidates when the move
-//! may launch one ([`crate::scheduling::room::Rooms`]).
+//! A delete, or a move allowed one new node, is not tried when the other nodes' room, counted,
+//! cannot hold its pods together however they were placed (with, for the latter, the most room
+//! any type that costs less than the candidates has): see `scheduling::room::Rooms`. A repack
+//! is always tried.
 
 use crate::catalog::{CapacityType, InstanceType};
 use crate::labels;

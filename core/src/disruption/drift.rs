@@ -12,13 +12,13 @@
 //!   is no longer one the NodePool can launch.
 //! - **NodeClass drift**: reported by the cloud provider (image, network, node class spec).
 
-use std::collections::HashMap;
 use std::fmt;
 
 use crate::catalog::InstanceType;
 use crate::labels;
 use crate::node::Node;
 use crate::nodepool::NodePool;
+use crate::plane::{TypesByName, types_by_name};
 
 /// The NodeClaim annotation with the NodePool's template hash.
 pub const HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
@@ -109,16 +109,7 @@ pub fn drifted(
     types: &[InstanceType],
     cloud: Option<&str>,
 ) -> Option<Drift> {
-    DriftCheck::new(pool, &by_name(types)).drifted(node, annotations, cloud)
-}
-
-/// Instance types by name (the first of a name, as a search in order finds it).
-pub fn by_name(types: &[InstanceType]) -> HashMap<&str, &InstanceType> {
-    let mut out = HashMap::with_capacity(types.len());
-    for t in types {
-        out.entry(t.name.as_str()).or_insert(t);
-    }
-    out
+    DriftCheck::new(pool, &types_by_name(types)).drifted(node, annotations, cloud)
 }
 
 /// [`drifted`] for every node of a pool in a round: the pool's hash worked out once and its
@@ -126,12 +117,12 @@ pub fn by_name(types: &[InstanceType]) -> HashMap<&str, &InstanceType> {
 pub struct DriftCheck<'m, 'a> {
     pool: &'a NodePool,
     hash: String,
-    types: &'m HashMap<&'a str, &'a InstanceType>,
+    types: &'m TypesByName<'a>,
 }
 
 impl<'m, 'a> DriftCheck<'m, 'a> {
-    /// `types`: the pool's types by name ([`by_name`]).
-    pub fn new(pool: &'a NodePool, types: &'m HashMap<&'a str, &'a InstanceType>) -> Self {
+    /// `types`: the pool's types by name.
+    pub fn new(pool: &'a NodePool, types: &'m TypesByName<'a>) -> Self {
         DriftCheck { pool, hash: template_hash(pool), types }
     }
 

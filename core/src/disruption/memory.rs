@@ -49,7 +49,8 @@ impl Stuck {
         self.pods.remove(claim);
     }
 
-    /// A trial skipped: its remembered pod still fits on no other node.
+    /// A trial skipped: its remembered pod still fits on no other node, or the other nodes'
+    /// room, counted, cannot hold the candidate's pods.
     pub(super) fn skipped_one(&mut self) {
         self.skipped += 1;
     }

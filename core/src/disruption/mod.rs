@@ -118,7 +118,7 @@ pub fn plan(input: &Input<'_>, memory: &mut Memory) -> Plan {
     let mut pool_totals = (0.0, 0.0);
     let mut drifted: Vec<(Millis, bool, Candidate<'_>, Drift)> = Vec::new();
     let consolidate_after = input.pool.disruption.consolidate_after.map(to_millis);
-    let types = drift::by_name(input.types);
+    let types = crate::plane::types_by_name(input.types);
     let drift_check = drift::DriftCheck::new(input.pool, &types);
     for claim in input.claims {
         seen.insert(claim.id.as_str());

@@ -1,9 +1,9 @@
 //! Claims on their way up: launch (and the re-drive of a recorded batch), the relaunch after
 //! insufficient capacity, registration, initialization, and nodes lost.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use crate::catalog::InstanceType;
+use crate::plane::TypesByName;
 
 use crate::cluster::{
     Condition, NodeClaim, NodePatch, ObjectKind, StatusPatch, TERMINATION_FINALIZER, UNREGISTERED_TAINT,
@@ -130,22 +130,19 @@ fn launch_zone(input: &Input<'_>, claim: &Claim, nc: &NodeClaim) -> Option<Strin
 /// provider id, capacity and `Launched`; in that order, so that a provider id in the cluster
 /// always comes with the labels that say what the instance is (a controller that restarts
 /// rebuilds from them).
-fn launched_status(
-    plan: &mut Plan,
-    types: &HashMap<&str, &InstanceType>,
-    claim: &Claim,
-    nc: &NodeClaim,
-    instance: &str,
-) {
+fn launched_status(plan: &mut Plan, types: &TypesByName<'_>, claim: &Claim, nc: &NodeClaim, instance: &str) {
+    let pid = provider_id(&claim.zone, instance);
+    // Launched: the labels went with it (they are written first). As Karpenter's launch
+    // controller, which does nothing more once the condition is set: a label taken off the
+    // NodeClaim since is not put back.
+    if nc.status.provider_id.as_deref() == Some(pid.as_str()) && nc.status.is("Launched") {
+        return;
+    }
     let labels: Vec<(String, String)> = launch_labels(types, claim)
         .into_iter()
         .filter(|(k, v)| nc.spec.labels.get(*k).map(String::as_str) != Some(*v))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let pid = provider_id(&claim.zone, instance);
-    if labels.is_empty() && nc.status.provider_id.as_deref() == Some(pid.as_str()) && nc.status.is("Launched") {
-        return;
-    }
     let mut capacity = claim.resources.clone();
     capacity.set(ResourceName::Nodes, 0);
     let patch = StatusPatch {
@@ -162,7 +159,7 @@ fn launched_status(
 /// of, its zone and its capacity type (none when what it launched as is not known: a claim
 /// taken over from a cluster that did not write them). Borrowed: every reconcile asks this of
 /// every launched claim, and a claim whose NodeClaim has them all copies none.
-fn launch_labels<'a>(types: &HashMap<&str, &'a InstanceType>, claim: &'a Claim) -> Vec<(&'a str, &'a str)> {
+fn launch_labels<'a>(types: &TypesByName<'a>, claim: &'a Claim) -> Vec<(&'a str, &'a str)> {
     let Some((instance_type, capacity_type)) = &claim.launched_as else { return Vec::new() };
     let own = |k: &str| k == labels::ZONE || k == labels::CAPACITY_TYPE || k == labels::INSTANCE_TYPE;
     let mut out: Vec<(&str, &str)> = types

@@ -266,10 +266,7 @@ pub fn reconcile(input: &Input<'_>, cfg: &Config, memory: &mut Memory) -> Plan {
     let snap = input.snapshot;
     let by_provider = snap.nodes_by_provider_id();
     // The pool's types by name, for the labels of what each claim launched as.
-    let mut types: HashMap<&str, &InstanceType> = HashMap::with_capacity(input.types.len());
-    for t in input.types {
-        types.entry(t.name.as_str()).or_insert(t);
-    }
+    let types = crate::plane::types_by_name(input.types);
     // Only a terminating claim reads its node's pods (to drain them): the index is built on
     // the first one.
     let mut pods_by_node = None;
@@ -384,7 +381,7 @@ pub(super) struct Claimed<'a> {
     node: Option<Cow<'a, Node>>,
     now: Millis,
     /// The pool's instance types by name.
-    types: &'a HashMap<&'a str, &'a InstanceType>,
+    types: &'a crate::plane::TypesByName<'a>,
 }
 
 impl Claimed<'_> {

@@ -101,16 +101,21 @@ pub(super) fn orphans(
 ) {
     let snap = input.snapshot;
     // The provider ids of every known claim's instance: those nodes are the claims' to drain.
-    let mut claimed_providers: BTreeSet<String> =
-        input.claims.iter().filter_map(|c| Some(provider_id(&c.zone, c.state.instance()?))).collect();
+    // Only a deleting node of the pool asks, so the set is built on the first such node.
+    let claimed = || -> BTreeSet<String> {
+        let mut out: BTreeSet<String> =
+            input.claims.iter().filter_map(|c| Some(provider_id(&c.zone, c.state.instance()?))).collect();
+        let known_providers = snap
+            .nodeclaims
+            .values()
+            .filter(|nc| nc.spec.nodepool == input.pool && known.contains(nc.name.as_str()))
+            .filter_map(|nc| nc.status.provider_id.clone());
+        out.extend(known_providers);
+        out
+    };
+    let mut claimed_providers: Option<BTreeSet<String>> = None;
     for nc in snap.nodeclaims.values() {
-        if nc.spec.nodepool != input.pool {
-            continue;
-        }
-        if known.contains(nc.name.as_str()) {
-            if let Some(p) = nc.status.provider_id.as_deref() {
-                claimed_providers.insert(p.to_string());
-            }
+        if nc.spec.nodepool != input.pool || known.contains(nc.name.as_str()) {
             continue;
         }
         if input.busy.contains(&nc.name) {
@@ -130,6 +135,7 @@ pub(super) fn orphans(
         if node.nodepool() != Some(input.pool) || !node.deleting {
             continue;
         }
+        let claimed_providers = claimed_providers.get_or_insert_with(claimed);
         if node.provider_id.as_ref().is_some_and(|p| claimed_providers.contains(p)) {
             continue;
         }

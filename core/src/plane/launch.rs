@@ -116,9 +116,14 @@ pub fn plan_claim(c: &NewClaim, spec: &NodeClaimSpec, types: &[InstanceType], zo
 /// each claim (a pool knows hundreds of types; a burst launches thousands of claims).
 pub type TypesByName<'a> = std::collections::HashMap<&'a str, &'a InstanceType>;
 
-/// The index [`launch_order`] reads.
+/// The index [`launch_order`] reads (and drift, prices and launch labels): the first type of
+/// a name, as a search in order finds it.
 pub fn types_by_name(types: &[InstanceType]) -> TypesByName<'_> {
-    types.iter().map(|t| (t.name.as_str(), t)).collect()
+    let mut out = TypesByName::with_capacity(types.len());
+    for t in types {
+        out.entry(t.name.as_str()).or_insert(t);
+    }
+    out
 }
 
 /// A claim's candidate types in the order a launch tries them: by the cheapest offering in

@@ -8,9 +8,11 @@
 //! CPU, the memory or the pod slot a pod asks for, and finds the node the scan in order
 //! would: a node it passes over is one `ResourceList::fits_in` refuses.
 
+use crate::labels;
 use crate::resources::{ResourceList, ResourceName};
 
 use super::nodes::ExistingNode;
+use super::template::Template;
 
 /// What a node has left of the resources the tree keeps, in this order.
 const KEPT: [ResourceName; 3] = [ResourceName::Cpu, ResourceName::Memory, ResourceName::Pods];
@@ -111,16 +113,22 @@ fn max(a: &Room, b: &Room) -> Room {
 /// necessary condition: room that is there may still be refused (taints, requirements,
 /// topology, ports), so a count that passes says nothing, and the trial decides.
 pub struct Rooms {
+    /// The usable nodes' room, most CPU first.
     by_cpu: Vec<NodeRoom>,
+    /// The same, most memory first.
     by_memory: Vec<NodeRoom>,
 }
 
+/// What one node has left for moved pods.
 #[derive(Clone, Copy, Debug)]
 struct NodeRoom {
-    /// The node's index in the snapshot's nodes.
+    /// The node's index in the snapshot's nodes (`usize::MAX`: a new node).
     node: usize,
+    /// Millicores.
     cpu: i64,
+    /// Bytes.
     memory: i64,
+    /// Pod slots.
     slots: i64,
 }
 
@@ -141,8 +149,8 @@ impl Rooms {
             .filter(|r| r.slots > 0)
             .collect();
         let mut by_memory = by_cpu.clone();
-        by_cpu.sort_by(|a, b| b.cpu.cmp(&a.cpu));
-        by_memory.sort_by(|a, b| b.memory.cmp(&a.memory));
+        by_cpu.sort_by_key(|r| std::cmp::Reverse(r.cpu));
+        by_memory.sort_by_key(|r| std::cmp::Reverse(r.memory));
         Rooms { by_cpu, by_memory }
     }
 
@@ -150,22 +158,25 @@ impl Rooms {
     /// indices), with one more node of room `new` (CPU, memory, pod slots) when given, if
     /// their room alone rules it out.
     pub fn rule_out(&self, asks: &[Ask], without: &[usize], new: Option<[i64; 3]>) -> Option<String> {
+        let mut without = without.to_vec();
+        without.sort_unstable();
+        let without = without.as_slice();
         let mut asks = asks.to_vec();
-        asks.sort_by(|a, b| b.0.cmp(&a.0));
+        asks.sort_by_key(|a| std::cmp::Reverse(a.0));
         let extra = new.map(|[cpu, memory, slots]| NodeRoom { node: usize::MAX, cpu, memory, slots });
         let by_cpu = |r: &NodeRoom| (r.cpu, r.memory);
-        if let Some(short) = short(&self.by_cpu, extra, &asks, without, by_cpu, |a| (a.0, a.1)) {
-            return Some(said(short, "CPU", ResourceName::Cpu, new.is_some()));
+        if let Some(short) = shortfall(&self.by_cpu, extra, &asks, without, by_cpu, |a| (a.0, a.1)) {
+            return Some(describe_shortfall(short, "CPU", ResourceName::Cpu, new.is_some()));
         }
-        asks.sort_by(|a, b| b.1.cmp(&a.1));
+        asks.sort_by_key(|a| std::cmp::Reverse(a.1));
         let by_memory = |r: &NodeRoom| (r.memory, r.cpu);
-        let short = short(&self.by_memory, extra, &asks, without, by_memory, |a| (a.1, a.0))?;
-        Some(said(short, "memory", ResourceName::Memory, new.is_some()))
+        let short = shortfall(&self.by_memory, extra, &asks, without, by_memory, |a| (a.1, a.0))?;
+        Some(describe_shortfall(short, "memory", ResourceName::Memory, new.is_some()))
     }
 }
 
 /// A count that came up short, in words.
-fn said((need, held, least): (usize, usize, i64), what: &str, name: ResourceName, new: bool) -> String {
+fn describe_shortfall((need, held, least): (usize, usize, i64), what: &str, name: ResourceName, new: bool) -> String {
     let least = name.quantity_of(least);
     match (need, new) {
         (1, false) => format!("its largest pod by {what} ({least}) fits on no other node"),
@@ -181,11 +192,11 @@ fn said((need, held, least): (usize, usize, i64), what: &str, name: ResourceName
     }
 }
 
-/// The first `j` for which the `j` largest asks (sorted by `main`, largest first) find room
-/// for fewer than `j` of them on `rooms` (sorted by the same resource, largest first),
-/// with how many the nodes hold and the `j`-th ask. `main` and `other` read a node's room
-/// and a pod's ask as (the sorted resource, the other one).
-fn short(
+/// The first `j` for which the `j` largest asks (sorted by one resource, largest first) find
+/// room for fewer than `j` of them on `rooms` (sorted by the same resource, largest first;
+/// `without` sorted) and `extra`, with how many those hold and the `j`-th ask. `room` and
+/// `ask` read a node's room and a pod's ask as (the sorted resource, the other one).
+fn shortfall(
     rooms: &[NodeRoom],
     extra: Option<NodeRoom>,
     asks: &[Ask],
@@ -212,7 +223,7 @@ fn short(
             if held >= need || room(r).0 < main {
                 break;
             }
-            if !without.contains(&r.node) {
+            if without.binary_search(&r.node).is_err() {
                 held = held.saturating_add(copies(r));
             }
         }
@@ -221,6 +232,40 @@ fn short(
         }
     }
     None
+}
+
+/// Each price any pool's types launch for (their cheapest available offering in a zone and
+/// capacity type the pool allows), ascending, with the most room (allocatable CPU, memory and
+/// pod slots, each the most of any type) of the types launching at that price or less: the
+/// room of one new node that costs less than a price is at most the entry before it.
+pub(super) fn new_node_rooms(templates: &[Template<'_>]) -> Vec<(f64, [i64; 3])> {
+    let mut types: Vec<(f64, [i64; 3])> = Vec::new();
+    for t in templates {
+        let capacity = t.requirements.get(labels::CAPACITY_TYPE);
+        let zone = t.requirements.get(labels::ZONE);
+        for it in t.types.iter().filter_map(|&i| t.instance_types.get(i)) {
+            let cheapest = it
+                .offerings
+                .iter()
+                .filter(|o| o.available && zone.has(&o.zone) && capacity.has(o.capacity_type.as_str()))
+                .map(|o| o.price)
+                .reduce(f64::min);
+            if let Some(price) = cheapest {
+                let a = &it.allocatable;
+                types.push((
+                    price,
+                    [a.get(&ResourceName::Cpu), a.get(&ResourceName::Memory), a.get(&ResourceName::Pods)],
+                ));
+            }
+        }
+    }
+    types.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut most = [0i64; 3];
+    for (_, room) in &mut types {
+        most = [most[0].max(room[0]), most[1].max(room[1]), most[2].max(room[2])];
+        *room = most;
+    }
+    types
 }
 
 #[cfg(test)]
@@ -297,12 +342,13 @@ mod tests {
         for n in &mut nodes {
             n.initialized = true;
         }
-        // Node 4 is still booting; node 5 is taken out below; node 6 is overcommitted.
+        // Node 4 is still booting; node 5 is taken out below; node 6 is overcommitted (on a
+        // resource the count does not read: it takes no pod, as `fits_in` says).
         nodes[4].initialized = false;
         let mut existing: Vec<ExistingNode<'_>> =
             nodes.iter().enumerate().map(|(i, n)| ExistingNode::new(n, i, &[], &[])).collect();
         existing[5].out = true;
-        existing[6].remaining.set(ResourceName::Memory, -1);
+        existing[6].remaining.set(ResourceName::EphemeralStorage, -1);
         let rooms = Rooms::new(&existing);
         let without = [3];
 

@@ -193,6 +193,12 @@ impl<'a> Scheduler<'a> {
         super::room::Rooms::new(&self.existing)
     }
 
+    /// Per price any pool's types launch for, ascending, the most room one new node at that
+    /// price or less may have ([`super::room::new_node_rooms`]).
+    pub fn new_node_rooms(&self) -> Vec<(f64, [i64; 3])> {
+        super::room::new_node_rooms(&self.templates)
+    }
+
     /// What `pods` did since `cp` on existing nodes, and their errors: a trial's results
     /// without its new claims (a trial that stopped at its cap needs no more).
     pub fn trial_placements(&self, cp: &Checkpoint, pods: &[usize], errors: &HashMap<usize, String>) -> TrialResults {

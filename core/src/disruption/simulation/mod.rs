@@ -134,7 +134,7 @@ impl Prepared {
             }
         }
         let floor = new_node_floor(&state);
-        let new_rooms = new_node_rooms(&state);
+        let new_rooms = state.new_node_rooms();
         Simulation {
             prepared: self,
             state,
@@ -209,40 +209,6 @@ fn new_node_floor(state: &Scheduler<'_>) -> (f64, bool) {
     (cheapest, spot_only)
 }
 
-/// Each price any pool's types launch for (their cheapest available offering in a zone and
-/// capacity type the pool allows), ascending, with the most room (allocatable CPU, memory and
-/// pod slots, each the most of any type) of the types launching at that price or less: the
-/// room of one new node that costs less than a price is at most the entry before it.
-fn new_node_rooms(state: &Scheduler<'_>) -> Vec<(f64, [i64; 3])> {
-    let mut types: Vec<(f64, [i64; 3])> = Vec::new();
-    for t in &state.templates {
-        let capacity = t.requirements.get(labels::CAPACITY_TYPE);
-        let zone = t.requirements.get(labels::ZONE);
-        for it in t.types.iter().filter_map(|&i| t.instance_types.get(i)) {
-            let cheapest = it
-                .offerings
-                .iter()
-                .filter(|o| o.available && zone.has(&o.zone) && capacity.has(o.capacity_type.as_str()))
-                .map(|o| o.price)
-                .reduce(f64::min);
-            if let Some(price) = cheapest {
-                let a = &it.allocatable;
-                types.push((
-                    price,
-                    [a.get(&ResourceName::Cpu), a.get(&ResourceName::Memory), a.get(&ResourceName::Pods)],
-                ));
-            }
-        }
-    }
-    types.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut most = [0i64; 3];
-    for (_, room) in &mut types {
-        most = [most[0].max(room[0]), most[1].max(room[1]), most[2].max(room[2])];
-        *room = most;
-    }
-    types
-}
-
 /// A pod as it would be once evicted: unbound.
 fn unbound(p: &Pod) -> Pod {
     Pod { node_name: None, nominated_node: None, ..p.clone() }
@@ -270,7 +236,7 @@ pub struct Simulation<'p> {
     /// The existing nodes' room, counted on the first [`Simulation::room_rules_out`] and
     /// again after a kept move (a trial leaves the state as it found it).
     rooms: Option<Rooms>,
-    /// [`new_node_rooms`], worked out once: the pools do not change within a round.
+    /// `Scheduler::new_node_rooms`, worked out once: the pools do not change within a round.
     new_rooms: Vec<(f64, [i64; 3])>,
 }
 
@@ -343,7 +309,8 @@ impl Simulation<'_> {
 
     /// Why the pods of `candidates` cannot all go onto the other existing nodes (with one new
     /// node costing less than `new_below` $/hour, when given), if the room counted rules it
-    /// out ([`Rooms`]): then no trial of the move places them so, whatever its order. The new
+    /// out (`scheduling::room::Rooms`): then no trial of the move places them so, whatever its
+    /// order. The new
     /// node's room is the most any type any pool may launch for less has (by its cheapest
     /// available offering), so a replacement the trial would price under `new_below` is
     /// counted. `None`: not ruled out (or a candidate is blocked or not prepared).

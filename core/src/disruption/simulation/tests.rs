@@ -414,7 +414,7 @@ proptest! {
                     prop_assert!(!all_on_existing, "{} ruled out ({why}) yet placed: {:?}", m.claim, summary(&before));
                 }
                 if let Some(why) = sim.room_rules_out(&[m.claim], Some(below)) {
-                    let one = sim.try_move_within(&[m.claim], Some(1)).map_err(|e| TestCaseError::fail(e))?;
+                    let one = sim.try_move_within(&[m.claim], Some(1)).map_err(TestCaseError::fail)?;
                     let moved = !one.capped && one.results.errors.is_empty() && one.results.claims.len() <= 1;
                     prop_assert!(
                         !(moved && (one.results.claims.is_empty() || replaced(&one))),
@@ -423,6 +423,19 @@ proptest! {
                 }
                 let after = sim.try_move(&[m.claim]).map(|o| summary(&o));
                 prop_assert_eq!(after, Ok(summary(&before)));
+            }
+            // Two candidates together, as Karpenter's multi-node move tries a prefix: allowed
+            // one new node, costing less than `below` for both.
+            for pair in all.windows(2) {
+                let ids = [pair[0].claim, pair[1].claim];
+                if let Some(why) = sim.room_rules_out(&ids, Some(below)) {
+                    let Ok(one) = sim.try_move_within(&ids, Some(1)) else { continue };
+                    let moved = !one.capped && one.results.errors.is_empty() && one.results.claims.len() <= 1;
+                    prop_assert!(
+                        !(moved && (one.results.claims.is_empty() || replaced(&one))),
+                        "{ids:?} ruled out below ${below:.4}/h ({why}) yet they go: {:?}", summary(&one)
+                    );
+                }
             }
             Ok(())
         };
