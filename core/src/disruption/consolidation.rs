@@ -148,15 +148,12 @@ pub fn consolidate(
         });
     }
     let outcome = sim.try_move_within(&names, Some(cap))?;
+    let first = outcome.stuck.and_then(|i| outcome.pod(i)).map(|p| &p.key);
     let failed = outcome.capped || !outcome.results.errors.is_empty();
-    if failed
-        && let (Some(memo), Some(key), [id]) =
-            (stuck, outcome.stuck.and_then(|i| outcome.pod(i)).map(|p| p.key.clone()), names.as_slice())
-    {
-        memo.remember(id, key);
+    if failed && let (Some(memo), Some(key), [id]) = (stuck, first, names.as_slice()) {
+        memo.remember(id, key.clone());
     }
     if outcome.capped {
-        let first = outcome.stuck.and_then(|i| outcome.pod(i)).map(|p| &p.key);
         return Err(match &ruled_out {
             Some(why) => needs_new(first, why),
             None => format!("its pods would need more than {max_new} new nodes"),

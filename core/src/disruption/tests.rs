@@ -398,6 +398,14 @@ fn nothing_is_decided_on_an_unsynced_view() {
     assert_eq!(plan(&input, &mut w.memory), Plan::default());
 }
 
+/// Gives node `id` room for `slots` pods (the world's nodes have no pod slots of their own).
+fn pod_slots(w: &mut World, id: &str, slots: i64) {
+    let name = format!("node-{id}");
+    let mut n = w.snap.nodes[&name].as_ref().clone();
+    n.allocatable.set(crate::resources::ResourceName::Pods, slots);
+    w.snap.nodes.insert(name, Arc::new(n));
+}
+
 fn pod_of(w: &mut World, id: &str, name: &str, cpu: i64) {
     let mut p = Pod::new("default", name, ResourceList::cpu_mem(cpu, 256 << 20));
     p.node_name = Some(format!("node-{id}"));
@@ -479,10 +487,7 @@ fn delete_only_world() -> World {
 fn full_node(w: &mut World, id: &str) {
     w.node(id, &[]);
     pod_of(w, id, &format!("big-{id}"), 1_500);
-    let name = format!("node-{id}");
-    let mut n = w.snap.nodes[&name].as_ref().clone();
-    n.allocatable.set(crate::resources::ResourceName::Pods, 29);
-    w.snap.nodes.insert(name, Arc::new(n));
+    pod_slots(w, id, 29);
 }
 
 /// A node only a delete could move is not tried when the other nodes' room, counted, cannot
@@ -514,6 +519,7 @@ fn a_node_only_a_delete_could_move_asks_first_whether_the_pod_that_kept_it_fits_
     full_node(&mut w, "b");
     // Room for either pod, behind a taint neither tolerates (and never a candidate itself).
     w.node("tainted", &[]);
+    pod_slots(&mut w, "tainted", 29);
     let mut t = w.snap.nodes["node-tainted"].as_ref().clone();
     t.taints.push(crate::taints::Taint {
         key: "dedicated".into(),
@@ -521,7 +527,6 @@ fn a_node_only_a_delete_could_move_asks_first_whether_the_pod_that_kept_it_fits_
         effect: crate::taints::Effect::NoSchedule,
     });
     t.do_not_disrupt = true;
-    t.allocatable.set(crate::resources::ResourceName::Pods, 29);
     w.snap.nodes.insert("node-tainted".into(), Arc::new(t));
     let first = w.plan();
     assert_eq!(first.first(), None);
@@ -785,8 +790,8 @@ fn pending_pods_keep_the_room_they_would_take_from_a_consolidation() {
         w.node("b", &[]);
         pod_of(&mut w, "b", "web-b", 200);
         // b is not a candidate: only a's move is in question; it has room for 29 pods.
-        let mut b = w.snap.nodes["node-b"].as_ref().clone();
-        b.allocatable.set(crate::resources::ResourceName::Pods, 29);
+        pod_slots(&mut w, "b", 29);
+        let b = w.snap.nodes["node-b"].as_ref().clone();
         w.snap.nodes.insert("node-b".into(), Arc::new(Node { do_not_disrupt: true, ..b }));
         if pending {
             let mut p = Pod::new("default", "waiting", ResourceList::cpu_mem(1_500, 256 << 20));
@@ -819,10 +824,7 @@ fn several_commands_go_at_once_each_simulated_with_the_ones_before_it() {
     for (id, cpu) in [("a", 1900), ("b", 300), ("c", 300), ("d", 900)] {
         w.node(id, &[]);
         pod_of(&mut w, id, &format!("web-{id}"), cpu);
-        let name = format!("node-{id}");
-        let mut n = w.snap.nodes[&name].as_ref().clone();
-        n.allocatable.set(crate::resources::ResourceName::Pods, 29);
-        w.snap.nodes.insert(name, Arc::new(n));
+        pod_slots(&mut w, id, 29);
     }
     let one = w.plan();
     let ids = |plan: &Plan| -> Vec<Vec<String>> { plan.proposals.iter().map(|p| p.candidates.clone()).collect() };

@@ -217,12 +217,18 @@ fn pod_spec() -> impl Strategy<Value = PodSpec> {
 }
 
 fn node_spec() -> impl Strategy<Value = NodeSpec> {
+    node_with_pods(0..5)
+}
+
+/// A node of any type, in any zone (the fourth, which no pool offers, one time in five),
+/// mostly initialized, in the tainted pool one time in four, with `pods` pods.
+fn node_with_pods(pods: std::ops::Range<usize>) -> impl Strategy<Value = NodeSpec> {
     (
         0..4usize,
         prop_oneof![4 => 0..3usize, 1 => Just(3usize)],
         prop::bool::weighted(0.85),
         prop::bool::weighted(0.25),
-        prop::collection::vec(pod_spec(), 0..5),
+        prop::collection::vec(pod_spec(), pods),
     )
 }
 
@@ -453,13 +459,7 @@ proptest! {
 /// A node with more pods than [`node_spec`]'s: room runs short, and counting has something
 /// to rule out.
 fn crowded_node_spec() -> impl Strategy<Value = NodeSpec> {
-    (
-        0..4usize,
-        prop_oneof![4 => 0..3usize, 1 => Just(3usize)],
-        prop::bool::weighted(0.85),
-        prop::bool::weighted(0.25),
-        prop::collection::vec(pod_spec(), 2..9),
-    )
+    node_with_pods(2..9)
 }
 
 /// A pod that requires a label a node lacks is refused there alone, yet goes there once a
