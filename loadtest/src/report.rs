@@ -28,6 +28,22 @@ pub struct Sample {
     pub rss_mib: Option<f64>,
 }
 
+/// Nodes by `<nodepool> <capacity type>`: how many, their $/hour, their allocatable CPU and
+/// the CPU their pods ask (millicores).
+pub type Fleet = std::collections::BTreeMap<String, FleetPart>;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FleetPart {
+    pub nodes: usize,
+    pub price_per_hour: f64,
+    pub cpu_allocatable_milli: i64,
+    pub cpu_requested_milli: i64,
+    pub memory_allocatable: i64,
+    pub memory_requested: i64,
+    /// Nodes by instance type.
+    pub types: std::collections::BTreeMap<String, usize>,
+}
+
 /// How expirations kept to their schedule: every instance of a NodePool with `expireAfter`
 /// should be gone by then (plus the time a drain takes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -94,6 +110,10 @@ pub struct Report {
     pub r_peak: Option<f64>,
     /// R of a fresh plan of the pods at the end: what the cluster could cost at best.
     pub r_plan_end: Option<f64>,
+    /// The fleet at the end and a fresh plan's, by NodePool and capacity type: where a gap
+    /// between the two R comes from.
+    pub fleet_end: Fleet,
+    pub fleet_plan: Fleet,
     /// Nodes a disruption command terminated (emptiness, drift, consolidation).
     pub nodes_disrupted: u64,
     /// How fast they went.
@@ -282,6 +302,24 @@ impl Report {
             opt_r(self.r_end),
             opt_r(self.r_plan_end)
         );
+        for (label, fleet) in [("fleet at the end", &self.fleet_end), ("a fresh plan", &self.fleet_plan)] {
+            let parts: Vec<String> = fleet
+                .iter()
+                .map(|(k, f)| {
+                    format!(
+                        "{k}: {} nodes, {:.2} $/h, CPU {:.0}% and memory {:.0}% asked ({})",
+                        f.nodes,
+                        f.price_per_hour,
+                        100.0 * f.cpu_requested_milli as f64 / f.cpu_allocatable_milli.max(1) as f64,
+                        100.0 * f.memory_requested as f64 / f.memory_allocatable.max(1) as f64,
+                        f.types.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", ")
+                    )
+                })
+                .collect();
+            if !parts.is_empty() {
+                say!(t, "{label:<17}{}", parts.join("; "));
+            }
+        }
         say!(t, "nodes disrupted  {}", self.nodes_disrupted);
         if let Some(r) = &self.disruption_rate {
             say!(

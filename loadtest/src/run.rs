@@ -21,9 +21,11 @@ use dovetail_cluster::ClusterView;
 use dovetail_cluster::sim::{Registrar, SimCluster, Workloads};
 use dovetail_core::catalog::{Catalog, InstanceType, NodeClassSettings};
 use dovetail_core::clock::{Clock, DEFAULT_EPOCH, to_millis};
+use dovetail_core::labels;
 use dovetail_core::ledger::Command;
 use dovetail_core::plane::Latencies;
 use dovetail_core::pod::Pod;
+use dovetail_core::resources::ResourceName;
 use dovetail_core::scheduling::{self, PoolInput};
 use dovetail_raft::{InProcess, Ledger, propose_now};
 
@@ -443,6 +445,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let end_pods: Vec<Pod> = snap.pods.values().filter(|p| !p.terminal).map(|p| p.as_ref().clone()).collect();
     // What a fresh plan of the same pods would cost against the same bound: what consolidation
     // can reach at best.
+    let mut fleet_plan = crate::report::Fleet::new();
     let r_plan_end = {
         let input = scheduling::Snapshot {
             nodepools: inputs.clone(),
@@ -453,8 +456,25 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         let all: Vec<usize> = (0..fresh.len()).collect();
         let lb = scheduling::lower_bound(&input, &fresh, &all);
         let plan = scheduling::solve(&input, &fresh, &scheduling::SolveOptions::default());
+        for claim in &plan.claims {
+            let Some(launch) = &claim.launch else { continue };
+            let pool = &inputs[claim.pool];
+            let part = fleet_plan.entry(format!("{} {}", pool.pool.name, launch.capacity_type)).or_default();
+            part.nodes += 1;
+            part.price_per_hour += launch.price;
+            if let Some(t) = pool.instance_types.get(launch.instance_type) {
+                part.cpu_allocatable_milli += t.allocatable.get(&ResourceName::Cpu);
+                part.memory_allocatable += t.allocatable.get(&ResourceName::Memory);
+                *part.types.entry(t.name.clone()).or_default() += 1;
+            }
+            for &i in &claim.pods {
+                part.cpu_requested_milli += fresh[i].requests.get(&ResourceName::Cpu);
+                part.memory_requested += fresh[i].requests.get(&ResourceName::Memory);
+            }
+        }
         (lb.value > 0.0 && !fresh.is_empty()).then(|| plan.cost_per_hour() / lb.value)
     };
+    let fleet_end = fleet_of(&instances, &snap);
     let end_price = price_per_hour(&instances);
     let (peak_at, peak_pods, peak_price) = peak.unwrap_or_default();
     let spend: f64 = samples.windows(2).map(|w| w[0].price_per_hour * (w[1].at_ms - w[0].at_ms) as f64 / 3.6e6).sum();
@@ -479,6 +499,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         spend,
         r_end: r_of(&end_pods, end_price),
         r_plan_end,
+        fleet_end,
+        fleet_plan,
         nodes_disrupted: disrupted,
         disruption_rate: DisruptionRate::of(&disruptions),
         r_peak: r_of(&peak_pods, peak_price),
@@ -527,6 +549,29 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
 fn pending_after_settle(samples: &[Sample]) -> Option<usize> {
     let settled = samples.iter().position(|s| s.pending == 0)?;
     Some(samples[settled..].iter().map(|s| s.pending).max().unwrap_or(0))
+}
+
+/// The instances by NodePool and capacity type, with the CPU the pods bound to their nodes ask.
+fn fleet_of(instances: &[dovetail_cloud::Instance], snap: &dovetail_core::cluster::Snapshot) -> crate::report::Fleet {
+    let key = |pool: Option<&String>, capacity: &str| format!("{} {capacity}", pool.map_or("-", |p| p.as_str()));
+    let mut fleet = crate::report::Fleet::new();
+    for i in instances {
+        let part = fleet.entry(key(i.labels.get(labels::NODEPOOL), i.capacity_type.as_str())).or_default();
+        part.nodes += 1;
+        part.price_per_hour += i.price;
+        part.cpu_allocatable_milli += i.allocatable.get(&ResourceName::Cpu);
+        part.memory_allocatable += i.allocatable.get(&ResourceName::Memory);
+        *part.types.entry(i.instance_type.clone()).or_default() += 1;
+    }
+    for pod in snap.pods.values().filter(|p| !p.terminal) {
+        let Some(node) = pod.node_name.as_ref().and_then(|n| snap.nodes.get(n)) else { continue };
+        let capacity = node.labels.get(labels::CAPACITY_TYPE).map_or("-", |c| c.as_str());
+        if let Some(part) = fleet.get_mut(&key(node.labels.get(labels::NODEPOOL), capacity)) {
+            part.cpu_requested_milli += pod.requests.get(&ResourceName::Cpu);
+            part.memory_requested += pod.requests.get(&ResourceName::Memory);
+        }
+    }
+    fleet
 }
 
 /// $/hour of the instances (`+ 0.0`: an empty f64 sum is -0.0).
@@ -828,6 +873,12 @@ faults:
         assert!(report.faults.warned > 0, "spot interruptions: {t}");
         assert!(report.samples.iter().all(|s| s.rss_mib.is_some()), "RSS sampled");
         assert!(report.r_end.is_some() && report.r_plan_end.is_some(), "R and a fresh plan's R reported: {t}");
+        // Where a gap between the two comes from: the fleet at the end (every instance, at
+        // its price) and the fresh plan's, by pool and capacity type.
+        let fleet_price: f64 = report.fleet_end.values().map(|f| f.price_per_hour).sum();
+        assert!((fleet_price - report.price_per_hour).abs() < 1e-6, "{fleet_price} vs {}: {t}", report.price_per_hour);
+        assert!(report.fleet_plan.values().all(|f| f.nodes > 0 && f.cpu_requested_milli <= f.cpu_allocatable_milli));
+        assert!(!report.fleet_plan.is_empty() && t.contains("fleet at the end") && t.contains("a fresh plan "), "{t}");
     }
 
     /// Issue 43's last goal for the soak: R at the end within 0.05 of a fresh plan of the same

@@ -15,6 +15,7 @@ use crate::ledger::{Claim, ClaimState, Millis};
 use crate::node::Node;
 use crate::plane::{DO_NOT_DISRUPT, disrupted_taint, do_not_disrupt};
 use crate::pod::{Pod, PodKey};
+use crate::resources::ResourceName;
 
 pub use crate::pod::MIRROR_ANNOTATION;
 /// The annotation that makes a pod cheaper (or dearer) to evict.
@@ -97,6 +98,19 @@ impl Candidate<'_> {
 
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
+    }
+
+    /// How full its pods make the node: the larger of their share of its allocatable CPU and
+    /// memory (1 where the node has none to share).
+    pub fn fill(&self) -> f64 {
+        [ResourceName::Cpu, ResourceName::Memory]
+            .iter()
+            .map(|r| {
+                let have = self.node.allocatable.get(r);
+                let asked: i64 = self.pods.iter().map(|p| p.requests.get(r)).sum();
+                if have > 0 { asked as f64 / have as f64 } else { 1.0 }
+            })
+            .fold(0.0, f64::max)
     }
 }
 

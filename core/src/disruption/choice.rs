@@ -62,8 +62,8 @@ pub(super) fn unplaced(c: &Candidate<'_>) -> String {
 /// The consolidation methods over the settled candidates with pods: multi-node first (the
 /// longest prefix, by savings per disruption, that goes with at most one new node), then
 /// single-node, then (dovetail's, when neither found a move) a repack: the longest prefix of
-/// at least 3 that goes onto fewer new nodes costing less together. Returns each candidate's
-/// verdict, in `underused`'s order (sorted here).
+/// at least 3 of the emptiest that goes onto fewer new nodes costing less together. Returns
+/// each candidate's verdict, in `underused`'s order (sorted here).
 pub(super) fn consolidate(
     input: &Input<'_>,
     sim: Option<&mut Simulation<'_>>,
@@ -146,9 +146,15 @@ pub(super) fn consolidate(
     }
     // dovetail's repack, where no single replacement gets there: the longest prefix of at
     // least 3 candidates whose pods go onto fewer new nodes that cost less together (the
-    // whole budget's room tried first).
+    // whole budget's room tried first). Its candidates are the emptiest (by their pods'
+    // larger share of the node's CPU or memory), not the first by savings: with room for a
+    // few nodes, the nodes a repack can fold are the ones whose pods need the fewest new
+    // nodes; the fullest, first by savings when they run one large pod, never fold.
     if best.is_none() {
-        best = repack_prefix(&refs, 3, |cands| attempt(sim, cands, cands.len() - 1)).map(|m| (Method::Repack, m));
+        let mut by_fill: Vec<(f64, &Candidate<'_>)> = movable.iter().map(|c| (c.fill(), *c)).collect();
+        by_fill.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let emptiest: Vec<&Candidate<'_>> = by_fill.into_iter().take(max).map(|(_, c)| c).collect();
+        best = repack_prefix(&emptiest, 3, |cands| attempt(sim, cands, cands.len() - 1)).map(|m| (Method::Repack, m));
     }
     let Some(first) = best else { return verdicts };
     // More commands at once (dovetail's, up to `max_commands`, within the budget): each

@@ -560,6 +560,40 @@ fn a_node_only_a_delete_could_move_asks_first_whether_the_pod_that_kept_it_fits_
     assert!(w.memory.stuck.skipped() <= skipped + 1, "only c may have been skipped");
 }
 
+/// A repack takes the emptiest candidates, not the first by savings. Three nodes run one
+/// pod of 1,500m (first by savings: one pod each to evict) and three run three pods of 300m;
+/// every node is full by its pod slots, so no pod moves onto another node, and a pool of
+/// on-demand m5.large has no cheaper node for any one of them. With room for three in the
+/// budget, the three 1,500m pods need three new nodes; the nine 300m pods go onto two.
+#[test]
+fn a_repack_takes_the_emptiest_nodes_the_budget_has_room_for_not_the_first_by_savings() {
+    let mut w = delete_only_world();
+    w.budgets(vec![budget(BudgetNodes::Count(3))]);
+    for id in ["f1", "f2", "f3"] {
+        w.node(id, &[]);
+        pod_of(&mut w, id, &format!("big-{id}"), 1_500);
+        pod_slots(&mut w, id, 1);
+    }
+    for id in ["e1", "e2", "e3"] {
+        w.node(id, &[]);
+        for k in 0..3 {
+            pod_of(&mut w, id, &format!("small-{id}-{k}"), 300);
+        }
+        pod_slots(&mut w, id, 3);
+    }
+    let plan = w.plan();
+    let p = plan.first().cloned().unwrap_or_else(|| panic!("a repack of e1, e2, e3: {:?}", plan.decisions));
+    assert_eq!(p.method, Method::Repack);
+    let mut candidates = p.candidates.clone();
+    candidates.sort();
+    assert_eq!(candidates, ["e1", "e2", "e3"]);
+    assert_eq!(p.replacements.len(), 2, "nine pods of 300m on two m5.large: {}", p.detail);
+    for id in ["f1", "f2", "f3"] {
+        let said = World::verdict(&plan, id).to_string();
+        assert!(said.starts_with("kept"), "{id}: {said}");
+    }
+}
+
 #[test]
 fn when_empty_leaves_nodes_with_pods_alone() {
     let mut w = World::new();
