@@ -342,22 +342,40 @@ impl SimCluster {
         if pending.is_empty() {
             return 0;
         }
-        let input = snap.scheduling_input(nodes, Vec::new());
-        // The dovetail packer: pods of a class skip the nodes an earlier twin could not use,
-        // so a pass over 100,000 pods and 10,000 nodes is linear, not quadratic.
-        let results = dovetail_core::scheduling::solve(&input, &pending, &Default::default());
+        let mut input = snap.scheduling_input(nodes, Vec::new());
+        // kube-scheduler takes pods from its queue one at a time, by priority and then by when
+        // they were queued: an old pod is not passed over by every newer one. Here, pods that
+        // waited through an earlier pass (marked unschedulable) go first and those that came
+        // since after, each group in one solve of the dovetail packer (largest first within
+        // it; pods of a class skip the nodes an earlier twin could not use, so a pass over
+        // 100,000 pods and 10,000 nodes is linear, not quadratic). In one solve of both, a
+        // small pod left to a node's room by the Router lost that room to every larger pod
+        // that arrived meanwhile, pass after pass (the soak's expiry waves: 17 minutes).
+        let (waited, arrived): (Vec<Pod>, Vec<Pod>) = pending.into_iter().partition(|p| p.unschedulable);
         let mut bound = 0;
-        let mut placed = vec![false; pending.len()];
-        for placement in &results.existing {
-            let node = &input.nodes[placement.node].name;
-            for &i in &placement.pods {
-                if self.bind(&pending[i].key, node).is_ok() {
-                    bound += 1;
-                    placed[i] = true;
+        let mut unplaced: Vec<PodKey> = Vec::new();
+        for group in [waited, arrived] {
+            if group.is_empty() {
+                continue;
+            }
+            let results = dovetail_core::scheduling::solve(&input, &group, &Default::default());
+            let mut placed = vec![false; group.len()];
+            let mut now_bound: Vec<Arc<Pod>> = Vec::new();
+            for placement in &results.existing {
+                let node = &input.nodes[placement.node].name;
+                for &i in &placement.pods {
+                    if self.bind(&group[i].key, node).is_ok() {
+                        bound += 1;
+                        placed[i] = true;
+                        now_bound.push(Arc::new(Pod { node_name: Some(node.clone()), ..group[i].clone() }));
+                    }
                 }
             }
+            // What the first group took is taken for the second.
+            input.bound_pods.extend(now_bound);
+            unplaced.extend(group.into_iter().zip(placed).filter(|(_, p)| !*p).map(|(pod, _)| pod.key));
         }
-        self.mark_unschedulable(pending.iter().zip(&placed).filter(|(_, p)| !**p).map(|(pod, _)| &pod.key));
+        self.mark_unschedulable(unplaced.iter());
         bound
     }
 
@@ -881,6 +899,38 @@ mod tests {
         let provisionable: Vec<String> = c.snapshot().provisionable().map(|p| p.key.name.clone()).collect();
         assert_eq!(provisionable, vec!["big".to_string()]);
         assert_eq!(c.snapshot().pending().count(), 3);
+    }
+
+    /// kube-scheduler's queue order: a pod that waited through a pass is placed before a
+    /// larger one that arrived since. One solve of both gave the larger the room, largest
+    /// first, and a small pod could wait behind every larger newcomer.
+    #[test]
+    fn a_pod_that_waited_through_a_pass_is_placed_before_a_larger_one_that_came_since() {
+        let c = SimCluster::new();
+        let mut small = pod("small", "web");
+        small.requests = ResourceList::cpu_mem(250, 1 << 20);
+        c.apply_pod(small);
+        assert_eq!(c.schedule(), 0, "no node yet");
+        assert!(c.snapshot().pods.get(&PodKey::new("default", "small")).is_some_and(|p| p.unschedulable));
+        c.apply_node(Node {
+            name: "n1".into(),
+            allocatable: ResourceList::from_pairs([
+                (ResourceName::Cpu, 1000),
+                (ResourceName::Memory, 8 << 30),
+                (ResourceName::Pods, 29),
+            ]),
+            ready: true,
+            initialized: true,
+            ..Node::default()
+        });
+        let mut large = pod("large", "web");
+        large.requests = ResourceList::cpu_mem(900, 1 << 20);
+        c.apply_pod(large);
+        assert_eq!(c.schedule(), 1, "room for one of the two");
+        let snap = c.snapshot();
+        let on_n1: Vec<&str> = snap.pods_on("n1").map(|p| p.key.name.as_str()).collect();
+        assert_eq!(on_n1, ["small"], "the pod that waited goes first");
+        assert!(snap.pods.get(&PodKey::new("default", "large")).is_some_and(|p| p.unschedulable), "marked");
     }
 
     #[tokio::test]
