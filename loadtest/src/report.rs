@@ -28,18 +28,19 @@ pub struct Sample {
     pub rss_mib: Option<f64>,
 }
 
-/// Nodes by `<nodepool> <capacity type>`: how many, their $/hour, their allocatable CPU and
-/// the CPU their pods ask (millicores).
+/// Nodes by `<nodepool> <capacity type>`: how many, their $/hour, what they have and what
+/// their pods ask (CPU and memory), and their instance types.
 pub type Fleet = std::collections::BTreeMap<String, FleetPart>;
 
+/// One part of a [`Fleet`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct FleetPart {
     pub nodes: usize,
     pub price_per_hour: f64,
     pub cpu_allocatable_milli: i64,
     pub cpu_requested_milli: i64,
-    pub memory_allocatable: i64,
-    pub memory_requested: i64,
+    pub memory_allocatable_bytes: i64,
+    pub memory_requested_bytes: i64,
     /// Nodes by instance type.
     pub types: std::collections::BTreeMap<String, usize>,
 }
@@ -311,7 +312,7 @@ impl Report {
                         f.nodes,
                         f.price_per_hour,
                         100.0 * f.cpu_requested_milli as f64 / f.cpu_allocatable_milli.max(1) as f64,
-                        100.0 * f.memory_requested as f64 / f.memory_allocatable.max(1) as f64,
+                        100.0 * f.memory_requested_bytes as f64 / f.memory_allocatable_bytes.max(1) as f64,
                         f.types.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", ")
                     )
                 })

@@ -445,8 +445,7 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
     let end_pods: Vec<Pod> = snap.pods.values().filter(|p| !p.terminal).map(|p| p.as_ref().clone()).collect();
     // What a fresh plan of the same pods would cost against the same bound: what consolidation
     // can reach at best.
-    let mut fleet_plan = crate::report::Fleet::new();
-    let r_plan_end = {
+    let (r_plan_end, fleet_plan) = {
         let input = scheduling::Snapshot {
             nodepools: inputs.clone(),
             daemonsets: snap.daemonsets.values().map(|p| p.as_ref().clone()).collect(),
@@ -456,23 +455,8 @@ pub async fn run(sc: &Scenario, opts: &RunOptions, progress: &mut dyn Progress) 
         let all: Vec<usize> = (0..fresh.len()).collect();
         let lb = scheduling::lower_bound(&input, &fresh, &all);
         let plan = scheduling::solve(&input, &fresh, &scheduling::SolveOptions::default());
-        for claim in &plan.claims {
-            let Some(launch) = &claim.launch else { continue };
-            let pool = &inputs[claim.pool];
-            let part = fleet_plan.entry(format!("{} {}", pool.pool.name, launch.capacity_type)).or_default();
-            part.nodes += 1;
-            part.price_per_hour += launch.price;
-            if let Some(t) = pool.instance_types.get(launch.instance_type) {
-                part.cpu_allocatable_milli += t.allocatable.get(&ResourceName::Cpu);
-                part.memory_allocatable += t.allocatable.get(&ResourceName::Memory);
-                *part.types.entry(t.name.clone()).or_default() += 1;
-            }
-            for &i in &claim.pods {
-                part.cpu_requested_milli += fresh[i].requests.get(&ResourceName::Cpu);
-                part.memory_requested += fresh[i].requests.get(&ResourceName::Memory);
-            }
-        }
-        (lb.value > 0.0 && !fresh.is_empty()).then(|| plan.cost_per_hour() / lb.value)
+        let r = (lb.value > 0.0 && !fresh.is_empty()).then(|| plan.cost_per_hour() / lb.value);
+        (r, fleet_of_plan(&plan, &inputs, &fresh))
     };
     let fleet_end = fleet_of(&instances, &snap);
     let end_price = price_per_hour(&instances);
@@ -551,7 +535,9 @@ fn pending_after_settle(samples: &[Sample]) -> Option<usize> {
     Some(samples[settled..].iter().map(|s| s.pending).max().unwrap_or(0))
 }
 
-/// The instances by NodePool and capacity type, with the CPU the pods bound to their nodes ask.
+/// The instances by NodePool and capacity type, with the CPU and memory the pods bound to
+/// their nodes ask. A pod whose node matches no instance is counted in a part of no nodes,
+/// so a lookup gone wrong shows.
 fn fleet_of(instances: &[dovetail_cloud::Instance], snap: &dovetail_core::cluster::Snapshot) -> crate::report::Fleet {
     let key = |pool: Option<&String>, capacity: &str| format!("{} {capacity}", pool.map_or("-", |p| p.as_str()));
     let mut fleet = crate::report::Fleet::new();
@@ -560,15 +546,41 @@ fn fleet_of(instances: &[dovetail_cloud::Instance], snap: &dovetail_core::cluste
         part.nodes += 1;
         part.price_per_hour += i.price;
         part.cpu_allocatable_milli += i.allocatable.get(&ResourceName::Cpu);
-        part.memory_allocatable += i.allocatable.get(&ResourceName::Memory);
+        part.memory_allocatable_bytes += i.allocatable.get(&ResourceName::Memory);
         *part.types.entry(i.instance_type.clone()).or_default() += 1;
     }
     for pod in snap.pods.values().filter(|p| !p.terminal) {
-        let Some(node) = pod.node_name.as_ref().and_then(|n| snap.nodes.get(n)) else { continue };
-        let capacity = node.labels.get(labels::CAPACITY_TYPE).map_or("-", |c| c.as_str());
-        if let Some(part) = fleet.get_mut(&key(node.labels.get(labels::NODEPOOL), capacity)) {
-            part.cpu_requested_milli += pod.requests.get(&ResourceName::Cpu);
-            part.memory_requested += pod.requests.get(&ResourceName::Memory);
+        let Some(name) = &pod.node_name else { continue };
+        let part = match snap.nodes.get(name) {
+            Some(node) => {
+                let capacity = node.labels.get(labels::CAPACITY_TYPE).map_or("-", |c| c.as_str());
+                fleet.entry(key(node.labels.get(labels::NODEPOOL), capacity)).or_default()
+            }
+            None => fleet.entry(format!("no node ({name})")).or_default(),
+        };
+        part.cpu_requested_milli += pod.requests.get(&ResourceName::Cpu);
+        part.memory_requested_bytes += pod.requests.get(&ResourceName::Memory);
+    }
+    fleet
+}
+
+/// A plan's new nodes by NodePool and capacity type, with what their pods (`pods`, the plan's
+/// input) ask.
+fn fleet_of_plan(plan: &scheduling::Results, pools: &[PoolInput], pods: &[Pod]) -> crate::report::Fleet {
+    let mut fleet = crate::report::Fleet::new();
+    for claim in &plan.claims {
+        let (Some(launch), Some(pool)) = (&claim.launch, pools.get(claim.pool)) else { continue };
+        let part = fleet.entry(format!("{} {}", pool.pool.name, launch.capacity_type)).or_default();
+        part.nodes += 1;
+        part.price_per_hour += launch.price;
+        if let Some(t) = pool.instance_types.get(launch.instance_type) {
+            part.cpu_allocatable_milli += t.allocatable.get(&ResourceName::Cpu);
+            part.memory_allocatable_bytes += t.allocatable.get(&ResourceName::Memory);
+            *part.types.entry(t.name.clone()).or_default() += 1;
+        }
+        for p in claim.pods.iter().filter_map(|&i| pods.get(i)) {
+            part.cpu_requested_milli += p.requests.get(&ResourceName::Cpu);
+            part.memory_requested_bytes += p.requests.get(&ResourceName::Memory);
         }
     }
     fleet
@@ -875,16 +887,20 @@ faults:
         assert!(report.r_end.is_some() && report.r_plan_end.is_some(), "R and a fresh plan's R reported: {t}");
         // Where a gap between the two comes from: the fleet at the end (every instance, at
         // its price) and the fresh plan's, by pool and capacity type.
-        let fleet_price: f64 = report.fleet_end.values().map(|f| f.price_per_hour).sum();
-        assert!((fleet_price - report.price_per_hour).abs() < 1e-6, "{fleet_price} vs {}: {t}", report.price_per_hour);
-        assert!(report.fleet_plan.values().all(|f| f.nodes > 0 && f.cpu_requested_milli <= f.cpu_allocatable_milli));
+        // Every bound pod's node is an instance of a pool (no part without nodes), and no part
+        // asks more than it has.
+        for fleet in [&report.fleet_end, &report.fleet_plan] {
+            assert!(fleet.values().all(|f| f.nodes > 0 && f.cpu_requested_milli <= f.cpu_allocatable_milli), "{t}");
+        }
+        let asked: i64 = report.fleet_end.values().map(|f| f.cpu_requested_milli).sum();
+        assert!(asked > 0, "{t}");
         assert!(!report.fleet_plan.is_empty() && t.contains("fleet at the end") && t.contains("a fresh plan "), "{t}");
     }
 
     /// Issue 43's last goal for the soak: R at the end within 0.05 of a fresh plan of the same
-    /// pods. It misses today (0.11 to 0.23 over in soak-ci: the end falls amid an expiry wave
-    /// of the nodes the last AMI's drift launched together, and consolidation settles 0.03 to
-    /// 0.06 over between waves); run with `--ignored` until it holds.
+    /// pods. It misses today in most runs (b872d6b: 0.06 to 0.16 over in three runs of four,
+    /// one below the plan): the end falls amid an expiry wave of the nodes the last AMI's
+    /// drift launched together; run with `--ignored` until it holds.
     #[test]
     #[ignore = "issue 43 open: R at the end misses its 0.05 over a fresh plan"]
     fn the_soak_in_small_ends_within_005_of_a_fresh_plans_r() {

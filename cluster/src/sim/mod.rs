@@ -343,10 +343,10 @@ impl SimCluster {
             return 0;
         }
         let mut input = snap.scheduling_input(nodes, Vec::new());
-        // kube-scheduler takes pods from its queue one at a time, by priority and then by when
-        // they were queued: an old pod is not passed over by every newer one. Here, pods that
-        // waited through an earlier pass (marked unschedulable) go first and those that came
-        // since after, each group in one solve of the dovetail packer (largest first within
+        // kube-scheduler takes pods from its queue one at a time, roughly first come first
+        // served: an old pod is not passed over by every newer one. Here (an approximation;
+        // priority is not looked at, as the packer does not), pods that waited through an
+        // earlier pass (marked unschedulable) go first and those that came since after, each group in one solve of the dovetail packer (largest first within
         // it; pods of a class skip the nodes an earlier twin could not use, so a pass over
         // 100,000 pods and 10,000 nodes is linear, not quadratic). In one solve of both, a
         // small pod left to a node's room by the Router lost that room to every larger pod
@@ -367,7 +367,11 @@ impl SimCluster {
                     if self.bind(&group[i].key, node).is_ok() {
                         bound += 1;
                         placed[i] = true;
-                        now_bound.push(Arc::new(Pod { node_name: Some(node.clone()), ..group[i].clone() }));
+                        now_bound.push(Arc::new(Pod {
+                            node_name: Some(node.clone()),
+                            unschedulable: false,
+                            ..group[i].clone()
+                        }));
                     }
                 }
             }

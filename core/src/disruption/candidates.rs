@@ -100,16 +100,19 @@ impl Candidate<'_> {
         self.pods.is_empty()
     }
 
-    /// How full its pods make the node: the larger of their share of its allocatable CPU and
-    /// memory (1 where the node has none to share).
+    /// How full its pods (those that would move) make the node: the larger of their share of
+    /// its allocatable CPU and memory. A resource the node does not list counts as full when
+    /// the pods ask for it and as empty when they do not. Pod slots are not counted: what a
+    /// repack's new nodes must hold is CPU and memory; each brings its own slots.
     pub fn fill(&self) -> f64 {
+        let share = |have: i64, asked: i64| match (have, asked) {
+            (h, a) if h > 0 => a as f64 / h as f64,
+            (_, a) if a > 0 => 1.0,
+            _ => 0.0,
+        };
         [ResourceName::Cpu, ResourceName::Memory]
             .iter()
-            .map(|r| {
-                let have = self.node.allocatable.get(r);
-                let asked: i64 = self.pods.iter().map(|p| p.requests.get(r)).sum();
-                if have > 0 { asked as f64 / have as f64 } else { 1.0 }
-            })
+            .map(|r| share(self.node.allocatable.get(r), self.pods.iter().map(|p| p.requests.get(r)).sum()))
             .fold(0.0, f64::max)
     }
 }
