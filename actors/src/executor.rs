@@ -358,9 +358,10 @@ impl Executor {
             Action::CreateNodeClaim(nc) => match w.create_nodeclaim(nc.as_ref().clone()).await {
                 Ok(_) => Ok(true),
                 // Ours already (a repeated create) is fine; another object of the name is
-                // not adopted.
+                // not adopted, nor one on its way out: a claim of a name used before (names
+                // are five random characters) whose earlier NodeClaim is still being deleted.
                 Err(ClusterError::AlreadyExists { kind, name }) => match w.get_nodeclaim(&nc.name).await {
-                    Ok(existing) if existing.spec == nc.spec => Ok(false),
+                    Ok(existing) if existing.spec == nc.spec && !existing.deleting => Ok(false),
                     Ok(_) => Err(Stop::Failed(ClusterError::AlreadyExists { kind, name })),
                     Err(e) => Err(Stop::Failed(e)),
                 },

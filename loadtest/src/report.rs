@@ -459,14 +459,18 @@ impl Report {
             );
             say!(
                 t,
-                "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice, {} raft messages ({} lost to injected faults)",
+                "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice ({} names reused by a later claim), {} raft messages ({} lost to injected faults)",
                 c.terms_led,
                 c.elections_without_kill,
                 c.fenced,
                 c.claims_launched_twice,
+                c.names_reused,
                 c.messages,
                 c.messages_lost
             );
+            for l in &c.launched_twice {
+                say!(t, "                 launched twice: {l}");
+            }
             say!(
                 t,
                 "                 {} lease lapses outside a kill (longest {} ms)",
@@ -570,7 +574,11 @@ impl Report {
         if let Some(max) = t.max_claims_launched_twice {
             match control {
                 Some(c) if c.claims_launched_twice <= max => {}
-                Some(c) => out.push(format!("{} claims launched twice > {max}", c.claims_launched_twice)),
+                Some(c) => out.push(format!(
+                    "{} claims launched twice > {max} ({})",
+                    c.claims_launched_twice,
+                    c.launched_twice.join("; ")
+                )),
                 None => need_control("claims launched twice", &mut out),
             }
         }

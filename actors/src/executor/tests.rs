@@ -379,3 +379,33 @@ async fn a_pod_covered_by_two_pdbs_is_backed_off_and_reported_on_the_pod_not_evi
     assert_eq!(errors.counts().get("evict/many_pdbs").copied(), Some(calls()), "each refusal is counted");
     assert!(cluster.snapshot().pods.get(&web).is_some(), "the pod stays where it is");
 }
+
+#[tokio::test]
+async fn a_create_that_meets_a_deleting_nodeclaim_of_its_name_fails_instead_of_taking_it_as_its_own() {
+    use dovetail_core::cluster::{NodeClaim, NodeClaimStatus};
+    use dovetail_core::nodepool::NodeClaimSpec;
+    let (cluster, _, ex, _) = setup();
+    // An earlier claim of the same name and the same shape, on its way out (its finalizer
+    // holds it): the ledger forgot it as it removed the finalizer.
+    let nc = NodeClaim {
+        name: "default-abcde".into(),
+        spec: NodeClaimSpec { nodepool: "default".into(), ..NodeClaimSpec::default() },
+        finalizers: vec![TERMINATION_FINALIZER.to_string()],
+        deleting: false,
+        status: NodeClaimStatus::default(),
+        resource_version: 0,
+        created: None,
+    };
+    let create = || Effect::new("default-abcde", Action::CreateNodeClaim(Box::new(nc.clone())));
+    let done = ex.run(dovetail_raft::FIRST_TERM, vec![create()]).await;
+    assert_eq!(done[0].1, Done::Applied);
+    // A repeated create of the live object is ours already.
+    let done = ex.run(dovetail_raft::FIRST_TERM, vec![create()]).await;
+    assert_eq!(done[0].1, Done::Unchanged);
+    let deleted = ex.run(dovetail_raft::FIRST_TERM, vec![Effect::new("default-abcde", Action::DeleteNodeClaim)]).await;
+    assert_eq!(deleted[0].1, Done::Applied);
+    assert!(cluster.snapshot().nodeclaims["default-abcde"].deleting);
+    // The new claim's create must not take the old object for its own.
+    let done = ex.run(dovetail_raft::FIRST_TERM, vec![create()]).await;
+    assert!(matches!(done[0].1, Done::Failed(ClusterError::AlreadyExists { .. })), "{:?}", done[0].1);
+}

@@ -14,6 +14,7 @@
 //! Each failover is reported: when the leader was killed, when the next one's `Lead`
 //! committed, and when its first new claims committed, if pods were pending then.
 
+mod launches;
 mod switch;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use dovetail_core::clock::Clock;
+use dovetail_core::ledger::Millis;
 use dovetail_raft::Ledger;
 use dovetail_raft::network::{Faults, MemNet, Transport};
 use dovetail_raft::replicated::{RaftLedger, RaftSettings};
@@ -28,6 +30,7 @@ use dovetail_raft::store::{LogStore, Machine};
 use dovetail_raft::types::NodeId;
 use serde::Serialize;
 
+pub use launches::Launches;
 pub use switch::Switch;
 
 /// How the control nodes run.
@@ -132,8 +135,16 @@ pub struct ControlReport {
     pub messages: u64,
     pub messages_lost: u64,
     /// Claims the cloud had more than one instance for over the run (looked at every tick,
-    /// terminated instances included; must be zero).
+    /// terminated instances included; must be zero). A claim is a name and the moment the
+    /// ledger reserved it: a name is five random characters, and a later claim may take the
+    /// name of one long gone, as `generateName` may in Kubernetes.
     pub claims_launched_twice: usize,
+    /// Which, with their instances (at most ten).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub launched_twice: Vec<String>,
+    /// Names that served more than one claim over the run (each time after the earlier claim
+    /// was gone: the ledger refuses a live duplicate).
+    pub names_reused: usize,
     /// Leases that ran out in a term still led, over every node (killed ones included): a
     /// leader that heard no quorum for its lease (a stalled thread, lost messages). A kill is
     /// not one (the killed node stops at once).
@@ -178,7 +189,7 @@ pub struct Group {
     /// When the last term's leader took over (ms into the run).
     led_at_ms: u64,
     /// Every instance the cloud had for each claim over the run, terminated ones included.
-    instances: BTreeMap<String, std::collections::BTreeSet<String>>,
+    launches: Launches,
     /// The lease counts of nodes killed since (their replicas are gone).
     retired: dovetail_raft::replicated::LeaseStats,
     /// Whether each node's Raft runs on a thread of its own (the wall clock).
@@ -223,7 +234,7 @@ impl Group {
             last_led: 0,
             terms_led: 0,
             led_at_ms: 0,
-            instances: BTreeMap::new(),
+            launches: Launches::default(),
             retired: Default::default(),
             own_thread,
             runtimes: BTreeMap::new(),
@@ -320,18 +331,30 @@ impl Group {
     }
 
     /// Notes the instances the cloud has now, by claim (a claim launched twice shows as two).
+    /// A new instance's claim is looked up in the leader's state (else the most advanced
+    /// node's), which holds it from before its launch call.
     pub fn observe<'a>(&mut self, instances: impl IntoIterator<Item = (&'a str, &'a str)>) {
-        for (claim, id) in instances {
-            // Every tick sees mostly the same instances: nothing is allocated for those.
-            match self.instances.get_mut(claim) {
-                Some(ids) if ids.contains(id) => {}
-                Some(ids) => {
-                    ids.insert(id.to_string());
-                }
-                None => {
-                    self.instances.insert(claim.to_string(), std::collections::BTreeSet::from([id.to_string()]));
-                }
-            }
+        // Every tick sees mostly the same instances: nothing is allocated for those.
+        let new: Vec<(&str, &str)> = instances.into_iter().filter(|(_, id)| !self.launches.has(id)).collect();
+        if new.is_empty() {
+            return;
+        }
+        let reserved: Vec<Millis> = self
+            .read_state(|state| new.iter().map(|(claim, _)| state.claim(claim).map_or(0, |c| c.reserved_at)).collect());
+        for (k, (claim, id)) in new.iter().enumerate() {
+            self.launches.note(claim, reserved.get(k).copied().unwrap_or(0), id);
+        }
+    }
+
+    /// Runs `f` on the state of the leader, or else of the node that applied the most.
+    fn read_state<R>(&self, f: impl FnOnce(&dovetail_core::ledger::State) -> R) -> R {
+        if let Some((_, leader)) = self.switch.leader() {
+            return leader.machine().read(|a| f(&a.state));
+        }
+        let newest = self.stores.values().max_by_key(|s| s.machine.read(|a| a.last_applied.map(|l| l.index)));
+        match newest {
+            Some(s) => s.machine.read(|a| f(&a.state)),
+            None => f(&dovetail_core::ledger::State::default()),
         }
     }
 
@@ -408,7 +431,9 @@ impl Group {
             fenced: *lock(&self.switch.fenced),
             messages,
             messages_lost,
-            claims_launched_twice: self.instances.values().filter(|ids| ids.len() > 1).count(),
+            claims_launched_twice: self.launches.twice().count(),
+            launched_twice: self.launches.twice().take(10).collect(),
+            names_reused: self.launches.names_reused(),
         }
     }
 
