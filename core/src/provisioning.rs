@@ -157,12 +157,18 @@ pub fn unique_claim_name(names: &mut Names, pool: &str, taken: impl Fn(&str) -> 
 }
 
 /// Gives the claims whose ids the ledger refused as live a new name, unique among the
-/// claims (and keeps the others).
-pub fn rename(claims: &mut [PlannedClaim], refused: &BTreeSet<String>, names: &mut Names) {
+/// claims and not one `in_cluster` says a NodeClaim has (one being deleted keeps its name a
+/// while after the ledger forgot it), and keeps the others.
+pub fn rename(
+    claims: &mut [PlannedClaim],
+    refused: &BTreeSet<String>,
+    names: &mut Names,
+    in_cluster: impl Fn(&str) -> bool,
+) {
     // Every id the claims hold now, the refused ones included (they stay taken once renamed).
     let mut taken: BTreeSet<String> = claims.iter().map(|c| c.reserve.id.clone()).collect();
     for c in claims.iter_mut().filter(|c| refused.contains(&c.reserve.id)) {
-        let id = unique_claim_name(names, &c.nodeclaim.spec.nodepool, |id| taken.contains(id));
+        let id = unique_claim_name(names, &c.nodeclaim.spec.nodepool, |id| taken.contains(id) || in_cluster(id));
         taken.insert(id.clone());
         c.reserve.id = id.clone();
         c.nodeclaim.name = id;
@@ -364,9 +370,21 @@ mod tests {
         let mut names = Names::new(1);
         let mut round = web_round(&Snapshot::default(), &mut names);
         let old = round.claims[0].reserve.id.clone();
-        rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names);
+        rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names, |_| false);
         assert_ne!(round.claims[0].reserve.id, old);
         assert_eq!(round.claims[0].reserve.id, round.claims[0].nodeclaim.name);
+    }
+
+    #[test]
+    fn a_renamed_claim_does_not_take_the_name_of_a_nodeclaim_still_in_the_cluster() {
+        let mut names = Names::new(1);
+        let mut round = web_round(&Snapshot::default(), &mut names);
+        let old = round.claims[0].reserve.id.clone();
+        // The next draw names a NodeClaim still being deleted: the rename draws again.
+        let held = names.clone().claim("default");
+        rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names, |id| id == held);
+        assert_ne!(round.claims[0].reserve.id, old);
+        assert_ne!(round.claims[0].reserve.id, held);
     }
 
     #[test]
@@ -390,7 +408,7 @@ mod tests {
         third.nodeclaim.name = next.clone();
         round.claims.push(third);
         let old = round.claims[0].reserve.id.clone();
-        rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names);
+        rename(&mut round.claims, &BTreeSet::from([old.clone()]), &mut names, |_| false);
         let ids: BTreeSet<&String> = round.claims.iter().map(|c| &c.reserve.id).collect();
         assert_eq!(ids.len(), 3, "three distinct names: {ids:?}");
         assert!(!ids.contains(&old));

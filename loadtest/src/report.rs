@@ -459,12 +459,13 @@ impl Report {
             );
             say!(
                 t,
-                "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice ({} names reused by a later claim), {} raft messages ({} lost to injected faults)",
+                "                 {} terms led ({} without a kill), {} proposals of a dead leader's term fenced, {} claims launched twice ({} names reused by a later claim, {} instances of a claim the ledger no longer held), {} raft messages ({} lost to injected faults)",
                 c.terms_led,
                 c.elections_without_kill,
                 c.fenced,
                 c.claims_launched_twice,
                 c.names_reused,
+                c.instances_unattributed,
                 c.messages,
                 c.messages_lost
             );

@@ -451,7 +451,8 @@ async fn round(rc: RoundCtx, pods: Vec<Pod>, simulating: Vec<tracing::Span>, res
             }
         }
         renamed += next.len() as u64;
-        rename(&mut next, &duplicate, &mut names);
+        let cluster = rc.view.snapshot();
+        rename(&mut next, &duplicate, &mut names, |id| cluster.nodeclaims.contains_key(id));
         claims = next;
     }
     for c in claims {

@@ -145,6 +145,9 @@ pub struct ControlReport {
     /// Names that served more than one claim over the run (each time after the earlier claim
     /// was gone: the ledger refuses a live duplicate).
     pub names_reused: usize,
+    /// Instances whose claim the ledger did not hold when they were first seen (neither a
+    /// second launch nor a reused name can be told for those).
+    pub instances_unattributed: usize,
     /// Leases that ran out in a term still led, over every node (killed ones included): a
     /// leader that heard no quorum for its lease (a stalled thread, lost messages). A kill is
     /// not one (the killed node stops at once).
@@ -339,10 +342,10 @@ impl Group {
         if new.is_empty() {
             return;
         }
-        let reserved: Vec<Millis> = self
-            .read_state(|state| new.iter().map(|(claim, _)| state.claim(claim).map_or(0, |c| c.reserved_at)).collect());
-        for (k, (claim, id)) in new.iter().enumerate() {
-            self.launches.note(claim, reserved.get(k).copied().unwrap_or(0), id);
+        let reserved: Vec<Option<Millis>> =
+            self.read_state(|state| new.iter().map(|(claim, _)| state.claim(claim).map(|c| c.reserved_at)).collect());
+        for ((claim, id), at) in new.iter().zip(reserved) {
+            self.launches.note(claim, at, id);
         }
     }
 
@@ -434,6 +437,7 @@ impl Group {
             claims_launched_twice: self.launches.twice().count(),
             launched_twice: self.launches.twice().take(10).collect(),
             names_reused: self.launches.names_reused(),
+            instances_unattributed: self.launches.unattributed(),
         }
     }
 
