@@ -139,6 +139,7 @@ pub fn explain_node(args: &NodeArgs, file: &str, now: Millis) -> anyhow::Result<
             state: ClaimState::Initialized { instance: instance.clone() },
             reserved_at: now,
             changed_at: now,
+            tried_at: None,
         });
         let mut annotations = pool.pool.annotations.clone();
         annotations.insert(drift::HASH_ANNOTATION.into(), drift::template_hash(&pool.pool));

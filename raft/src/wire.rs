@@ -334,6 +334,10 @@ pub struct ClaimV1 {
     pub state: ClaimStateV1,
     pub reserved_at: Millis,
     pub changed_at: Millis,
+    /// Its first launch call (added within version 1: records without it decode as `None`,
+    /// and versions without it skip it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tried_at: Option<Millis>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -657,6 +661,7 @@ impl From<&Claim> for ClaimV1 {
             state: ClaimStateV1::from(&c.state),
             reserved_at: c.reserved_at,
             changed_at: c.changed_at,
+            tried_at: c.tried_at,
         }
     }
 }
@@ -677,6 +682,7 @@ impl ClaimV1 {
             state: self.state.to_core(),
             reserved_at: self.reserved_at,
             changed_at: self.changed_at,
+            tried_at: self.tried_at,
         })
     }
 }
@@ -1008,6 +1014,7 @@ pub(super) mod tests {
                         state: ClaimState::Registered { instance: "i-0c".into() },
                         reserved_at: 0,
                         changed_at: 0,
+                        tried_at: None,
                     }],
                 },
             ),

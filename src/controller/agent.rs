@@ -514,6 +514,7 @@ mod tests {
             state,
             reserved_at: 0,
             changed_at: 0,
+            tried_at: None,
         };
         let m5 = Some(("m5.large".to_string(), CapacityType::Spot));
         let claims = [

@@ -183,6 +183,7 @@ mod tests {
             state: ClaimState::Initialized { instance: instance.into() },
             reserved_at: 0,
             changed_at: 0,
+            tried_at: None,
         }
     }
 

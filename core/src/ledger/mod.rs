@@ -530,6 +530,7 @@ impl State {
                         c.state = ClaimState::Launching { batch: batch.id.clone() };
                         c.zone = zone.to_string();
                         c.changed_at = at;
+                        c.tried_at.get_or_insert(at);
                     }
                     ClaimState::Launching { batch: b } if *b == batch.id => {}
                     s => {
@@ -567,6 +568,7 @@ impl State {
             state: ClaimState::Reserved,
             reserved_at: at,
             changed_at: at,
+            tried_at: None,
         };
         self.claims.insert(req.id.clone(), claim);
     }

@@ -190,6 +190,10 @@ pub struct Claim {
     pub state: ClaimState,
     pub reserved_at: Millis,
     pub changed_at: Millis,
+    /// When a launch call was first recorded for it (its first move from `Reserved` to
+    /// `Launching`); `None` while it waits for its first call (the plane paces its calls by
+    /// EC2's launch bucket). The launch timeout counts from here.
+    pub tried_at: Option<Millis>,
 }
 
 /// One claim of a reservation round.

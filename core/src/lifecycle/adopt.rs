@@ -75,6 +75,7 @@ pub fn adoptions(snapshot: &Snapshot, known: &BTreeSet<String>, pools: &BTreeSet
                 state: state_of(nc),
                 reserved_at: now,
                 changed_at: now,
+                tried_at: None,
             }
         })
         .collect()

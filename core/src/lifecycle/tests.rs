@@ -581,13 +581,59 @@ fn a_claim_busy_in_its_round_and_a_round_cut_off_before_the_create() {
     assert_eq!(w.plan().steps, vec![("default-abcde".to_string(), Step::Gone)], "cut off by a restart");
 }
 
+/// A claim whose launch calls go on failing (each leaves it `Reserved` again) is given up 5
+/// minutes after its first call, as Karpenter gives one up 5 minutes after its first failure.
 #[test]
 fn a_launch_that_outlives_its_timeout_is_terminated() {
     let mut w = World::new();
     w.claim("default-abcde", vec![]);
-    w.now += 5 * 60_000;
+    w.now += 60_000;
+    let batch = crate::ledger::LaunchBatch { id: "b-1".into(), claims: vec!["default-abcde".into()].into() };
+    w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+    w.propose(Command::Advance { steps: vec![("default-abcde".into(), Step::Unlaunched { batch: "b-1".into() })] });
+    // A second call later does not restart the count.
+    w.now += 2 * 60_000;
+    let batch = crate::ledger::LaunchBatch { id: "b-2".into(), claims: vec!["default-abcde".into()].into() };
+    w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+    w.now += 3 * 60_000 - 1;
+    assert!(!w.plan().steps.contains(&("default-abcde".into(), Step::Terminating)));
+    w.now += 1;
     let plan = w.plan();
-    assert!(plan.steps.contains(&("default-abcde".into(), Step::Terminating)));
+    assert!(plan.steps.contains(&("default-abcde".into(), Step::Terminating)), "{:?}", plan.steps);
+    assert!(has(
+        &plan,
+        |a| matches!(a, Action::Event(e) if e.reason == "LivenessTimeout" && e.message.contains("of its first call"))
+    ));
+}
+
+/// 2,200 claims decided at once launch at EC2's 2 a second after a burst of 1,000: the last
+/// wait 10 minutes for their first call in the plane's queue. Deleted at 5 minutes (the launch
+/// timeout counted from creation), their pods went to new claims at the back of the same
+/// queue, and the soak's opening burst took 16 minutes to place. A claim that waits for its
+/// first call has not failed to launch: it is given up only at the registration timeout.
+#[test]
+fn a_claim_still_waiting_for_its_first_launch_call_outlives_the_launch_timeout() {
+    let mut w = World::new();
+    w.claim("default-abcde", vec![]);
+    w.now += 10 * 60_000;
+    assert!(!w.plan().steps.contains(&("default-abcde".into(), Step::Terminating)));
+    // Its first call at 10 minutes, still launching at 14: kept.
+    let batch = crate::ledger::LaunchBatch { id: "b-1".into(), claims: vec!["default-abcde".into()].into() };
+    w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+    w.now += 4 * 60_000;
+    assert!(!w.plan().steps.contains(&("default-abcde".into(), Step::Terminating)));
+    // Never called in 15 minutes: given up, and the event says why.
+    let mut queued = World::new();
+    queued.claim("default-fghij", vec![]);
+    queued.now += 15 * 60_000 - 1;
+    assert!(!queued.plan().steps.contains(&("default-fghij".into(), Step::Terminating)));
+    queued.now += 1;
+    let plan = queued.plan();
+    assert!(plan.steps.contains(&("default-fghij".into(), Step::Terminating)), "{:?}", plan.steps);
+    assert!(has(
+        &plan,
+        |a| matches!(a, Action::Event(e) if e.reason == "LivenessTimeout" && e.message.contains("EC2's launch rate"))
+    ));
 }
 
 /// A claim reserved again after a restart (the single-node ledger starts empty and adopts the

@@ -307,7 +307,8 @@ struct Sent {
 /// Karpenter's liveness timeouts of a NodeClaim.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Liveness {
-    /// From creation until the instance is launched (Karpenter: 5 min).
+    /// From its first launch call until the instance is launched (Karpenter: 5 min, from
+    /// creation or its first failed call).
     pub launch: Millis,
     /// From creation until its node registers (Karpenter: 15 min).
     pub registration: Millis,
@@ -322,17 +323,49 @@ impl Default for Liveness {
 /// Which liveness timeout a claim outlived.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expired {
+    /// Its launch calls went on failing for the launch timeout.
     Launch,
+    /// Not launched by the registration timeout, its first call never made: it waited that
+    /// long behind the plane's pacing of EC2's launch bucket.
+    Queued,
+    /// Its node did not register by the registration timeout.
     Registration,
 }
 
+impl Expired {
+    /// What the event on the NodeClaim says.
+    pub fn describe(self, l: &Liveness) -> String {
+        let mins = |ms: Millis| format!("{} min", ms / 60_000);
+        match self {
+            Expired::Launch => format!("its launch did not succeed within {} of its first call", mins(l.launch)),
+            Expired::Queued => format!(
+                "it was not launched within {} of its creation (its first call still waited for EC2's launch rate)",
+                mins(l.registration)
+            ),
+            Expired::Registration => {
+                format!("its node did not register within {} of its creation", mins(l.registration))
+            }
+        }
+    }
+}
+
 impl Liveness {
-    /// Whether a claim created at `created` in `state` has outlived a timeout at `now`: such a
-    /// claim is deleted (and its pool marked `NodeRegistrationHealthy=False`).
-    pub fn check(&self, state: &ClaimState, created: Millis, now: Millis) -> Option<Expired> {
+    /// Whether a claim created at `created`, first called for at `tried` (none yet: `None`),
+    /// in `state` has outlived a timeout at `now`: such a claim is deleted (and its pool marked
+    /// `NodeRegistrationHealthy=False`). Karpenter calls EC2 for every claim at once and counts
+    /// the launch timeout from creation, or from the first call that failed (throttled ones
+    /// too); the plane paces its calls by EC2's launch bucket instead, so a claim still queued
+    /// for its first call has not failed to launch: deleting it would only send its pods to a
+    /// new claim at the back of the same queue. It is bounded by the registration timeout.
+    pub fn check(&self, state: &ClaimState, created: Millis, tried: Option<Millis>, now: Millis) -> Option<Expired> {
         let age = now.saturating_sub(created);
+        let unlaunched = matches!(state, ClaimState::Reserved | ClaimState::Launching { .. });
+        match tried {
+            Some(t) if unlaunched && now.saturating_sub(t) >= self.launch => return Some(Expired::Launch),
+            None if unlaunched && age >= self.registration => return Some(Expired::Queued),
+            _ => {}
+        }
         match state {
-            ClaimState::Reserved | ClaimState::Launching { .. } if age >= self.launch => Some(Expired::Launch),
             ClaimState::Reserved | ClaimState::Launching { .. } | ClaimState::Launched { .. }
                 if age >= self.registration =>
             {
@@ -696,12 +729,34 @@ mod tests {
     #[test]
     fn liveness_uses_karpenters_timeouts() {
         let l = Liveness::default();
-        assert_eq!(l.check(&ClaimState::Launching { batch: "b".into() }, 0, 299_999), None);
-        assert_eq!(l.check(&ClaimState::Launching { batch: "b".into() }, 0, 300_000), Some(Expired::Launch));
+        let launching = ClaimState::Launching { batch: "b".into() };
+        assert_eq!(l.check(&launching, 0, Some(0), 299_999), None);
+        assert_eq!(l.check(&launching, 0, Some(0), 300_000), Some(Expired::Launch));
         let launched = ClaimState::Launched { instance: "i-1".into() };
-        assert_eq!(l.check(&launched, 0, 899_999), None);
-        assert_eq!(l.check(&launched, 0, 900_000), Some(Expired::Registration));
-        assert_eq!(l.check(&ClaimState::Registered { instance: "i-1".into() }, 0, 10_000_000), None);
+        assert_eq!(l.check(&launched, 0, Some(0), 899_999), None);
+        assert_eq!(l.check(&launched, 0, Some(0), 900_000), Some(Expired::Registration));
+        assert_eq!(l.check(&ClaimState::Registered { instance: "i-1".into() }, 0, Some(0), 10_000_000), None);
+    }
+
+    /// 2,200 claims at once launch at EC2's 2 a second after a burst of 1,000: the last wait
+    /// 10 minutes for their first call. Deleted at 5 minutes (Karpenter's launch timeout from
+    /// creation), their pods went to new claims at the back of the same queue, and the queue
+    /// still launched the deleted ones' turns first: the opening burst of the soak took 16
+    /// minutes to place instead of 11.
+    #[test]
+    fn a_claim_waiting_for_its_first_launch_call_is_not_timed_out_until_the_registration_timeout() {
+        let l = Liveness::default();
+        assert_eq!(l.check(&ClaimState::Reserved, 0, None, 600_000), None);
+        assert_eq!(l.check(&ClaimState::Reserved, 0, None, 899_999), None);
+        assert_eq!(l.check(&ClaimState::Reserved, 0, None, 900_000), Some(Expired::Queued));
+        // First called at 11 minutes: its launch timeout runs from there, within the
+        // registration timeout from its creation.
+        let launching = ClaimState::Launching { batch: "b".into() };
+        assert_eq!(l.check(&launching, 0, Some(660_000), 899_999), None);
+        assert_eq!(l.check(&launching, 0, Some(660_000), 900_000), Some(Expired::Registration));
+        // A failed first call at 1 minute: timed out 5 minutes later, as Karpenter does.
+        assert_eq!(l.check(&ClaimState::Reserved, 0, Some(60_000), 359_999), None);
+        assert_eq!(l.check(&ClaimState::Reserved, 0, Some(60_000), 360_000), Some(Expired::Launch));
     }
 
     #[test]
