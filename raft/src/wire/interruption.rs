@@ -125,7 +125,7 @@ pub(super) fn to_records(r: &BTreeMap<String, InterruptionV1>) -> Result<BTreeMa
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{entries, fixture, m5_large};
+    use super::super::tests::{as_written_before_tried_at, entries, fixture, m5_large};
     use super::super::{WireEntry, WireOutcome, WireState};
     use super::*;
     use dovetail_core::catalog::CapacityType;
@@ -208,7 +208,7 @@ mod tests {
         let decoded: Vec<Entry> = old.iter().map(|(e, _)| e.decode().expect("an entry")).collect();
         assert_eq!(decoded, entries);
         assert_eq!(old.iter().map(|(_, o)| o.decode()).collect::<Vec<_>>(), outcomes);
-        assert_eq!(old_state.decode().expect("a state"), state);
+        assert_eq!(old_state.decode().expect("a state"), as_written_before_tried_at(&state));
         let bad = NoticeV1 { kind: "meteor".into(), ..NoticeV1::from(&notice("i-1", None, Kind::InstanceStopped)) };
         assert!(matches!(bad.to_core(), Err(WireError::InterruptionKind(k)) if k == "meteor"));
     }
