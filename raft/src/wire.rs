@@ -1092,7 +1092,8 @@ pub(super) mod tests {
     }
 
     /// `state` as the versions that wrote the fixtures held it: those did not record a claim's
-    /// first launch call (`tried_at`), and what they wrote decodes without one.
+    /// first launch call (`tried_at`), and what they wrote decodes without one. (Fixtures
+    /// written again with `DOVETAIL_WRITE_LEDGER_FIXTURES` would hold it: they are not.)
     pub(super) fn as_written_before_tried_at(state: &State) -> State {
         let WireState::V1(mut s) = WireState::encode(state.clone());
         for c in &mut s.claims {

@@ -54,7 +54,7 @@ impl Handler<LaunchNow> for NodePoolActor {
 impl NodePoolActor {
     /// Sends `claims` to their zones' actors; one a zone's mailbox refuses is asked again by
     /// the next reconcile. A follower launches nothing (the leader re-drives from the ledger),
-    /// nor does a pool that knows no instance types (the claim's liveness timeout ends it).
+    /// nor does a pool that knows no instance types (the registration timeout ends the claim).
     fn launch_now(&mut self, ctx: &mut Context<Self>, claims: Vec<(dovetail_core::cluster::NodeClaim, String)>) {
         if !self.ledger.leadership().borrow().leader || self.types.is_empty() {
             return;

@@ -337,7 +337,7 @@ impl NodePoolActor {
                     if self.types.is_empty() {
                         // A pool kept only for its claims' lifecycle (its NodePool missing or
                         // invalid since the start) knows no instance types or node class: it
-                        // launches nothing; the claim's liveness timeout ends it.
+                        // launches nothing; the registration timeout (no call made) ends it.
                         self.errors.note(
                             "launch",
                             "no_instance_types",

@@ -483,7 +483,9 @@ fn plan_claim(
     // From the NodeClaim's creation, as Karpenter counts: a restart (or an adoption) that
     // reserved the claim again does not give an instance that never registered a fresh wait.
     let created = cx.nc.as_ref().map_or(cx.claim.reserved_at, |nc| nc.born(cx.claim.reserved_at));
-    if let Some(expired) = cfg.liveness.check(&cx.state, created, cx.claim.tried_at, input.now) {
+    // A claim launching since before its ledger recorded first calls: from that call.
+    let tried = cx.claim.tried_at.or(matches!(cx.state, ClaimState::Launching { .. }).then_some(cx.claim.changed_at));
+    if let Some(expired) = cfg.liveness.check(&cx.state, created, tried, input.now) {
         plan.step(id, Step::Terminating);
         let message = format!("nodeclaim {id} timed out: {}", expired.describe(&cfg.liveness));
         plan.event(id, ObjectKind::NodeClaim, id, true, "LivenessTimeout", message);

@@ -609,8 +609,9 @@ fn a_launch_that_outlives_its_timeout_is_terminated() {
 /// 2,200 claims decided at once launch at EC2's 2 a second after a burst of 1,000: the last
 /// wait 10 minutes for their first call in the plane's queue. Deleted at 5 minutes (the launch
 /// timeout counted from creation), their pods went to new claims at the back of the same
-/// queue, and the soak's opening burst took 16 minutes to place. A claim that waits for its
-/// first call has not failed to launch: it is given up only at the registration timeout.
+/// queue, and the soak's opening burst took 16-17 minutes to place (10 after). A claim that
+/// waits for its first call has not failed to launch: it is given up only at the registration
+/// timeout.
 #[test]
 fn a_claim_still_waiting_for_its_first_launch_call_outlives_the_launch_timeout() {
     let mut w = World::new();
@@ -632,7 +633,7 @@ fn a_claim_still_waiting_for_its_first_launch_call_outlives_the_launch_timeout()
     assert!(plan.steps.contains(&("default-fghij".into(), Step::Terminating)), "{:?}", plan.steps);
     assert!(has(
         &plan,
-        |a| matches!(a, Action::Event(e) if e.reason == "LivenessTimeout" && e.message.contains("EC2's launch rate"))
+        |a| matches!(a, Action::Event(e) if e.reason == "LivenessTimeout" && e.message.contains("no launch call was made"))
     ));
 }
 
