@@ -336,7 +336,7 @@ impl Expired {
     /// What the event on the NodeClaim says.
     pub fn describe(self, l: &Liveness) -> String {
         let span = |ms: Millis| {
-            if ms % 60_000 == 0 { format!("{} min", ms / 60_000) } else { format!("{} s", ms / 1_000) }
+            if ms.is_multiple_of(60_000) { format!("{} min", ms / 60_000) } else { format!("{} s", ms / 1_000) }
         };
         match self {
             Expired::Launch => format!("its launch did not succeed within {} of its first call", span(l.launch)),
