@@ -354,8 +354,9 @@ impl Expired {
 
 impl Liveness {
     /// Whether a claim created at `created`, first called for at `tried` (none yet: `None`),
-    /// in `state` has outlived a timeout at `now`: such a claim is deleted (and its pool marked
-    /// `NodeRegistrationHealthy=False`). Karpenter calls EC2 for every claim at once and counts
+    /// in `state` has outlived a timeout at `now`: such a claim is deleted (Karpenter also marks
+    /// its NodePool `NodeRegistrationHealthy=False`, which dovetail does not set yet: "Not done
+    /// yet" in docs/control-plane.md). Karpenter calls EC2 for every claim at once and counts
     /// the launch timeout from creation, or from the first call that failed (throttled ones
     /// too); the plane paces its calls by EC2's launch bucket instead, so a claim still queued
     /// for its first call has not failed to launch: deleting it would only send its pods to a
