@@ -44,8 +44,10 @@ pub enum Action {
     /// interruption's deadline), with this grace period in seconds (`None`: the pod's own).
     DeletePod { pod: PodKey, grace_seconds: Option<i64> },
     /// Launch the claim's instance in `zone` (a re-drive carries the batch the ledger
-    /// recorded, whose instances are looked up first).
-    Launch { zone: String, batch: Option<LaunchBatch> },
+    /// recorded, whose instances are looked up first). `again`: a launch call was made for it
+    /// before (its launch timeout runs from that call), so it goes ahead of the claims queued
+    /// for their first.
+    Launch { zone: String, batch: Option<LaunchBatch>, again: bool },
     /// Terminate the claim's instance: the one named, or whatever its batch made for it.
     Terminate { zone: String, instance: Option<String>, batch: Option<LaunchBatch> },
     /// Record a Kubernetes Event.

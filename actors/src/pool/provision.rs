@@ -70,7 +70,7 @@ impl NodePoolActor {
             launches.add(zone, Vec::new(), request, ());
         }
         for (zone, Group { causes, asks }) in launches.groups() {
-            if !self.send_launches(ctx, &zone, asks.into_iter().map(|(r, ())| r).collect(), causes) {
+            if !self.send_launches(ctx, &zone, asks.into_iter().map(|(r, ())| r).collect(), causes, false) {
                 self.dirty = true;
             }
         }
@@ -231,7 +231,7 @@ impl Handler<Provision> for NodePoolActor {
                 }
             }
             for (zone, Group { causes, asks }) in launches.groups() {
-                act.send_launches(ctx, &zone, asks.into_iter().map(|(r, ())| r).collect(), causes);
+                act.send_launches(ctx, &zone, asks.into_iter().map(|(r, ())| r).collect(), causes, false);
             }
             act.give_back(unplaced, reason);
             // A launch the zone's mailbox refused is asked again by the reconcile.
@@ -240,9 +240,10 @@ impl Handler<Provision> for NodePoolActor {
     }
 }
 
-/// Launches to send, one message per zone and set of traced decisions: a round's (or a
-/// reconcile's) thousands of claims take a mailbox slot per zone, not one each, and a claim's
-/// launch joins only the traces of the decisions it serves. `T` rides along with each request.
+/// Launches to send, one message per zone and set of traced decisions (a reconcile sends the
+/// claims called before in a second): a round's (or a reconcile's) thousands of claims take a
+/// mailbox slot or two per zone, not one each, and a claim's launch joins only the traces of
+/// the decisions it serves. `T` rides along with each request.
 pub(super) struct Launches<T>(BTreeMap<(String, SpanIds), Group<T>>);
 
 /// The span ids of a set of traced decisions, as a key.
@@ -338,12 +339,15 @@ impl NodePoolActor {
     /// Hands launches of one zone to its actor in one message (a round's thousands of claims
     /// take a mailbox slot per zone, not one each): `try_send`; a full mailbox leaves them for
     /// the next reconcile (backpressure: the pool does not queue launches of its own).
+    /// `again`: claims called before, which the zone queues ahead of those not yet called (a
+    /// reconcile sends them first, so a zone with one slot left takes them).
     pub(super) fn send_launches(
         &mut self,
         ctx: &mut Context<Self>,
         zone: &str,
         requests: Vec<LaunchRequest>,
         causes: Vec<Cause>,
+        again: bool,
     ) -> bool {
         let claims: Vec<String> = requests.iter().map(|r| r.claim.clone()).collect();
         let object = || match claims.as_slice() {
@@ -354,7 +358,7 @@ impl NodePoolActor {
             self.errors.warn("launch", "no_zone_actor", &object(), &zone);
             return false;
         };
-        let msg = Launch { requests, causes, reply: ctx.address().recipient() };
+        let msg = Launch { requests, causes, reply: ctx.address().recipient(), again };
         match actor.try_send(msg) {
             Ok(()) => {
                 let now = self.now();

@@ -322,7 +322,8 @@ impl NodePoolActor {
     fn run_effects(&mut self, ctx: &mut Context<Self>, term: Term, effects: Vec<Effect>, snap: &Snapshot) {
         let now = self.now();
         let mut cluster = Vec::new();
-        // Launches asked again (each with whether its pods are this plane's own), grouped.
+        // Launches asked again (each with whether its pods are this plane's own and whether a
+        // call was made for it before), grouped.
         let mut launches = Launches::default();
         // Built at the first launch (most reconciles launch nothing).
         let types = self.types.clone();
@@ -330,7 +331,7 @@ impl NodePoolActor {
         for e in effects {
             let waiting = self.retry_at.get(&e.claim).is_some_and(|at| now < *at);
             match e.action {
-                Action::Launch { zone, batch } => {
+                Action::Launch { zone, batch, again } => {
                     if waiting || self.still_asked(self.launching.get(&e.claim)) {
                         continue;
                     }
@@ -351,7 +352,7 @@ impl NodePoolActor {
                     let request = self.launch_request(by_name, nc, &zone, batch.unwrap_or_default());
                     let causes = self.pods.get(&e.claim).map(|p| trace::distinct(&p.causes)).unwrap_or_default();
                     let fresh = self.pods.contains_key(&e.claim);
-                    launches.add(zone, causes, request, fresh);
+                    launches.add(zone, causes, request, (fresh, again));
                 }
                 Action::Terminate { zone, instance, batch } => {
                     if waiting || self.still_asked(self.terminating.get(&e.claim)) {
@@ -382,19 +383,26 @@ impl NodePoolActor {
             }
         }
         for (zone, Group { causes, asks }) in launches.groups() {
-            let kinds: Vec<(String, bool)> = asks.iter().map(|(r, fresh)| (r.claim.clone(), *fresh)).collect();
-            let requests = asks.into_iter().map(|(r, _)| r).collect();
-            if !self.send_launches(ctx, &zone, requests, causes) {
-                continue;
-            }
-            for (claim, fresh) in kinds {
-                if let Some(counted) = self.ice.get_mut(&claim) {
-                    if !*counted {
-                        *counted = true;
-                        self.stats.relaunched += 1;
+            // Claims called before go ahead of the zone's queue, in a message of their own.
+            let (called, first): (Vec<_>, Vec<_>) = asks.into_iter().partition(|(_, (_, again))| *again);
+            for (asks, again) in [(called, true), (first, false)] {
+                if asks.is_empty() {
+                    continue;
+                }
+                let kinds: Vec<(String, bool)> = asks.iter().map(|(r, (fresh, _))| (r.claim.clone(), *fresh)).collect();
+                let requests = asks.into_iter().map(|(r, _)| r).collect();
+                if !self.send_launches(ctx, &zone, requests, causes.clone(), again) {
+                    continue;
+                }
+                for (claim, fresh) in kinds {
+                    if let Some(counted) = self.ice.get_mut(&claim) {
+                        if !*counted {
+                            *counted = true;
+                            self.stats.relaunched += 1;
+                        }
+                    } else if !fresh {
+                        self.stats.resumed += 1;
                     }
-                } else if !fresh {
-                    self.stats.resumed += 1;
                 }
             }
         }

@@ -14,6 +14,7 @@
 //! committed as `InstanceGone`.
 
 mod call;
+mod queue;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use crate::errors::Errors;
 use crate::limiter::RegionLimiter;
 use crate::trace::Cause;
 use call::{Ending, Failure, LaunchCall, LaunchResult, launch, terminate};
+use queue::Queue;
 
 /// The most instances one TerminateInstances call ends (Karpenter's terminate batcher: 500).
 const TERMINATE_MAX: usize = 500;
@@ -64,6 +66,10 @@ pub struct Launch {
     /// of their traces (empty when untraced).
     pub causes: Vec<Cause>,
     pub reply: Recipient<LaunchOutcome>,
+    /// Claims a call was made for before (its capacity ran out, or a restart cut it off): their
+    /// launch timeout runs from that call, so they are queued ahead of the claims waiting for
+    /// their first.
+    pub again: bool,
 }
 
 /// What became of one claim's launch.
@@ -133,6 +139,8 @@ struct InFlight {
     request: LaunchRequest,
     reply: Recipient<LaunchOutcome>,
     causes: Vec<Cause>,
+    /// A call was made for it before (the pool said so, or this actor made one).
+    called: bool,
 }
 
 /// The actor.
@@ -143,8 +151,8 @@ pub struct ZoneActor {
     clock: Arc<dyn Clock>,
     errors: Arc<Errors>,
     names: Names,
-    /// Claims waiting for the next call, in arrival order.
-    pending: Vec<String>,
+    /// Claims waiting for the next call: those called before first.
+    pending: Queue,
     /// When the scheduled flush is due (plane clock), if one is scheduled.
     flush_due: Option<Millis>,
     /// Every claim handed over and not yet answered (queued or in a call), with its reply.
@@ -172,7 +180,7 @@ impl ZoneActor {
             clock,
             errors: Arc::new(Errors::new()),
             names: Names::new(seed),
-            pending: Vec::new(),
+            pending: Queue::default(),
             flush_due: None,
             in_flight: BTreeMap::new(),
             deferred: Vec::new(),
@@ -195,7 +203,11 @@ impl ZoneActor {
     /// instances are found by their batch tag, not made twice); the pools still get one answer
     /// per claim.
     pub(crate) fn requeue(&mut self) {
-        self.pending = self.in_flight.keys().cloned().collect();
+        let (called, first): (Vec<&InFlight>, Vec<&InFlight>) = self.in_flight.values().partition(|f| f.called);
+        let claims = |fs: Vec<&InFlight>| fs.into_iter().map(|f| f.request.claim.clone()).collect();
+        self.pending.clear();
+        self.pending.push(claims(called), true);
+        self.pending.push(claims(first), false);
         self.stats.requeued += self.pending.len() as u64;
         self.flush_due = None;
         self.terminate_due = false;
@@ -239,11 +251,8 @@ impl ZoneActor {
             },
             None => self.pending.len(),
         };
-        let mut batch: Vec<InFlight> = self
-            .pending
-            .drain(..take.min(self.pending.len()))
-            .filter_map(|claim| self.in_flight.get(&claim).cloned())
-            .collect();
+        let mut batch: Vec<InFlight> =
+            self.pending.take(take).into_iter().filter_map(|claim| self.in_flight.get(&claim).cloned()).collect();
         if batch.is_empty() {
             return;
         }
@@ -270,6 +279,7 @@ impl ZoneActor {
         for f in &batch {
             if let Some(b) = self.in_flight.get_mut(&f.request.claim) {
                 b.request.batch = f.request.batch.clone();
+                b.called = true;
             }
         }
         self.stats.launch_calls += 1;
@@ -292,6 +302,8 @@ impl ZoneActor {
         );
         ctx.spawn(work.into_actor(self).map(move |results, act, ctx| {
             let mut retry_after: Option<Duration> = None;
+            // Throttled claims were called: they go back ahead of the queue, in their order.
+            let mut throttled: Vec<String> = Vec::new();
             for ((InFlight { request, reply, .. }, result), spans) in batch.into_iter().zip(results).zip(spans) {
                 // Stale: answered already (a call from before a restart).
                 if !act.in_flight.contains_key(&request.claim) {
@@ -302,7 +314,7 @@ impl ZoneActor {
                     Err(Failure::Throttled(after)) => {
                         act.stats.throttled += 1;
                         retry_after = Some(retry_after.map_or(after, |r| r.max(after)));
-                        act.pending.push(request.claim);
+                        throttled.push(request.claim);
                     }
                     Err(Failure::Refused(reason)) => {
                         act.stats.refused += 1;
@@ -331,6 +343,7 @@ impl ZoneActor {
                     }
                 }
             }
+            act.pending.push(throttled, true);
             if let Some(after) = retry_after {
                 let wait = after.min(act.cfg.settings.max_retry_wait);
                 act.schedule_flush(ctx, wait);
@@ -558,6 +571,7 @@ impl Handler<Launch> for ZoneActor {
     type Result = ();
 
     fn handle(&mut self, msg: Launch, ctx: &mut Context<Self>) {
+        let mut queued = Vec::with_capacity(msg.requests.len());
         for r in msg.requests {
             if r.zone != self.cfg.zone {
                 let result = Err(CloudError::Invalid {
@@ -571,10 +585,12 @@ impl Handler<Launch> for ZoneActor {
             if self.in_flight.contains_key(&r.claim) {
                 continue;
             }
-            self.pending.push(r.claim.clone());
-            let flight = InFlight { request: r, reply: msg.reply.clone(), causes: msg.causes.clone() };
+            queued.push(r.claim.clone());
+            let flight =
+                InFlight { request: r, reply: msg.reply.clone(), causes: msg.causes.clone(), called: msg.again };
             self.in_flight.insert(flight.request.claim.clone(), flight);
         }
+        self.pending.push(queued, msg.again);
         let window = self.cfg.settings.window;
         self.schedule_flush(ctx, window);
     }

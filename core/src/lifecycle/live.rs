@@ -53,7 +53,8 @@ pub(super) fn live(
         ClaimState::Reserved => {
             let zone = launch_zone(input, claim, nc);
             match zone {
-                Some(zone) => plan.effect(id, Action::Launch { zone, batch: None }),
+                // Reserved again after a call that found no capacity: called before.
+                Some(zone) => plan.effect(id, Action::Launch { zone, batch: None, again: claim.tried_at.is_some() }),
                 None => {
                     // Nowhere left with capacity: the claim goes; its pods come back pending.
                     plan.step(id, Step::Terminating);
@@ -64,7 +65,8 @@ pub(super) fn live(
         }
         ClaimState::Launching { batch } => {
             let batch = recorded(input, batch);
-            plan.effect(id, Action::Launch { zone: claim.zone.clone(), batch });
+            // Launching: its batch was recorded, so a call was made (or cut off by a restart).
+            plan.effect(id, Action::Launch { zone: claim.zone.clone(), batch, again: true });
         }
         ClaimState::Launched { instance }
         | ClaimState::Registered { instance }

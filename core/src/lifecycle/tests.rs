@@ -95,13 +95,18 @@ impl World {
         }
     }
 
+    /// A launch call for claim `id` in batch `batch`, as the ZoneActor records it first.
+    fn launch_call(&mut self, id: &str, batch: &str) {
+        let batch = crate::ledger::LaunchBatch { id: batch.into(), claims: vec![id.into()].into() };
+        self.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+    }
+
     fn step(&mut self, id: &str, step: Step) {
         let step = match step {
             Step::Launched {
                 instance, resources, allocatable, price_per_hour, instance_type, capacity_type, ..
             } => {
-                let batch = crate::ledger::LaunchBatch { id: format!("b-{id}"), claims: vec![id.into()].into() };
-                self.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+                self.launch_call(id, &format!("b-{id}"));
                 Step::Launched {
                     batch: format!("b-{id}"),
                     instance,
@@ -550,6 +555,26 @@ fn a_reserved_claim_whose_zone_has_no_capacity_launches_in_another() {
     assert!(plan.steps.contains(&("default-abcde".into(), Step::Gone)), "released: {:?}", plan.steps);
 }
 
+/// A claim whose first call found no capacity is asked for again marked as called before, so
+/// its zone queues it ahead of the claims waiting for their first call (its launch timeout
+/// runs from that call); a claim never called, and one launching, say which they are.
+#[test]
+fn a_claim_called_before_is_launched_again_marked_to_go_ahead_of_the_queue() {
+    let again = |p: &Plan, id: &str| {
+        p.effects.iter().find_map(|e| match &e.action {
+            Action::Launch { again, .. } if e.claim == id => Some(*again),
+            _ => None,
+        })
+    };
+    let mut w = World::new();
+    w.claim("default-abcde", vec![]);
+    assert_eq!(again(&w.plan(), "default-abcde"), Some(false), "never called");
+    w.launch_call("default-abcde", "b-1");
+    assert_eq!(again(&w.plan(), "default-abcde"), Some(true), "launching: its call was made");
+    w.propose(Command::Advance { steps: vec![("default-abcde".into(), Step::Unlaunched { batch: "b-1".into() })] });
+    assert_eq!(again(&w.plan(), "default-abcde"), Some(true), "reserved again after no capacity");
+}
+
 /// After insufficient capacity a claim goes to the cheapest offering left, not to the next
 /// type in a zone that just ran out (the 60 cheapest types at a time would each be tried
 /// there first).
@@ -588,13 +613,11 @@ fn a_launch_that_outlives_its_timeout_is_terminated() {
     let mut w = World::new();
     w.claim("default-abcde", vec![]);
     w.now += 60_000;
-    let batch = crate::ledger::LaunchBatch { id: "b-1".into(), claims: vec!["default-abcde".into()].into() };
-    w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+    w.launch_call("default-abcde", "b-1");
     w.propose(Command::Advance { steps: vec![("default-abcde".into(), Step::Unlaunched { batch: "b-1".into() })] });
     // A second call later does not restart the count.
     w.now += 2 * 60_000;
-    let batch = crate::ledger::LaunchBatch { id: "b-2".into(), claims: vec!["default-abcde".into()].into() };
-    w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+    w.launch_call("default-abcde", "b-2");
     w.now += 3 * 60_000 - 1;
     assert!(!w.plan().steps.contains(&("default-abcde".into(), Step::Terminating)));
     w.now += 1;
@@ -619,8 +642,7 @@ fn a_claim_still_waiting_for_its_first_launch_call_outlives_the_launch_timeout()
     w.now += 10 * 60_000;
     assert!(!w.plan().steps.contains(&("default-abcde".into(), Step::Terminating)));
     // Its first call at 10 minutes, still launching at 14: kept.
-    let batch = crate::ledger::LaunchBatch { id: "b-1".into(), claims: vec!["default-abcde".into()].into() };
-    w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+    w.launch_call("default-abcde", "b-1");
     w.now += 4 * 60_000;
     assert!(!w.plan().steps.contains(&("default-abcde".into(), Step::Terminating)));
     // Never called in 15 minutes: given up, and the event says why.
@@ -786,8 +808,7 @@ fn world_of(cases: &[Case]) -> World {
         let fresh = steps.is_empty();
         w.claim(&id, steps);
         if fresh && c.launching {
-            let batch = crate::ledger::LaunchBatch { id: format!("b-{id}"), claims: vec![id.clone()].into() };
-            w.propose(Command::Launch { zone: ZONE.into(), batches: vec![batch] });
+            w.launch_call(&id, &format!("b-{id}"));
         }
         if c.ice {
             for t in ["m5.large", "m5.xlarge"] {
