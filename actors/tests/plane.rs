@@ -2583,6 +2583,81 @@ mod limiter {
         }
         assert_eq!(order, ["c0", "again", "c1", "c2", "c3"], "called before, so ahead of the queue");
     }
+
+    /// A restart queues again every claim not yet answered: those called before (here one back
+    /// from a call that found no capacity, which has no batch recorded) still ahead of those
+    /// waiting for their first call, not in the order of their names.
+    #[actix_rt::test]
+    async fn a_restart_keeps_the_claims_called_before_ahead_of_the_queue() {
+        let clock = Arc::new(ManualClock::new());
+        let limits = ApiLimits { launched_instances: Bucket::new(1.0, 10.0), ..ApiLimits::default() };
+        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+        let ledger = Arc::new(InProcess::new());
+        let now = clock.now_millis();
+        propose(ledger.as_ref(), now, Command::SetPool { pool: "default".into(), limits: ResourceList::new() }).await;
+        let names = ["c0", "c1", "c2", "z-again"];
+        let claims = names
+            .iter()
+            .map(|id| ClaimRequest {
+                id: (*id).into(),
+                zone: "us-east-1a".into(),
+                resources: ResourceList::cpu_mem(2000, 8 << 30),
+                price_per_hour: 96_000,
+            })
+            .collect();
+        propose(ledger.as_ref(), now, Command::Reserve { pool: "default".into(), claims }).await;
+        let limiter = Arc::new(RegionLimiter::new(limits, clock.clone()));
+        let (cloud2, ledger2, clock2) = (cloud.clone(), ledger.clone(), clock.clone());
+        let zone = Supervisor::start(move |_| {
+            ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud2, ledger2, clock2).with_limiter(limiter)
+        });
+        let (sink, mut rx) = forward::<LaunchOutcome>();
+        let request = |claim: &str| LaunchRequest {
+            claim: claim.into(),
+            batch: LaunchBatch::default(),
+            nodepool: "default".into(),
+            node_class: node_class(),
+            zone: "us-east-1a".into(),
+            instance_types: vec!["m5.large".into()],
+            capacity_types: vec![CapacityType::OnDemand],
+            labels: BTreeMap::new(),
+            tags: BTreeMap::new(),
+        };
+        let first = names[..3].iter().map(|c| request(c)).collect();
+        let reply = sink.clone().recipient();
+        zone.send(Launch { causes: Vec::new(), requests: first, reply, again: false }).await.expect("mailbox");
+        let mut order: Vec<String> = Vec::new();
+        // Bounded: 200 steps of 10 ms, the clock held until the bucket's one instance is out.
+        for _ in 0..200 {
+            while let Ok(o) = rx.try_recv() {
+                order.push(o.claim);
+            }
+            if !order.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(order, ["c0"], "the bucket's one instance");
+        let reply = sink.clone().recipient();
+        let again = vec![request("z-again")];
+        zone.send(Launch { causes: Vec::new(), requests: again, reply, again: true }).await.expect("mailbox");
+        zone.send(dovetail_actors::Restart).await.expect("mailbox");
+        assert_eq!(zone.send(GetStats).await.expect("stats").requeued, 3, "c1, c2 and z-again queued again");
+        for step in 0..400 {
+            while let Ok(o) = rx.try_recv() {
+                assert!(o.result.is_ok(), "{o:?}");
+                order.push(o.claim);
+            }
+            if order.len() == names.len() {
+                break;
+            }
+            if step % 5 == 0 {
+                clock.advance(Duration::from_millis(100));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(order, ["c0", "z-again", "c1", "c2"], "called before, so still ahead after the restart");
+    }
 }
 
 /// Timers on the arbiter fire on time while a large solve runs: solves run on the blocking
