@@ -2503,85 +2503,98 @@ mod limiter {
         assert!(s.claims().values().all(|c| matches!(c.state, ClaimState::Launched { .. })));
     }
 
+    /// A zone whose launches the region's bucket paces to one instance at once, then one per
+    /// 100 ms of the plane's clock, with `names` reserved in the ledger.
+    struct Paced {
+        clock: Arc<ManualClock>,
+        cloud: Arc<SimCloud>,
+        ledger: Arc<InProcess>,
+        limiter: Arc<RegionLimiter>,
+        sink: Addr<crate::common::Forward<LaunchOutcome>>,
+        rx: tokio::sync::mpsc::Receiver<LaunchOutcome>,
+        order: Vec<String>,
+    }
+
+    impl Paced {
+        async fn new(names: &[&str]) -> Self {
+            let clock = Arc::new(ManualClock::new());
+            let limits = ApiLimits { launched_instances: Bucket::new(1.0, 10.0), ..ApiLimits::default() };
+            let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
+            let ledger = Arc::new(InProcess::new());
+            let now = clock.now_millis();
+            let pool = Command::SetPool { pool: "default".into(), limits: ResourceList::new() };
+            propose(ledger.as_ref(), now, pool).await;
+            let claims = names
+                .iter()
+                .map(|id| ClaimRequest {
+                    id: (*id).into(),
+                    zone: "us-east-1a".into(),
+                    resources: ResourceList::cpu_mem(2000, 8 << 30),
+                    price_per_hour: 96_000,
+                })
+                .collect();
+            propose(ledger.as_ref(), now, Command::Reserve { pool: "default".into(), claims }).await;
+            let limiter = Arc::new(RegionLimiter::new(limits, clock.clone()));
+            let (sink, rx) = forward::<LaunchOutcome>();
+            Paced { clock, cloud, ledger, limiter, sink, rx, order: Vec::new() }
+        }
+
+        fn zone(&self) -> ZoneActor {
+            ZoneActor::new(ZoneConfig::new("us-east-1a"), self.cloud.clone(), self.ledger.clone(), self.clock.clone())
+                .with_limiter(self.limiter.clone())
+        }
+
+        fn launch(&self, claims: &[&str], again: bool) -> Launch {
+            let requests = claims
+                .iter()
+                .map(|c| LaunchRequest {
+                    claim: (*c).into(),
+                    batch: LaunchBatch::default(),
+                    nodepool: "default".into(),
+                    node_class: node_class(),
+                    zone: "us-east-1a".into(),
+                    instance_types: vec!["m5.large".into()],
+                    capacity_types: vec![CapacityType::OnDemand],
+                    labels: BTreeMap::new(),
+                    tags: BTreeMap::new(),
+                })
+                .collect();
+            Launch { causes: Vec::new(), requests, reply: self.sink.clone().recipient(), again }
+        }
+
+        /// The launched claims, in order, until there are `n`; the plane's clock moves only
+        /// when `refill` (100 ms every 5 steps of 10 ms). Bounded: 400 steps.
+        async fn until(&mut self, n: usize, refill: bool) -> &[String] {
+            for step in 0..400 {
+                while let Ok(o) = self.rx.try_recv() {
+                    assert!(o.result.is_ok(), "{o:?}");
+                    self.order.push(o.claim);
+                }
+                if self.order.len() >= n {
+                    break;
+                }
+                if refill && step % 5 == 0 {
+                    self.clock.advance(Duration::from_millis(100));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            &self.order
+        }
+    }
+
     /// A claim called before (its capacity ran out, or a restart cut its call off) has its
     /// launch timeout running from that call: it goes ahead of the claims still waiting for
     /// their first call, instead of behind them (in a burst, 10 minutes of EC2's launch rate).
     #[actix_rt::test]
     async fn a_claim_called_before_is_launched_ahead_of_the_claims_waiting_for_their_first_call() {
-        let clock = Arc::new(ManualClock::new());
-        // One instance at once, then one per 100 ms of the plane's clock.
-        let limits = ApiLimits { launched_instances: Bucket::new(1.0, 10.0), ..ApiLimits::default() };
-        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
-        let ledger = Arc::new(InProcess::new());
-        let now = clock.now_millis();
-        propose(ledger.as_ref(), now, Command::SetPool { pool: "default".into(), limits: ResourceList::new() }).await;
-        let names = ["c0", "c1", "c2", "c3", "again"];
-        let claims = names
-            .iter()
-            .map(|id| ClaimRequest {
-                id: (*id).into(),
-                zone: "us-east-1a".into(),
-                resources: ResourceList::cpu_mem(2000, 8 << 30),
-                price_per_hour: 96_000,
-            })
-            .collect();
-        propose(ledger.as_ref(), now, Command::Reserve { pool: "default".into(), claims }).await;
-        let limiter = Arc::new(RegionLimiter::new(limits, clock.clone()));
-        let zone = ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud.clone(), ledger.clone(), clock.clone())
-            .with_limiter(limiter)
-            .start();
-        let (sink, mut rx) = forward::<LaunchOutcome>();
-        let request = |claim: &str| LaunchRequest {
-            claim: claim.into(),
-            batch: LaunchBatch::default(),
-            nodepool: "default".into(),
-            node_class: node_class(),
-            zone: "us-east-1a".into(),
-            instance_types: vec!["m5.large".into()],
-            capacity_types: vec![CapacityType::OnDemand],
-            labels: BTreeMap::new(),
-            tags: BTreeMap::new(),
-        };
-        let first = names[..4].iter().map(|c| request(c)).collect();
-        zone.send(Launch { causes: Vec::new(), requests: first, reply: sink.clone().recipient(), again: false })
-            .await
-            .expect("mailbox");
-        let mut order: Vec<String> = Vec::new();
-        // Bounded: 200 steps of 10 ms, and the clock held until the burst's one is out.
-        for _ in 0..200 {
-            while let Ok(o) = rx.try_recv() {
-                assert!(o.result.is_ok(), "{o:?}");
-                order.push(o.claim);
-            }
-            if !order.is_empty() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(order, ["c0"], "the bucket's one instance");
+        let mut p = Paced::new(&["c0", "c1", "c2", "c3", "again"]).await;
+        let zone = p.zone().start();
+        zone.send(p.launch(&["c0", "c1", "c2", "c3"], false)).await.expect("mailbox");
+        // The clock held: only the bucket's one instance goes.
+        assert_eq!(p.until(1, false).await, ["c0"], "the bucket's one instance");
         // c1 to c3 wait for the bucket; a claim called before arrives.
-        zone.send(Launch {
-            causes: Vec::new(),
-            requests: vec![request("again")],
-            reply: sink.clone().recipient(),
-            again: true,
-        })
-        .await
-        .expect("mailbox");
-        for step in 0..400 {
-            while let Ok(o) = rx.try_recv() {
-                assert!(o.result.is_ok(), "{o:?}");
-                order.push(o.claim);
-            }
-            if order.len() == names.len() {
-                break;
-            }
-            if step % 5 == 0 {
-                clock.advance(Duration::from_millis(100));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(order, ["c0", "again", "c1", "c2", "c3"], "called before, so ahead of the queue");
+        zone.send(p.launch(&["again"], true)).await.expect("mailbox");
+        assert_eq!(p.until(5, true).await, ["c0", "again", "c1", "c2", "c3"], "called before, so ahead of the queue");
     }
 
     /// A restart queues again every claim not yet answered: those called before (here one back
@@ -2589,74 +2602,19 @@ mod limiter {
     /// waiting for their first call, not in the order of their names.
     #[actix_rt::test]
     async fn a_restart_keeps_the_claims_called_before_ahead_of_the_queue() {
-        let clock = Arc::new(ManualClock::new());
-        let limits = ApiLimits { launched_instances: Bucket::new(1.0, 10.0), ..ApiLimits::default() };
-        let cloud = Arc::new(SimCloud::new(SimConfig::default(), types(), clock.clone()));
-        let ledger = Arc::new(InProcess::new());
-        let now = clock.now_millis();
-        propose(ledger.as_ref(), now, Command::SetPool { pool: "default".into(), limits: ResourceList::new() }).await;
-        let names = ["c0", "c1", "c2", "z-again"];
-        let claims = names
-            .iter()
-            .map(|id| ClaimRequest {
-                id: (*id).into(),
-                zone: "us-east-1a".into(),
-                resources: ResourceList::cpu_mem(2000, 8 << 30),
-                price_per_hour: 96_000,
-            })
-            .collect();
-        propose(ledger.as_ref(), now, Command::Reserve { pool: "default".into(), claims }).await;
-        let limiter = Arc::new(RegionLimiter::new(limits, clock.clone()));
-        let (cloud2, ledger2, clock2) = (cloud.clone(), ledger.clone(), clock.clone());
-        let zone = Supervisor::start(move |_| {
-            ZoneActor::new(ZoneConfig::new("us-east-1a"), cloud2, ledger2, clock2).with_limiter(limiter)
-        });
-        let (sink, mut rx) = forward::<LaunchOutcome>();
-        let request = |claim: &str| LaunchRequest {
-            claim: claim.into(),
-            batch: LaunchBatch::default(),
-            nodepool: "default".into(),
-            node_class: node_class(),
-            zone: "us-east-1a".into(),
-            instance_types: vec!["m5.large".into()],
-            capacity_types: vec![CapacityType::OnDemand],
-            labels: BTreeMap::new(),
-            tags: BTreeMap::new(),
-        };
-        let first = names[..3].iter().map(|c| request(c)).collect();
-        let reply = sink.clone().recipient();
-        zone.send(Launch { causes: Vec::new(), requests: first, reply, again: false }).await.expect("mailbox");
-        let mut order: Vec<String> = Vec::new();
-        // Bounded: 200 steps of 10 ms, the clock held until the bucket's one instance is out.
-        for _ in 0..200 {
-            while let Ok(o) = rx.try_recv() {
-                order.push(o.claim);
-            }
-            if !order.is_empty() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(order, ["c0"], "the bucket's one instance");
-        let reply = sink.clone().recipient();
-        let again = vec![request("z-again")];
-        zone.send(Launch { causes: Vec::new(), requests: again, reply, again: true }).await.expect("mailbox");
+        let mut p = Paced::new(&["c0", "c1", "c2", "z-again"]).await;
+        let actor = p.zone();
+        let zone = Supervisor::start(move |_| actor);
+        zone.send(p.launch(&["c0", "c1", "c2"], false)).await.expect("mailbox");
+        assert_eq!(p.until(1, false).await, ["c0"], "the bucket's one instance");
+        zone.send(p.launch(&["z-again"], true)).await.expect("mailbox");
         zone.send(dovetail_actors::Restart).await.expect("mailbox");
         assert_eq!(zone.send(GetStats).await.expect("stats").requeued, 3, "c1, c2 and z-again queued again");
-        for step in 0..400 {
-            while let Ok(o) = rx.try_recv() {
-                assert!(o.result.is_ok(), "{o:?}");
-                order.push(o.claim);
-            }
-            if order.len() == names.len() {
-                break;
-            }
-            if step % 5 == 0 {
-                clock.advance(Duration::from_millis(100));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(order, ["c0", "z-again", "c1", "c2"], "called before, so still ahead after the restart");
+        assert_eq!(
+            p.until(4, true).await,
+            ["c0", "z-again", "c1", "c2"],
+            "called before, so still ahead after the restart"
+        );
     }
 }
 
