@@ -8,7 +8,7 @@
 //! patch to a fresh read and writes it with that read's resource version as a precondition.
 //! The `dovetail-cluster` crate's seam and its implementations move these objects.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use crate::node::Node;
 use crate::nodepool::{NodeClaimSpec, NodePool};
 use crate::pod::{Pod, PodKey};
 use crate::resources::ResourceList;
+use crate::shared::{FastMap, FastSet};
 use crate::taints::Taint;
 
 pub mod chunked;
@@ -234,8 +235,8 @@ impl Snapshot {
         // counted once, as itself, before its NodeClaim names it. The provider id is asked
         // first (a node name can come back: EC2 reuses private IPs), then the owner, then the
         // name; every claim a node matches is joined.
-        let mut by_provider: HashMap<&str, &NodeClaim> = HashMap::new();
-        let mut by_node: HashMap<&str, Vec<&NodeClaim>> = HashMap::new();
+        let mut by_provider: FastMap<&str, &NodeClaim> = FastMap::default();
+        let mut by_node: FastMap<&str, Vec<&NodeClaim>> = FastMap::default();
         for c in self.nodeclaims.values() {
             if let Some(p) = c.status.provider_id.as_deref() {
                 by_provider.insert(p, c);
@@ -244,7 +245,7 @@ impl Snapshot {
                 by_node.entry(n).or_default().push(c);
             }
         }
-        let mut joined: HashSet<&str> = HashSet::new();
+        let mut joined: FastSet<&str> = FastSet::default();
         let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len() + self.nodeclaims.len());
         for n in self.nodes.values() {
             let mut matched: Vec<&NodeClaim> = Vec::new();
@@ -301,8 +302,8 @@ impl Snapshot {
         if held.is_empty() || nodes.is_empty() {
             return Vec::new();
         }
-        let capacity: HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-        let by_provider: HashMap<&str, &str> =
+        let capacity: FastSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        let by_provider: FastMap<&str, &str> =
             nodes.iter().filter_map(|n| Some((n.provider_id.as_deref()?, n.name.as_str()))).collect();
         let mut out = Vec::new();
         for (key, node) in held {
@@ -328,7 +329,7 @@ impl Snapshot {
     /// is deleting or tainted `karpenter.sh/disrupted` (a command holds it). Karpenter's
     /// provisioner simulates them with the pending pods ("pods on nodes marked for deletion").
     pub fn pods_to_move(&self) -> Vec<&Arc<Pod>> {
-        let going: HashSet<&str> = self.nodes.values().filter(|n| n.is_disrupting()).map(|n| n.name.as_str()).collect();
+        let going: FastSet<&str> = self.nodes.values().filter(|n| n.is_disrupting()).map(|n| n.name.as_str()).collect();
         if going.is_empty() {
             return Vec::new();
         }
@@ -380,8 +381,9 @@ impl Snapshot {
 
     /// Bound pods by node, in one pass (for callers that look at many nodes; every planning
     /// round of every pool builds it over every pod, so it is hashed, not ordered).
-    pub fn pods_by_node(&self) -> HashMap<&str, Vec<&Arc<Pod>>> {
-        let mut out: HashMap<&str, Vec<&Arc<Pod>>> = HashMap::with_capacity(self.nodes.len());
+    pub fn pods_by_node(&self) -> FastMap<&str, Vec<&Arc<Pod>>> {
+        let mut out: FastMap<&str, Vec<&Arc<Pod>>> =
+            FastMap::with_capacity_and_hasher(self.nodes.len(), Default::default());
         for p in self.pods.values() {
             if let Some(n) = p.node_name.as_deref() {
                 out.entry(n).or_default().push(p);
@@ -391,7 +393,7 @@ impl Snapshot {
     }
 
     /// Nodes by provider id.
-    pub fn nodes_by_provider_id(&self) -> HashMap<&str, &Arc<Node>> {
+    pub fn nodes_by_provider_id(&self) -> FastMap<&str, &Arc<Node>> {
         self.nodes.values().filter_map(|n| Some((n.provider_id.as_deref()?, n))).collect()
     }
 }

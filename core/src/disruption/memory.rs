@@ -1,12 +1,13 @@
 //! What the planner remembers between rounds, and the fingerprints it compares.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::Proposal;
 use crate::cluster::Snapshot;
 use crate::ledger::Millis;
 use crate::pod::{Pod, PodKey};
+use crate::shared::FastMap;
 
 /// What the planner remembers between rounds: when each node last saw its pods change (the
 /// start of its `consolidateAfter` wait), and since when each drifted.
@@ -105,7 +106,7 @@ impl Memory {
 /// with the NodeClaim's `Consolidatable` condition and with the pod's readiness).
 pub(super) fn cluster_shape<'a>(
     snap: &Snapshot,
-    pods_by_node: &HashMap<&str, Vec<&Arc<Pod>>>,
+    pods_by_node: &FastMap<&str, Vec<&Arc<Pod>>>,
     candidates: impl Iterator<Item = &'a str>,
 ) -> u64 {
     let mut h = crate::shared::Fnv::default();
@@ -125,15 +126,63 @@ pub(super) fn cluster_shape<'a>(
 }
 
 /// A fingerprint of the pods bound to a node (their keys): changes when one comes or goes.
+/// Each key is hashed on its own, mixed, and the results summed, so the order the pods come
+/// in does not matter and nothing is sorted (every consolidation round fingerprints every node
+/// of the cluster). The mix matters: FNV's last step is linear in the last byte, so without it
+/// the sums of `{web-0, web-3}` and `{web-1, web-2}` (a StatefulSet's pods) are equal.
 pub(super) fn fingerprint(pods: &[&Arc<Pod>]) -> u64 {
-    let mut keys: Vec<&crate::pod::PodKey> = pods.iter().map(|p| &p.key).collect();
-    keys.sort();
-    let mut h = crate::shared::Fnv::default();
-    for k in keys {
-        h.write(k.namespace.as_bytes());
+    pods.iter().fold(0u64, |sum, p| {
+        let mut h = crate::shared::Fnv::default();
+        h.write(p.key.namespace.as_bytes());
         h.write(&[0]);
-        h.write(k.name.as_bytes());
-        h.write(&[0]);
+        h.write(p.key.name.as_bytes());
+        sum.wrapping_add(mix(h.finish()))
+    })
+}
+
+/// A bijective 64-bit finalizer (MurmurHash3's `fmix64`): every input bit reaches every
+/// output bit.
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::Pod;
+
+    fn pods(names: &[&str]) -> Vec<Arc<Pod>> {
+        names.iter().map(|n| Arc::new(Pod::new("default", n, crate::resources::ResourceList::new()))).collect()
     }
-    h.finish()
+
+    fn of(pods: &[Arc<Pod>]) -> u64 {
+        fingerprint(&pods.iter().collect::<Vec<_>>())
+    }
+
+    /// Two pods of a StatefulSet swapped for two others: the node's pods changed, and its
+    /// `consolidateAfter` wait starts again (fails with a plain sum of FNV hashes).
+    #[test]
+    fn a_nodes_fingerprint_changes_when_a_statefulsets_pods_are_swapped_for_others() {
+        let mut seen = std::collections::BTreeMap::new();
+        let names: Vec<String> = (0..40).map(|i| format!("web-{i}")).collect();
+        for a in 0..names.len() {
+            for b in a + 1..names.len() {
+                let f = of(&pods(&[&names[a], &names[b]]));
+                if let Some(before) = seen.insert(f, (a, b)) {
+                    panic!("{{web-{}, web-{}}} and {{web-{a}, web-{b}}} have the same fingerprint", before.0, before.1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_nodes_fingerprint_does_not_depend_on_the_order_of_its_pods() {
+        assert_eq!(of(&pods(&["a", "b", "c"])), of(&pods(&["c", "a", "b"])));
+        assert_ne!(of(&pods(&["a", "b"])), of(&pods(&["a", "b", "c"])));
+        assert_ne!(of(&pods(&[])), of(&pods(&["a"])));
+    }
 }

@@ -25,7 +25,7 @@ mod terminate;
 mod tests;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::catalog::InstanceType;
 use crate::cluster::{Event, NodeClaim, ObjectKind, Snapshot, TERMINATION_FINALIZER};
@@ -35,6 +35,7 @@ use crate::ledger::{BatchRecord, Claim, ClaimState, Interruption, Millis, Offeri
 use crate::node::Node;
 use crate::plane::Liveness;
 use crate::resources::ResourceName;
+use crate::shared::FastMap;
 use live::live;
 use terminate::{orphans, terminating};
 
@@ -178,9 +179,9 @@ impl Plan {
     /// and no effect twice; linear in the effects (indexes by node, claim and key).
     fn normalize(&mut self) {
         let mut out: Vec<Effect> = Vec::with_capacity(self.effects.len());
-        let mut node_patch: HashMap<String, usize> = HashMap::new();
-        let mut status_patch: HashMap<String, usize> = HashMap::new();
-        let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut node_patch: FastMap<String, usize> = FastMap::default();
+        let mut status_patch: FastMap<String, usize> = FastMap::default();
+        let mut by_key: FastMap<String, Vec<usize>> = FastMap::default();
         for e in std::mem::take(&mut self.effects) {
             match &e.action {
                 Action::PatchNode { node, patch } => {

@@ -114,12 +114,12 @@ pub fn plan_claim(c: &NewClaim, spec: &NodeClaimSpec, types: &[InstanceType], zo
 
 /// Instance types by name: built once for the launches of a round or a reconcile, not for
 /// each claim (a pool knows hundreds of types; a burst launches thousands of claims).
-pub type TypesByName<'a> = std::collections::HashMap<&'a str, &'a InstanceType>;
+pub type TypesByName<'a> = crate::shared::FastMap<&'a str, &'a InstanceType>;
 
 /// The index [`launch_order`] reads (and drift, prices and launch labels): the first type of
 /// a name, as a search in order finds it.
 pub fn types_by_name(types: &[InstanceType]) -> TypesByName<'_> {
-    let mut out = TypesByName::with_capacity(types.len());
+    let mut out = TypesByName::with_capacity_and_hasher(types.len(), Default::default());
     for t in types {
         out.entry(t.name.as_str()).or_insert(t);
     }

@@ -5,7 +5,7 @@ use crate::labels;
 use crate::node::Node;
 use crate::pod::{HostPort, Pod};
 use crate::requirements::{Requirement, Requirements};
-use crate::resources::ResourceList;
+use crate::resources::{ResourceList, ResourceName};
 use crate::taints::{self, Taint};
 
 use super::filter::{self, FilterInput};
@@ -37,10 +37,14 @@ impl<'a> ExistingNode<'a> {
         let mut used = ResourceList::new();
         let mut running_daemons = ResourceList::new();
         let mut host_ports = Vec::new();
+        // Every solve prepares every node over every bound pod: the requests are added in
+        // place, with the pod's slot, not copied first.
         for p in bound {
-            used.add(&p.requests_with_pod_slot());
+            used.add(&p.requests);
+            used.add_amount(ResourceName::Pods, 1);
             if p.daemon {
-                running_daemons.add(&p.requests_with_pod_slot());
+                running_daemons.add(&p.requests);
+                running_daemons.add_amount(ResourceName::Pods, 1);
             }
             host_ports.extend(p.host_ports.iter().cloned());
         }

@@ -2,7 +2,7 @@
 //! existing nodes with what is left on them, the NodeClaims planned so far, what remains of
 //! each NodePool's limits, the topology counts, and every placement in order.
 
-use std::collections::HashMap;
+use crate::shared::FastMap;
 
 use crate::labels;
 use crate::pod::Pod;
@@ -51,7 +51,7 @@ pub struct Scheduler<'a> {
     pub(super) max_weight: i32,
     /// Reasons for pods a later stage (improve) handed back to the per-pod loop and that
     /// stayed unplaced.
-    pub(super) leftover_errors: HashMap<usize, String>,
+    pub(super) leftover_errors: FastMap<usize, String>,
     /// The dovetail packer's equivalence class of each pending pod (`u32::MAX`: none).
     pub(super) class_of: Vec<u32>,
     /// While a trial runs, the existing nodes as they were before each change
@@ -94,7 +94,7 @@ impl<'a> Scheduler<'a> {
             .iter()
             .any(|p| p.pool.taints.iter().any(|t| t.effect == crate::taints::Effect::PreferNoSchedule));
 
-        let mut bound: HashMap<&str, Vec<&Pod>> = HashMap::new();
+        let mut bound: FastMap<&str, Vec<&Pod>> = FastMap::default();
         for p in &snapshot.bound_pods {
             if let Some(n) = &p.node_name
                 && !p.terminal
@@ -165,7 +165,7 @@ impl<'a> Scheduler<'a> {
             pin_counted: false,
             pin_cursor: 0,
             max_weight,
-            leftover_errors: HashMap::new(),
+            leftover_errors: FastMap::default(),
             class_of: Vec::new(),
             trail: None,
             claim_cap: None,

@@ -20,7 +20,6 @@
 //! on a cluster where those moves were made; and a node taken out as a node the cluster
 //! never had ([`Prepared::without`]).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::catalog::CapacityType;
@@ -33,6 +32,7 @@ use crate::scheduling::room::{Ask, Rooms};
 use crate::scheduling::scheduler::Scheduler;
 use crate::scheduling::trial::TrialResults;
 use crate::scheduling::{self, PoolInput, SolveOptions};
+use crate::shared::{FastMap, FastSet};
 
 use super::candidates::Candidate;
 
@@ -64,7 +64,7 @@ pub struct Prepared {
     disrupting: Vec<usize>,
     /// Per candidate (by claim id): its node's index in `input.nodes` and its pods' range in
     /// `pods`.
-    candidates: HashMap<String, (Option<usize>, std::ops::Range<usize>)>,
+    candidates: FastMap<String, (Option<usize>, std::ops::Range<usize>)>,
     opts: SolveOptions,
 }
 
@@ -77,7 +77,7 @@ pub struct Outcome {
     /// The pods the move places, by the indices `results` uses.
     pub pods: Vec<Pod>,
     /// Indices into `pods` by the solve's pod index.
-    index: HashMap<usize, usize>,
+    index: FastMap<usize, usize>,
     /// The move needed more new nodes than it was allowed, and was not placed to the end
     /// (its new claims were not finalized: `results.claims` is empty).
     pub capped: bool,
@@ -100,12 +100,12 @@ impl Prepared {
         let nodes = snap.capacity_nodes();
         let input = snap.scheduling_input(nodes, pools.to_vec());
         let mut pods: Vec<Pod> = snap.provisionable().map(|p| p.as_ref().clone()).collect();
-        let going: HashSet<&str> = snap.nodes.values().filter(|n| n.is_disrupting()).map(|n| n.name.as_str()).collect();
+        let going: FastSet<&str> = snap.nodes.values().filter(|n| n.is_disrupting()).map(|n| n.name.as_str()).collect();
         pods.extend(snap.pods_to_move().into_iter().map(|p| unbound(p)));
         let pending = pods.len();
-        let at: HashMap<&str, usize> = input.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let at: FastMap<&str, usize> = input.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let disrupting: Vec<usize> = going.iter().filter_map(|n| at.get(n).copied()).collect();
-        let mut ranges = HashMap::new();
+        let mut ranges = FastMap::default();
         for c in candidates {
             let start = pods.len();
             pods.extend(c.pods.iter().map(|p| unbound(p)));
@@ -127,7 +127,7 @@ impl Prepared {
         // The new nodes they need are theirs: a moved pod does not ride on one.
         state.seal(&pending);
         // The nodes they went to: not consolidated while they are on their way.
-        let mut taken = HashMap::new();
+        let mut taken = FastMap::default();
         for e in &state.existing {
             if let Some(&p) = e.pods.first() {
                 taken.insert(e.index, p);
@@ -139,8 +139,8 @@ impl Prepared {
             prepared: self,
             state,
             taken,
-            kept: HashSet::new(),
-            receiving: HashSet::new(),
+            kept: FastSet::default(),
+            receiving: FastSet::default(),
             floor,
             rooms: None,
             new_rooms,
@@ -153,7 +153,7 @@ impl Prepared {
     /// on there; consolidation does not); and what a trial of any move must match when
     /// nothing is on its way.
     pub fn without(&self, candidates: &[&str]) -> Result<Outcome, String> {
-        let mut removed: HashSet<&str> = HashSet::new();
+        let mut removed: FastSet<&str> = FastSet::default();
         let mut moved: Vec<usize> = Vec::new();
         for c in dedup(candidates) {
             let Some((node, range)) = self.candidates.get(c) else {
@@ -170,7 +170,7 @@ impl Prepared {
         let pods: Vec<Pod> =
             self.pods[..self.pending].iter().chain(moved.iter().filter_map(|&i| self.pods.get(i))).cloned().collect();
         let mut state = Scheduler::new(&input, &pods, &self.opts);
-        let at: HashMap<&str, usize> = input.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let at: FastMap<&str, usize> = input.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         for n in &self.disrupting {
             if let Some(&i) = self.input.nodes.get(*n).and_then(|n| at.get(n.name.as_str())) {
                 state.take_out(i, false);
@@ -216,7 +216,7 @@ fn unbound(p: &Pod) -> Pod {
 
 /// The claim ids, each once, in order.
 fn dedup<'a>(candidates: &[&'a str]) -> Vec<&'a str> {
-    let mut seen = HashSet::new();
+    let mut seen = FastSet::default();
     candidates.iter().copied().filter(|c| seen.insert(*c)).collect()
 }
 
@@ -225,12 +225,12 @@ pub struct Simulation<'p> {
     prepared: &'p Prepared,
     state: Scheduler<'p>,
     /// Nodes the pods on their way were placed on, with one such pod.
-    taken: HashMap<usize, usize>,
+    taken: FastMap<usize, usize>,
     /// Candidates whose moves were kept ([`Simulation::keep`]).
-    kept: HashSet<String>,
+    kept: FastSet<String>,
     /// Nodes that kept moves placed pods on: not candidates of a later move (its trial moves
     /// a node's own pods only).
-    receiving: HashSet<usize>,
+    receiving: FastSet<usize>,
     /// [`Simulation::new_node_floor`], read once: the pools do not change within a round.
     floor: (f64, bool),
     /// The existing nodes' room, counted on the first [`Simulation::room_rules_out`] and

@@ -10,11 +10,12 @@ mod group;
 mod trail;
 
 use std::cell::OnceCell;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
 
 use crate::labels::{self, Labels, SelectorOp, SelectorRequirement};
 use crate::pod::{InclusionPolicy, Pod, PodAffinityTerm, WhenUnsatisfiable};
 use crate::requirements::{Requirement, Requirements};
+use crate::shared::{FastMap, FastSet};
 use crate::taints::Taint;
 
 use super::input::{PreferencePolicy, Snapshot};
@@ -29,30 +30,30 @@ pub struct Topology<'a> {
     snapshot: &'a Snapshot,
     policy: PreferencePolicy,
     groups: Vec<TopologyGroup>,
-    index: HashMap<GroupKey, usize>,
+    index: FastMap<GroupKey, usize>,
     inverse: Vec<TopologyGroup>,
-    inverse_index: HashMap<GroupKey, usize>,
+    inverse_index: FastMap<GroupKey, usize>,
     /// Groups each pending pod owns.
-    owned: HashMap<usize, Vec<usize>>,
-    domain_groups: HashMap<String, DomainGroup>,
+    owned: FastMap<usize, Vec<usize>>,
+    domain_groups: FastMap<String, DomainGroup>,
     /// Node name -> index into the snapshot's nodes, for counting bound pods.
-    nodes: HashMap<&'a str, usize>,
+    nodes: FastMap<&'a str, usize>,
     /// Each snapshot node's taints and requirements (from its labels), made when first asked
     /// for ([`Topology::node_info`]): a solve whose pods count no domain needs none.
     node_infos: Vec<OnceCell<(Vec<Taint>, Requirements)>>,
     /// Running pods by their node (indices into the snapshot's bound pods, terminal ones
     /// left out).
-    bound_by_node: HashMap<&'a str, Vec<usize>>,
+    bound_by_node: FastMap<&'a str, Vec<usize>>,
     /// Nodes taken out ([`Topology::take_out`]): their domains and running pods count no
     /// more.
-    removed: HashSet<&'a str>,
+    removed: FastSet<&'a str>,
     /// While journaling ([`Topology::mark`]), how to undo every change since.
     trail: Option<Vec<Undo<'a>>>,
     /// The snapshot's nodes by hostname (indices): whether another node keeps a hostname
     /// known when one is taken out.
-    hostnames: HashMap<&'a str, Vec<usize>>,
+    hostnames: FastMap<&'a str, Vec<usize>>,
     /// The snapshot's nodes by their value of a label key, built per key when needed.
-    labelled: HashMap<String, HashMap<String, Vec<usize>>>,
+    labelled: FastMap<String, FastMap<String, Vec<usize>>>,
 }
 
 impl<'a> Topology<'a> {
@@ -61,7 +62,7 @@ impl<'a> Topology<'a> {
     pub fn new(snapshot: &'a Snapshot, policy: PreferencePolicy) -> Self {
         let nodes = snapshot.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let node_infos = snapshot.nodes.iter().map(|_| OnceCell::new()).collect();
-        let mut bound_by_node: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut bound_by_node: FastMap<&str, Vec<usize>> = FastMap::default();
         for (i, p) in snapshot.bound_pods.iter().enumerate() {
             if let Some(n) = p.node_name.as_deref()
                 && !p.terminal
@@ -69,8 +70,8 @@ impl<'a> Topology<'a> {
                 bound_by_node.entry(n).or_default().push(i);
             }
         }
-        let by_name: HashMap<&str, &crate::node::Node> = snapshot.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-        let mut hostnames: HashMap<&str, Vec<usize>> = HashMap::new();
+        let by_name: FastMap<&str, &crate::node::Node> = snapshot.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let mut hostnames: FastMap<&str, Vec<usize>> = FastMap::default();
         for (i, n) in snapshot.nodes.iter().enumerate() {
             hostnames.entry(n.hostname()).or_default().push(i);
         }
@@ -78,18 +79,18 @@ impl<'a> Topology<'a> {
             snapshot,
             policy,
             groups: Vec::new(),
-            index: HashMap::new(),
+            index: FastMap::default(),
             inverse: Vec::new(),
-            inverse_index: HashMap::new(),
-            owned: HashMap::new(),
-            domain_groups: HashMap::new(),
+            inverse_index: FastMap::default(),
+            owned: FastMap::default(),
+            domain_groups: FastMap::default(),
             nodes,
             node_infos,
             bound_by_node,
-            removed: HashSet::new(),
+            removed: FastSet::default(),
             trail: None,
             hostnames,
-            labelled: HashMap::new(),
+            labelled: FastMap::default(),
         };
         for pod in &snapshot.bound_pods {
             if !pod.has_required_pod_anti_affinity() || pod.terminal {

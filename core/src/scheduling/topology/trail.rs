@@ -6,10 +6,9 @@
 //! group's owners, the groups a pod owns, a new group); while journaling they push how to
 //! undo it, and `rollback` pops and applies those in reverse.
 
-use std::collections::HashMap;
-
 use crate::labels;
 use crate::node::Node;
+use crate::shared::FastMap;
 
 use super::group::TopologyGroup;
 use super::{PodView, Topology};
@@ -116,7 +115,7 @@ impl<'a> Topology<'a> {
         if self.labelled.contains_key(key) {
             return;
         }
-        let mut by_value: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut by_value: FastMap<String, Vec<usize>> = FastMap::default();
         for (i, n) in self.snapshot.nodes.iter().enumerate() {
             if let Some(v) = n.labels.get(key) {
                 by_value.entry(v.clone()).or_default().push(i);
